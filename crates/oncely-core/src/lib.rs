@@ -1,0 +1,28 @@
+//! The pure heart of oncely: what an intention is and what may happen to it.
+//!
+//! Nothing here does I/O. The stores, the tower layer and the gateway build on these
+//! types so that every backend and every entry point (HTTP routes, MCP tools, webhooks)
+//! agrees on the same rules.
+//!
+//! # Layout
+//!
+//! - [`key`]: `Idempotency-Key` validation, scopes and downstream keys.
+//! - [`fingerprint`]: RFC 8785 canonicalisation and the SHA-256 request fingerprint.
+//! - [`policy`]: operation classes and which upstream answers are kept.
+//! - [`record`]: the ledger record, its states, and every transition as a pure function.
+//! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
+
+pub mod fingerprint;
+pub mod key;
+pub mod policy;
+pub mod record;
+pub mod units;
+
+pub use fingerprint::{canonical_json, Fingerprint, FingerprintBuilder};
+pub use key::{ClientKey, DownstreamKey, KeyError, Scope};
+pub use policy::{is_storable, Class, Disposition, UpstreamResult};
+pub use record::{
+    decide_claim, ClaimDecision, ClaimSpec, Completion, Fence, Record, RecordId, Resolution, State,
+    StoredResponse, TakeOverOutcome, TransitionError,
+};
+pub use units::{parse_duration, parse_size, Timestamp};
