@@ -1,1 +1,239 @@
-//! oncely-store
+//! The oncely ledger: one [`Store`] trait and its backends.
+//!
+//! - [`sqlite`]: the embedded default (`sqlite://oncely.db`): one writer thread that
+//!   commits in groups, read connections for lookups, in-process wake-ups.
+//! - [`postgres`]: for several gateway instances on one database (`postgres://...`):
+//!   `INSERT ... ON CONFLICT DO NOTHING` claims, LISTEN/NOTIFY wake-ups, the database's clock.
+//! - [`memory`]: for unit tests only.
+//!
+//! Every backend passes the same [`conformance`] suite (feature `conformance`). The rules
+//! of every transition live in `oncely_core::record`; a backend only makes them atomic and
+//! durable.
+//!
+//! A guarded request costs one store round trip for a replay ([`Store::claim`] returns the
+//! completed record) and two for a fresh execution ([`Store::claim`], then
+//! [`Store::complete`] or [`Store::release`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oncely_core::{
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, Timestamp,
+    TransitionError,
+};
+
+pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod memory;
+pub mod postgres;
+pub mod sqlite;
+mod waiters;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database cannot be reached or refused the operation for a reason of its own
+    /// (connection lost, disk full, locked). Guarded requests must not be forwarded.
+    #[error("the ledger is unavailable: {0}")]
+    Unavailable(String),
+    /// The transition was refused by the record's rules (stale owner, wrong state).
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// No record has this id.
+    #[error("no ledger record {0}")]
+    NotFound(RecordId),
+    /// The store URL or options are wrong.
+    #[error("{0}")]
+    Config(String),
+    /// Stored data could not be read back.
+    #[error("the ledger holds unreadable data: {0}")]
+    Corrupt(String),
+}
+
+/// A store result.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The claimant owns the record now (new, reclaimed after a release, or renewed after
+    /// expiry) and must execute it, then complete or release it.
+    Owned(Record),
+    /// Another claim holds `(scope, key)`: the caller replays, waits, or refuses.
+    Existing(Record),
+}
+
+impl Claim {
+    /// The record, whoever owns it.
+    pub fn record(&self) -> &Record {
+        match self {
+            Claim::Owned(r) | Claim::Existing(r) => r,
+        }
+    }
+}
+
+/// What a take-over of a lapsed lease did.
+pub use oncely_core::TakeOverOutcome;
+
+/// Filters for [`Store::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only records in this state.
+    pub state: Option<State>,
+    /// Only this principal (its keyed hash).
+    pub principal: Option<String>,
+    /// Only this route.
+    pub route: Option<String>,
+    /// At most this many (newest first).
+    pub limit: Option<usize>,
+}
+
+/// Billing counters of one principal (or the totals).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageRow {
+    /// The principal's keyed hash (empty for totals).
+    pub principal: String,
+    /// Completed executions.
+    pub fresh: u64,
+    /// Units they were charged.
+    pub fresh_units: u64,
+    /// Repeats answered from the ledger instead of executing.
+    pub repeats: u64,
+    /// Units those repeats were not charged.
+    pub repeat_units: u64,
+}
+
+/// Usage per principal, with totals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Sum over every principal.
+    pub totals: UsageRow,
+    /// One row per principal, most charged first.
+    pub by_principal: Vec<UsageRow>,
+}
+
+/// The ledger. Every method is one round trip to the database, and every state change
+/// follows `oncely_core::record`.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Atomically claims `(spec.scope, spec.key)`: inserts a processing record owned by
+    /// `spec.owner` when none exists (or reuses a released row with the same fingerprint,
+    /// or an expired completed one), else returns the existing record unchanged. Never
+    /// check-then-insert.
+    async fn claim(&self, spec: &ClaimSpec) -> Result<Claim>;
+
+    /// The owner stores its answer (processing → completed), fenced by owner and attempt.
+    async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record>;
+
+    /// The owner gives up harmlessly (processing → released), fenced.
+    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record>;
+
+    /// The owner cannot know whether its action happened (→ outcome_unknown), fenced.
+    async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record>;
+
+    /// The owner extends its lease while its call runs, fenced.
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()>;
+
+    /// Takes over a processing record whose lease lapsed, if its attempt is still
+    /// `expected_attempt`: a write or job gets a new owner and attempt + 1, an action
+    /// becomes outcome_unknown.
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        expected_attempt: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<TakeOverOutcome>;
+
+    /// One record by id.
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>>;
+
+    /// The record holding `(scope, key)`, if any.
+    async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>>;
+
+    /// Waits until the record leaves `processing` or `timeout` passes, then returns it as
+    /// it is. Wakes as soon as any instance on the same database writes it; no polling
+    /// within an instance.
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record>;
+
+    /// Reconciliation: outcome_unknown → completed or released.
+    async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record>;
+
+    /// Records, newest first.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
+
+    /// Deletes completed records whose window ended (and released ones older than a
+    /// window); returns how many.
+    async fn purge_expired(&self) -> Result<u64>;
+
+    /// Counts `count` repeats answered from the record, worth `units` each in total.
+    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()>;
+
+    /// Usage per principal of records completed since `since` (all when `None`).
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage>;
+
+    /// The store's clock (the database's, for PostgreSQL).
+    async fn now(&self) -> Result<Timestamp>;
+
+    /// Answers when the database does (health checks).
+    async fn ping(&self) -> Result<()>;
+
+    /// A secret generated once and kept in the store (e.g. the key that principals are
+    /// hashed with when none is configured). Every instance on the database gets the
+    /// same value.
+    async fn secret(&self, name: &str) -> Result<Vec<u8>>;
+}
+
+/// Options common to every backend.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// SQLite `synchronous`: `FULL` (default) or `NORMAL`.
+    pub sqlite_synchronous: String,
+    /// PostgreSQL pool size.
+    pub pool_size: usize,
+    /// The clock (tests inject a [`ManualClock`]); PostgreSQL uses the database's clock
+    /// and takes only this clock's offset from system time.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            sqlite_synchronous: "FULL".into(),
+            pool_size: 16,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// Opens (and migrates) the store a URL names: `sqlite://PATH` or
+/// `postgres://USER[:PASS]@HOST[:PORT]/DB`.
+pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(StoreError::Config(
+                "sqlite:// needs a file path, e.g. sqlite://oncely.db".into(),
+            ));
+        }
+        sqlite::open(path, options).await
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        postgres::open(url, options).await
+    } else if url == "memory:" || url == "memory://" {
+        Ok(Arc::new(memory::MemoryStore::new(options.clock)))
+    } else {
+        Err(StoreError::Config(format!(
+            "unknown store {url:?}: use sqlite://PATH or postgres://USER@HOST/DB"
+        )))
+    }
+}
+
+/// A new record id: time-ordered, opaque.
+pub fn new_record_id() -> RecordId {
+    RecordId(format!("rec_{}", uuid::Uuid::now_v7().simple()))
+}

@@ -1,0 +1,967 @@
+//! The conformance suite: the same tests, run against every backend.
+//!
+//! A backend's test file implements [`Harness`] and calls [`conformance_tests!`]
+//! (crate-level macro) to get one `#[tokio::test]` per rule:
+//!
+//! ```ignore
+//! oncely_store::conformance_tests!(my_backend_harness());
+//! ```
+//!
+//! Each test asserts one behaviour the ledger promises: atomic claims under contention,
+//! fencing of stale owners, expiry, wake-ups across instances, reconciliation, and that
+//! one principal never sees another's record.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use oncely_core::{
+    ClaimSpec, Class, Completion, FingerprintBuilder, Resolution, Scope, State, StoredResponse,
+    TakeOverOutcome, TransitionError,
+};
+
+use crate::{Claim, ListFilter, Store, StoreError};
+
+/// How the suite gets stores of one backend.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A store on a fresh, empty database, with a clock the harness can move.
+    async fn store(&self) -> Arc<dyn Store>;
+    /// A second, independent instance on the same database as the last [`Harness::store`]
+    /// (another process would see it like this): its own connections and waiters.
+    async fn second(&self) -> Arc<dyn Store>;
+    /// Moves the clock of every store this harness made forward.
+    fn advance(&self, by: Duration);
+}
+
+/// The lease used by the suite.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The replay window used by the suite.
+pub const WINDOW: Duration = Duration::from_secs(3 * 3600);
+
+/// A claim spec for `principal`'s `key` on route `POST /v1/render` with `body`.
+pub fn spec(principal: &str, key: &str, body: &str, class: Class, owner: &str) -> ClaimSpec {
+    let route = "POST /v1/render";
+    ClaimSpec {
+        scope: Scope::new(principal, route),
+        key: key.to_string(),
+        fingerprint: FingerprintBuilder::new(principal, "POST", "/v1/render")
+            .body(body.as_bytes(), &[]),
+        class,
+        route: route.to_string(),
+        principal: principal.to_string(),
+        owner: owner.to_string(),
+        lease: LEASE,
+        workflow_id: Some("wf-1".into()),
+    }
+}
+
+/// A completion with a small JSON body and one header.
+pub fn completion(body: &str, units: u64) -> Completion {
+    Completion {
+        response: StoredResponse {
+            status: 201,
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("x-render-id".into(), "r-9".into()),
+            ],
+            body: Some(body.as_bytes().to_vec()),
+        },
+        units,
+        window: WINDOW,
+        replay_until: None,
+        provider_request_id: Some("req_123".into()),
+    }
+}
+
+fn owned(c: Claim) -> oncely_core::Record {
+    match c {
+        Claim::Owned(r) => r,
+        Claim::Existing(r) => panic!("expected to own the claim, found existing {r:?}"),
+    }
+}
+
+fn existing(c: Claim) -> oncely_core::Record {
+    match c {
+        Claim::Existing(r) => r,
+        Claim::Owned(r) => panic!("expected an existing record, the claim was granted: {r:?}"),
+    }
+}
+
+/// A first claim owns a new processing record; a second gets that record unchanged.
+pub async fn claim_new_then_existing(h: &dyn Harness) {
+    let store = h.store().await;
+    let first = owned(
+        store
+            .claim(&spec("alice", "k1", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(first.state, State::Processing);
+    assert_eq!(first.attempt, 1);
+    assert_eq!(first.owner.as_deref(), Some("a"));
+    assert!(first.lease_until.is_some());
+    let second = existing(
+        store
+            .claim(&spec("alice", "k1", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(second.id, first.id);
+    assert_eq!(
+        second.owner.as_deref(),
+        Some("a"),
+        "the second claimant does not become owner"
+    );
+    assert_eq!(store.get(&first.id).await.unwrap().unwrap(), second);
+    assert_eq!(
+        store.lookup(&first.scope, "k1").await.unwrap().unwrap().id,
+        first.id
+    );
+    assert_eq!(store.lookup(&first.scope, "nope").await.unwrap(), None);
+}
+
+/// 200 concurrent claims of one key: exactly one owner, all others see its record.
+pub async fn concurrent_claims_have_one_owner(h: &dyn Harness) {
+    let store = h.store().await;
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .claim(&spec(
+                    "alice",
+                    "hot",
+                    "{\"n\":1}",
+                    Class::Write,
+                    &format!("owner-{i}"),
+                ))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut owners = 0;
+    let mut ids = HashSet::new();
+    let mut owner_name = None;
+    for t in tasks {
+        match t.await.unwrap() {
+            Claim::Owned(r) => {
+                owners += 1;
+                owner_name = r.owner.clone();
+                ids.insert(r.id);
+            }
+            Claim::Existing(r) => {
+                ids.insert(r.id);
+            }
+        }
+    }
+    assert_eq!(owners, 1, "exactly one of 200 claimants owns the record");
+    assert_eq!(ids.len(), 1, "every claimant sees the same record");
+    let id = ids.into_iter().next().unwrap();
+    assert_eq!(store.get(&id).await.unwrap().unwrap().owner, owner_name);
+}
+
+/// Concurrent claims from two instances on one database: still one owner.
+pub async fn concurrent_claims_across_instances_have_one_owner(h: &dyn Harness) {
+    let a = h.store().await;
+    let b = h.second().await;
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            store
+                .claim(&spec(
+                    "alice",
+                    "split",
+                    "{}",
+                    Class::Write,
+                    &format!("o{i}"),
+                ))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut owners = 0;
+    for t in tasks {
+        if let Claim::Owned(_) = t.await.unwrap() {
+            owners += 1;
+        }
+    }
+    assert_eq!(owners, 1);
+}
+
+/// A completed record keeps the response byte for byte, and is what a repeat gets.
+pub async fn complete_then_replay(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let body = "{\"audio\":\"https://x/a.mp3\",\"bytes\":\"\u{0}\u{ff}\"}";
+    let done = store
+        .complete(&r.fence().unwrap(), completion(body, 42))
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Completed);
+    assert!(done.completed_at.is_some());
+    let again = existing(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.state, State::Completed);
+    let resp = again.response.clone().unwrap();
+    assert_eq!(resp.status, 201);
+    assert_eq!(resp.body.as_deref(), Some(body.as_bytes()));
+    assert_eq!(
+        resp.headers,
+        vec![
+            ("content-type".to_string(), "application/json".to_string()),
+            ("x-render-id".to_string(), "r-9".to_string())
+        ]
+    );
+    assert_eq!(again.units, 42);
+    assert_eq!(again.provider_request_id.as_deref(), Some("req_123"));
+    assert_eq!(again.workflow_id.as_deref(), Some("wf-1"));
+    let now = store.now().await.unwrap();
+    assert!(again.is_replayable(now));
+    let expires = again.expires_at.unwrap();
+    let window_ms = expires.0 - again.completed_at.unwrap().0;
+    assert_eq!(window_ms, WINDOW.as_millis() as i64);
+    // A record completed without its body (over max_response) keeps that fact.
+    let r2 = owned(
+        store
+            .claim(&spec("alice", "big", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let mut c = completion("", 1);
+    c.response.body = None;
+    store.complete(&r2.fence().unwrap(), c).await.unwrap();
+    let big = store.get(&r2.id).await.unwrap().unwrap();
+    assert_eq!(big.response.unwrap().body, None);
+}
+
+/// The upstream can shorten the window (`Oncely-Replay-Until`); never lengthen it.
+pub async fn replay_until_shortens_the_window(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let now = store.now().await.unwrap();
+    let mut c = completion("{}", 1);
+    c.replay_until = Some(now.add(Duration::from_secs(60)));
+    let done = store.complete(&r.fence().unwrap(), c).await.unwrap();
+    assert!(done.expires_at.unwrap() <= now.add(Duration::from_secs(61)));
+    h.advance(Duration::from_secs(61));
+    let renewed = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(
+        renewed.id, r.id,
+        "a new intention after the window gets a new record"
+    );
+    assert_eq!(renewed.attempt, 1);
+}
+
+/// Expiry frees the key: after the window a claim owns a new record; purge removes it.
+pub async fn expiry_frees_the_key(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{}", 5))
+        .await
+        .unwrap();
+    let other = owned(
+        store
+            .claim(&spec("alice", "other", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    h.advance(WINDOW - Duration::from_secs(1));
+    existing(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        0,
+        "nothing has expired yet"
+    );
+    h.advance(Duration::from_secs(2));
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
+    assert_eq!(
+        store.get(&r.id).await.unwrap(),
+        None,
+        "the expired record is gone"
+    );
+    assert!(
+        store.get(&other.id).await.unwrap().is_some(),
+        "a processing record is never purged"
+    );
+    let fresh = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(fresh.attempt, 1);
+    // An expired record that was not purged yet is also renewed by a claim.
+    store
+        .complete(&fresh.fence().unwrap(), completion("{}", 5))
+        .await
+        .unwrap();
+    h.advance(WINDOW + Duration::from_secs(1));
+    let again = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "c"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(again.id, fresh.id);
+    assert_eq!(again.repeats, 0);
+}
+
+/// A released record is executed again by the next identical claim: same id, attempt 2.
+pub async fn release_then_reclaim(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let released = store
+        .release(&r.fence().unwrap(), Some("upstream 502".into()))
+        .await
+        .unwrap();
+    assert_eq!(released.state, State::Released);
+    assert_eq!(released.last_error.as_deref(), Some("upstream 502"));
+    let again = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.id, r.id);
+    assert_eq!(again.attempt, 2);
+    assert_eq!(again.owner.as_deref(), Some("b"));
+    // The first owner's fence is stale now.
+    let err = store
+        .complete(&r.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Transition(TransitionError::Fenced { .. })),
+        "{err:?}"
+    );
+    // A different body under the released key is not run: the caller answers 422.
+    let other = existing(
+        store
+            .claim(&spec("alice", "k", "{\"x\":1}", Class::Write, "c"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(other.id, r.id);
+}
+
+/// A stale owner's complete is refused after a take-over; the new owner's goes through.
+pub async fn stale_owner_refused_after_take_over(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let stale = r.fence().unwrap();
+    let early = store.take_over(&r.id, 1, "b", LEASE).await.unwrap_err();
+    assert!(
+        matches!(
+            early,
+            StoreError::Transition(TransitionError::LeaseHeld { .. })
+        ),
+        "{early:?}"
+    );
+    h.advance(LEASE + Duration::from_secs(1));
+    let TakeOverOutcome::Owned(taken) = store.take_over(&r.id, 1, "b", LEASE).await.unwrap() else {
+        panic!("a write is executed again after its owner's lease lapsed")
+    };
+    assert_eq!(taken.attempt, 2);
+    assert_eq!(taken.owner.as_deref(), Some("b"));
+    // A second taker that saw attempt 1 loses.
+    let lost = store.take_over(&r.id, 1, "c", LEASE).await.unwrap_err();
+    assert!(
+        matches!(lost, StoreError::Transition(TransitionError::Fenced { .. })),
+        "{lost:?}"
+    );
+    for err in [
+        store
+            .complete(&stale, completion("{\"stale\":true}", 1))
+            .await
+            .unwrap_err(),
+        store.release(&stale, None).await.unwrap_err(),
+        store.mark_unknown(&stale, "x".into()).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                err,
+                StoreError::Transition(TransitionError::Fenced { attempt: 1, .. })
+            ),
+            "{err:?}"
+        );
+    }
+    assert!(store.renew(&stale, LEASE).await.is_err());
+    let done = store
+        .complete(&taken.fence().unwrap(), completion("{\"fresh\":true}", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.response.unwrap().body.as_deref(),
+        Some(&b"{\"fresh\":true}"[..])
+    );
+    let err = store
+        .complete(&stale, completion("{}", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Transition(TransitionError::Fenced { .. })),
+        "{err:?}"
+    );
+}
+
+/// Renewal keeps a live owner's claim: no take-over while it renews.
+pub async fn renew_keeps_the_lease(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    h.advance(LEASE - Duration::from_secs(5));
+    store.renew(&r.fence().unwrap(), LEASE).await.unwrap();
+    h.advance(Duration::from_secs(10));
+    let err = store.take_over(&r.id, 1, "b", LEASE).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Transition(TransitionError::LeaseHeld { .. })
+        ),
+        "{err:?}"
+    );
+    let rec = store.get(&r.id).await.unwrap().unwrap();
+    assert!(!rec.lease_lapsed(store.now().await.unwrap()));
+}
+
+/// An action whose owner's lease lapsed becomes outcome_unknown, never runs again.
+pub async fn lapsed_action_becomes_outcome_unknown(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "order", "{}", Class::Action, "a"))
+            .await
+            .unwrap(),
+    );
+    h.advance(LEASE + Duration::from_secs(1));
+    let TakeOverOutcome::OutcomeUnknown(u) = store.take_over(&r.id, 1, "b", LEASE).await.unwrap()
+    else {
+        panic!("an action must not be executed again")
+    };
+    assert_eq!(u.state, State::OutcomeUnknown);
+    assert!(u.last_error.is_some());
+    let again = existing(
+        store
+            .claim(&spec("alice", "order", "{}", Class::Action, "c"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.state, State::OutcomeUnknown);
+    h.advance(WINDOW * 4);
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        0,
+        "outcome_unknown never expires by itself"
+    );
+    existing(
+        store
+            .claim(&spec("alice", "order", "{}", Class::Action, "c"))
+            .await
+            .unwrap(),
+    );
+}
+
+/// Resolve out of outcome_unknown, both ways; refused from any other state.
+pub async fn resolve_out_of_outcome_unknown(h: &dyn Harness) {
+    let store = h.store().await;
+    let a = owned(
+        store
+            .claim(&spec("alice", "a", "{}", Class::Action, "o"))
+            .await
+            .unwrap(),
+    );
+    let b = owned(
+        store
+            .claim(&spec("alice", "b", "{}", Class::Action, "o"))
+            .await
+            .unwrap(),
+    );
+    let err = store
+        .resolve(
+            &a.id,
+            Resolution::Released {
+                reason: "op".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Transition(TransitionError::WrongState {
+                state: State::Processing,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let unknown = store
+        .mark_unknown(&a.fence().unwrap(), "timeout after send".into())
+        .await
+        .unwrap();
+    assert_eq!(unknown.state, State::OutcomeUnknown);
+    store
+        .mark_unknown(&b.fence().unwrap(), "reset".into())
+        .await
+        .unwrap();
+
+    let released = store
+        .resolve(
+            &a.id,
+            Resolution::Released {
+                reason: "supplier has no order".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(released.state, State::Released);
+    let rerun = owned(
+        store
+            .claim(&spec("alice", "a", "{}", Class::Action, "p"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        rerun.attempt, 2,
+        "after a release the next identical request executes afresh"
+    );
+
+    let completed = store
+        .resolve(
+            &b.id,
+            Resolution::Completed {
+                response: StoredResponse {
+                    status: 200,
+                    headers: vec![],
+                    body: Some(b"{\"order\":7}".to_vec()),
+                },
+                window: WINDOW,
+                reason: "supplier confirms order 7".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(completed.state, State::Completed);
+    let replay = existing(
+        store
+            .claim(&spec("alice", "b", "{}", Class::Action, "p"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        replay.response.unwrap().body.as_deref(),
+        Some(&b"{\"order\":7}"[..])
+    );
+    let err = store
+        .resolve(&b.id, Resolution::Released { reason: "x".into() })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Transition(TransitionError::WrongState {
+                state: State::Completed,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let missing = store
+        .resolve(
+            &crate::new_record_id(),
+            Resolution::Released { reason: "x".into() },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, StoreError::NotFound(_)), "{missing:?}");
+}
+
+/// A waiter wakes as soon as the record leaves processing; at the deadline otherwise.
+pub async fn wait_for_wakes_and_times_out(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let still = store
+        .wait_for(&r.id, Duration::from_millis(150))
+        .await
+        .unwrap();
+    assert_eq!(still.state, State::Processing);
+    assert!(started.elapsed() >= Duration::from_millis(140));
+
+    let waiter = {
+        let store = store.clone();
+        let id = r.id.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let rec = store.wait_for(&id, Duration::from_secs(10)).await.unwrap();
+            (rec, t.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store
+        .complete(&r.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    let (rec, waited) = waiter.await.unwrap();
+    assert_eq!(rec.state, State::Completed);
+    assert!(
+        waited < Duration::from_secs(2),
+        "woken, not timed out: {waited:?}"
+    );
+    // A settled record returns at once.
+    let t = Instant::now();
+    store
+        .wait_for(&r.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_millis(500));
+    let missing = store
+        .wait_for(&crate::new_record_id(), Duration::from_millis(10))
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, StoreError::NotFound(_)));
+}
+
+/// A waiter on a second instance of the same database wakes within 100 ms of the
+/// completion made on the first.
+pub async fn waiter_on_second_instance_wakes_quickly(h: &dyn Harness) {
+    let a = h.store().await;
+    let b = h.second().await;
+    for round in 0..3 {
+        let r = owned(
+            a.claim(&spec(
+                "alice",
+                &format!("x{round}"),
+                "{}",
+                Class::Write,
+                "a",
+            ))
+            .await
+            .unwrap(),
+        );
+        let waiter = {
+            let b = b.clone();
+            let id = r.id.clone();
+            tokio::spawn(async move {
+                let rec = b.wait_for(&id, Duration::from_secs(10)).await.unwrap();
+                (rec, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let completed_at = Instant::now();
+        a.complete(&r.fence().unwrap(), completion("{}", 1))
+            .await
+            .unwrap();
+        let (rec, woke_at) = waiter.await.unwrap();
+        assert_eq!(rec.state, State::Completed);
+        let lag = woke_at.saturating_duration_since(completed_at);
+        assert!(
+            lag < Duration::from_millis(100),
+            "round {round}: the second instance woke {lag:?} after the completion"
+        );
+    }
+}
+
+/// One principal never reads another's record: the same client key under two principals
+/// names two records, and neither's claim returns the other's response.
+pub async fn principals_are_isolated(h: &dyn Harness) {
+    let store = h.store().await;
+    let a = owned(
+        store
+            .claim(&spec("alice", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&a.fence().unwrap(), completion("{\"for\":\"alice\"}", 3))
+        .await
+        .unwrap();
+    let b = owned(
+        store
+            .claim(&spec("bob", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(a.id, b.id);
+    assert_ne!(a.scope, b.scope);
+    assert!(b.response.is_none());
+    store
+        .complete(&b.fence().unwrap(), completion("{\"for\":\"bob\"}", 3))
+        .await
+        .unwrap();
+    let again_b = existing(
+        store
+            .claim(&spec("bob", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        again_b.response.unwrap().body.as_deref(),
+        Some(&b"{\"for\":\"bob\"}"[..])
+    );
+    assert_eq!(again_b.principal, "bob");
+    let again_a = existing(
+        store
+            .claim(&spec("alice", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        again_a.response.unwrap().body.as_deref(),
+        Some(&b"{\"for\":\"alice\"}"[..])
+    );
+    let only_bob = store
+        .list(&ListFilter {
+            principal: Some("bob".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(only_bob.len(), 1);
+    assert_eq!(only_bob[0].id, b.id);
+    assert_eq!(
+        store
+            .lookup(&Scope::new("mallory", "POST /v1/render"), "same-key")
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// Listing filters by state, principal and route, newest first.
+pub async fn list_filters_newest_first(h: &dyn Harness) {
+    let store = h.store().await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let r = owned(
+            store
+                .claim(&spec("alice", &format!("k{i}"), "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        ids.push(r.clone());
+        h.advance(Duration::from_millis(5));
+    }
+    store
+        .complete(&ids[0].fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    store.release(&ids[1].fence().unwrap(), None).await.unwrap();
+    let all = store.list(&ListFilter::default()).await.unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+        ids.iter().rev().map(|r| r.id.clone()).collect::<Vec<_>>()
+    );
+    let processing = store
+        .list(&ListFilter {
+            state: Some(State::Processing),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(processing.len(), 2);
+    assert!(processing.iter().all(|r| r.state == State::Processing));
+    let completed = store
+        .list(&ListFilter {
+            state: Some(State::Completed),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].id, ids[0].id);
+    let by_route = store
+        .list(&ListFilter {
+            route: Some("POST /v1/render".into()),
+            limit: Some(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_route.len(), 2);
+    assert_eq!(by_route[0].id, ids[3].id);
+    let none = store
+        .list(&ListFilter {
+            route: Some("GET /nothing".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+}
+
+/// Repeats are counted per record and add up per principal in usage.
+pub async fn repeats_and_usage(h: &dyn Harness) {
+    let store = h.store().await;
+    for (principal, key, units) in [
+        ("alice", "a1", 100u64),
+        ("alice", "a2", 50),
+        ("bob", "b1", 7),
+    ] {
+        let r = owned(
+            store
+                .claim(&spec(principal, key, "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&r.fence().unwrap(), completion("{}", units))
+            .await
+            .unwrap();
+        if key == "a1" {
+            store.add_repeats(&r.id, 2, 200).await.unwrap();
+            store.add_repeats(&r.id, 1, 100).await.unwrap();
+        }
+    }
+    let processing = owned(
+        store
+            .claim(&spec("carol", "c1", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    let a1 = store
+        .lookup(&Scope::new("alice", "POST /v1/render"), "a1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((a1.repeats, a1.repeat_units), (3, 300));
+    let usage = store.usage(None).await.unwrap();
+    assert_eq!(usage.totals.fresh, 3);
+    assert_eq!(usage.totals.fresh_units, 157);
+    assert_eq!(usage.totals.repeats, 3);
+    assert_eq!(usage.totals.repeat_units, 300);
+    assert_eq!(
+        usage.by_principal.len(),
+        2,
+        "only completed executions are charged: {usage:?}"
+    );
+    let alice = usage
+        .by_principal
+        .iter()
+        .find(|r| r.principal == "alice")
+        .unwrap();
+    assert_eq!(
+        (
+            alice.fresh,
+            alice.fresh_units,
+            alice.repeats,
+            alice.repeat_units
+        ),
+        (2, 150, 3, 300)
+    );
+    let bob = usage
+        .by_principal
+        .iter()
+        .find(|r| r.principal == "bob")
+        .unwrap();
+    assert_eq!(
+        (bob.fresh, bob.fresh_units, bob.repeats, bob.repeat_units),
+        (1, 7, 0, 0)
+    );
+    let future = store.now().await.unwrap().add(Duration::from_secs(60));
+    assert_eq!(store.usage(Some(future)).await.unwrap().totals.fresh, 0);
+    assert!(store
+        .add_repeats(&crate::new_record_id(), 1, 1)
+        .await
+        .is_err());
+    drop(processing);
+}
+
+/// A secret is generated once and shared by every instance on the database.
+pub async fn secrets_are_stable_and_shared(h: &dyn Harness) {
+    let a = h.store().await;
+    let s1 = a.secret("principal-key").await.unwrap();
+    assert!(s1.len() >= 16);
+    assert_eq!(a.secret("principal-key").await.unwrap(), s1);
+    let b = h.second().await;
+    assert_eq!(b.secret("principal-key").await.unwrap(), s1);
+    assert_ne!(a.secret("other").await.unwrap(), s1);
+    a.ping().await.unwrap();
+}
+
+/// Generates one `#[tokio::test]` per conformance rule for a harness expression.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@tests $harness;
+            claim_new_then_existing,
+            concurrent_claims_have_one_owner,
+            concurrent_claims_across_instances_have_one_owner,
+            complete_then_replay,
+            replay_until_shortens_the_window,
+            expiry_frees_the_key,
+            release_then_reclaim,
+            stale_owner_refused_after_take_over,
+            renew_keeps_the_lease,
+            lapsed_action_becomes_outcome_unknown,
+            resolve_out_of_outcome_unknown,
+            wait_for_wakes_and_times_out,
+            waiter_on_second_instance_wakes_quickly,
+            principals_are_isolated,
+            list_filters_newest_first,
+            repeats_and_usage,
+            secrets_are_stable_and_shared,
+        );
+    };
+    (@tests $harness:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let harness = $harness;
+                $crate::conformance::$name(&harness).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,261 @@
+//! An in-memory store for unit tests: the transitions of `oncely_core::record` behind one
+//! mutex. Clones share the same data, like two instances on one database.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oncely_core::record::{decide_claim, ClaimDecision};
+use oncely_core::{
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
+    Timestamp,
+};
+
+use crate::waiters::{wait_until_settled, Waiters};
+use crate::{new_record_id, Claim, Clock, ListFilter, Result, Store, StoreError, Usage, UsageRow};
+
+#[derive(Debug, Default)]
+struct Data {
+    records: HashMap<RecordId, Record>,
+    by_key: HashMap<(Scope, String), RecordId>,
+    secrets: HashMap<String, Vec<u8>>,
+}
+
+/// The in-memory store. Not durable: for tests only.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    data: Arc<Mutex<Data>>,
+    waiters: Arc<Waiters>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    /// An empty store on `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore {
+            data: Arc::default(),
+            waiters: Arc::default(),
+            clock,
+        }
+    }
+
+    fn with_record<T>(
+        &self,
+        id: &RecordId,
+        f: impl FnOnce(&mut Record, Timestamp) -> Result<T>,
+    ) -> Result<T> {
+        let now = self.clock.now();
+        let out = {
+            let mut data = self.data.lock().expect("memory store lock");
+            let record = data
+                .records
+                .get_mut(id)
+                .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+            // Work on a copy so a refused transition changes nothing.
+            let mut copy = record.clone();
+            let out = f(&mut copy, now)?;
+            *record = copy;
+            out
+        };
+        self.waiters.wake(id);
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let map_key = (spec.scope.clone(), spec.key.clone());
+        let existing_id = data.by_key.get(&map_key).cloned();
+        let existing = existing_id.as_ref().and_then(|id| data.records.get(id));
+        match decide_claim(existing, spec, now) {
+            ClaimDecision::Insert => {
+                let record = Record::new_claim(new_record_id(), spec, now);
+                data.by_key.insert(map_key, record.id.clone());
+                data.records.insert(record.id.clone(), record.clone());
+                Ok(Claim::Owned(record))
+            }
+            ClaimDecision::Existing => Ok(Claim::Existing(existing.cloned().expect("existing"))),
+            decision => {
+                let old_id = existing_id.expect("existing");
+                let mut record = data.records.remove(&old_id).expect("existing");
+                record.reclaim(decision, new_record_id(), spec, now);
+                data.by_key.insert(map_key, record.id.clone());
+                data.records.insert(record.id.clone(), record.clone());
+                Ok(Claim::Owned(record))
+            }
+        }
+    }
+
+    async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        self.with_record(&fence.id, |r, now| {
+            r.complete(fence, completion, now)?;
+            Ok(r.clone())
+        })
+    }
+
+    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
+        self.with_record(&fence.id, |r, now| {
+            r.release(fence, error, now)?;
+            Ok(r.clone())
+        })
+    }
+
+    async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
+        self.with_record(&fence.id, |r, now| {
+            r.mark_unknown(fence, error, now)?;
+            Ok(r.clone())
+        })
+    }
+
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
+        self.with_record(&fence.id, |r, now| Ok(r.renew(fence, lease, now)?))
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        expected_attempt: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<TakeOverOutcome> {
+        self.with_record(id, |r, now| {
+            Ok(r.take_over(expected_attempt, owner, lease, now)?)
+        })
+    }
+
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>> {
+        Ok(self
+            .data
+            .lock()
+            .expect("memory store lock")
+            .records
+            .get(id)
+            .cloned())
+    }
+
+    async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
+        let data = self.data.lock().expect("memory store lock");
+        Ok(data
+            .by_key
+            .get(&(scope.clone(), key.to_string()))
+            .and_then(|id| data.records.get(id))
+            .cloned())
+    }
+
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
+        wait_until_settled(&self.waiters, id, timeout, || async { self.get(id).await }).await
+    }
+
+    async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
+        self.with_record(id, |r, now| {
+            r.resolve(resolution, now)?;
+            Ok(r.clone())
+        })
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut out: Vec<Record> = data
+            .records
+            .values()
+            .filter(|r| filter.state.is_none_or(|s| r.state == s))
+            .filter(|r| filter.principal.as_ref().is_none_or(|p| &r.principal == p))
+            .filter(|r| filter.route.as_ref().is_none_or(|p| &r.route == p))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+        if let Some(limit) = filter.limit {
+            out.truncate(limit);
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let doomed: Vec<Record> = data
+            .records
+            .values()
+            .filter(|r| r.is_expired(now))
+            .cloned()
+            .collect();
+        for r in &doomed {
+            data.records.remove(&r.id);
+            data.by_key.remove(&(r.scope.clone(), r.key.clone()));
+        }
+        Ok(doomed.len() as u64)
+    }
+
+    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+        let mut data = self.data.lock().expect("memory store lock");
+        let r = data
+            .records
+            .get_mut(id)
+            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        r.repeats += count;
+        r.repeat_units += units;
+        Ok(())
+    }
+
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut rows: HashMap<String, UsageRow> = HashMap::new();
+        for r in data.records.values() {
+            let Some(done) = r.completed_at else { continue };
+            if r.state != State::Completed || since.is_some_and(|s| done < s) {
+                continue;
+            }
+            let row = rows.entry(r.principal.clone()).or_insert_with(|| UsageRow {
+                principal: r.principal.clone(),
+                ..UsageRow::default()
+            });
+            row.fresh += 1;
+            row.fresh_units += r.units;
+            row.repeats += r.repeats;
+            row.repeat_units += r.repeat_units;
+        }
+        Ok(usage_from_rows(rows.into_values().collect()))
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(self.clock.now())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
+        let mut data = self.data.lock().expect("memory store lock");
+        Ok(data
+            .secrets
+            .entry(name.to_string())
+            .or_insert_with(|| rand::random::<[u8; 32]>().to_vec())
+            .clone())
+    }
+}
+
+/// Sorts per-principal rows (most charged first) and adds the totals.
+pub(crate) fn usage_from_rows(mut rows: Vec<UsageRow>) -> Usage {
+    rows.sort_by(|a, b| {
+        b.fresh_units
+            .cmp(&a.fresh_units)
+            .then(b.fresh.cmp(&a.fresh))
+            .then(a.principal.cmp(&b.principal))
+    });
+    let mut totals = UsageRow::default();
+    for r in &rows {
+        totals.fresh += r.fresh;
+        totals.fresh_units += r.fresh_units;
+        totals.repeats += r.repeats;
+        totals.repeat_units += r.repeat_units;
+    }
+    Usage {
+        totals,
+        by_principal: rows,
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration tests of the stores: the conformance suite against each backend.
+
+mod memory;
