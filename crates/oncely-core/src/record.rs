@@ -80,9 +80,11 @@ impl FromStr for State {
             "completed" => State::Completed,
             "released" => State::Released,
             "outcome_unknown" => State::OutcomeUnknown,
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "unknown state {other:?} (use processing, completed, outcome_unknown or released)"
-            )),
+            ))
+            }
         })
     }
 }
@@ -324,7 +326,7 @@ impl Record {
             state: State::Processing,
             owner: Some(spec.owner.clone()),
             attempt: 1,
-            lease_until: Some(now.add(spec.lease)),
+            lease_until: Some(now.plus(spec.lease)),
             created_at: now,
             updated_at: now,
             completed_at: None,
@@ -354,7 +356,7 @@ impl Record {
                 self.state = State::Processing;
                 self.owner = Some(spec.owner.clone());
                 self.attempt += 1;
-                self.lease_until = Some(now.add(spec.lease));
+                self.lease_until = Some(now.plus(spec.lease));
                 self.updated_at = now;
                 self.workflow_id = spec.workflow_id.clone().or(self.workflow_id.take());
             }
@@ -394,7 +396,7 @@ impl Record {
         now: Timestamp,
     ) -> Result<(), TransitionError> {
         self.check_fence(fence, "complete")?;
-        let mut expires = now.add(c.window);
+        let mut expires = now.plus(c.window);
         if let Some(until) = c.replay_until {
             expires = expires.min(until);
         }
@@ -448,7 +450,7 @@ impl Record {
         now: Timestamp,
     ) -> Result<(), TransitionError> {
         self.check_fence(fence, "renew")?;
-        self.lease_until = Some(now.add(lease));
+        self.lease_until = Some(now.plus(lease));
         self.updated_at = now;
         Ok(())
     }
@@ -484,7 +486,7 @@ impl Record {
         if self.class.reexecutes_after_lapse() {
             self.owner = Some(owner.to_string());
             self.attempt += 1;
-            self.lease_until = Some(now.add(lease));
+            self.lease_until = Some(now.plus(lease));
             self.last_error = Some(format!(
                 "owner's lease lapsed during attempt {expected_attempt}; executing again"
             ));
@@ -526,7 +528,7 @@ impl Record {
             } => {
                 self.state = State::Completed;
                 self.completed_at = Some(now);
-                self.expires_at = Some(now.add(window));
+                self.expires_at = Some(now.plus(window));
                 self.response = Some(response);
                 self.last_error = Some(reason);
             }
@@ -595,14 +597,14 @@ mod tests {
         done.complete(&done.fence().unwrap(), completion(), now)
             .unwrap();
         assert_eq!(decide_claim(Some(&done), &s, now), ClaimDecision::Existing);
-        let later = now.add(WINDOW);
+        let later = now.plus(WINDOW);
         assert_eq!(decide_claim(Some(&done), &s, later), ClaimDecision::Renew);
         let mut unknown = claimed(Class::Action);
         unknown
             .mark_unknown(&unknown.fence().unwrap(), "timeout".into(), now)
             .unwrap();
         assert_eq!(
-            decide_claim(Some(&unknown), &s, later.add(WINDOW)),
+            decide_claim(Some(&unknown), &s, later.plus(WINDOW)),
             ClaimDecision::Existing,
             "outcome_unknown never expires by itself"
         );
@@ -624,7 +626,7 @@ mod tests {
         assert_eq!(r.attempt, 2);
         assert_eq!(r.state, State::Processing);
         assert_eq!(r.owner.as_deref(), Some("b"));
-        assert_eq!(r.lease_until, Some(Timestamp(3_000).add(LEASE)));
+        assert_eq!(r.lease_until, Some(Timestamp(3_000).plus(LEASE)));
     }
 
     #[test]
@@ -638,7 +640,7 @@ mod tests {
             ClaimDecision::Renew,
             RecordId("r2".into()),
             &s,
-            Timestamp(2_000).add(WINDOW),
+            Timestamp(2_000).plus(WINDOW),
         );
         assert_eq!(r.id.as_str(), "r2");
         assert_eq!(r.attempt, 1);
@@ -652,11 +654,11 @@ mod tests {
         r.complete(&r.fence().unwrap(), completion(), Timestamp(2_000))
             .unwrap();
         assert_eq!(r.state, State::Completed);
-        assert_eq!(r.expires_at, Some(Timestamp(2_000).add(WINDOW)));
+        assert_eq!(r.expires_at, Some(Timestamp(2_000).plus(WINDOW)));
         assert_eq!(r.units, 7);
         assert_eq!(r.provider_request_id.as_deref(), Some("req_1"));
         assert!(r.is_replayable(Timestamp(2_001)));
-        assert!(!r.is_replayable(Timestamp(2_000).add(WINDOW)));
+        assert!(!r.is_replayable(Timestamp(2_000).plus(WINDOW)));
     }
 
     #[test]
@@ -673,14 +675,14 @@ mod tests {
         c.replay_until = Some(Timestamp(i64::MAX));
         r.complete(&r.fence().unwrap(), c, Timestamp(2_000))
             .unwrap();
-        assert_eq!(r.expires_at, Some(Timestamp(2_000).add(WINDOW)));
+        assert_eq!(r.expires_at, Some(Timestamp(2_000).plus(WINDOW)));
     }
 
     #[test]
     fn a_stale_owner_is_refused_after_a_take_over() {
         let mut r = claimed(Class::Write);
         let stale = r.fence().unwrap();
-        let lapsed = Timestamp(1_000).add(LEASE);
+        let lapsed = Timestamp(1_000).plus(LEASE);
         let TakeOverOutcome::Owned(_) = r.take_over(1, "b", LEASE, lapsed).unwrap() else {
             panic!("a write is executed again")
         };
@@ -763,7 +765,7 @@ mod tests {
             r.take_over(1, "b", LEASE, Timestamp(2_000)),
             Err(TransitionError::LeaseHeld { .. })
         ));
-        let lapsed = Timestamp(1_000).add(LEASE);
+        let lapsed = Timestamp(1_000).plus(LEASE);
         assert!(matches!(
             r.take_over(2, "b", LEASE, lapsed),
             Err(TransitionError::Fenced { .. })
@@ -771,20 +773,20 @@ mod tests {
         r.take_over(1, "b", LEASE, lapsed).unwrap();
         // A second taker that saw attempt 1 loses.
         assert!(matches!(
-            r.take_over(1, "c", LEASE, lapsed.add(LEASE)),
+            r.take_over(1, "c", LEASE, lapsed.plus(LEASE)),
             Err(TransitionError::Fenced { .. })
         ));
         // Renewal keeps the lease alive.
         let f = r.fence().unwrap();
-        r.renew(&f, LEASE, lapsed.add(Duration::from_secs(20)))
+        r.renew(&f, LEASE, lapsed.plus(Duration::from_secs(20)))
             .unwrap();
-        assert!(!r.lease_lapsed(lapsed.add(LEASE)));
+        assert!(!r.lease_lapsed(lapsed.plus(LEASE)));
     }
 
     #[test]
     fn an_action_whose_owner_died_becomes_outcome_unknown() {
         let mut r = claimed(Class::Action);
-        let lapsed = Timestamp(1_000).add(LEASE);
+        let lapsed = Timestamp(1_000).plus(LEASE);
         let TakeOverOutcome::OutcomeUnknown(after) = r.take_over(1, "b", LEASE, lapsed).unwrap()
         else {
             panic!("an action is never executed again")

@@ -95,7 +95,7 @@ impl Timestamp {
     }
 
     /// This time plus a duration (saturating).
-    pub fn add(self, d: Duration) -> Timestamp {
+    pub fn plus(self, d: Duration) -> Timestamp {
         Timestamp(
             self.0
                 .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
@@ -103,7 +103,7 @@ impl Timestamp {
     }
 
     /// This time minus a duration (saturating).
-    pub fn sub(self, d: Duration) -> Timestamp {
+    pub fn minus(self, d: Duration) -> Timestamp {
         Timestamp(
             self.0
                 .saturating_sub(d.as_millis().min(i64::MAX as u128) as i64),
@@ -171,8 +171,7 @@ impl Timestamp {
             Some(sign @ (b'+' | b'-')) if i + 6 == b.len() && b[i + 3] == b':' => {
                 let h = num(i + 1..i + 3)?;
                 let m = num(i + 4..i + 6)?;
-                let s = (h * 3600 + m * 60) * if *sign == b'+' { 1 } else { -1 };
-                s
+                (h * 3600 + m * 60) * if *sign == b'+' { 1 } else { -1 }
             }
             _ => return Err(bad()),
         };

@@ -257,9 +257,9 @@ pub async fn replay_until_shortens_the_window(h: &dyn Harness) {
     );
     let now = store.now().await.unwrap();
     let mut c = completion("{}", 1);
-    c.replay_until = Some(now.add(Duration::from_secs(60)));
+    c.replay_until = Some(now.plus(Duration::from_secs(60)));
     let done = store.complete(&r.fence().unwrap(), c).await.unwrap();
-    assert!(done.expires_at.unwrap() <= now.add(Duration::from_secs(61)));
+    assert!(done.expires_at.unwrap() <= now.plus(Duration::from_secs(61)));
     h.advance(Duration::from_secs(61));
     let renewed = owned(
         store
@@ -910,7 +910,7 @@ pub async fn repeats_and_usage(h: &dyn Harness) {
         (bob.fresh, bob.fresh_units, bob.repeats, bob.repeat_units),
         (1, 7, 0, 0)
     );
-    let future = store.now().await.unwrap().add(Duration::from_secs(60));
+    let future = store.now().await.unwrap().plus(Duration::from_secs(60));
     assert_eq!(store.usage(Some(future)).await.unwrap().totals.fresh, 0);
     assert!(store
         .add_repeats(&crate::new_record_id(), 1, 1)
