@@ -1,1 +1,284 @@
-//! oncely-audit
+//! `oncely audit`: finds, in a request log a provider already has, the requests that
+//! repeated an earlier identical one within the window — what a guard would have saved,
+//! who was charged for it, and what to credit.
+//!
+//! No server is needed: the audit reads JSON lines (plain or gzip, files or standard
+//! input), judges each request by the gateway's own rule, and reports.
+//!
+//! # Calling it
+//!
+//! The binary turns what the user typed into [`RawAuditArgs`], resolves it (a bad
+//! argument is an [`AuditError`] whose [`exit_code`](AuditError::exit_code) is 2 and whose
+//! message is one line), and calls [`run`]:
+//!
+//! ```no_run
+//! use oncely_audit::{run, RawAuditArgs};
+//! let raw = RawAuditArgs {
+//!     files: vec!["requests.jsonl.gz".into()],
+//!     window: Some("3h".into()),
+//!     price_per_unit: Some("0.00003".into()),
+//!     ..RawAuditArgs::default()
+//! };
+//! let args = raw.resolve().unwrap_or_else(|e| {
+//!     eprintln!("oncely audit: {e}");
+//!     std::process::exit(e.exit_code())
+//! });
+//! let report = run(&args, &mut std::io::stdout(), &mut std::io::stderr());
+//! ```
+//!
+//! Unreadable lines never stop a run: they are counted (`unreadable_lines`), the first
+//! few are listed with their line numbers, and the exit code stays 0.
+//!
+//! # What counts as a repeat
+//!
+//! - **Identity**: principal + method + path (with query) + body. A JSON body is
+//!   canonicalised (RFC 8785) with `--ignore-field` pointers removed; a body the log keeps
+//!   as a string is the text sent (canonicalised too when it is JSON); without a body,
+//!   `body_sha256` is the identity of the body; with neither, the body is empty. The
+//!   fingerprint is [`oncely_core::FingerprintBuilder`]'s, the gateway's own.
+//! - **Window**: as in the gateway, the original's record lives from its start until its
+//!   completion (`ts + duration_ms`) plus the window, and is not renewed by repeats. An
+//!   identical request that starts before then is a repeat (`during` if before the
+//!   completion, else `after`); the first one at or after is a new original. So with a 3h
+//!   window, A, A+1h, A+2h are one original and two repeats; A, A+2h, A+4h (short runs)
+//!   are an original, a repeat, and a new original.
+//! - **Order**: lines are judged in time order. Several inputs are merged by time, and
+//!   disorder within an input of up to [`AuditArgs::reorder`] (default 5m) is undone in a
+//!   bounded buffer; later stragglers are judged as read and counted
+//!   (`out_of_order_lines`).
+//! - **Units**: `units` as charged; a line without it counts one unit. `credit` is the
+//!   duplicate units, or money when `--price-per-unit` is given.
+//!
+//! # Layout
+//!
+//! - [`args`]: raw arguments → validated [`AuditArgs`], field mapping.
+//! - [`input`]: files, standard input and readers, gzip by magic bytes, bounded lines.
+//! - `line`: one JSON line → a request and its fingerprint.
+//! - `order`: per-input reorder buffers and the time-ordered merge.
+//! - `detect`: the streaming judgement, memory bounded by the window.
+//! - [`report`]: the [`Report`], its JSON, human and CSV renderings.
+
+pub mod args;
+mod detect;
+mod error;
+pub mod input;
+mod line;
+mod order;
+pub mod report;
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub use args::{AuditArgs, Field, FieldMap, RawAuditArgs, Source};
+pub use error::AuditError;
+pub use input::Input;
+pub use report::{Credit, PrincipalTotals, Report};
+
+use detect::Detector;
+use line::LineReader;
+use order::Merged;
+use report::UnreadableExample;
+
+/// Runs `oncely audit`: opens the inputs, judges every line, writes the report (JSON with
+/// `args.json`, else the human report) to `stdout`, the credits CSV if asked, and a one-line
+/// note about unreadable lines to `stderr`. The progress bar, when asked for, is drawn on
+/// the process's standard error only if that is a terminal.
+pub fn run(
+    args: &AuditArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<Report, AuditError> {
+    let inputs = args
+        .files
+        .iter()
+        .map(|path| Input::open(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Created before the long read, so that a bad path fails at once.
+    let csv = match &args.credits_csv {
+        Some(path) => Some((
+            path,
+            File::create(path).map_err(|source| AuditError::CreditsCsv {
+                path: path.clone(),
+                source,
+            })?,
+        )),
+        None => None,
+    };
+
+    let report = audit(inputs, args);
+
+    if let Some((path, file)) = csv {
+        let mut w = BufWriter::new(file);
+        report
+            .write_credits_csv(&mut w)
+            .and_then(|()| w.flush())
+            .map_err(|source| AuditError::CreditsCsv {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    if args.json {
+        report.write_json(stdout)
+    } else {
+        report.write_human(stdout)
+    }
+    .and_then(|()| stdout.flush())
+    .map_err(AuditError::Output)?;
+
+    if report.unreadable_lines > 0 {
+        let first = &report.unreadable_examples[0];
+        // Standard error may be closed; the report is out, so this note is best effort.
+        let _ = writeln!(
+            stderr,
+            "oncely audit: {} unreadable line(s) skipped and counted; first at {}:{}: {}",
+            report.unreadable_lines, first.file, first.line, first.reason
+        );
+    }
+    Ok(report)
+}
+
+/// Judges already opened inputs (files, standard input, or any reader wrapped in
+/// [`Input::from_reader`]) and returns the report; writes nothing.
+pub fn audit(inputs: Vec<Input>, args: &AuditArgs) -> Report {
+    let window_ms = duration_ms(args.window);
+    let total_size: Option<u64> = inputs.iter().map(|i| i.size).sum();
+    let reader = LineReader::new(&args.fields, &args.ignore_fields);
+    let mut merged = Merged::new(inputs, reader, duration_ms(args.reorder));
+    let names = merged.names();
+    let mut detector = Detector::new(window_ms, args.top);
+    let mut progress = Progress::new(args.progress, total_size);
+
+    let mut bad = Vec::new();
+    let mut n: u64 = 0;
+    while let Some(located) = merged.next(&mut |u| bad.push(u)) {
+        for u in bad.drain(..) {
+            detector.unreadable(u);
+        }
+        detector.observe(located);
+        n += 1;
+        if n % 16_384 == 0 {
+            progress.tick(n, merged.consumed());
+        }
+    }
+    for u in bad.drain(..) {
+        detector.unreadable(u);
+    }
+    detector.finish();
+    progress.done();
+    build_report(detector, names, args)
+}
+
+fn build_report(detector: Detector, names: Vec<String>, args: &AuditArgs) -> Report {
+    let price = args.price_per_unit;
+    let mut by_principal = detector.principals;
+    for p in &mut by_principal {
+        p.credit = Credit::of(p.duplicate_units, price);
+    }
+    by_principal.sort_by(|a, b| {
+        b.duplicate_units
+            .cmp(&a.duplicate_units)
+            .then(b.duplicate_requests.cmp(&a.duplicate_requests))
+            .then(a.principal.cmp(&b.principal))
+    });
+    let sum = |f: fn(&PrincipalTotals) -> u64| by_principal.iter().map(f).sum::<u64>();
+    let requests = sum(|p| p.requests);
+    let units = sum(|p| p.units);
+    let duplicate_requests = sum(|p| p.duplicate_requests);
+    let duplicate_units = sum(|p| p.duplicate_units);
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let mut top_repeats = detector.top;
+    for t in &mut top_repeats {
+        t.source = format!("{}:{}", names[t.source_file as usize], t.line);
+    }
+    Report {
+        requests,
+        units,
+        duplicate_requests,
+        duplicate_units,
+        during: sum(|p| p.during),
+        after: sum(|p| p.after),
+        unreadable_lines: detector.unreadable,
+        share: ratio(duplicate_units, units),
+        request_share: ratio(duplicate_requests, requests),
+        credit: Credit::of(duplicate_units, price),
+        price_per_unit: price,
+        window: oncely_core::units::format_duration(args.window),
+        window_ms: duration_ms(args.window) as u64,
+        delays: report::Delays {
+            during: detector.during,
+            after: detector.after,
+        },
+        top_repeats,
+        unreadable_examples: detector
+            .unreadable_examples
+            .iter()
+            .map(|u| UnreadableExample::from(u, &names))
+            .collect(),
+        out_of_order_lines: detector.out_of_order,
+        units_missing: detector.units_missing,
+        peak_originals: detector.peak_originals as u64,
+        inputs: names,
+        by_principal,
+    }
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// A progress bar that appears only on a terminal and only once a run has taken a second.
+struct Progress {
+    enabled: bool,
+    total: Option<u64>,
+    started: Instant,
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    fn new(enabled: bool, total: Option<u64>) -> Progress {
+        Progress {
+            enabled,
+            total,
+            started: Instant::now(),
+            bar: None,
+        }
+    }
+
+    fn tick(&mut self, lines: u64, bytes: u64) {
+        if !self.enabled {
+            return;
+        }
+        if self.bar.is_none() {
+            if self.started.elapsed() < Duration::from_secs(1) {
+                return;
+            }
+            let target = ProgressDrawTarget::stderr_with_hz(4);
+            let bar = match self.total {
+                Some(total) => ProgressBar::with_draw_target(Some(total), target).with_style(
+                    ProgressStyle::with_template(
+                        "{bar:30} {binary_bytes}/{binary_total_bytes} {msg} ({eta} left)",
+                    )
+                    .expect("valid template"),
+                ),
+                None => ProgressBar::with_draw_target(None, target).with_style(
+                    ProgressStyle::with_template("{spinner} {binary_bytes} {msg}")
+                        .expect("valid template"),
+                ),
+            };
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(bytes);
+            bar.set_message(format!("{} requests", report::thousands(lines)));
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The streaming judgement: which request repeated an earlier identical one.
+//!
+//! The rule is the gateway's. The first request of an identity is the *original*: it
+//! executes, and its record lives from its start until its completion (`ts + duration_ms`)
+//! plus the window. An identical request that starts while the record lives is a
+//! *repeat*: **during** when it starts before the original completed (a guard would have
+//! joined it to the running original), **after** otherwise (a guard would have replayed
+//! the stored answer). Repeats do not renew the record, exactly as replays do not. The
+//! first identical request at or after the record's end is a new original.
+//!
+//! Memory is bounded by the window: originals are kept in a map keyed by fingerprint and
+//! dropped once the newest time seen has passed their end of window; per-principal sums
+//! and a short list of the most repeated originals are all that outlive them.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use oncely_core::Fingerprint;
+
+use crate::order::{Located, Unreadable};
+use crate::report::{DelayStats, PrincipalTotals, TopRepeat};
+
+/// At most this many unreadable lines are kept as examples (all are counted).
+pub(crate) const UNREADABLE_EXAMPLES: usize = 10;
+
+/// Fingerprints are SHA-256 already: their first eight bytes are a good hash.
+#[derive(Default)]
+struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[..n]);
+        self.0 = self.0.rotate_left(17) ^ u64::from_le_bytes(word);
+    }
+    fn write_usize(&mut self, _length_prefix: usize) {}
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FingerprintMap<V> = HashMap<Fingerprint, V, BuildHasherDefault<FingerprintHasher>>;
+
+/// A request that executed, while its record lives.
+struct Original {
+    ts: i64,
+    end: i64,
+    seq: u64,
+    principal: u32,
+    file: u32,
+    line: u64,
+    units: u64,
+    repeats: u32,
+    during: u32,
+    repeat_units: u64,
+    max_delay_ms: u64,
+    /// Method and path, kept only once the original has a repeat (most never do).
+    detail: Option<Box<(Box<str>, Box<str>)>>,
+}
+
+/// Everything counted so far.
+pub(crate) struct Detector {
+    window_ms: i64,
+    top_n: usize,
+    originals: FingerprintMap<Original>,
+    /// (end of window, fingerprint, seq) in the order originals were made.
+    expiries: VecDeque<(i64, Fingerprint, u64)>,
+    frontier: i64,
+    seq: u64,
+    principal_ids: HashMap<Box<str>, u32>,
+    pub(crate) principals: Vec<PrincipalTotals>,
+    pub(crate) top: Vec<TopRepeat>,
+    pub(crate) during: DelayStats,
+    pub(crate) after: DelayStats,
+    pub(crate) out_of_order: u64,
+    pub(crate) units_missing: u64,
+    pub(crate) unreadable: u64,
+    pub(crate) unreadable_examples: Vec<Unreadable>,
+    pub(crate) peak_originals: usize,
+}
+
+impl Detector {
+    pub(crate) fn new(window_ms: i64, top_n: usize) -> Detector {
+        Detector {
+            window_ms,
+            top_n,
+            originals: FingerprintMap::default(),
+            expiries: VecDeque::new(),
+            frontier: i64::MIN,
+            seq: 0,
+            principal_ids: HashMap::new(),
+            principals: Vec::new(),
+            top: Vec::new(),
+            during: DelayStats::default(),
+            after: DelayStats::default(),
+            out_of_order: 0,
+            units_missing: 0,
+            unreadable: 0,
+            unreadable_examples: Vec::new(),
+            peak_originals: 0,
+        }
+    }
+
+    /// Counts a line that could not be read.
+    pub(crate) fn unreadable(&mut self, u: Unreadable) {
+        self.unreadable += 1;
+        if self.unreadable_examples.len() < UNREADABLE_EXAMPLES {
+            self.unreadable_examples.push(u);
+        }
+    }
+
+    /// Judges one request. Requests are expected in time order; one that is not is
+    /// still judged against what is remembered, and counted in `out_of_order`.
+    pub(crate) fn observe(&mut self, located: Located) {
+        let Located { req, file, line } = located;
+        let principal = self.principal_id(&req.principal);
+        let units = match req.units {
+            Some(u) => u,
+            None => {
+                self.units_missing += 1;
+                1
+            }
+        };
+        let totals = &mut self.principals[principal as usize];
+        totals.requests += 1;
+        totals.units += units;
+
+        if req.ts > self.frontier {
+            self.frontier = req.ts;
+            self.evict();
+        } else if req.ts < self.frontier {
+            self.out_of_order += 1;
+        }
+
+        let end = req
+            .ts
+            .saturating_add(req.duration_ms.min(i64::MAX as u64) as i64);
+        if let Some(o) = self.originals.get_mut(&req.key) {
+            let lives_until = o.end.saturating_add(self.window_ms);
+            if req.ts < lives_until && req.ts.saturating_add(self.window_ms) > o.ts {
+                let during = req.ts < o.end;
+                let delay = if during {
+                    req.ts.saturating_sub(o.ts).max(0)
+                } else {
+                    req.ts - o.end
+                } as u64;
+                o.repeats += 1;
+                o.repeat_units += units;
+                o.max_delay_ms = o.max_delay_ms.max(delay);
+                if during {
+                    o.during += 1;
+                    self.during.add(delay);
+                } else {
+                    self.after.add(delay);
+                }
+                if o.detail.is_none() {
+                    o.detail = Some(Box::new((req.method, req.path)));
+                }
+                let totals = &mut self.principals[principal as usize];
+                totals.duplicate_requests += 1;
+                totals.duplicate_units += units;
+                if during {
+                    totals.during += 1;
+                } else {
+                    totals.after += 1;
+                }
+                return;
+            }
+            if req.ts < o.ts {
+                // A straggler from well before the remembered original: it executed on
+                // its own, and the newer record stays.
+                return;
+            }
+        }
+        self.seq += 1;
+        let original = Original {
+            ts: req.ts,
+            end,
+            seq: self.seq,
+            principal,
+            file,
+            line,
+            units,
+            repeats: 0,
+            during: 0,
+            repeat_units: 0,
+            max_delay_ms: 0,
+            detail: None,
+        };
+        self.expiries
+            .push_back((end.saturating_add(self.window_ms), req.key, self.seq));
+        if let Some(old) = self.originals.insert(req.key, original) {
+            self.retire(req.key, old);
+        }
+        self.peak_originals = self.peak_originals.max(self.originals.len());
+    }
+
+    /// Forgets originals whose record has ended by the newest time seen.
+    fn evict(&mut self) {
+        while let Some(&(until, key, seq)) = self.expiries.front() {
+            if until > self.frontier {
+                break;
+            }
+            self.expiries.pop_front();
+            if self.originals.get(&key).is_some_and(|o| o.seq == seq) {
+                let o = self.originals.remove(&key).expect("present");
+                self.retire(key, o);
+            }
+        }
+    }
+
+    /// Ends the run: every remembered original is retired.
+    pub(crate) fn finish(&mut self) {
+        let originals = std::mem::take(&mut self.originals);
+        for (key, o) in originals {
+            self.retire(key, o);
+        }
+        self.expiries.clear();
+        self.top.sort_by(TopRepeat::rank);
+    }
+
+    /// An original leaves memory; if it was repeated, it may join the top list.
+    fn retire(&mut self, key: Fingerprint, o: Original) {
+        if o.repeats == 0 || self.top_n == 0 {
+            return;
+        }
+        if self.top.len() >= self.top_n {
+            let weakest = self
+                .top
+                .iter()
+                .enumerate()
+                .max_by(|a, b| TopRepeat::rank(a.1, b.1))
+                .map(|(i, _)| i)
+                .expect("top is not empty");
+            let w = &self.top[weakest];
+            if (u64::from(o.repeats), o.repeat_units) <= (w.repeats, w.repeat_units) {
+                return;
+            }
+            self.top.swap_remove(weakest);
+        }
+        let (method, path) = o
+            .detail
+            .map(|d| (d.0.into(), d.1.into()))
+            .unwrap_or_default();
+        self.top.push(TopRepeat {
+            principal: self.principals[o.principal as usize].principal.clone(),
+            method,
+            path,
+            fingerprint: key.to_hex(),
+            first_seen: oncely_core::Timestamp(o.ts).to_rfc3339(),
+            duration_ms: (o.end - o.ts) as u64,
+            source_file: o.file,
+            source: String::new(),
+            line: o.line,
+            units: o.units,
+            repeats: u64::from(o.repeats),
+            repeat_units: o.repeat_units,
+            during: u64::from(o.during),
+            after: u64::from(o.repeats - o.during),
+            max_delay_ms: o.max_delay_ms,
+        });
+    }
+
+    fn principal_id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.principal_ids.get(name) {
+            return id;
+        }
+        let id = self.principals.len() as u32;
+        self.principal_ids.insert(name.into(), id);
+        self.principals.push(PrincipalTotals {
+            principal: name.to_string(),
+            ..PrincipalTotals::default()
+        });
+        id
+    }
+}

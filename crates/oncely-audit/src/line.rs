@@ -1,0 +1,434 @@
+//! One log line in, one [`Request`] (or the reason it cannot be read) out.
+//!
+//! Only the members the [`FieldMap`] names are looked at; everything else in the line is
+//! skipped without being built. The identity of a request is the gateway's own
+//! fingerprint ([`FingerprintBuilder`]): principal, method, path and query, and the body,
+//! a JSON body canonicalised per RFC 8785 with the ignored pointers removed. A body that
+//! the log keeps as a JSON value is compared as that value; a body kept as a string is
+//! compared as the text the client sent (canonicalised too when that text is JSON, as the
+//! gateway would). A log that keeps only `body_sha256` is compared by that hash.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use oncely_core::units::Timestamp;
+use oncely_core::{Fingerprint, FingerprintBuilder};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use crate::args::{Field, FieldMap};
+
+/// A request as the audit needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Request {
+    /// Start, milliseconds since the epoch.
+    pub(crate) ts: i64,
+    /// How long it ran (0 when the log does not say).
+    pub(crate) duration_ms: u64,
+    /// Units charged; `None` when the line has none (then it counts as one).
+    pub(crate) units: Option<u64>,
+    pub(crate) principal: Box<str>,
+    pub(crate) method: Box<str>,
+    pub(crate) path: Box<str>,
+    /// Principal, method, path and body, as the gateway would fingerprint them.
+    pub(crate) key: Fingerprint,
+}
+
+/// How the log's field names map onto what the audit reads, prepared for fast lookup.
+#[derive(Debug, Clone)]
+pub(crate) struct LineReader {
+    /// Top-level member name → the fields read from it (and the pointer inside it).
+    members: Vec<(String, Vec<(Field, Option<String>)>)>,
+    ignore: Vec<String>,
+}
+
+impl LineReader {
+    pub(crate) fn new(fields: &FieldMap, ignore: &[String]) -> LineReader {
+        let mut members: Vec<(String, Vec<(Field, Option<String>)>)> = Vec::new();
+        for field in Field::ALL {
+            let source = fields.source(field);
+            let target = (field, source.inner.clone());
+            match members.iter_mut().find(|(m, _)| *m == source.member) {
+                Some((_, targets)) => targets.push(target),
+                None => members.push((source.member.clone(), vec![target])),
+            }
+        }
+        LineReader {
+            members,
+            ignore: ignore.to_vec(),
+        }
+    }
+
+    /// Reads one line (without its line break).
+    pub(crate) fn read(&self, line: &[u8]) -> Result<Request, LineError> {
+        let mut de = serde_json::Deserializer::from_slice(line);
+        let captured = CaptureSeed { reader: self }
+            .deserialize(&mut de)
+            .map_err(|e| LineError::NotJson(e.to_string()))?;
+        de.end().map_err(|e| LineError::NotJson(e.to_string()))?;
+        self.interpret(captured)
+    }
+
+    fn interpret(&self, c: Captured<'_>) -> Result<Request, LineError> {
+        let get = |f: Field| c.values[f.index()].as_deref();
+        let required = |f: Field| get(f).ok_or(LineError::Missing(f));
+
+        let ts = read_ts(required(Field::Ts)?).ok_or(LineError::Invalid(Field::Ts))?;
+        let principal =
+            read_name(required(Field::Principal)?).ok_or(LineError::Invalid(Field::Principal))?;
+        let method =
+            read_string(required(Field::Method)?).ok_or(LineError::Invalid(Field::Method))?;
+        let path = read_string(required(Field::Path)?).ok_or(LineError::Invalid(Field::Path))?;
+        if principal.is_empty() {
+            return Err(LineError::Invalid(Field::Principal));
+        }
+        if method.is_empty() {
+            return Err(LineError::Invalid(Field::Method));
+        }
+        let units = match get(Field::Units) {
+            None | Some("null") => None,
+            Some(raw) => Some(read_count(raw).ok_or(LineError::Invalid(Field::Units))?),
+        };
+        let duration_ms = match get(Field::DurationMs) {
+            None | Some("null") => 0,
+            Some(raw) => read_count(raw).ok_or(LineError::Invalid(Field::DurationMs))?,
+        };
+
+        let builder = FingerprintBuilder::new(&principal, &method, &path);
+        let key = match (get(Field::Body), get(Field::BodySha256)) {
+            (Some(raw), _) if raw != "null" => {
+                if raw.starts_with('"') {
+                    let text = read_string(raw).ok_or(LineError::Invalid(Field::Body))?;
+                    builder.body(text.as_bytes(), &self.ignore)
+                } else {
+                    // A JSON value kept as it is: canonicalised like a JSON body.
+                    builder.body(raw.as_bytes(), &self.ignore)
+                }
+            }
+            (_, Some(raw)) if raw != "null" => {
+                let digest = read_sha256(raw).ok_or(LineError::Invalid(Field::BodySha256))?;
+                // The tag keeps a hashed body apart from a body that happens to be 32 bytes.
+                builder
+                    .component(b"body_sha256")
+                    .component(&digest)
+                    .body(b"", &[])
+            }
+            _ => builder.body(b"", &[]),
+        };
+        Ok(Request {
+            ts,
+            duration_ms,
+            units,
+            principal: principal.into(),
+            method: method.into(),
+            path: path.into(),
+            key,
+        })
+    }
+}
+
+/// Why a line was not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LineError {
+    NotJson(String),
+    Missing(Field),
+    Invalid(Field),
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LineError::NotJson(e) => write!(f, "not a JSON object: {e}"),
+            LineError::Missing(field) => write!(f, "missing field {:?}", field.name()),
+            LineError::Invalid(field) => write!(f, "{}", invalid_reason(*field)),
+        }
+    }
+}
+
+fn invalid_reason(field: Field) -> &'static str {
+    match field {
+        Field::Ts => "\"ts\" is not an RFC 3339 time or a number of (milli)seconds",
+        Field::Principal => "\"principal\" is not a non-empty string or number",
+        Field::Method => "\"method\" is not a non-empty string",
+        Field::Path => "\"path\" is not a string",
+        Field::Body => "\"body\" is not a JSON value or a string",
+        Field::BodySha256 => "\"body_sha256\" is not 64 hex digits",
+        Field::Units => "\"units\" is not a whole number of at least 0",
+        Field::DurationMs => "\"duration_ms\" is not a number of at least 0",
+    }
+}
+
+/// The raw JSON text of each field found in a line.
+struct Captured<'de> {
+    values: [Option<Cow<'de, str>>; 8],
+}
+
+struct CaptureSeed<'r> {
+    reader: &'r LineReader,
+}
+
+impl<'de> DeserializeSeed<'de> for CaptureSeed<'_> {
+    type Value = Captured<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Captured<'de>, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CaptureSeed<'_> {
+    type Value = Captured<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Captured<'de>, A::Error> {
+        let mut out = Captured {
+            values: Default::default(),
+        };
+        while let Some(member) = map.next_key_seed(MemberSeed {
+            reader: self.reader,
+        })? {
+            let Some(i) = member else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let raw: &'de RawValue = map.next_value()?;
+            for (field, inner) in &self.reader.members[i].1 {
+                let value = match inner {
+                    None => Some(Cow::Borrowed(raw.get())),
+                    Some(pointer) => serde_json::from_str::<serde_json::Value>(raw.get())
+                        .ok()
+                        .and_then(|v| v.pointer(pointer).map(|v| Cow::Owned(v.to_string()))),
+                };
+                out.values[field.index()] = value;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Reads a member name and says which entry of [`LineReader::members`] it is, if any.
+struct MemberSeed<'r> {
+    reader: &'r LineReader,
+}
+
+impl<'de> DeserializeSeed<'de> for MemberSeed<'_> {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for MemberSeed<'_> {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Option<usize>, E> {
+        Ok(self.reader.members.iter().position(|(m, _)| m == name))
+    }
+}
+
+fn read_string(raw: &str) -> Option<Cow<'_, str>> {
+    if !raw.starts_with('"') {
+        return None;
+    }
+    if !raw.contains('\\') {
+        return Some(Cow::Borrowed(&raw[1..raw.len() - 1]));
+    }
+    serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+}
+
+/// A principal may be a string or a number (an account id).
+fn read_name(raw: &str) -> Option<Cow<'_, str>> {
+    if raw.starts_with('"') {
+        read_string(raw)
+    } else if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        Some(Cow::Borrowed(raw))
+    } else {
+        None
+    }
+}
+
+/// RFC 3339, or a number: milliseconds when at least 1e11 (after 1973 in ms), else
+/// seconds (fractions kept to the millisecond).
+fn read_ts(raw: &str) -> Option<i64> {
+    if raw.starts_with('"') {
+        return Timestamp::parse_rfc3339(&read_string(raw)?)
+            .ok()
+            .map(|t| t.millis());
+    }
+    let n: f64 = raw.parse().ok()?;
+    if !n.is_finite() {
+        return None;
+    }
+    let ms = if n.abs() >= 1e11 { n } else { n * 1000.0 };
+    if ms.abs() > 1e15 {
+        return None;
+    }
+    Some(ms.round() as i64)
+}
+
+/// A whole number of at least 0, as a JSON number (`12`, `12.0`) or a string of digits.
+fn read_count(raw: &str) -> Option<u64> {
+    let text = raw
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .unwrap_or(raw);
+    if let Ok(n) = text.parse::<u64>() {
+        return Some(n);
+    }
+    let f: f64 = text.parse().ok()?;
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f < 1.8e19).then_some(f as u64)
+}
+
+fn read_sha256(raw: &str) -> Option<[u8; 32]> {
+    let text = read_string(raw)?;
+    let hex_text = text.strip_prefix("sha256:").unwrap_or(&text);
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_text, &mut out).ok()?;
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader() -> LineReader {
+        LineReader::new(&FieldMap::default(), &[])
+    }
+
+    #[test]
+    fn reads_the_contract_fields_and_skips_the_rest() {
+        let r = reader()
+            .read(br#"{"ts":"2026-11-06T10:00:00.5Z","extra":{"deep":[1,2,{"x":"\u0041"}]},"principal":"acct_1","method":"POST","path":"/v1/render?x=1","body":{"text":"hi"},"units":2,"duration_ms":90000}"#)
+            .unwrap();
+        assert_eq!(
+            r.ts,
+            Timestamp::parse_rfc3339("2026-11-06T10:00:00.500Z")
+                .unwrap()
+                .millis()
+        );
+        assert_eq!(&*r.principal, "acct_1");
+        assert_eq!(&*r.method, "POST");
+        assert_eq!(&*r.path, "/v1/render?x=1");
+        assert_eq!(r.units, Some(2));
+        assert_eq!(r.duration_ms, 90_000);
+        assert_eq!(
+            r.key,
+            FingerprintBuilder::new("acct_1", "POST", "/v1/render?x=1")
+                .body(br#"{"text":"hi"}"#, &[])
+        );
+    }
+
+    #[test]
+    fn a_string_body_holding_json_equals_the_json_value() {
+        let a = reader()
+            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":"{\"b\":1.0,\"a\":[1]}"}"#)
+            .unwrap();
+        let b = reader()
+            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":{"a":[1],"b":1}}"#)
+            .unwrap();
+        assert_eq!(a.key, b.key);
+        let text = reader()
+            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":"plain text"}"#)
+            .unwrap();
+        assert_ne!(text.key, a.key);
+    }
+
+    #[test]
+    fn numbers_and_escapes() {
+        let r = reader()
+            .read(br#"{"ts":1762423200,"principal":42,"method":"POST","path":"/caf\u00e9","units":"7","duration_ms":1.5e3}"#)
+            .unwrap();
+        assert_eq!(r.ts, 1_762_423_200_000);
+        assert_eq!(&*r.principal, "42");
+        assert_eq!(&*r.path, "/café");
+        assert_eq!(r.units, Some(7));
+        assert_eq!(r.duration_ms, 1500);
+        let ms = reader()
+            .read(br#"{"ts":1762423200123,"principal":"p","method":"GET","path":"/"}"#)
+            .unwrap();
+        assert_eq!(ms.ts, 1_762_423_200_123);
+        assert_eq!(ms.units, None);
+    }
+
+    #[test]
+    fn body_sha256_is_its_own_kind_of_identity() {
+        let hash = "ab".repeat(32);
+        let line = format!(
+            r#"{{"ts":1,"principal":"p","method":"POST","path":"/","body_sha256":"{hash}"}}"#
+        );
+        let upper = line.replace(&hash, &hash.to_uppercase());
+        let a = reader().read(line.as_bytes()).unwrap();
+        assert_eq!(a.key, reader().read(upper.as_bytes()).unwrap().key);
+        let empty = reader()
+            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/"}"#)
+            .unwrap();
+        assert_ne!(a.key, empty.key);
+        assert_eq!(
+            reader()
+                .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body_sha256":"xyz"}"#)
+                .unwrap_err(),
+            LineError::Invalid(Field::BodySha256)
+        );
+    }
+
+    #[test]
+    fn reasons_name_the_problem() {
+        let cases: [(&[u8], &str); 8] = [
+            (b"not json", "not a JSON object"),
+            (b"[1,2]", "not a JSON object"),
+            (
+                br#"{"ts":1,"principal":"p","method":"GET","path":"/"} trailing"#,
+                "not a JSON object",
+            ),
+            (
+                br#"{"principal":"p","method":"GET","path":"/"}"#,
+                "missing field \"ts\"",
+            ),
+            (
+                br#"{"ts":"yesterday","principal":"p","method":"GET","path":"/"}"#,
+                "\"ts\" is not",
+            ),
+            (
+                br#"{"ts":1,"principal":"","method":"GET","path":"/"}"#,
+                "\"principal\" is not",
+            ),
+            (
+                br#"{"ts":1,"principal":"p","method":"GET","path":"/","units":-3}"#,
+                "\"units\" is not",
+            ),
+            (
+                br#"{"ts":1,"principal":"p","method":"GET","path":"/","units":1.5}"#,
+                "\"units\" is not",
+            ),
+        ];
+        for (line, reason) in cases {
+            let e = reader().read(line).unwrap_err().to_string();
+            assert!(
+                e.contains(reason),
+                "{:?}: {e}",
+                String::from_utf8_lossy(line)
+            );
+        }
+    }
+
+    #[test]
+    fn mapped_and_nested_fields() {
+        let map =
+            FieldMap::parse(&["principal=/auth/account", "ts=time", "body=/req/payload"]).unwrap();
+        let r = LineReader::new(&map, &["/nonce".to_string()])
+            .read(br#"{"time":"2026-11-06T10:00:00Z","ts":"garbage","auth":{"account":"acct_9"},"method":"POST","path":"/x","req":{"payload":{"t":1,"nonce":"abc"}}}"#)
+            .unwrap();
+        assert_eq!(&*r.principal, "acct_9");
+        assert_eq!(
+            r.key,
+            FingerprintBuilder::new("acct_9", "POST", "/x").body(br#"{"t":1}"#, &[])
+        );
+    }
+}
