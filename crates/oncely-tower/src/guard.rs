@@ -1,0 +1,282 @@
+//! The guard engine: one mechanism, protocol-agnostic, that the HTTP layer (and later the
+//! MCP mode) translates from and to. [`Guard::execute`] claims a record, and either runs
+//! the upstream call as its owner on a task of its own, or answers from the ledger
+//! (replay, join, refusal).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, StatusCode};
+use oncely_core::{Class, DownstreamKey, Fingerprint, Record, Scope};
+use oncely_store::Store;
+use sha2::Sha256;
+use tokio::sync::watch;
+
+use crate::BoxBody;
+
+/// An upstream failure the inner service reports. The gateway's proxy maps its client
+/// errors to these and returns them boxed as its service error; any other error is taken
+/// as [`UpstreamError::AfterSend`], because it may hide an effect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// Nothing reached the upstream (connection refused, DNS, TLS handshake).
+    #[error("upstream unreachable: {0}")]
+    BeforeSend(String),
+    /// The request was (or may have been) sent, then the exchange broke off.
+    #[error("upstream failed after the request was sent: {0}")]
+    AfterSend(String),
+}
+
+/// The upstream's answer, as the `run` closure of [`Guard::execute`] returns it.
+pub struct UpstreamAnswer {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers, as the upstream sent them.
+    pub headers: HeaderMap,
+    /// The body; the owner task streams it to the caller while it records it.
+    pub body: BoxBody,
+    /// Billing units the answer itself names (`units = response_header:NAME`); `None`
+    /// keeps [`GuardedCall::units`].
+    pub units: Option<u64>,
+}
+
+impl std::fmt::Debug for UpstreamAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamAnswer")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("units", &self.units)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One guarded call, protocol-agnostic: who, what, and the route's timings.
+#[derive(Debug, Clone)]
+pub struct GuardedCall {
+    /// Hash of principal + route ([`Scope::new`]).
+    pub scope: Scope,
+    /// The client's key, or the fingerprint hex.
+    pub key: String,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The operation class (`write`, `action` or `job`; `read` is never guarded).
+    pub class: Class,
+    /// The route's name, as the ledger shows it.
+    pub route: String,
+    /// The principal's keyed hash ([`Guard::principal_hash`]).
+    pub principal: String,
+    /// How long a completed result is replayed.
+    pub window: Duration,
+    /// How long a duplicate waits for an in-flight original.
+    pub wait: Duration,
+    /// The owner's lease, renewed every third of it while the call runs.
+    pub lease: Duration,
+    /// Upstream timeout: head and body.
+    pub timeout: Duration,
+    /// Answers larger than this reach their caller but are stored without a body.
+    pub max_response: u64,
+    /// The caller's workflow id (`X-Workflow-Id` or the `traceparent` trace id).
+    pub workflow_id: Option<String>,
+    /// Billing units of one execution, as known from the request.
+    pub units: u64,
+}
+
+/// The answer of a call this request owned and executed now.
+pub struct FreshAnswer {
+    /// The record as claimed (processing): its id and attempt. It is completed (or
+    /// released) by the owner task once the body has been read; the body ends after
+    /// that write.
+    pub record: Record,
+    /// The upstream's status.
+    pub status: StatusCode,
+    /// The upstream's headers.
+    pub headers: HeaderMap,
+    /// The upstream's body, streamed.
+    pub body: BoxBody,
+}
+
+impl std::fmt::Debug for FreshAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FreshAnswer")
+            .field("record", &self.record.id)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an owned upstream call failed without an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// Nothing reached the upstream: the record was released.
+    Unreachable(String),
+    /// The exchange broke off after the request was sent: released (write, job) or
+    /// outcome_unknown (action).
+    Lost(String),
+    /// No answer within `timeout`: released (write, job) or outcome_unknown (action).
+    Timeout,
+}
+
+/// What [`Guard::execute`] did. The HTTP layer is a thin translation of this.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Execution {
+    /// This call owned the record and executed upstream now.
+    Fresh(FreshAnswer),
+    /// A completed record's stored answer (its `response` has a body).
+    Replayed(Record),
+    /// This call waited for an identical one in flight and got its stored answer.
+    Joined(Record),
+    /// The original still runs after `wait`.
+    InFlight {
+        /// The processing record.
+        record: Record,
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// The record awaits reconciliation.
+    OutcomeUnknown(Record),
+    /// The original completed, but its answer was over `max_response` and not kept.
+    TooLarge(Record),
+    /// The same key was used with a different fingerprint.
+    KeyReused(Record),
+    /// The ledger cannot be reached: nothing was forwarded. The text is for the log only.
+    StoreUnavailable(String),
+    /// This call owned the record and the upstream failed without an answer; the record
+    /// is as the failure left it.
+    UpstreamFailed {
+        /// The record after the failure was written (released or outcome_unknown).
+        record: Record,
+        /// What happened.
+        failure: UpstreamFailure,
+    },
+    // Jobs (the next issue) add `Accepted(Record)`: the owner answers 202 after `wait`
+    // while its call runs on.
+}
+
+/// The guard: the ledger, the key principals are hashed with, this instance's owner id,
+/// and the count of owned upstream calls (for draining on shutdown).
+pub struct Guard {
+    pub(crate) store: Arc<dyn Store>,
+    principal_key: Vec<u8>,
+    instance: String,
+    next_owner: AtomicU64,
+    pub(crate) tasks: TaskCount,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("store", &self.store)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard {
+    /// A guard on `store`, hashing principals with `principal_key` (HMAC-SHA256).
+    pub fn new(store: Arc<dyn Store>, principal_key: Vec<u8>) -> Guard {
+        Guard {
+            store,
+            principal_key,
+            instance: format!("inst_{}", uuid::Uuid::now_v7().simple()),
+            next_owner: AtomicU64::new(1),
+            tasks: TaskCount::default(),
+        }
+    }
+
+    /// The ledger.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// This instance's id (owners are `INSTANCE/N`).
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The keyed hash a raw principal is stored as: HMAC-SHA256 in lower-case hex. The
+    /// CLI uses it to filter the ledger by a principal's raw value.
+    pub fn principal_hash(&self, raw: &[u8]) -> String {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.principal_key).expect("HMAC takes any key size");
+        mac.update(raw);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// The principal of a single-tenant route (`principal = "none"`).
+    pub fn single_tenant_principal(&self) -> String {
+        self.principal_hash(b"oncely/single-tenant")
+    }
+
+    /// Owned upstream calls (and their ledger writes) running now.
+    pub fn in_flight(&self) -> usize {
+        self.tasks.current()
+    }
+
+    /// Waits until every owned upstream call has finished and been recorded, and every
+    /// repeat has been counted. The binary calls it on shutdown after it stops accepting.
+    pub async fn drain(&self) {
+        self.tasks.wait_idle().await
+    }
+
+    pub(crate) fn new_owner(&self) -> String {
+        format!(
+            "{}/{}",
+            self.instance,
+            self.next_owner.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Claims the call's record and executes it once: as its owner (running `run` on a
+    /// task the caller does not own, with the downstream key), or from the ledger
+    /// (replay, join, refusal). `run` is called at most once.
+    pub async fn execute<F>(&self, call: GuardedCall, run: F) -> Execution
+    where
+        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            + Send
+            + 'static,
+    {
+        let _ = (call, run);
+        unimplemented!()
+    }
+}
+
+/// Counts background tasks (owned upstream calls, repeat counting); `wait_idle` returns
+/// when none runs.
+#[derive(Debug)]
+pub(crate) struct TaskCount(watch::Sender<usize>);
+
+impl Default for TaskCount {
+    fn default() -> TaskCount {
+        TaskCount(watch::channel(0).0)
+    }
+}
+
+/// One counted task; dropping it uncounts it.
+pub(crate) struct TaskToken(watch::Sender<usize>);
+
+impl TaskCount {
+    pub(crate) fn start(&self) -> TaskToken {
+        self.0.send_modify(|n| *n += 1);
+        TaskToken(self.0.clone())
+    }
+
+    pub(crate) fn current(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    pub(crate) async fn wait_idle(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+impl Drop for TaskToken {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}

@@ -1,0 +1,96 @@
+//! [`ResponseFuture`]: the future of [`IdempotencyService`](super::IdempotencyService).
+//!
+//! A pinned enum, as tower-http does it, for the cheap paths: a request on no guarded
+//! route is the inner service's own future with its body boxed, nothing else. The
+//! guarded path is a boxed future: it is a state machine of several store round trips,
+//! an owner task and a wait, which an `async` block writes plainly and which costs one
+//! allocation next to the store's own.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{HeaderValue, Response};
+use http_body::Body;
+
+use crate::body::boxed;
+use crate::problem::{Problem, ProblemCode, ONCELY_STATUS};
+use crate::{BoxBody, BoxError};
+
+pin_project_lite::pin_project! {
+    /// The response future of [`IdempotencyService`](super::IdempotencyService).
+    #[project = Proj]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        // Not guarded (or bypassed): the inner future, answer boxed, optionally marked.
+        Forward {
+            #[pin]
+            fut: F,
+            bypassed: Option<super::service::BypassLog>,
+        },
+        Guarded {
+            fut: BoxFuture<'static, Response<BoxBody>>,
+        },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn forward(fut: F, bypassed: Option<super::service::BypassLog>) -> Self {
+        ResponseFuture {
+            kind: Kind::Forward { fut, bypassed },
+        }
+    }
+
+    pub(crate) fn guarded(fut: BoxFuture<'static, Response<BoxBody>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Guarded { fut },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<BoxBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Forward { fut, bypassed } => {
+                let result = ready!(fut.poll(cx));
+                let mut res = match result {
+                    Ok(res) => res.map(boxed),
+                    Err(e) => {
+                        let e: BoxError = e.into();
+                        tracing::warn!(error = %e, "upstream failed on an unguarded request");
+                        Problem::new(
+                            ProblemCode::UpstreamUnreachable,
+                            "the upstream could not be reached",
+                        )
+                        .into_response()
+                    }
+                };
+                if let Some(log) = bypassed.take() {
+                    res.headers_mut()
+                        .insert(ONCELY_STATUS, HeaderValue::from_static("bypassed"));
+                    log.finish(res.status().as_u16());
+                }
+                Poll::Ready(Ok(res))
+            }
+            KindProj::Guarded { fut } => fut.as_mut().poll(cx).map(Ok),
+        }
+    }
+}

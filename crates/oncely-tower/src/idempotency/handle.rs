@@ -1,0 +1,491 @@
+//! The guarded path of one HTTP request: from the request to a [`GuardedCall`], through
+//! [`Guard::execute`], and from its [`Execution`] back to a response. Everything the
+//! ledger decides lives in the guard; this file only translates.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use oncely_core::{ClientKey, DownstreamKey, FingerprintBuilder, KeyError, Record, Scope};
+use tower::{Service, ServiceExt};
+
+use crate::body::{boxed, full};
+use crate::guard::{
+    Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError, UpstreamFailure,
+};
+use crate::policy::{KeyMode, PrincipalSource, RoutePolicy, UnitsRule};
+use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::{BoxBody, BoxError};
+
+/// The `Idempotency-Key` header.
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// What to do with a request on a matched route.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Not deduplicated (`read`, `key = none`): forwarded untouched, nothing added.
+    Forward,
+    /// `guard_when` did not match, or the principal is missing: forwarded, marked.
+    Bypass { principal: Option<String> },
+    /// Guarded, for this principal (its keyed hash).
+    Guard { principal: String },
+}
+
+pub(crate) fn decide<B>(guard: &Guard, policy: &RoutePolicy, req: &Request<B>) -> Decision {
+    if !policy.deduplicates() {
+        return Decision::Forward;
+    }
+    let principal = match &policy.principal {
+        PrincipalSource::Header(name) => req
+            .headers()
+            .get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| guard.principal_hash(v.as_bytes())),
+        PrincipalSource::None => Some(guard.single_tenant_principal()),
+    };
+    if let Some(when) = &policy.guard_when {
+        let matches = req
+            .headers()
+            .get(&when.header)
+            .is_some_and(|v| v.as_bytes().starts_with(when.prefix.as_bytes()));
+        if !matches {
+            return Decision::Bypass { principal };
+        }
+    }
+    match principal {
+        Some(principal) => Decision::Guard { principal },
+        None => Decision::Bypass { principal: None },
+    }
+}
+
+/// The caller's workflow: `X-Workflow-Id`, else the trace id of a W3C `traceparent`.
+pub(crate) fn workflow_id(headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get("x-workflow-id").and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        if !v.is_empty() {
+            return Some(v.chars().take(200).collect());
+        }
+    }
+    // traceparent: VERSION-TRACEID-PARENTID-FLAGS, trace id 32 lower-case hex, not zeros.
+    let tp = headers.get("traceparent")?.to_str().ok()?;
+    let trace = tp.trim().split('-').nth(1)?;
+    let valid = trace.len() == 32
+        && trace.bytes().all(|b| b.is_ascii_hexdigit())
+        && trace.bytes().any(|b| b != b'0');
+    valid.then(|| trace.to_ascii_lowercase())
+}
+
+/// The guarded path, start to answer.
+pub(crate) async fn guarded<S, B, ResBody>(
+    guard: Arc<Guard>,
+    policy: Arc<RoutePolicy>,
+    principal: String,
+    req: Request<B>,
+    inner: S,
+    started: Instant,
+) -> Response<BoxBody>
+where
+    S: Service<Request<BoxBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let mut log = RequestLog {
+        record: None,
+        route: &policy.name,
+        principal: Some(&principal),
+        status: "",
+        attempt: None,
+        workflow_id: None,
+        upstream_status: None,
+        provider_request_id: None,
+        started,
+    };
+    let workflow = workflow_id(req.headers());
+    log.workflow_id = workflow.as_deref();
+    let (mut parts, body) = req.into_parts();
+
+    let client_key = match client_key(policy.key, &parts.headers) {
+        Ok(k) => k,
+        Err(p) => return refuse(p, &mut log),
+    };
+    let bytes = match read_body(body, &parts.headers, policy.max_body).await {
+        Ok(b) => b,
+        Err(p) => return refuse(p, &mut log),
+    };
+
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let mut fp = FingerprintBuilder::new(&principal, parts.method.as_str(), path_and_query);
+    for name in &policy.fingerprint_headers {
+        fp = fp.header(
+            name.as_str(),
+            parts.headers.get(name).map(HeaderValue::as_bytes),
+        );
+    }
+    let fingerprint = fp.body(&bytes, &policy.ignore_fields);
+    let key = match &client_key {
+        Some(k) => k.as_str().to_string(),
+        None => fingerprint.to_hex(),
+    };
+    let call = GuardedCall {
+        scope: Scope::new(&principal, &policy.name),
+        key,
+        fingerprint,
+        class: policy.class,
+        route: policy.name.clone(),
+        principal: principal.clone(),
+        window: policy.window,
+        wait: policy.wait,
+        lease: policy.lease,
+        timeout: policy.timeout,
+        max_response: policy.max_response,
+        workflow_id: workflow.clone(),
+        units: request_units(&policy.units, &bytes),
+    };
+
+    let units_header = match &policy.units {
+        UnitsRule::ResponseHeader(name) => Some(name.clone()),
+        _ => None,
+    };
+    let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+        parts.headers.remove(TRANSFER_ENCODING);
+        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        parts.headers.insert(
+            HeaderName::from_static(IDEMPOTENCY_KEY),
+            HeaderValue::from_str(downstream.as_str()).expect("a downstream key is visible ASCII"),
+        );
+        let req = Request::from_parts(parts, full(bytes));
+        call_upstream(inner, req, units_header)
+    };
+
+    let execution = guard.execute(call, run).await;
+    respond(execution, &mut log)
+}
+
+/// The owner's call: the inner service on the rebuilt request, its answer boxed.
+fn call_upstream<S, ResBody>(
+    inner: S,
+    req: Request<BoxBody>,
+    units_header: Option<HeaderName>,
+) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+where
+    S: Service<Request<BoxBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    // A combinator, not an `async` block: rustc cannot prove an `async` block holding
+    // `S::Future` Send for every lifetime of the boxed error type (rust-lang/rust#64552).
+    Box::pin(inner.oneshot(req).map(move |result| match result {
+        Ok(res) => {
+            let (parts, body) = res.into_parts();
+            let units = units_header.map(|name| header_units(&parts.headers, &name));
+            Ok(UpstreamAnswer {
+                status: parts.status,
+                headers: parts.headers,
+                body: boxed(body),
+                units,
+            })
+        }
+        Err(e) => Err(upstream_error(e.into())),
+    }))
+}
+
+fn client_key(mode: KeyMode, headers: &HeaderMap) -> Result<Option<ClientKey>, Problem> {
+    let raw = headers.get(IDEMPOTENCY_KEY);
+    match (mode, raw) {
+        (KeyMode::Fingerprint, _) => Ok(None),
+        (KeyMode::Header, None) => Err(Problem::new(
+            ProblemCode::KeyMissing,
+            KeyError::Missing.to_string(),
+        )),
+        (_, None) => Ok(None),
+        (_, Some(v)) => ClientKey::parse(v.as_bytes())
+            .map(Some)
+            .map_err(|e| Problem::new(ProblemCode::KeyInvalid, e.to_string())),
+    }
+}
+
+async fn read_body<B>(body: B, headers: &HeaderMap, max: u64) -> Result<Bytes, Problem>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || {
+        Problem::new(
+            ProblemCode::BodyTooLarge,
+            format!("the request body is larger than {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+        Err(e) => {
+            tracing::debug!(error = %e, "request body unreadable");
+            Err(Problem::new(
+                ProblemCode::BodyUnreadable,
+                "the request body could not be read",
+            ))
+        }
+    }
+}
+
+/// Units of the request, by the route's rule (`response_header` is read from the answer).
+pub(crate) fn request_units(rule: &UnitsRule, body: &[u8]) -> u64 {
+    match rule {
+        UnitsRule::None | UnitsRule::ResponseHeader(_) => 0,
+        UnitsRule::BodyBytes => body.len() as u64,
+        UnitsRule::Json(pointer) => {
+            let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+                return 0;
+            };
+            match value.pointer(pointer) {
+                Some(serde_json::Value::String(s)) => s.chars().count() as u64,
+                Some(serde_json::Value::Number(n)) => n
+                    .as_u64()
+                    .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
+                    .unwrap_or(0),
+                _ => 0,
+            }
+        }
+    }
+}
+
+fn header_units(headers: &HeaderMap, name: &HeaderName) -> u64 {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// An inner service's error: an [`UpstreamError`] it reported, or anything else, which
+/// may hide an effect and so counts as lost after sending.
+fn upstream_error(e: BoxError) -> UpstreamError {
+    match e.downcast::<UpstreamError>() {
+        Ok(u) => *u,
+        Err(other) => UpstreamError::AfterSend(other.to_string()),
+    }
+}
+
+/// Translates what the guard did into the answer.
+fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> {
+    match execution {
+        Execution::Fresh(FreshAnswer {
+            record,
+            status,
+            headers,
+            body,
+        }) => {
+            let mut res = Response::new(body);
+            *res.status_mut() = status;
+            *res.headers_mut() = headers;
+            log.upstream_status = Some(status.as_u16());
+            log.provider_request_id = provider_request_id(res.headers());
+            finish(res, "fresh", &record, false, log)
+        }
+        Execution::Replayed(record) => replay(&record, "replayed", log),
+        Execution::Joined(record) => replay(&record, "joined", log),
+        Execution::InFlight {
+            record,
+            retry_after,
+        } => {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            let p = Problem::new(
+                ProblemCode::InFlight,
+                format!(
+                    "an identical request is still running; it will not run twice. \
+                     Send this request again in {secs} seconds to receive its result"
+                ),
+            )
+            .with_retry_after(secs)
+            .with_original_at(record.created_at);
+            refuse_record(p, &record, log)
+        }
+        Execution::OutcomeUnknown(record) => {
+            let p = Problem::new(
+                ProblemCode::OutcomeUnknown,
+                "an earlier identical request may or may not have taken effect; it awaits \
+                 reconciliation and will not be executed again until then",
+            )
+            .with_original_at(record.created_at);
+            refuse_record(p, &record, log)
+        }
+        Execution::TooLarge(record) => {
+            let p = Problem::new(
+                ProblemCode::ResultTooLarge,
+                "the original request completed, but its answer was too large to keep for \
+                 replay; it will not be executed again within its window",
+            )
+            .with_original_at(record.created_at);
+            refuse_record(p, &record, log)
+        }
+        Execution::KeyReused(record) => {
+            let p = Problem::new(
+                ProblemCode::KeyReused,
+                "this Idempotency-Key was already used with a different request",
+            )
+            .with_original_at(record.created_at);
+            refuse_record(p, &record, log)
+        }
+        Execution::StoreUnavailable(reason) => {
+            tracing::error!(target: "oncely::store", error = %reason, route = log.route, "ledger unavailable; request not forwarded");
+            refuse(
+                Problem::new(
+                    ProblemCode::StoreUnavailable,
+                    "the ledger cannot be reached; the request was not forwarded",
+                ),
+                log,
+            )
+        }
+        Execution::UpstreamFailed { record, failure } => {
+            let (code, detail) = match &failure {
+                UpstreamFailure::Unreachable(_) => (
+                    ProblemCode::UpstreamUnreachable,
+                    "the upstream could not be reached; nothing was sent".to_string(),
+                ),
+                UpstreamFailure::Lost(_) => (
+                    ProblemCode::UpstreamUnreachable,
+                    format!(
+                        "the upstream failed before answering; the record is {}",
+                        record.state
+                    ),
+                ),
+                UpstreamFailure::Timeout => (
+                    ProblemCode::UpstreamTimeout,
+                    format!(
+                        "the upstream did not answer in time; the record is {}",
+                        record.state
+                    ),
+                ),
+            };
+            let res = Problem::new(code, detail)
+                .with_record(&record.id)
+                .into_response();
+            finish(res, "fresh", &record, false, log)
+        }
+    }
+}
+
+fn replay(record: &Record, status: &'static str, log: &mut RequestLog<'_>) -> Response<BoxBody> {
+    let stored = record.response.clone().unwrap_or_default();
+    let mut res = Response::new(full(stored.body.unwrap_or_default()));
+    *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let headers = res.headers_mut();
+    for (name, value) in &stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    log.upstream_status = Some(stored.status);
+    log.provider_request_id = record.provider_request_id.clone();
+    finish(res, status, record, true, log)
+}
+
+fn refuse(problem: Problem, log: &mut RequestLog<'_>) -> Response<BoxBody> {
+    let status = problem.code.as_str();
+    let mut res = problem.into_response();
+    res.headers_mut()
+        .insert(ONCELY_STATUS, HeaderValue::from_static(status));
+    log.status = status;
+    log_request(log);
+    res
+}
+
+fn refuse_record(problem: Problem, record: &Record, log: &mut RequestLog<'_>) -> Response<BoxBody> {
+    let status = problem.code.as_str();
+    let res = problem.with_record(&record.id).into_response();
+    finish(res, status, record, false, log)
+}
+
+fn finish(
+    mut res: Response<BoxBody>,
+    status: &'static str,
+    record: &Record,
+    replayed: bool,
+    log: &mut RequestLog<'_>,
+) -> Response<BoxBody> {
+    let h = res.headers_mut();
+    h.insert(ONCELY_STATUS, HeaderValue::from_static(status));
+    if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
+        h.insert(ONCELY_RECORD, v);
+    }
+    if replayed {
+        h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    log.status = status;
+    log.record = Some(record.id.to_string());
+    log.attempt = Some(record.attempt);
+    log_request(log);
+    res
+}
+
+fn provider_request_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("request-id")
+        .or_else(|| headers.get("x-request-id"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// The fields of the one log line of a guarded request.
+#[derive(Debug)]
+pub(crate) struct RequestLog<'a> {
+    pub(crate) record: Option<String>,
+    pub(crate) route: &'a str,
+    pub(crate) principal: Option<&'a str>,
+    pub(crate) status: &'a str,
+    pub(crate) attempt: Option<u32>,
+    pub(crate) workflow_id: Option<&'a str>,
+    pub(crate) upstream_status: Option<u16>,
+    pub(crate) provider_request_id: Option<String>,
+    pub(crate) started: Instant,
+}
+
+/// One log line (target `oncely::request`) and the request counter.
+pub(crate) fn log_request(log: &RequestLog<'_>) {
+    let duration_ms = log.started.elapsed().as_millis() as u64;
+    tracing::info!(
+        target: "oncely::request",
+        record = log.record.as_deref(),
+        route = log.route,
+        principal = log.principal,
+        status = log.status,
+        attempt = log.attempt,
+        workflow_id = log.workflow_id,
+        upstream_status = log.upstream_status,
+        provider_request_id = log.provider_request_id.as_deref(),
+        duration_ms,
+        "guarded request"
+    );
+    metrics::counter!(
+        "oncely_requests_total",
+        "route" => log.route.to_string(),
+        "status" => log.status.to_string()
+    )
+    .increment(1);
+}

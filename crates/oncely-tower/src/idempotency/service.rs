@@ -1,0 +1,127 @@
+//! [`IdempotencyService`]: decides per request whether to forward, bypass or guard.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower::util::Oneshot;
+use tower::{Service, ServiceExt};
+
+use super::future::ResponseFuture;
+use crate::body::boxed;
+use crate::guard::Guard;
+use crate::policy::RoutePolicies;
+use crate::{BoxBody, BoxError};
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) makes. Every failure is an
+/// HTTP answer, so its error is `Infallible`.
+#[derive(Debug)]
+pub struct IdempotencyService<S, P> {
+    inner: S,
+    guard: Arc<Guard>,
+    policies: Arc<P>,
+}
+
+impl<S, P> IdempotencyService<S, P> {
+    pub(crate) fn new(inner: S, guard: Arc<Guard>, policies: Arc<P>) -> Self {
+        IdempotencyService {
+            inner,
+            guard,
+            policies,
+        }
+    }
+}
+
+impl<S: Clone, P> Clone for IdempotencyService<S, P> {
+    fn clone(&self) -> Self {
+        IdempotencyService {
+            inner: self.inner.clone(),
+            guard: self.guard.clone(),
+            policies: self.policies.clone(),
+        }
+    }
+}
+
+/// What the one log line of a bypassed request needs.
+#[derive(Debug)]
+pub(crate) struct BypassLog {
+    pub(crate) route: String,
+    pub(crate) principal: Option<String>,
+    pub(crate) workflow_id: Option<String>,
+    pub(crate) started: Instant,
+}
+
+impl BypassLog {
+    pub(crate) fn finish(self, upstream_status: u16) {
+        super::handle::log_request(&super::handle::RequestLog {
+            record: None,
+            route: &self.route,
+            principal: self.principal.as_deref(),
+            status: "bypassed",
+            attempt: None,
+            workflow_id: self.workflow_id.as_deref(),
+            upstream_status: Some(upstream_status),
+            provider_request_id: None,
+            started: self.started,
+        });
+    }
+}
+
+impl<S, P, B, ResBody> Service<Request<B>> for IdempotencyService<S, P>
+where
+    S: Service<Request<BoxBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    P: RoutePolicies,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<BoxBody>;
+    type Error = std::convert::Infallible;
+    type Future = ResponseFuture<Oneshot<S, Request<BoxBody>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is asked of the clone that serves each request (`oneshot`), so that
+        // an owner task can run on a service of its own, off the caller's connection.
+        let _ = cx;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let started = Instant::now();
+        let Some(policy) = self.policies.policy(req.method(), req.uri().path()) else {
+            return ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None);
+        };
+        let decision = super::handle::decide(&self.guard, &policy, &req);
+        match decision {
+            super::handle::Decision::Forward => {
+                ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None)
+            }
+            super::handle::Decision::Bypass { principal } => {
+                let log = BypassLog {
+                    route: policy.name.clone(),
+                    principal,
+                    workflow_id: super::handle::workflow_id(req.headers()),
+                    started,
+                };
+                ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), Some(log))
+            }
+            super::handle::Decision::Guard { principal } => {
+                let fut = super::handle::guarded(
+                    self.guard.clone(),
+                    policy,
+                    principal,
+                    req,
+                    self.inner.clone(),
+                    started,
+                );
+                ResponseFuture::guarded(Box::pin(fut))
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! What a guarded route is: the resolved, validated policy the gateway's config (or an
+//! embedding service) hands to the layer, and the small trait that finds it per request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use oncely_core::Class;
+
+/// Where a request's idempotency key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    /// The client's `Idempotency-Key` header; a request without one gets 400 `key_missing`.
+    Header,
+    /// No client key: the key is the request's fingerprint.
+    Fingerprint,
+    /// The header when present, else the fingerprint.
+    HeaderOrFingerprint,
+    /// Not deduplicated: the request is forwarded untouched.
+    None,
+}
+
+/// How many billing units one execution is worth (what a repeat was not charged).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum UnitsRule {
+    /// No units (0).
+    #[default]
+    None,
+    /// The request body's length in bytes.
+    BodyBytes,
+    /// A JSON pointer into the **request** body: a string counts its characters, a
+    /// number its (non-negative, truncated) value; anything else counts 0. The seed's
+    /// render service charges per character of `/text`, which is `json:/text`.
+    Json(String),
+    /// The upstream answer's header, read as a non-negative integer (absent or
+    /// unreadable: 0).
+    ResponseHeader(HeaderName),
+}
+
+/// What identifies the account a request acts for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrincipalSource {
+    /// The raw value of this header (e.g. `authorization`); it is stored only as a keyed
+    /// hash. A request without it is forwarded unguarded (`bypassed`).
+    Header(HeaderName),
+    /// A single-tenant route: every caller is one account.
+    None,
+}
+
+/// Only requests whose `header` starts with `prefix` are guarded; the rest are forwarded
+/// with `Oncely-Status: bypassed` (a website's "regenerate" button wants a new take).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardWhen {
+    /// The header to look at.
+    pub header: HeaderName,
+    /// The prefix its value must start with (may be empty: the header must be present).
+    pub prefix: String,
+}
+
+/// One guarded route, everything resolved and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePolicy {
+    /// The configured pattern, e.g. `POST /v1/render`; shown as the ledger's `route` and
+    /// used as the `route` label of metrics.
+    pub name: String,
+    /// The operation class.
+    pub class: Class,
+    /// Where the key comes from.
+    pub key: KeyMode,
+    /// What identifies the account.
+    pub principal: PrincipalSource,
+    /// Headers that are part of the fingerprint.
+    pub fingerprint_headers: Vec<HeaderName>,
+    /// JSON pointers left out of the fingerprint.
+    pub ignore_fields: Vec<String>,
+    /// Only these callers are guarded.
+    pub guard_when: Option<GuardWhen>,
+    /// Billing units of one execution.
+    pub units: UnitsRule,
+    /// How long a completed result is replayed.
+    pub window: Duration,
+    /// How long a duplicate waits for an in-flight original.
+    pub wait: Duration,
+    /// How long an owner's claim lasts without renewal.
+    pub lease: Duration,
+    /// Upstream timeout: the whole exchange, head and body.
+    pub timeout: Duration,
+    /// Larger request bodies get 413.
+    pub max_body: u64,
+    /// Larger answers reach their caller but are not stored.
+    pub max_response: u64,
+}
+
+impl RoutePolicy {
+    /// A policy with the contract's defaults: key `header-or-fingerprint`, principal
+    /// `header:authorization`, window 3h, wait 20s, lease 30s, timeout 120s, max_body
+    /// 10 MiB, max_response 32 MiB, no units.
+    pub fn new(name: impl Into<String>, class: Class) -> RoutePolicy {
+        RoutePolicy {
+            name: name.into(),
+            class,
+            key: KeyMode::HeaderOrFingerprint,
+            principal: PrincipalSource::Header(http::header::AUTHORIZATION),
+            fingerprint_headers: Vec::new(),
+            ignore_fields: Vec::new(),
+            guard_when: None,
+            units: UnitsRule::None,
+            window: Duration::from_secs(3 * 3600),
+            wait: Duration::from_secs(20),
+            lease: Duration::from_secs(30),
+            timeout: Duration::from_secs(120),
+            max_body: 10 << 20,
+            max_response: 32 << 20,
+        }
+    }
+
+    /// Whether requests on this route are deduplicated at all (`read` and `key = none`
+    /// are forwarded every time).
+    pub fn deduplicates(&self) -> bool {
+        self.class != Class::Read && self.key != KeyMode::None
+    }
+}
+
+/// Finds the policy of a request. Implemented by the gateway's route table, and by any
+/// `Fn(&Method, &str) -> Option<Arc<RoutePolicy>>`.
+pub trait RoutePolicies: Send + Sync + 'static {
+    /// `None`: not a guarded route, forwarded untouched (streamed).
+    fn policy(&self, method: &Method, path: &str) -> Option<Arc<RoutePolicy>>;
+}
+
+impl<F> RoutePolicies for F
+where
+    F: Fn(&Method, &str) -> Option<Arc<RoutePolicy>> + Send + Sync + 'static,
+{
+    fn policy(&self, method: &Method, path: &str) -> Option<Arc<RoutePolicy>> {
+        self(method, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closures_are_route_tables() {
+        let render = Arc::new(RoutePolicy::new("POST /v1/render", Class::Write));
+        let table = move |m: &Method, p: &str| {
+            (m == Method::POST && p == "/v1/render").then(|| render.clone())
+        };
+        assert!(table.policy(&Method::POST, "/v1/render").is_some());
+        assert!(table.policy(&Method::GET, "/v1/render").is_none());
+    }
+
+    #[test]
+    fn reads_and_keyless_routes_are_not_deduplicated() {
+        let mut p = RoutePolicy::new("r", Class::Write);
+        assert!(p.deduplicates());
+        p.key = KeyMode::None;
+        assert!(!p.deduplicates());
+        let r = RoutePolicy::new("r", Class::Read);
+        assert!(!r.deduplicates());
+    }
+}

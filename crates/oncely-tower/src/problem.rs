@@ -1,0 +1,246 @@
+//! The gateway's own error answers: `application/problem+json` (RFC 9457) with a `code`
+//! member. One type, [`Problem`], turns into a response and never shows internals: the
+//! cause (a store error, an upstream error) is logged where it happens, and the client
+//! gets a fixed title and a detail written for it.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::BodyExt;
+use oncely_core::{RecordId, Timestamp};
+
+use crate::BoxBody;
+
+/// The `Oncely-Status` header.
+pub const ONCELY_STATUS: &str = "oncely-status";
+/// The `Oncely-Record` header.
+pub const ONCELY_RECORD: &str = "oncely-record";
+/// The `Idempotent-Replayed` header.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// What went wrong, as the contract names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemCode {
+    /// 400: `key = header` and no `Idempotency-Key`.
+    KeyMissing,
+    /// 400: empty, too long, or non-ASCII key.
+    KeyInvalid,
+    /// 400: the request body could not be read (the client broke off). Not in the
+    /// contract's table; an extension.
+    BodyUnreadable,
+    /// 409: the original is still running after `wait`; carries `Retry-After`.
+    InFlight,
+    /// 409: the record awaits reconciliation.
+    OutcomeUnknown,
+    /// 409: the original's answer was over `max_response` and was not kept.
+    ResultTooLarge,
+    /// 413: body over `max_body`.
+    BodyTooLarge,
+    /// 422: same key, different fingerprint.
+    KeyReused,
+    /// 502: the upstream refused or failed before any answer.
+    UpstreamUnreachable,
+    /// 503: the ledger cannot be reached; guarded requests are not forwarded.
+    StoreUnavailable,
+    /// 504: the upstream did not answer within `timeout`.
+    UpstreamTimeout,
+}
+
+impl ProblemCode {
+    /// The `code` member.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemCode::KeyMissing => "key_missing",
+            ProblemCode::KeyInvalid => "key_invalid",
+            ProblemCode::BodyUnreadable => "body_unreadable",
+            ProblemCode::InFlight => "in_flight",
+            ProblemCode::OutcomeUnknown => "outcome_unknown",
+            ProblemCode::ResultTooLarge => "result_too_large",
+            ProblemCode::BodyTooLarge => "body_too_large",
+            ProblemCode::KeyReused => "key_reused",
+            ProblemCode::UpstreamUnreachable => "upstream_unreachable",
+            ProblemCode::StoreUnavailable => "store_unavailable",
+            ProblemCode::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemCode::KeyMissing | ProblemCode::KeyInvalid | ProblemCode::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            ProblemCode::InFlight | ProblemCode::OutcomeUnknown | ProblemCode::ResultTooLarge => {
+                StatusCode::CONFLICT
+            }
+            ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemCode::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            ProblemCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemCode::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// A short, fixed summary (RFC 9457 `title`).
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemCode::KeyMissing => "Idempotency-Key required",
+            ProblemCode::KeyInvalid => "Invalid Idempotency-Key",
+            ProblemCode::BodyUnreadable => "Request body unreadable",
+            ProblemCode::InFlight => "Original request still in flight",
+            ProblemCode::OutcomeUnknown => "Outcome unknown",
+            ProblemCode::ResultTooLarge => "Result too large to replay",
+            ProblemCode::BodyTooLarge => "Request body too large",
+            ProblemCode::KeyReused => "Idempotency-Key reused",
+            ProblemCode::UpstreamUnreachable => "Upstream unreachable",
+            ProblemCode::StoreUnavailable => "Ledger unavailable",
+            ProblemCode::UpstreamTimeout => "Upstream timeout",
+        }
+    }
+}
+
+impl fmt::Display for ProblemCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One gateway error answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {detail}")]
+pub struct Problem {
+    /// What went wrong.
+    pub code: ProblemCode,
+    /// A sentence for the client (never an internal error text).
+    pub detail: String,
+    /// `Retry-After` in seconds (for `in_flight`).
+    pub retry_after: Option<u64>,
+    /// The ledger record concerned, shown as `Oncely-Record` and `record`.
+    pub record: Option<RecordId>,
+    /// When the original request was made (`original_at`, for `result_too_large`,
+    /// `in_flight`, `key_reused`).
+    pub original_at: Option<Timestamp>,
+}
+
+impl Problem {
+    /// A problem with the given code and detail.
+    pub fn new(code: ProblemCode, detail: impl Into<String>) -> Problem {
+        Problem {
+            code,
+            detail: detail.into(),
+            retry_after: None,
+            record: None,
+            original_at: None,
+        }
+    }
+
+    /// Names the record concerned.
+    pub fn with_record(mut self, id: &RecordId) -> Problem {
+        self.record = Some(id.clone());
+        self
+    }
+
+    /// Adds the original request's time.
+    pub fn with_original_at(mut self, at: Timestamp) -> Problem {
+        self.original_at = Some(at);
+        self
+    }
+
+    /// Adds `Retry-After`.
+    pub fn with_retry_after(mut self, seconds: u64) -> Problem {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    /// The problem document (RFC 9457 members plus `code`, `record`, `original_at`,
+    /// `retry_after`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut doc = serde_json::json!({
+            "type": format!("urn:oncely:problem:{}", self.code.as_str()),
+            "title": self.code.title(),
+            "status": self.code.status().as_u16(),
+            "detail": self.detail,
+            "code": self.code.as_str(),
+        });
+        if let Some(id) = &self.record {
+            doc["record"] = id.as_str().into();
+        }
+        if let Some(at) = self.original_at {
+            doc["original_at"] = at.to_rfc3339().into();
+        }
+        if let Some(s) = self.retry_after {
+            doc["retry_after"] = s.into();
+        }
+        doc
+    }
+
+    /// The answer: status, `Content-Type: application/problem+json`, `Oncely-Record`
+    /// and `Retry-After` when known. The caller adds `Oncely-Status`.
+    pub fn into_response(self) -> Response<BoxBody> {
+        let body = Bytes::from(self.to_json().to_string());
+        let mut res = Response::new(
+            http_body_util::Full::new(body)
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *res.status_mut() = self.code.status();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(s) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if let Some(id) = &self.record {
+            if let Ok(v) = HeaderValue::from_str(id.as_str()) {
+                h.insert(ONCELY_RECORD, v);
+            }
+        }
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn renders_rfc9457_with_code() {
+        let p = Problem::new(ProblemCode::InFlight, "still running")
+            .with_record(&RecordId("rec_1".into()))
+            .with_retry_after(0);
+        let res = p.into_response();
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert_eq!(res.headers()["retry-after"], "1");
+        assert_eq!(res.headers()[ONCELY_RECORD], "rec_1");
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["code"], "in_flight");
+        assert_eq!(doc["status"], 409);
+        assert_eq!(doc["title"], "Original request still in flight");
+        assert_eq!(doc["type"], "urn:oncely:problem:in_flight");
+    }
+
+    #[test]
+    fn every_code_has_its_contract_status() {
+        use ProblemCode::*;
+        for (code, status) in [
+            (KeyMissing, 400),
+            (KeyInvalid, 400),
+            (InFlight, 409),
+            (OutcomeUnknown, 409),
+            (ResultTooLarge, 409),
+            (BodyTooLarge, 413),
+            (KeyReused, 422),
+            (UpstreamUnreachable, 502),
+            (StoreUnavailable, 503),
+            (UpstreamTimeout, 504),
+        ] {
+            assert_eq!(code.status().as_u16(), status, "{code}");
+        }
+    }
+}
