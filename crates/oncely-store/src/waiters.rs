@@ -69,6 +69,12 @@ impl Waiters {
         self.map.lock().expect("waiters lock").contains_key(id)
     }
 
+    /// Whether nobody waits in this process.
+    #[allow(dead_code)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.lock().expect("waiters lock").is_empty()
+    }
+
     /// The ids someone waits for.
     #[allow(dead_code)]
     pub(crate) fn awaited(&self) -> Vec<RecordId> {

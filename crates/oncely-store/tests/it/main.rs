@@ -1,3 +1,4 @@
 //! Integration tests of the stores: the conformance suite against each backend.
 
 mod memory;
+mod sqlite;

@@ -1,0 +1,417 @@
+//! The SQLite store: the embedded default (`sqlite://oncely.db`).
+//!
+//! - One **writer thread** owns the only writing connection and commits the commands
+//!   waiting for it in groups ([`writer`]): one transaction and one fsync per group, and
+//!   an answer only after the commit, so `synchronous=FULL` stays fast under load.
+//! - **Read connections** ([`readers`]) answer `get`, `lookup`, `list` and `usage` on
+//!   tokio's blocking threads; WAL lets them read while the writer writes.
+//! - **Wake-ups**: the writer wakes this instance's waiters after each commit; a watcher
+//!   notices commits of other instances on the same file (`PRAGMA data_version`) while
+//!   anyone waits.
+//! - The **schema** is a list of migrations applied on open ([`schema::MIGRATIONS`]).
+//!
+//! Every transition is the pure one of `oncely_core::record`, run inside the writer's
+//! transaction; the single writer (and `BEGIN IMMEDIATE` between processes) makes each
+//! read-decide-write atomic. Nothing here blocks a tokio worker.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oncely_core::record::{decide_claim, ClaimDecision};
+use oncely_core::{
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, TakeOverOutcome, Timestamp,
+    TransitionError,
+};
+use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
+
+use crate::memory::usage_from_rows;
+use crate::waiters::{wait_until_settled, Waiters};
+use crate::{
+    new_record_id, Claim, Clock, ListFilter, Result, Store, StoreError, StoreOptions, Usage,
+};
+
+mod readers;
+mod rows;
+pub mod schema;
+mod writer;
+
+use readers::{Readers, Watcher};
+use writer::{Applied, Writer};
+
+pub use schema::{Migration, MIGRATIONS, SCHEMA_VERSION};
+
+/// Opens (creating and migrating) the SQLite ledger at `location`, the part of
+/// `sqlite://PATH` after the scheme.
+pub async fn open(location: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(SqliteStore::open(location, options).await?))
+}
+
+/// Tuning of the SQLite store beyond [`StoreOptions`]; the defaults suit a gateway.
+#[derive(Debug, Clone)]
+pub struct SqliteSettings {
+    /// How long a connection waits for another one's lock (another process writing)
+    /// before the operation fails as unavailable.
+    pub busy_timeout: Duration,
+    /// The most commands the writer commits in one transaction.
+    pub group_size: usize,
+    /// Read connections kept open.
+    pub readers: usize,
+    /// How often a waiter's instance checks for commits of other instances.
+    pub watch_interval: Duration,
+}
+
+impl Default for SqliteSettings {
+    fn default() -> SqliteSettings {
+        SqliteSettings {
+            busy_timeout: schema::DEFAULT_BUSY_TIMEOUT,
+            group_size: 256,
+            readers: 8,
+            watch_interval: readers::WATCH_INTERVAL,
+        }
+    }
+}
+
+/// The SQLite ledger. Several instances (in one process or several) may open the same
+/// file; each has its own writer thread, and SQLite's write lock orders them.
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: Writer,
+    readers: Arc<Readers>,
+    waiters: Arc<Waiters>,
+    watcher: Watcher,
+    clock: Arc<dyn Clock>,
+    migrated: Vec<u32>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens the ledger at `path` with default [`SqliteSettings`].
+    pub async fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<SqliteStore> {
+        SqliteStore::open_with(path, options, SqliteSettings::default()).await
+    }
+
+    /// Opens the ledger at `path`: creates the file if needed, switches it to WAL,
+    /// applies pending migrations and starts the writer and watcher threads.
+    pub async fn open_with(
+        path: impl AsRef<Path>,
+        options: StoreOptions,
+        settings: SqliteSettings,
+    ) -> Result<SqliteStore> {
+        let path = path.as_ref().to_path_buf();
+        let synchronous = schema::synchronous_mode(&options.sqlite_synchronous)?;
+        let clock = options.clock;
+        tokio::task::spawn_blocking(move || open_blocking(path, synchronous, clock, settings))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("opening the ledger failed: {e}")))?
+    }
+
+    /// The file this store writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The schema versions this open applied (empty when the file was current).
+    pub fn migrated(&self) -> &[u32] {
+        &self.migrated
+    }
+
+    fn read<T, F>(&self, read: F) -> impl std::future::Future<Output = Result<T>> + '_
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.readers.run(read)
+    }
+
+    /// Applies a fenced or guarded transition to one record inside the writer.
+    async fn transition<T, F>(&self, id: &RecordId, change: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Record, Timestamp) -> Result<T, TransitionError> + Send + 'static,
+    {
+        let id = id.clone();
+        self.writer
+            .run(move |conn, now| mutate(conn, &id, now, change))
+            .await
+    }
+}
+
+fn open_blocking(
+    path: PathBuf,
+    synchronous: &'static str,
+    clock: Arc<dyn Clock>,
+    settings: SqliteSettings,
+) -> Result<SqliteStore> {
+    let cannot_open = |e: StoreError| {
+        StoreError::Config(format!(
+            "cannot open the SQLite ledger at {}: {e} (does its directory exist, and may \
+             oncely write there?)",
+            path.display()
+        ))
+    };
+    let mut conn = Connection::open_with_flags(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| cannot_open(sql_error(e)))?;
+    schema::configure_common(&conn, settings.busy_timeout).map_err(cannot_open)?;
+    schema::configure_writer(&conn, synchronous).map_err(|e| match e {
+        StoreError::Config(_) => e,
+        other => cannot_open(other),
+    })?;
+    let migrated = schema::migrate(&mut conn)?;
+    let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
+    let waiters = Arc::new(Waiters::default());
+    let writer = Writer::start(
+        conn,
+        Arc::clone(&clock),
+        Arc::clone(&waiters),
+        settings.group_size,
+    )?;
+    let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
+    Ok(SqliteStore {
+        readers: Arc::new(Readers::new(
+            path.clone(),
+            settings.busy_timeout,
+            settings.readers,
+        )),
+        path,
+        writer,
+        waiters,
+        watcher,
+        clock,
+        migrated,
+    })
+}
+
+/// Maps a SQLite error: damaged files are corrupt, everything else (busy, locked, I/O,
+/// disk full, cannot open, read-only) makes the ledger unavailable.
+pub(crate) fn sql_error(e: rusqlite::Error) -> StoreError {
+    match &e {
+        rusqlite::Error::SqliteFailure(err, _)
+            if matches!(
+                err.code,
+                ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase
+            ) =>
+        {
+            StoreError::Corrupt(e.to_string())
+        }
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => StoreError::Corrupt(e.to_string()),
+        _ => StoreError::Unavailable(format!("SQLite: {e}")),
+    }
+}
+
+/// Reads a record, applies `change` to a copy, and writes it back only if allowed.
+fn mutate<T>(
+    conn: &Connection,
+    id: &RecordId,
+    now: Timestamp,
+    change: impl FnOnce(&mut Record, Timestamp) -> Result<T, TransitionError>,
+) -> Result<Applied<T>> {
+    let mut record = rows::by_id(conn, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+    let out = change(&mut record, now)?;
+    rows::update(conn, id, &record)?;
+    Ok((out, Some(id.clone())))
+}
+
+/// The atomic claim: the row holding `(scope, key)` decides, inside the writer.
+fn claim_in(conn: &Connection, spec: &ClaimSpec, now: Timestamp) -> Result<Applied<Claim>> {
+    let existing = rows::by_key(conn, &spec.scope, &spec.key)?;
+    let decision = decide_claim(existing.as_ref(), spec, now);
+    let claim = match (decision, existing) {
+        (ClaimDecision::Insert, _) => {
+            let record = Record::new_claim(new_record_id(), spec, now);
+            rows::insert(conn, &record)?;
+            Claim::Owned(record)
+        }
+        (ClaimDecision::Existing, Some(record)) => Claim::Existing(record),
+        (decision, Some(mut record)) => {
+            let old_id = record.id.clone();
+            record.reclaim(decision, new_record_id(), spec, now);
+            rows::update(conn, &old_id, &record)?;
+            Claim::Owned(record)
+        }
+        (decision, None) => {
+            return Err(StoreError::Unavailable(format!(
+                "claim decided {decision:?} without a row"
+            )))
+        }
+    };
+    Ok((claim, None))
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
+        let spec = spec.clone();
+        self.writer
+            .run(move |conn, now| claim_in(conn, &spec, now))
+            .await
+    }
+
+    async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        let fence = fence.clone();
+        self.transition(&fence.id.clone(), move |r, now| {
+            r.complete(&fence, completion, now)?;
+            Ok(r.clone())
+        })
+        .await
+    }
+
+    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
+        let fence = fence.clone();
+        self.transition(&fence.id.clone(), move |r, now| {
+            r.release(&fence, error, now)?;
+            Ok(r.clone())
+        })
+        .await
+    }
+
+    async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
+        let fence = fence.clone();
+        self.transition(&fence.id.clone(), move |r, now| {
+            r.mark_unknown(&fence, error, now)?;
+            Ok(r.clone())
+        })
+        .await
+    }
+
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
+        let fence = fence.clone();
+        self.transition(&fence.id.clone(), move |r, now| r.renew(&fence, lease, now))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        expected_attempt: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<TakeOverOutcome> {
+        let owner = owner.to_string();
+        self.transition(id, move |r, now| {
+            r.take_over(expected_attempt, &owner, lease, now)
+        })
+        .await
+    }
+
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>> {
+        let id = id.clone();
+        self.read(move |conn| rows::by_id(conn, &id)).await
+    }
+
+    async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
+        let (scope, key) = (scope.clone(), key.to_string());
+        self.read(move |conn| rows::by_key(conn, &scope, &key))
+            .await
+    }
+
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
+        wait_until_settled(&self.waiters, id, timeout, || {
+            // Called after the subscription exists: the watcher now sees a waiter and
+            // checks for other instances' commits until it is gone.
+            self.watcher.nudge();
+            self.get(id)
+        })
+        .await
+    }
+
+    async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
+        self.transition(id, move |r, now| {
+            r.resolve(resolution, now)?;
+            Ok(r.clone())
+        })
+        .await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let filter = filter.clone();
+        self.read(move |conn| rows::list(conn, &filter)).await
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        self.writer
+            .run(|conn, now| {
+                let gone = conn
+                    .prepare_cached(
+                        "DELETE FROM records WHERE state = 'completed' \
+                         AND (expires_at IS NULL OR expires_at <= ?1)",
+                    )
+                    .and_then(|mut st| st.execute([now.0]))
+                    .map_err(sql_error)?;
+                Ok((gone as u64, None))
+            })
+            .await
+    }
+
+    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+        let id = id.clone();
+        self.writer
+            .run(move |conn, _now| {
+                let changed = conn
+                    .prepare_cached(
+                        "UPDATE records SET repeats = repeats + ?1, \
+                         repeat_units = repeat_units + ?2 WHERE id = ?3",
+                    )
+                    .and_then(|mut st| st.execute(params![count as i64, units as i64, id.0]))
+                    .map_err(sql_error)?;
+                if changed == 0 {
+                    return Err(StoreError::NotFound(id));
+                }
+                Ok(((), None))
+            })
+            .await
+    }
+
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
+        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
+        Ok(usage_from_rows(rows))
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(self.clock.now())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.read(|conn| {
+            conn.query_row("SELECT 1", [], |_| Ok(()))
+                .map_err(sql_error)
+        })
+        .await
+    }
+
+    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
+        let name = name.to_string();
+        self.writer
+            .run(move |conn, _now| {
+                let fresh = rand::random::<[u8; 32]>().to_vec();
+                conn.prepare_cached("INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)")
+                    .and_then(|mut st| st.execute(params![name, fresh]))
+                    .map_err(sql_error)?;
+                let value: Option<Vec<u8>> = conn
+                    .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
+                    .and_then(|mut st| st.query_row([&name], |row| row.get(0)).optional())
+                    .map_err(sql_error)?;
+                let value = value.ok_or_else(|| {
+                    StoreError::Unavailable(format!("the secret {name:?} was not kept"))
+                })?;
+                Ok((value, None))
+            })
+            .await
+    }
+}

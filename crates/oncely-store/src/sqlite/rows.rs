@@ -1,0 +1,225 @@
+//! Records to and from rows of the `records` table, and the statements both the writer
+//! and the readers run.
+
+use oncely_core::{Fingerprint, Record, RecordId, Scope, StoredResponse, Timestamp};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::sql_error;
+use crate::{ListFilter, Result, StoreError, UsageRow};
+
+/// The columns of a record, in the order [`from_row`] reads them.
+pub(super) const COLUMNS: &str = "id, scope, key, fingerprint, class, route, principal, state, \
+     owner, attempt, lease_until, created_at, updated_at, completed_at, expires_at, status, \
+     headers, body, units, repeats, repeat_units, workflow_id, provider_request_id, last_error";
+
+/// A column that holds text the record types did not accept.
+fn corrupt(column: usize, what: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        column,
+        rusqlite::types::Type::Text,
+        Box::<dyn std::error::Error + Send + Sync>::from(what),
+    )
+}
+
+/// Reads a record from a row of `SELECT {COLUMNS}`.
+pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
+    let fingerprint: String = row.get(3)?;
+    let class: String = row.get(4)?;
+    let state: String = row.get(7)?;
+    let status: Option<i64> = row.get(15)?;
+    let response = match status {
+        None => None,
+        Some(status) => {
+            let headers: Option<String> = row.get(16)?;
+            let headers: Vec<(String, String)> = match headers {
+                Some(text) => serde_json::from_str(&text)
+                    .map_err(|e| corrupt(16, format!("stored headers: {e}")))?,
+                None => Vec::new(),
+            };
+            Some(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| corrupt(15, format!("stored status {status}")))?,
+                headers,
+                body: row.get(17)?,
+            })
+        }
+    };
+    Ok(Record {
+        id: RecordId(row.get(0)?),
+        scope: Scope::from_stored(row.get(1)?),
+        key: row.get(2)?,
+        fingerprint: Fingerprint::from_hex(&fingerprint)
+            .ok_or_else(|| corrupt(3, format!("stored fingerprint {fingerprint:?}")))?,
+        class: class.parse().map_err(|e: String| corrupt(4, e))?,
+        route: row.get(5)?,
+        principal: row.get(6)?,
+        state: state.parse().map_err(|e: String| corrupt(7, e))?,
+        owner: row.get(8)?,
+        attempt: row.get(9)?,
+        lease_until: row.get::<_, Option<i64>>(10)?.map(Timestamp),
+        created_at: Timestamp(row.get(11)?),
+        updated_at: Timestamp(row.get(12)?),
+        completed_at: row.get::<_, Option<i64>>(13)?.map(Timestamp),
+        expires_at: row.get::<_, Option<i64>>(14)?.map(Timestamp),
+        response,
+        units: row.get::<_, i64>(18)? as u64,
+        repeats: row.get::<_, i64>(19)? as u64,
+        repeat_units: row.get::<_, i64>(20)? as u64,
+        workflow_id: row.get(21)?,
+        provider_request_id: row.get(22)?,
+        last_error: row.get(23)?,
+    })
+}
+
+/// The record with this id.
+pub(super) fn by_id(conn: &Connection, id: &RecordId) -> Result<Option<Record>> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE id = ?1"))
+        .and_then(|mut st| st.query_row([id.as_str()], from_row).optional())
+        .map_err(sql_error)
+}
+
+/// The record holding `(scope, key)`.
+pub(super) fn by_key(conn: &Connection, scope: &Scope, key: &str) -> Result<Option<Record>> {
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM records WHERE scope = ?1 AND key = ?2"
+    ))
+    .and_then(|mut st| st.query_row([scope.as_str(), key], from_row).optional())
+    .map_err(sql_error)
+}
+
+/// The record's values, in [`COLUMNS`] order.
+fn values(r: &Record) -> Result<[Value; 24]> {
+    let (status, headers, body) = match &r.response {
+        None => (Value::Null, Value::Null, Value::Null),
+        Some(resp) => (
+            Value::Integer(i64::from(resp.status)),
+            Value::Text(serde_json::to_string(&resp.headers).map_err(|e| {
+                StoreError::Unavailable(format!("cannot encode response headers: {e}"))
+            })?),
+            resp.body.clone().map_or(Value::Null, Value::Blob),
+        ),
+    };
+    let text = |s: &Option<String>| s.clone().map_or(Value::Null, Value::Text);
+    let time = |t: Option<Timestamp>| t.map_or(Value::Null, |t| Value::Integer(t.0));
+    Ok([
+        Value::Text(r.id.0.clone()),
+        Value::Text(r.scope.as_str().to_string()),
+        Value::Text(r.key.clone()),
+        Value::Text(r.fingerprint.to_hex()),
+        Value::Text(r.class.as_str().to_string()),
+        Value::Text(r.route.clone()),
+        Value::Text(r.principal.clone()),
+        Value::Text(r.state.as_str().to_string()),
+        text(&r.owner),
+        Value::Integer(i64::from(r.attempt)),
+        time(r.lease_until),
+        Value::Integer(r.created_at.0),
+        Value::Integer(r.updated_at.0),
+        time(r.completed_at),
+        time(r.expires_at),
+        status,
+        headers,
+        body,
+        Value::Integer(r.units as i64),
+        Value::Integer(r.repeats as i64),
+        Value::Integer(r.repeat_units as i64),
+        text(&r.workflow_id),
+        text(&r.provider_request_id),
+        text(&r.last_error),
+    ])
+}
+
+/// Inserts a new record.
+pub(super) fn insert(conn: &Connection, r: &Record) -> Result<()> {
+    let placeholders = (1..=24).map(|i| format!("?{i}")).collect::<Vec<_>>();
+    let vals = values(r)?;
+    conn.prepare_cached(&format!(
+        "INSERT INTO records ({COLUMNS}) VALUES ({})",
+        placeholders.join(", ")
+    ))
+    .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
+    .map_err(sql_error)?;
+    Ok(())
+}
+
+/// Overwrites the row that had id `old_id` with `r` (whose id may be new: a renewed key).
+pub(super) fn update(conn: &Connection, old_id: &RecordId, r: &Record) -> Result<()> {
+    let sets = COLUMNS
+        .split(", ")
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ?{}", i + 1))
+        .collect::<Vec<_>>();
+    let mut vals = values(r)?.to_vec();
+    vals.push(Value::Text(old_id.0.clone()));
+    let changed = conn
+        .prepare_cached(&format!(
+            "UPDATE records SET {} WHERE id = ?25",
+            sets.join(", ")
+        ))
+        .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
+        .map_err(sql_error)?;
+    if changed == 0 {
+        return Err(StoreError::NotFound(old_id.clone()));
+    }
+    Ok(())
+}
+
+/// Records matching `filter`, newest first.
+pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Record>> {
+    let mut clauses = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(state) = filter.state {
+        args.push(Value::Text(state.as_str().into()));
+        clauses.push(format!("state = ?{}", args.len()));
+    }
+    if let Some(p) = &filter.principal {
+        args.push(Value::Text(p.clone()));
+        clauses.push(format!("principal = ?{}", args.len()));
+    }
+    if let Some(route) = &filter.route {
+        args.push(Value::Text(route.clone()));
+        clauses.push(format!("route = ?{}", args.len()));
+    }
+    let mut sql = format!("SELECT {COLUMNS} FROM records");
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    sql.push_str(" ORDER BY created_at DESC, id DESC");
+    if let Some(limit) = filter.limit {
+        args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+        sql.push_str(&format!(" LIMIT ?{}", args.len()));
+    }
+    let mut st = conn.prepare_cached(&sql).map_err(sql_error)?;
+    let rows = st
+        .query_map(rusqlite::params_from_iter(args), from_row)
+        .map_err(sql_error)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql_error)
+}
+
+/// Per-principal counters of records completed at or after `since`.
+pub(super) fn usage_rows(conn: &Connection, since: Option<Timestamp>) -> Result<Vec<UsageRow>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT principal, COUNT(*), COALESCE(SUM(units), 0), COALESCE(SUM(repeats), 0), \
+             COALESCE(SUM(repeat_units), 0) FROM records \
+             WHERE state = 'completed' AND completed_at IS NOT NULL AND completed_at >= ?1 \
+             GROUP BY principal",
+        )
+        .map_err(sql_error)?;
+    let rows = st
+        .query_map(params![since.map_or(i64::MIN, |s| s.0)], |row| {
+            Ok(UsageRow {
+                principal: row.get(0)?,
+                fresh: row.get::<_, i64>(1)? as u64,
+                fresh_units: row.get::<_, i64>(2)? as u64,
+                repeats: row.get::<_, i64>(3)? as u64,
+                repeat_units: row.get::<_, i64>(4)? as u64,
+            })
+        })
+        .map_err(sql_error)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql_error)
+}

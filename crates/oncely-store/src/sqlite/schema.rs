@@ -1,0 +1,200 @@
+//! The SQLite schema as an ordered list of migrations, and how a connection is set up.
+//!
+//! The schema's version is `PRAGMA user_version`: migration `n` moves it from `n - 1` to
+//! `n`. [`MIGRATIONS`] only grows: a later feature (the job queue, the webhook delivery
+//! queue) appends a new [`Migration`] with the next version and never edits an old one,
+//! because files in the field have already applied it.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::sql_error;
+use crate::{Result, StoreError};
+
+/// One step of the schema.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// The `user_version` after this step (1, 2, 3...).
+    pub version: u32,
+    /// What the step adds, for logs.
+    pub name: &'static str,
+    /// The statements, run in one transaction with the version bump.
+    pub sql: &'static str,
+}
+
+/// Every migration, oldest first. Append new ones at the end with the next version.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "ledger records and secrets",
+    sql: r#"
+CREATE TABLE records (
+    id                  TEXT    NOT NULL PRIMARY KEY,
+    scope               TEXT    NOT NULL,
+    key                 TEXT    NOT NULL,
+    fingerprint         TEXT    NOT NULL,
+    class               TEXT    NOT NULL,
+    route               TEXT    NOT NULL,
+    principal           TEXT    NOT NULL,
+    state               TEXT    NOT NULL,
+    owner               TEXT,
+    attempt             INTEGER NOT NULL,
+    lease_until         INTEGER,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    completed_at        INTEGER,
+    expires_at          INTEGER,
+    -- The stored response: status NULL means none; body NULL means it was not kept.
+    status              INTEGER,
+    headers             TEXT,
+    body                BLOB,
+    units               INTEGER NOT NULL DEFAULT 0,
+    repeats             INTEGER NOT NULL DEFAULT 0,
+    repeat_units        INTEGER NOT NULL DEFAULT 0,
+    workflow_id         TEXT,
+    provider_request_id TEXT,
+    last_error          TEXT,
+    UNIQUE (scope, key)
+);
+CREATE INDEX records_created ON records (created_at);
+CREATE INDEX records_state ON records (state, created_at);
+CREATE INDEX records_principal ON records (principal, created_at);
+CREATE INDEX records_route ON records (route, created_at);
+CREATE INDEX records_expires ON records (expires_at) WHERE state = 'completed';
+CREATE TABLE secrets (
+    name  TEXT NOT NULL PRIMARY KEY,
+    value BLOB NOT NULL
+);
+"#,
+}];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+/// Brings the file's schema up to [`SCHEMA_VERSION`]; returns the versions applied (none
+/// when the file was already current). Refuses a file from a newer oncely.
+pub(super) fn migrate(conn: &mut Connection) -> Result<Vec<u32>> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error)?;
+    let current: u32 = tx
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(sql_error)?;
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::Config(format!(
+            "the SQLite ledger has schema version {current}, newer than this oncely \
+             understands ({SCHEMA_VERSION}); upgrade oncely"
+        )));
+    }
+    let mut applied = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.execute_batch(m.sql).map_err(|e| {
+            StoreError::Unavailable(format!("migration {} ({}) failed: {e}", m.version, m.name))
+        })?;
+        tx.pragma_update(None, "user_version", m.version)
+            .map_err(sql_error)?;
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "migrated the SQLite ledger"
+        );
+        applied.push(m.version);
+    }
+    tx.commit().map_err(sql_error)?;
+    Ok(applied)
+}
+
+/// How long a connection waits for another one's lock before giving up with
+/// `SQLITE_BUSY` (another process writing, a checkpoint).
+pub(super) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Settings every connection gets.
+pub(super) fn configure_common(conn: &Connection, busy_timeout: Duration) -> Result<()> {
+    conn.busy_timeout(busy_timeout).map_err(sql_error)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    conn.pragma_update(None, "temp_store", "MEMORY")
+        .map_err(sql_error)?;
+    Ok(())
+}
+
+/// Settings of the writer connection: WAL and the durability the operator chose.
+pub(super) fn configure_writer(conn: &Connection, synchronous: &str) -> Result<()> {
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(sql_error)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Config(format!(
+            "the SQLite ledger could not switch to WAL (journal_mode is {mode}); \
+             use a file on a local disk"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", synchronous)
+        .map_err(sql_error)?;
+    Ok(())
+}
+
+/// Checks `StoreOptions::sqlite_synchronous`: `FULL` (default) or `NORMAL` (`EXTRA` is
+/// accepted too). `OFF` is refused: the ledger's promise needs the file to survive a
+/// crash.
+pub(super) fn synchronous_mode(text: &str) -> Result<&'static str> {
+    match text.trim().to_ascii_uppercase().as_str() {
+        "" | "FULL" | "2" => Ok("FULL"),
+        "NORMAL" | "1" => Ok("NORMAL"),
+        "EXTRA" | "3" => Ok("EXTRA"),
+        other => Err(StoreError::Config(format!(
+            "unknown SQLite synchronous mode {other:?}: use FULL (default) or NORMAL"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_increase_by_one() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(
+                m.version as usize,
+                i + 1,
+                "migration {} is out of order",
+                m.name
+            );
+        }
+    }
+
+    #[test]
+    fn migrating_twice_is_a_no_op() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("m.db")).unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), vec![1]);
+        assert!(migrate(&mut conn).unwrap().is_empty());
+        let v: u32 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_newer_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("m.db")).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = migrate(&mut conn).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Config(ref m) if m.contains("newer")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn synchronous_modes() {
+        assert_eq!(synchronous_mode("full").unwrap(), "FULL");
+        assert_eq!(synchronous_mode("NORMAL").unwrap(), "NORMAL");
+        assert!(matches!(
+            synchronous_mode("off"),
+            Err(StoreError::Config(_))
+        ));
+    }
+}

@@ -1,0 +1,192 @@
+//! The writer thread: the one connection that writes, committing waiting commands in
+//! groups.
+//!
+//! Callers send a [`Command`] over a channel and await its reply. The thread takes the
+//! first command, drains whatever else is already waiting (up to a group's size), runs
+//! them all in one `BEGIN IMMEDIATE ... COMMIT`, and only then replies: an answer means
+//! the change is on disk. With `synchronous=FULL` one fsync is then shared by the whole
+//! group, which is what makes FULL affordable under load.
+//!
+//! Each command reads its row, applies the pure transition of `oncely_core::record`, and
+//! writes the row back only if the transition was allowed, so a refused transition
+//! changes nothing and does not disturb the rest of the group. A command writes with at
+//! most one statement, which SQLite makes atomic on its own; if an error rolls back the
+//! whole transaction (disk full, I/O error), or the commit fails, every command of the
+//! group is answered `StoreError::Unavailable`.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+
+use oncely_core::{RecordId, Timestamp};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::sql_error;
+use crate::waiters::Waiters;
+use crate::{Clock, Result, StoreError};
+
+/// What a command's work returns: its answer, and the record whose waiters to wake after
+/// the commit.
+pub(super) type Applied<T> = (T, Option<RecordId>);
+
+/// One unit of work for the writer, type-erased so one channel carries them all.
+trait Command: Send {
+    /// Runs the work inside the open transaction; returns the record to wake, if any, or
+    /// the work's error as text.
+    fn apply(&mut self, conn: &Connection, now: Timestamp) -> Result<Option<RecordId>, String>;
+    /// Sends the answer: the work's own result, or `failed` when the group did not commit.
+    fn finish(self: Box<Self>, failed: Option<&str>);
+}
+
+struct Pending<T, F> {
+    work: Option<F>,
+    result: Option<Result<T>>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> Command for Pending<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection, Timestamp) -> Result<Applied<T>> + Send + 'static,
+{
+    fn apply(&mut self, conn: &Connection, now: Timestamp) -> Result<Option<RecordId>, String> {
+        let work = self.work.take().expect("a command runs once");
+        match work(conn, now) {
+            Ok((value, wake)) => {
+                self.result = Some(Ok(value));
+                Ok(wake)
+            }
+            Err(e) => {
+                let text = e.to_string();
+                self.result = Some(Err(e));
+                Err(text)
+            }
+        }
+    }
+
+    fn finish(self: Box<Self>, failed: Option<&str>) {
+        let answer = match failed {
+            Some(why) => Err(StoreError::Unavailable(why.to_string())),
+            None => self.result.unwrap_or_else(|| {
+                Err(StoreError::Unavailable(
+                    "the ledger writer skipped a command".into(),
+                ))
+            }),
+        };
+        // The caller may have gone away (cancelled request); the change stands anyway.
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// The handle callers send commands through. Dropping every handle stops the thread.
+#[derive(Debug, Clone)]
+pub(super) struct Writer {
+    tx: mpsc::Sender<Box<dyn Command>>,
+}
+
+impl Writer {
+    /// Starts the writer thread on `conn`.
+    pub(super) fn start(
+        conn: Connection,
+        clock: Arc<dyn Clock>,
+        waiters: Arc<Waiters>,
+        group_size: usize,
+    ) -> Result<Writer> {
+        let (tx, rx) = mpsc::channel::<Box<dyn Command>>();
+        thread::Builder::new()
+            .name("oncely-sqlite-writer".into())
+            .spawn(move || run(conn, rx, clock, waiters, group_size.max(1)))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the ledger writer: {e}")))?;
+        Ok(Writer { tx })
+    }
+
+    /// Runs `work` in the next group and answers after it is committed.
+    pub(super) async fn run<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Timestamp) -> Result<Applied<T>> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let command = Box::new(Pending {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        self.tx
+            .send(command)
+            .map_err(|_| StoreError::Unavailable("the ledger writer has stopped".into()))?;
+        answer.await.map_err(|_| {
+            StoreError::Unavailable("the ledger writer stopped before answering".into())
+        })?
+    }
+}
+
+fn run(
+    conn: Connection,
+    rx: mpsc::Receiver<Box<dyn Command>>,
+    clock: Arc<dyn Clock>,
+    waiters: Arc<Waiters>,
+    group_size: usize,
+) {
+    let mut group: Vec<Box<dyn Command>> = Vec::with_capacity(group_size);
+    let mut woken: Vec<RecordId> = Vec::new();
+    while let Ok(first) = rx.recv() {
+        group.push(first);
+        while group.len() < group_size {
+            match rx.try_recv() {
+                Ok(c) => group.push(c),
+                Err(_) => break,
+            }
+        }
+        let failed = commit_group(&conn, &mut group, clock.as_ref(), &mut woken);
+        if let Some(why) = &failed {
+            tracing::warn!(commands = group.len(), error = %why, "a ledger write group failed");
+            woken.clear();
+        }
+        for id in woken.drain(..) {
+            waiters.wake(&id);
+        }
+        for c in group.drain(..) {
+            c.finish(failed.as_deref());
+        }
+    }
+    // Every handle is gone: close the connection (SQLite checkpoints the WAL on close).
+    if let Err((_, e)) = conn.close() {
+        tracing::warn!(error = %e, "closing the ledger writer connection failed");
+    }
+}
+
+/// Runs one group in one transaction; returns why it failed as a whole, if it did.
+fn commit_group(
+    conn: &Connection,
+    group: &mut [Box<dyn Command>],
+    clock: &dyn Clock,
+    woken: &mut Vec<RecordId>,
+) -> Option<String> {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        return Some(sql_error(e).to_string());
+    }
+    for c in group.iter_mut() {
+        let outcome = c.apply(conn, clock.now());
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (I/O error, disk full): the
+            // earlier commands of the group are lost too.
+            let why = outcome.err().unwrap_or_default();
+            return Some(format!("the ledger's transaction was rolled back: {why}"));
+        }
+        if let Ok(Some(id)) = outcome {
+            woken.push(id);
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => None,
+        Err(e) => {
+            let why = sql_error(e).to_string();
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            Some(why)
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The conformance suite against the SQLite store, and what only a file can show:
+//! durability across reopen, migrations, durability modes and a ledger that cannot write.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oncely_core::{Class, State};
+use oncely_store::conformance::{completion, spec, Harness};
+use oncely_store::sqlite::{SqliteSettings, SqliteStore, SCHEMA_VERSION};
+use oncely_store::{Claim, ManualClock, Store, StoreError, StoreOptions};
+use tempfile::TempDir;
+
+/// A temporary directory with `ledger.db`; every store shares one manual clock.
+struct SqliteHarness {
+    dir: TempDir,
+    clock: ManualClock,
+}
+
+impl SqliteHarness {
+    fn new() -> SqliteHarness {
+        SqliteHarness {
+            dir: tempfile::tempdir().expect("temp dir"),
+            clock: ManualClock::new(),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("ledger.db")
+    }
+
+    fn options(&self) -> StoreOptions {
+        StoreOptions {
+            clock: Arc::new(self.clock.clone()),
+            ..StoreOptions::default()
+        }
+    }
+
+    async fn open(&self) -> SqliteStore {
+        SqliteStore::open(self.path(), self.options())
+            .await
+            .expect("open the SQLite ledger")
+    }
+}
+
+#[async_trait]
+impl Harness for SqliteHarness {
+    async fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.open().await)
+    }
+
+    async fn second(&self) -> Arc<dyn Store> {
+        // Its own connections, writer thread, watcher and waiters: like another process.
+        Arc::new(self.open().await)
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+}
+
+oncely_store::conformance_tests!(SqliteHarness::new());
+
+fn owned(c: Claim) -> oncely_core::Record {
+    match c {
+        Claim::Owned(r) => r,
+        Claim::Existing(r) => panic!("expected to own the claim, found {r:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_record_survives_close_and_reopen() {
+    let h = SqliteHarness::new();
+    let store = h.open().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{\"kept\":true}", 9))
+        .await
+        .unwrap();
+    let pending = owned(
+        store
+            .claim(&spec("alice", "p", "{}", Class::Action, "a"))
+            .await
+            .unwrap(),
+    );
+    drop(store);
+
+    let reopened = h.open().await;
+    assert!(
+        reopened.migrated().is_empty(),
+        "the schema was already there"
+    );
+    let again = reopened
+        .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+        .await
+        .unwrap();
+    let Claim::Existing(replay) = again else {
+        panic!("the completed record was lost on reopen: {again:?}")
+    };
+    assert_eq!(replay.id, r.id);
+    assert_eq!(replay.state, State::Completed);
+    assert_eq!(
+        replay.response.unwrap().body.as_deref(),
+        Some(&b"{\"kept\":true}"[..])
+    );
+    assert_eq!(replay.units, 9);
+    let still = reopened.get(&pending.id).await.unwrap().unwrap();
+    assert_eq!(still.state, State::Processing);
+    assert_eq!(still.owner.as_deref(), Some("a"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_a_migrated_file_is_a_no_op() {
+    let h = SqliteHarness::new();
+    let first = h.open().await;
+    assert_eq!(first.migrated(), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let secret = first.secret("k").await.unwrap();
+    drop(first);
+    for _ in 0..2 {
+        let again = h.open().await;
+        assert!(again.migrated().is_empty());
+        assert_eq!(again.secret("k").await.unwrap(), secret);
+    }
+    let conn = rusqlite::Connection::open(h.path()).unwrap();
+    let version: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_through_the_url() {
+    let h = SqliteHarness::new();
+    let url = format!("sqlite://{}", h.path().display());
+    let store = oncely_store::open(&url, h.options()).await.unwrap();
+    let r = owned(
+        store
+            .claim(&spec("alice", "u", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    assert!(h.path().exists());
+    assert_eq!(store.get(&r.id).await.unwrap().unwrap().id, r.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_normal_works_and_off_is_refused() {
+    let h = SqliteHarness::new();
+    let options = StoreOptions {
+        sqlite_synchronous: "normal".into(),
+        ..h.options()
+    };
+    let store = SqliteStore::open(h.path(), options).await.unwrap();
+    let r = owned(
+        store
+            .claim(&spec("alice", "n", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    drop(store);
+    let reopened = h.open().await;
+    assert_eq!(
+        reopened.get(&r.id).await.unwrap().unwrap().state,
+        State::Completed
+    );
+
+    let off = StoreOptions {
+        sqlite_synchronous: "OFF".into(),
+        ..h.options()
+    };
+    let err = SqliteStore::open(h.dir.path().join("off.db"), off)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Config(m) if m.contains("synchronous")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_cannot_be_created_is_a_clear_error() {
+    let h = SqliteHarness::new();
+    let missing = h.dir.path().join("no-such-dir").join("ledger.db");
+    let err = SqliteStore::open(&missing, h.options()).await.unwrap_err();
+    let StoreError::Config(message) = &err else {
+        panic!("expected a configuration error, got {err:?}")
+    };
+    assert!(message.contains("no-such-dir"), "{message}");
+    assert!(
+        message.contains("cannot open the SQLite ledger"),
+        "{message}"
+    );
+    // Through the URL too, and a file where a directory should be.
+    let file = h.dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let url = format!("sqlite://{}/ledger.db", file.display());
+    let err = oncely_store::open(&url, h.options()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_a_ledger_is_refused() {
+    let h = SqliteHarness::new();
+    std::fs::write(h.path(), vec![b'z'; 8192]).unwrap();
+    let err = SqliteStore::open(h.path(), h.options()).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Config(_) | StoreError::Corrupt(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        std::fs::read(h.path()).unwrap(),
+        vec![b'z'; 8192],
+        "the file is left as it was"
+    );
+}
+
+/// Another process holds the write lock longer than the busy timeout: the claim fails
+/// as unavailable (the gateway then refuses to forward), and works once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_cannot_write_is_unavailable_and_loses_nothing() {
+    let h = SqliteHarness::new();
+    let settings = SqliteSettings {
+        busy_timeout: Duration::from_millis(200),
+        ..SqliteSettings::default()
+    };
+    let store = SqliteStore::open_with(h.path(), h.options(), settings)
+        .await
+        .unwrap();
+    let kept = owned(
+        store
+            .claim(&spec("alice", "before", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+
+    let blocker = rusqlite::Connection::open(h.path()).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let during = spec("alice", "during-1", "{}", Class::Write, "a");
+    let fence = kept.fence().unwrap();
+    let (a, b) = tokio::join!(
+        store.claim(&during),
+        store.complete(&fence, completion("{}", 1)),
+    );
+    for err in [a.unwrap_err(), b.unwrap_err()] {
+        let StoreError::Unavailable(message) = &err else {
+            panic!("expected unavailable, got {err:?}")
+        };
+        assert!(message.to_lowercase().contains("locked"), "{message}");
+    }
+    // Reads still work while another connection writes (WAL).
+    assert_eq!(
+        store.get(&kept.id).await.unwrap().unwrap().state,
+        State::Processing
+    );
+    blocker.execute_batch("ROLLBACK").unwrap();
+
+    let done = store
+        .complete(&kept.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Completed);
+    let later = owned(
+        store
+            .claim(&spec("alice", "during-1", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(later.attempt, 1, "the failed claim left no row behind");
+}
+
+/// A refused transition in a group does not undo the others committed with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_transition_leaves_its_group_intact() {
+    let h = SqliteHarness::new();
+    let store = Arc::new(h.open().await);
+    let mut records = Vec::new();
+    for i in 0..20 {
+        records.push(owned(
+            store
+                .claim(&spec("alice", &format!("g{i}"), "{}", Class::Write, "a"))
+                .await
+                .unwrap(),
+        ));
+    }
+    let mut tasks = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        let store = Arc::clone(&store);
+        let mut fence = r.fence().unwrap();
+        if i % 2 == 1 {
+            fence.owner = "stale".into();
+        }
+        tasks.push(tokio::spawn(async move {
+            store.complete(&fence, completion("{}", 1)).await
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let out = t.await.unwrap();
+        assert_eq!(out.is_ok(), i % 2 == 0, "{i}: {out:?}");
+    }
+    for (i, r) in records.iter().enumerate() {
+        let state = store.get(&r.id).await.unwrap().unwrap().state;
+        let want = if i % 2 == 0 {
+            State::Completed
+        } else {
+            State::Processing
+        };
+        assert_eq!(state, want, "record {i}");
+    }
+}
