@@ -2,7 +2,8 @@
 //!
 //! The variable holds one or more secrets separated by spaces. A delivery verifies when
 //! any of them matches, which is how a secret is rotated: add the new one, let senders
-//! switch, then remove the old one.
+//! switch, then remove the old one. A secret that itself contains whitespace cannot be
+//! written there; make it with [`Secret::parse`] and [`Secrets::new`] instead.
 //!
 //! How the written secret becomes the HMAC key depends on the scheme, as each provider's
 //! own library does it:

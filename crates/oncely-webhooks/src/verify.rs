@@ -300,7 +300,7 @@ mod tests {
         vec![
             (Scheme::Stripe, "whsec_test_secret"),
             (Scheme::Standard, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
-            (Scheme::Github, "It's a Secret to Everybody"),
+            (Scheme::Github, "It's-a-Secret-to-Everybody"),
             (generic(None), "generic-secret"),
             (generic(Some("X-Acme-Timestamp")), "generic-secret"),
         ]
