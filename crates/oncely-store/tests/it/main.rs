@@ -1,4 +1,5 @@
 //! Integration tests of the stores: the conformance suite against each backend.
 
 mod memory;
+mod postgres;
 mod sqlite;

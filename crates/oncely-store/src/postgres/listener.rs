@@ -1,0 +1,132 @@
+//! Wake-ups across instances: one dedicated connection per store that `LISTEN`s on
+//! [`CHANNEL`] and wakes the local waiters of each record id it hears about.
+//!
+//! If the connection drops, notifications sent meanwhile are lost; so after every
+//! reconnect the listener wakes every local waiter, and each re-reads its record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use oncely_core::RecordId;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use crate::waiters::Waiters;
+use crate::{Result, StoreError};
+
+/// The notification channel; the payload is a record id.
+pub(crate) const CHANNEL: &str = "oncely_records";
+
+/// How often the idle listener checks that its connection still answers.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Starts the listener; returns once it listens (or the first connection failed).
+pub(crate) async fn start(
+    config: tokio_postgres::Config,
+    waiters: Arc<Waiters>,
+) -> Result<JoinHandle<()>> {
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let task = tokio::spawn(run(config, waiters, ready_tx));
+    match ready_rx.await {
+        Ok(Ok(())) => Ok(task),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(StoreError::Unavailable(
+            "the PostgreSQL listener stopped while starting".into(),
+        )),
+    }
+}
+
+async fn run(
+    config: tokio_postgres::Config,
+    waiters: Arc<Waiters>,
+    ready: oneshot::Sender<Result<()>>,
+) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match connect(&config).await {
+            Ok((client, mut messages)) => {
+                backoff = Duration::from_millis(50);
+                match ready.take() {
+                    Some(tx) => {
+                        let _ = tx.send(Ok(()));
+                    }
+                    None => {
+                        tracing::info!("PostgreSQL listener reconnected; waking every waiter");
+                        waiters.wake_all();
+                    }
+                }
+                listen(&client, &mut messages, &waiters).await;
+                tracing::warn!("PostgreSQL listener connection lost; reconnecting");
+            }
+            Err(e) => {
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+                tracing::warn!(error = %e, ?backoff, "PostgreSQL listener cannot reconnect");
+            }
+        }
+        // Waiters still wake at their deadline while there is no listener; they also get
+        // a wake-up right after the reconnect.
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Connects and subscribes; the receiver yields notification payloads and closes when
+/// the connection ends.
+async fn connect(
+    config: &tokio_postgres::Config,
+) -> Result<(Client, mpsc::UnboundedReceiver<String>)> {
+    let (client, mut connection) = config.connect(NoTls).await.map_err(super::unavailable)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = stream.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n.payload().to_string()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "PostgreSQL listener connection failed");
+                    return;
+                }
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .await
+        .map_err(super::unavailable)?;
+    Ok((client, rx))
+}
+
+/// Wakes waiters until the connection ends.
+async fn listen(
+    client: &Client,
+    messages: &mut mpsc::UnboundedReceiver<String>,
+    waiters: &Waiters,
+) {
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.tick().await;
+    loop {
+        tokio::select! {
+            payload = messages.recv() => match payload {
+                Some(id) => waiters.wake(&RecordId(id)),
+                None => return,
+            },
+            _ = heartbeat.tick() => {
+                let alive = tokio::time::timeout(HEARTBEAT, client.simple_query("SELECT 1")).await;
+                if !matches!(alive, Ok(Ok(_))) {
+                    return;
+                }
+            }
+        }
+    }
+}

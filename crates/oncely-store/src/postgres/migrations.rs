@@ -1,0 +1,134 @@
+//! The PostgreSQL schema, as a list of versioned migrations.
+//!
+//! Each migration runs once, in one transaction, in order; `schema_migrations` remembers
+//! which ran. [`migrate`] holds a transaction-scoped advisory lock, so several instances
+//! that start together apply each migration exactly once. Append new migrations at the end
+//! with the next version number (the job queue and the webhook delivery queue go here);
+//! never edit one that has shipped.
+
+use tokio_postgres::Client;
+
+use crate::{Result, StoreError};
+
+/// One schema change.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Strictly increasing, starting at 1.
+    pub version: i32,
+    /// A short name, for logs.
+    pub name: &'static str,
+    /// The statements (run in one transaction).
+    pub sql: &'static str,
+}
+
+/// Every migration, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "ledger records and secrets",
+    sql: r#"
+CREATE TABLE records (
+    id                  text PRIMARY KEY,
+    scope               text NOT NULL,
+    key                 text NOT NULL,
+    fingerprint         bytea NOT NULL,
+    class               text NOT NULL,
+    route               text NOT NULL,
+    principal           text NOT NULL,
+    state               text NOT NULL
+        CHECK (state IN ('processing', 'completed', 'released', 'outcome_unknown')),
+    owner               text,
+    attempt             integer NOT NULL,
+    lease_until         bigint,
+    created_at          bigint NOT NULL,
+    updated_at          bigint NOT NULL,
+    completed_at        bigint,
+    expires_at          bigint,
+    response_status     integer,
+    response_headers    text,
+    response_body       bytea,
+    units               bigint NOT NULL DEFAULT 0,
+    repeats             bigint NOT NULL DEFAULT 0,
+    repeat_units        bigint NOT NULL DEFAULT 0,
+    workflow_id         text,
+    provider_request_id text,
+    last_error          text,
+    -- How many wait_for calls (on any instance) wait for this record: a transition out of
+    -- processing sends NOTIFY only when this is above zero.
+    waiting             integer NOT NULL DEFAULT 0,
+    UNIQUE (scope, key)
+);
+CREATE INDEX records_created ON records (created_at DESC, id DESC);
+CREATE INDEX records_expiry ON records (expires_at) WHERE state = 'completed';
+CREATE INDEX records_principal ON records (principal, created_at DESC);
+
+CREATE TABLE secrets (
+    name  text PRIMARY KEY,
+    value bytea NOT NULL
+);
+"#,
+}];
+
+/// The advisory lock key that serialises migrations ("oncely" in ASCII).
+const LOCK_KEY: i64 = 0x6f6e_6365_6c79;
+
+/// Applies every migration the database has not seen; returns the versions applied.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
+    let tx = client.transaction().await.map_err(super::unavailable)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+        .await
+        .map_err(super::unavailable)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(super::unavailable)?;
+    let rows = tx
+        .query("SELECT version FROM schema_migrations", &[])
+        .await
+        .map_err(super::unavailable)?;
+    let seen: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    if let Some(newer) = seen.iter().find(|v| **v > known) {
+        return Err(StoreError::Config(format!(
+            "the database's schema is at version {newer}, newer than this oncely knows \
+             ({known}): upgrade oncely"
+        )));
+    }
+    let mut applied = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| !seen.contains(&m.version)) {
+        tx.batch_execute(m.sql).await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "migration {} ({}) failed: {}",
+                m.version,
+                m.name,
+                super::error_text(&e)
+            ))
+        })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[&m.version, &m.name],
+        )
+        .await
+        .map_err(super::unavailable)?;
+        tracing::info!(version = m.version, name = m.name, "applied migration");
+        applied.push(m.version);
+    }
+    tx.commit().await.map_err(super::unavailable)?;
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_increase_from_one() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1, "migration {:?}", m.name);
+        }
+    }
+}

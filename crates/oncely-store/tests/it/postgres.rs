@@ -1,0 +1,467 @@
+//! The conformance suite and the PostgreSQL-only behaviours against a real server.
+//!
+//! The server is `ONCELY_TEST_PG_URL` (set by `scripts/test`, which starts a throwaway
+//! one). Without it, on CI (`CI` set) every test fails; elsewhere the test process starts
+//! its own server with `scripts/pg-env serve` and stops it when it exits. Every store gets
+//! a fresh schema (`search_path` in the URL), so tests run in parallel on one database.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use oncely_core::{Class, State};
+use oncely_store::conformance::{completion, spec, Harness, LEASE};
+use oncely_store::postgres::{migrations::MIGRATIONS, PgStore};
+use oncely_store::{Claim, ManualClock, Store, StoreError, StoreOptions};
+use tokio_postgres::{AsyncMessage, NoTls};
+
+/// A throwaway server started by `scripts/pg-env serve`; stopped when its stdin closes.
+struct Server {
+    url: String,
+    data: String,
+    bin: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-env");
+        let mut child = Command::new("bash")
+            .arg(script)
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run scripts/pg-env serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read the server's URL");
+        let mut parts = line.split_whitespace().map(str::to_string);
+        let (Some(url), Some(data), Some(bin)) = (parts.next(), parts.next(), parts.next()) else {
+            panic!("scripts/pg-env serve did not start PostgreSQL (output {line:?})");
+        };
+        let stdin = child.stdin.take();
+        Server {
+            url,
+            data,
+            bin,
+            child,
+            stdin,
+        }
+    }
+
+    /// Runs `pg_ctl ARGS` on this server's data directory as the server's user.
+    fn pg_ctl(&self, args: &[&str]) {
+        let pg_ctl = format!("{}/pg_ctl", self.bin);
+        let mut cmd = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", &pg_ctl]);
+            c
+        } else {
+            Command::new(&pg_ctl)
+        };
+        let log = format!("{}/../server.log", self.data);
+        let status = cmd
+            .args(["-D", &self.data, "-l", &log, "-w"])
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run pg_ctl");
+        assert!(status.success(), "pg_ctl {args:?} failed");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Closing stdin makes the script stop the server and remove its directory.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The shared test server's URL.
+fn base_url() -> String {
+    static SHARED: OnceLock<Mutex<Option<Server>>> = OnceLock::new();
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Some(url) = std::env::var("ONCELY_TEST_PG_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
+            return url;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ONCELY_TEST_PG_URL is unset on CI: run the tests with scripts/test, which starts \
+             PostgreSQL and sets it"
+        );
+        let server = Server::start();
+        let url = server.url.clone();
+        // Kept for the life of the process: its stdin closes when the process exits.
+        SHARED
+            .get_or_init(|| Mutex::new(None))
+            .lock()
+            .unwrap()
+            .replace(server);
+        url
+    })
+    .clone()
+}
+
+/// A URL on a new, empty schema of the server at `base`.
+async fn fresh_schema(base: &str) -> String {
+    let (client, connection) = tokio_postgres::connect(base, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
+    tokio::spawn(connection);
+    let schema = format!("t_{}", uuid::Uuid::now_v7().simple());
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}options=-csearch_path%3D{schema}")
+}
+
+fn options(clock: &ManualClock) -> StoreOptions {
+    StoreOptions {
+        clock: Arc::new(clock.clone()),
+        ..StoreOptions::default()
+    }
+}
+
+#[derive(Default)]
+struct PgHarness {
+    clock: ManualClock,
+    url: Mutex<Option<String>>,
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    async fn store(&self) -> Arc<dyn Store> {
+        let url = fresh_schema(&base_url()).await;
+        *self.url.lock().unwrap() = Some(url.clone());
+        Arc::new(PgStore::connect(&url, options(&self.clock)).await.unwrap())
+    }
+
+    async fn second(&self) -> Arc<dyn Store> {
+        let url = self.url.lock().unwrap().clone().expect("store() first");
+        Arc::new(PgStore::connect(&url, options(&self.clock)).await.unwrap())
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+}
+
+oncely_store::conformance_tests!(PgHarness::default());
+
+fn owned(c: Claim) -> oncely_core::Record {
+    match c {
+        Claim::Owned(r) => r,
+        Claim::Existing(r) => panic!("expected to own the claim, found {r:?}"),
+    }
+}
+
+/// `oncely_store::open` routes `postgres://` here and migrates.
+#[tokio::test]
+async fn open_by_url_migrates_and_works() {
+    let url = fresh_schema(&base_url()).await;
+    let store = oncely_store::open(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.get(&r.id).await.unwrap().unwrap(), r);
+}
+
+/// Every migration is applied once, even when several instances start together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_run_once_under_concurrent_starts() {
+    let url = fresh_schema(&base_url()).await;
+    let starts: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PgStore::connect(&url, StoreOptions::default()).await })
+        })
+        .collect();
+    for s in starts {
+        s.await.unwrap().unwrap();
+    }
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let versions: Vec<i32> = client
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expected: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+    assert_eq!(versions, expected);
+    // A schema newer than this build is refused with a clear error, not half-used.
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name) VALUES (9999, 'from the future')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let err = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Config(m) if m.contains("9999")),
+        "{err:?}"
+    );
+}
+
+/// Times come from the database's clock plus the injected offset.
+#[tokio::test]
+async fn times_come_from_the_database_clock() {
+    let url = fresh_schema(&base_url()).await;
+    let clock = ManualClock::new();
+    let store = PgStore::connect(&url, options(&clock)).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let db_ms: i64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let now = store.now().await.unwrap();
+    assert!((now.0 - db_ms).abs() < 1_000, "{} vs {db_ms}", now.0);
+    clock.advance(Duration::from_secs(3600));
+    let later = store.now().await.unwrap();
+    let moved = later.0 - now.0;
+    assert!((3_600_000..3_601_000).contains(&moved), "moved {moved} ms");
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    assert!(r.created_at.0 >= later.0);
+    assert_eq!(
+        r.lease_until.unwrap().0 - r.created_at.0,
+        LEASE.as_millis() as i64
+    );
+}
+
+/// NOTIFY is sent only for records somebody waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notify_only_for_waited_records() {
+    let url = fresh_schema(&base_url()).await;
+    let store = Arc::new(
+        PgStore::connect(&url, StoreOptions::default())
+            .await
+            .unwrap(),
+    );
+    // An independent LISTEN connection sees what the store sends.
+    let (client, mut connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        use futures::StreamExt;
+        while let Some(Ok(m)) = stream.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_string());
+            }
+        }
+    });
+    client.batch_execute("LISTEN oncely_records").await.unwrap();
+
+    let quiet = owned(
+        store
+            .claim(&spec("alice", "quiet", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&quiet.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    let waited = owned(
+        store
+            .claim(&spec("alice", "waited", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let waiter = {
+        let store = store.clone();
+        let id = waited.id.clone();
+        tokio::spawn(async move { store.wait_for(&id, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store
+        .complete(&waited.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    assert_eq!(waiter.await.unwrap().unwrap().state, State::Completed);
+    // Other tests share the channel: look only at this test's two ids.
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut seen = Vec::new();
+    while let Ok(Some(id)) = tokio::time::timeout_at(deadline.into(), rx.recv()).await {
+        if id == quiet.id.0 || id == waited.id.0 {
+            seen.push(id);
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![waited.id.0.clone()],
+        "only the waited record is notified"
+    );
+    // The waiter uncounted itself: a later transition of the record sends nothing.
+    let (client2, connection2) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection2);
+    let mut waiting = -1;
+    for _ in 0..50 {
+        waiting = client2
+            .query_one("SELECT waiting FROM records WHERE id = $1", &[&waited.id.0])
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(waiting, 0);
+}
+
+/// A store pointed at a closed port answers Unavailable within a few seconds.
+#[tokio::test]
+async fn unreachable_server_is_unavailable_quickly() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let started = Instant::now();
+    let err = PgStore::connect(
+        &format!("postgres://postgres@127.0.0.1:{port}/oncely"),
+        StoreOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let bad = PgStore::connect("postgres://[::1", StoreOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, StoreError::Config(_)), "{bad:?}");
+}
+
+/// When the server goes away, operations answer Unavailable; when it comes back, the
+/// same store works again and cross-instance wake-ups resume (the listener reconnects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recovers_when_the_server_returns() {
+    let server = tokio::task::spawn_blocking(Server::start).await.unwrap();
+    let url = server.url.clone();
+    let a = Arc::new(
+        PgStore::connect(&url, StoreOptions::default())
+            .await
+            .unwrap(),
+    );
+    let b = Arc::new(
+        PgStore::connect(&url, StoreOptions::default())
+            .await
+            .unwrap(),
+    );
+    owned(
+        a.claim(&spec("alice", "before", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.pg_ctl(&["-m", "fast", "stop"]);
+        server
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let err = a
+        .claim(&spec("alice", "during", "{}", Class::Write, "a"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(a.ping().await.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "answered in {:?}",
+        started.elapsed()
+    );
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.pg_ctl(&["start"]);
+        server
+    })
+    .await
+    .unwrap();
+    // The pool replaces its dead connections; no restart of the store.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let r = loop {
+        match a
+            .claim(&spec("alice", "after", "{}", Class::Write, "a"))
+            .await
+        {
+            Ok(c) => break owned(c),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the store did not recover: {e:?}"),
+        }
+    };
+    // Give b's listener time to reconnect (its backoff is at most 5 s), then check that a
+    // completion on a wakes a waiter on b promptly.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while b.ping().await.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let waiter = {
+        let b = b.clone();
+        let id = r.id.clone();
+        tokio::spawn(async move {
+            let rec = b.wait_for(&id, Duration::from_secs(10)).await.unwrap();
+            (rec, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let completed_at = Instant::now();
+    a.complete(&r.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    let (rec, woke_at) = waiter.await.unwrap();
+    assert_eq!(rec.state, State::Completed);
+    let lag = woke_at.saturating_duration_since(completed_at);
+    assert!(lag < Duration::from_millis(500), "woke {lag:?} after");
+    drop((a, b));
+    tokio::task::spawn_blocking(move || drop(server))
+        .await
+        .unwrap();
+}
