@@ -1,0 +1,109 @@
+//! Which tools are read-only, learned from the upstream's own `tools/list` answers as
+//! they pass through the proxy (and refreshed with every later listing, so a tool whose
+//! annotation changes is treated by its latest listing).
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use serde_json::Value;
+
+use crate::config::ToolSelection;
+use crate::sse;
+
+/// The tools seen so far, by name: whether each is annotated `readOnlyHint: true`.
+#[derive(Debug, Default)]
+pub struct ToolCatalog {
+    read_only: RwLock<HashMap<String, bool>>,
+}
+
+impl ToolCatalog {
+    /// An empty catalog.
+    pub fn new() -> ToolCatalog {
+        ToolCatalog::default()
+    }
+
+    /// Learns from one `tools/list` result (`{"tools": [...]}`); returns how many tools it named.
+    pub fn observe_list(&self, result: &Value) -> usize {
+        let Some(tools) = result.get("tools").and_then(Value::as_array) else {
+            return 0;
+        };
+        let mut map = self.read_only.write().unwrap_or_else(|e| e.into_inner());
+        for tool in tools {
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                let ro = tool
+                    .pointer("/annotations/readOnlyHint")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                map.insert(name.to_string(), ro);
+            }
+        }
+        tools.len()
+    }
+
+    /// Learns from a whole `tools/list` answer body (JSON or SSE; one message or a batch).
+    pub fn observe_body(&self, body: &[u8]) {
+        let mut messages = Vec::new();
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Array(items)) => messages.extend(items),
+            Ok(v) => messages.push(v),
+            Err(_) => {
+                let mut parser = sse::Parser::new(body.len() + 1);
+                let mut events = parser.feed(body);
+                events.extend(parser.feed(b"\n\n"));
+                for e in events {
+                    if let Ok(v) = serde_json::from_str::<Value>(&e.data) {
+                        messages.push(v);
+                    }
+                }
+            }
+        }
+        for m in messages {
+            if let Some(result) = m.get("result") {
+                self.observe_list(result);
+            }
+        }
+    }
+
+    /// Whether `name` is known to be read-only.
+    pub fn is_read_only(&self, name: &str) -> bool {
+        let map = self.read_only.read().unwrap_or_else(|e| e.into_inner());
+        map.get(name).copied().unwrap_or(false)
+    }
+
+    /// Whether a call of `name` is deduplicated under `selection`.
+    pub fn is_guarded(&self, selection: &ToolSelection, name: &str) -> bool {
+        let selected = match selection {
+            ToolSelection::AllButReadOnly => true,
+            ToolSelection::Named(names) => names.iter().any(|n| n == name),
+        };
+        selected && !self.is_read_only(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn read_only_tools_are_never_guarded_and_listing_refreshes() {
+        let c = ToolCatalog::new();
+        let all = ToolSelection::AllButReadOnly;
+        assert!(c.is_guarded(&all, "render"), "an unlisted tool is guarded");
+        let body = br#"event: message
+data: {"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"render"},{"name":"balance","annotations":{"readOnlyHint":true}}]}}
+
+"#;
+        c.observe_body(body);
+        assert!(c.is_guarded(&all, "render"));
+        assert!(!c.is_guarded(&all, "balance"));
+        let named = ToolSelection::Named(vec!["balance".into(), "render".into()]);
+        assert!(
+            !c.is_guarded(&named, "balance"),
+            "read-only wins over a name"
+        );
+        assert!(!c.is_guarded(&ToolSelection::Named(vec![]), "render"));
+        c.observe_list(&json!({"tools":[{"name":"balance","annotations":{"readOnlyHint":false}}]}));
+        assert!(c.is_guarded(&all, "balance"), "the latest listing counts");
+    }
+}
