@@ -82,20 +82,34 @@ pub fn verify<H: HeaderLookup + ?Sized>(
     now_unix_secs: i64,
     tolerance: Duration,
 ) -> Result<Verified, VerifyError> {
+    let (timestamp, secret_index) =
+        check_signature(scheme, secrets, headers, body, now_unix_secs, tolerance)?;
+    Ok(Verified {
+        event_id: scheme
+            .default_event_id()
+            .and_then(|source| source.extract(headers, body)),
+        timestamp,
+        secret_index,
+    })
+}
+
+/// Checks the headers, the timestamp and the signature, in that order; gives the signed
+/// timestamp and the index of the secret that matched.
+fn check_signature<H: HeaderLookup + ?Sized>(
+    scheme: &Scheme,
+    secrets: &Secrets,
+    headers: &H,
+    body: &[u8],
+    now_unix_secs: i64,
+    tolerance: Duration,
+) -> Result<(Option<i64>, usize), VerifyError> {
     let signed = read_signed(scheme, headers)?;
     if let Some(timestamp) = signed.timestamp {
         check_tolerance(timestamp, now_unix_secs, tolerance)?;
     }
     let secret_index = match_any(secrets, &signed.prefix, body, &signed.tags)
         .ok_or(VerifyError::NoMatchingSignature)?;
-    let event_id = scheme
-        .default_event_id()
-        .and_then(|source| source.extract(headers, body));
-    Ok(Verified {
-        event_id,
-        timestamp: signed.timestamp,
-        secret_index,
-    })
+    Ok((signed.timestamp, secret_index))
 }
 
 /// One `[[webhooks]]` entry's verification settings, resolved once at start-up.
@@ -141,7 +155,7 @@ impl Verifier {
         body: &[u8],
         now_unix_secs: i64,
     ) -> Result<Verified, VerifyError> {
-        let mut verified = verify(
+        let (timestamp, secret_index) = check_signature(
             &self.scheme,
             &self.secrets,
             headers,
@@ -149,10 +163,15 @@ impl Verifier {
             now_unix_secs,
             self.tolerance,
         )?;
-        if let Some(source) = &self.event_id {
-            verified.event_id = source.extract(headers, body);
-        }
-        Ok(verified)
+        let source = self
+            .event_id
+            .clone()
+            .or_else(|| self.scheme.default_event_id());
+        Ok(Verified {
+            event_id: source.and_then(|source| source.extract(headers, body)),
+            timestamp,
+            secret_index,
+        })
     }
 }
 
@@ -223,8 +242,7 @@ fn read_signed<H: HeaderLookup + ?Sized>(
 /// The single, non-empty, UTF-8 value of header `name`.
 fn one<'h, H: HeaderLookup + ?Sized>(headers: &'h H, name: &str) -> Result<&'h str, VerifyError> {
     match headers.header_values(name).as_slice() {
-        [] => Err(VerifyError::MissingHeader(name.to_owned())),
-        [[]] => Err(VerifyError::MissingHeader(name.to_owned())),
+        [] | [[]] => Err(VerifyError::MissingHeader(name.to_owned())),
         [value] => {
             std::str::from_utf8(value).map_err(|_| malformed(name)(Malformed("value is not UTF-8")))
         }

@@ -36,7 +36,7 @@ fn headerish() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn parsers_never_panic(text in headerish()) {
