@@ -30,8 +30,8 @@
 //! - [`headers`]: [`HeaderLookup`], how the verifier reads request headers.
 //! - [`parse`]: the parsers of each signature header (public so the fuzz target reaches them).
 //! - [`event_id`]: where a delivery's event id comes from (`json:/id`, `header:NAME`).
-//! - [`verify`]: [`verify()`], [`Verifier`], [`Verified`] and [`VerifyError`].
-//! - [`sign`]: [`sign()`], the sender's side, for tests and the demo.
+//! - [`mod@verify`]: [`verify()`], [`Verifier`], [`Verified`] and [`VerifyError`].
+//! - [`mod@sign`]: [`sign()`], the sender's side, for tests and the demo.
 
 #![warn(missing_docs)]
 
