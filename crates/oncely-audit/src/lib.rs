@@ -35,7 +35,9 @@
 //!   canonicalised (RFC 8785) with `--ignore-field` pointers removed; a body the log keeps
 //!   as a string is the text sent (canonicalised too when it is JSON); without a body,
 //!   `body_sha256` is the identity of the body; with neither, the body is empty. The
-//!   fingerprint is [`oncely_core::FingerprintBuilder`]'s, the gateway's own.
+//!   canonical form is byte for byte `oncely_core::canonical_json`'s (a faster writer,
+//!   tested against it); the key is the audit's own SHA-256 of those parts, not the
+//!   gateway's fingerprint (which hashes the principal's keyed hash).
 //! - **Window**: as in the gateway, the original's record lives from its start until its
 //!   completion (`ts + duration_ms`) plus the window, and is not renewed by repeats. An
 //!   identical request that starts before then is a repeat (`during` if before the
@@ -53,12 +55,14 @@
 //!
 //! - [`args`]: raw arguments → validated [`AuditArgs`], field mapping.
 //! - [`input`]: files, standard input and readers, gzip by magic bytes, bounded lines.
-//! - `line`: one JSON line → a request and its fingerprint.
+//! - `line`: one JSON line → a request and its key.
+//! - `canon`: the fast RFC 8785 writer and the request key.
 //! - `order`: per-input reorder buffers and the time-ordered merge.
 //! - `detect`: the streaming judgement, memory bounded by the window.
 //! - [`report`]: the [`Report`], its JSON, human and CSV renderings.
 
 pub mod args;
+mod canon;
 mod detect;
 mod error;
 pub mod input;

@@ -1,9 +1,10 @@
 //! One log line in, one [`Request`] (or the reason it cannot be read) out.
 //!
 //! Only the members the [`FieldMap`] names are looked at; everything else in the line is
-//! skipped without being built. The identity of a request is the gateway's own
-//! fingerprint ([`FingerprintBuilder`]): principal, method, path and query, and the body,
-//! a JSON body canonicalised per RFC 8785 with the ignored pointers removed. A body that
+//! skipped without being built. The identity of a request is what the gateway
+//! fingerprints: principal, method, path and query, and the body, a JSON body
+//! canonicalised per RFC 8785 with the ignored pointers removed (hashed by
+//! [`request_key`], the audit's own SHA-256). A body that
 //! the log keeps as a JSON value is compared as that value; a body kept as a string is
 //! compared as the text the client sent (canonicalised too when that text is JSON, as the
 //! gateway would). A log that keeps only `body_sha256` is compared by that hash.
@@ -11,12 +12,15 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use oncely_core::fingerprint::remove_pointer;
 use oncely_core::units::Timestamp;
-use oncely_core::{Fingerprint, FingerprintBuilder};
+use oncely_core::Fingerprint;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::args::{Field, FieldMap};
+use crate::canon::{request_key, write_canonical, Body};
 
 /// A request as the audit needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,17 +63,17 @@ impl LineReader {
         }
     }
 
-    /// Reads one line (without its line break).
-    pub(crate) fn read(&self, line: &[u8]) -> Result<Request, LineError> {
+    /// Reads one line (without its line break); `scratch` is reused between lines.
+    pub(crate) fn read(&self, line: &[u8], scratch: &mut Vec<u8>) -> Result<Request, LineError> {
         let mut de = serde_json::Deserializer::from_slice(line);
         let captured = CaptureSeed { reader: self }
             .deserialize(&mut de)
             .map_err(|e| LineError::NotJson(e.to_string()))?;
         de.end().map_err(|e| LineError::NotJson(e.to_string()))?;
-        self.interpret(captured)
+        self.interpret(captured, scratch)
     }
 
-    fn interpret(&self, c: Captured<'_>) -> Result<Request, LineError> {
+    fn interpret(&self, c: Captured<'_>, scratch: &mut Vec<u8>) -> Result<Request, LineError> {
         let get = |f: Field| c.values[f.index()].as_deref();
         let required = |f: Field| get(f).ok_or(LineError::Missing(f));
 
@@ -94,26 +98,43 @@ impl LineReader {
             Some(raw) => read_count(raw).ok_or(LineError::Invalid(Field::DurationMs))?,
         };
 
-        let builder = FingerprintBuilder::new(&principal, &method, &path);
-        let key = match (get(Field::Body), get(Field::BodySha256)) {
-            (Some(raw), _) if raw != "null" => {
-                if raw.starts_with('"') {
-                    let text = read_string(raw).ok_or(LineError::Invalid(Field::Body))?;
-                    builder.body(text.as_bytes(), &self.ignore)
-                } else {
-                    // A JSON value kept as it is: canonicalised like a JSON body.
-                    builder.body(raw.as_bytes(), &self.ignore)
+        let key = match (c.body, get(Field::BodySha256)) {
+            (Some(mut body), _) if !body.is_null() => {
+                scratch.clear();
+                let mut parsed;
+                // A body kept as a string is the text sent: JSON text is compared as
+                // JSON, as the gateway does; anything else as bytes.
+                let json = match &mut body {
+                    Value::String(text) => match serde_json::from_str::<Value>(text) {
+                        Ok(v) => {
+                            parsed = v;
+                            Some(&mut parsed)
+                        }
+                        Err(_) => None,
+                    },
+                    other => Some(other),
+                };
+                match json {
+                    Some(value) => {
+                        for pointer in &self.ignore {
+                            remove_pointer(value, pointer);
+                        }
+                        write_canonical(value, scratch);
+                        request_key(&principal, &method, &path, Body::Json(scratch))
+                    }
+                    None => {
+                        let Value::String(text) = &body else {
+                            unreachable!("only strings are kept as bytes")
+                        };
+                        request_key(&principal, &method, &path, Body::Bytes(text.as_bytes()))
+                    }
                 }
             }
             (_, Some(raw)) if raw != "null" => {
                 let digest = read_sha256(raw).ok_or(LineError::Invalid(Field::BodySha256))?;
-                // The tag keeps a hashed body apart from a body that happens to be 32 bytes.
-                builder
-                    .component(b"body_sha256")
-                    .component(&digest)
-                    .body(b"", &[])
+                request_key(&principal, &method, &path, Body::Sha256(&digest))
             }
-            _ => builder.body(b"", &[]),
+            _ => request_key(&principal, &method, &path, Body::Bytes(b"")),
         };
         Ok(Request {
             ts,
@@ -122,7 +143,7 @@ impl LineReader {
             principal: principal.into(),
             method: method.into(),
             path: path.into(),
-            key,
+            key: Fingerprint(key),
         })
     }
 }
@@ -158,9 +179,10 @@ fn invalid_reason(field: Field) -> &'static str {
     }
 }
 
-/// The raw JSON text of each field found in a line.
+/// The raw JSON text of each field found in a line; the body parsed.
 struct Captured<'de> {
     values: [Option<Cow<'de, str>>; 8],
+    body: Option<Value>,
 }
 
 struct CaptureSeed<'r> {
@@ -185,6 +207,7 @@ impl<'de> Visitor<'de> for CaptureSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Captured<'de>, A::Error> {
         let mut out = Captured {
             values: Default::default(),
+            body: None,
         };
         while let Some(member) = map.next_key_seed(MemberSeed {
             reader: self.reader,
@@ -193,8 +216,24 @@ impl<'de> Visitor<'de> for CaptureSeed<'_> {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             };
+            let targets = &self.reader.members[i].1;
+            if let [(Field::Body, None)] = targets.as_slice() {
+                // The common case: parse the body once, straight into a value.
+                out.body = Some(map.next_value()?);
+                continue;
+            }
             let raw: &'de RawValue = map.next_value()?;
-            for (field, inner) in &self.reader.members[i].1 {
+            for (field, inner) in targets {
+                if *field == Field::Body {
+                    let value: Option<Value> = serde_json::from_str(raw.get()).ok();
+                    out.body = match inner {
+                        None => value,
+                        Some(pointer) => {
+                            value.and_then(|mut v| v.pointer_mut(pointer).map(Value::take))
+                        }
+                    };
+                    continue;
+                }
                 let value = match inner {
                     None => Some(Cow::Borrowed(raw.get())),
                     Some(pointer) => serde_json::from_str::<serde_json::Value>(raw.get())
@@ -305,7 +344,7 @@ mod tests {
     #[test]
     fn reads_the_contract_fields_and_skips_the_rest() {
         let r = reader()
-            .read(br#"{"ts":"2026-11-06T10:00:00.5Z","extra":{"deep":[1,2,{"x":"\u0041"}]},"principal":"acct_1","method":"POST","path":"/v1/render?x=1","body":{"text":"hi"},"units":2,"duration_ms":90000}"#)
+            .read(br#"{"ts":"2026-11-06T10:00:00.5Z","extra":{"deep":[1,2,{"x":"\u0041"}]},"principal":"acct_1","method":"POST","path":"/v1/render?x=1","body":{"text":"hi"},"units":2,"duration_ms":90000}"#, &mut Vec::new())
             .unwrap();
         assert_eq!(
             r.ts,
@@ -320,22 +359,32 @@ mod tests {
         assert_eq!(r.duration_ms, 90_000);
         assert_eq!(
             r.key,
-            FingerprintBuilder::new("acct_1", "POST", "/v1/render?x=1")
-                .body(br#"{"text":"hi"}"#, &[])
+            Fingerprint(request_key(
+                "acct_1",
+                "POST",
+                "/v1/render?x=1",
+                Body::Json(br#"{"text":"hi"}"#)
+            ))
         );
     }
 
     #[test]
     fn a_string_body_holding_json_equals_the_json_value() {
         let a = reader()
-            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":"{\"b\":1.0,\"a\":[1]}"}"#)
+            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":"{\"b\":1.0,\"a\":[1]}"}"#, &mut Vec::new())
             .unwrap();
         let b = reader()
-            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":{"a":[1],"b":1}}"#)
+            .read(
+                br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":{"a":[1],"b":1}}"#,
+                &mut Vec::new(),
+            )
             .unwrap();
         assert_eq!(a.key, b.key);
         let text = reader()
-            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":"plain text"}"#)
+            .read(
+                br#"{"ts":1,"principal":"p","method":"POST","path":"/","body":"plain text"}"#,
+                &mut Vec::new(),
+            )
             .unwrap();
         assert_ne!(text.key, a.key);
     }
@@ -343,7 +392,7 @@ mod tests {
     #[test]
     fn numbers_and_escapes() {
         let r = reader()
-            .read(br#"{"ts":1762423200,"principal":42,"method":"POST","path":"/caf\u00e9","units":"7","duration_ms":1.5e3}"#)
+            .read(br#"{"ts":1762423200,"principal":42,"method":"POST","path":"/caf\u00e9","units":"7","duration_ms":1.5e3}"#, &mut Vec::new())
             .unwrap();
         assert_eq!(r.ts, 1_762_423_200_000);
         assert_eq!(&*r.principal, "42");
@@ -351,7 +400,10 @@ mod tests {
         assert_eq!(r.units, Some(7));
         assert_eq!(r.duration_ms, 1500);
         let ms = reader()
-            .read(br#"{"ts":1762423200123,"principal":"p","method":"GET","path":"/"}"#)
+            .read(
+                br#"{"ts":1762423200123,"principal":"p","method":"GET","path":"/"}"#,
+                &mut Vec::new(),
+            )
             .unwrap();
         assert_eq!(ms.ts, 1_762_423_200_123);
         assert_eq!(ms.units, None);
@@ -364,15 +416,27 @@ mod tests {
             r#"{{"ts":1,"principal":"p","method":"POST","path":"/","body_sha256":"{hash}"}}"#
         );
         let upper = line.replace(&hash, &hash.to_uppercase());
-        let a = reader().read(line.as_bytes()).unwrap();
-        assert_eq!(a.key, reader().read(upper.as_bytes()).unwrap().key);
+        let a = reader().read(line.as_bytes(), &mut Vec::new()).unwrap();
+        assert_eq!(
+            a.key,
+            reader()
+                .read(upper.as_bytes(), &mut Vec::new())
+                .unwrap()
+                .key
+        );
         let empty = reader()
-            .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/"}"#)
+            .read(
+                br#"{"ts":1,"principal":"p","method":"POST","path":"/"}"#,
+                &mut Vec::new(),
+            )
             .unwrap();
         assert_ne!(a.key, empty.key);
         assert_eq!(
             reader()
-                .read(br#"{"ts":1,"principal":"p","method":"POST","path":"/","body_sha256":"xyz"}"#)
+                .read(
+                    br#"{"ts":1,"principal":"p","method":"POST","path":"/","body_sha256":"xyz"}"#,
+                    &mut Vec::new()
+                )
                 .unwrap_err(),
             LineError::Invalid(Field::BodySha256)
         );
@@ -409,7 +473,10 @@ mod tests {
             ),
         ];
         for (line, reason) in cases {
-            let e = reader().read(line).unwrap_err().to_string();
+            let e = reader()
+                .read(line, &mut Vec::new())
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains(reason),
                 "{:?}: {e}",
@@ -423,12 +490,17 @@ mod tests {
         let map =
             FieldMap::parse(&["principal=/auth/account", "ts=time", "body=/req/payload"]).unwrap();
         let r = LineReader::new(&map, &["/nonce".to_string()])
-            .read(br#"{"time":"2026-11-06T10:00:00Z","ts":"garbage","auth":{"account":"acct_9"},"method":"POST","path":"/x","req":{"payload":{"t":1,"nonce":"abc"}}}"#)
+            .read(br#"{"time":"2026-11-06T10:00:00Z","ts":"garbage","auth":{"account":"acct_9"},"method":"POST","path":"/x","req":{"payload":{"t":1,"nonce":"abc"}}}"#, &mut Vec::new())
             .unwrap();
         assert_eq!(&*r.principal, "acct_9");
         assert_eq!(
             r.key,
-            FingerprintBuilder::new("acct_9", "POST", "/x").body(br#"{"t":1}"#, &[])
+            Fingerprint(request_key(
+                "acct_9",
+                "POST",
+                "/x",
+                Body::Json(br#"{"t":1}"#)
+            ))
         );
     }
 }

@@ -76,6 +76,7 @@ pub(crate) struct Merged {
     reorder_ms: i64,
     seq: u64,
     started: bool,
+    scratch: Vec<u8>,
 }
 
 impl Merged {
@@ -100,6 +101,7 @@ impl Merged {
             reorder_ms,
             seq: 0,
             started: false,
+            scratch: Vec::new(),
         }
     }
 
@@ -167,7 +169,7 @@ impl Merged {
                     if source.buf.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    match self.reader.read(&source.buf) {
+                    match self.reader.read(&source.buf, &mut self.scratch) {
                         Ok(req) => {
                             source.newest = source.newest.max(req.ts);
                             self.seq += 1;

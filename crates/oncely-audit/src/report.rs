@@ -210,7 +210,8 @@ pub struct TopRepeat {
     pub method: String,
     /// Its path and query.
     pub path: String,
-    /// The request fingerprint (hex), as the gateway would store it.
+    /// The audit's key of the request (hex SHA-256 of principal, method, path and
+    /// canonical body).
     pub fingerprint: String,
     /// When the original started.
     pub first_seen: String,
@@ -375,7 +376,7 @@ impl Report {
                 writeln!(
                     out,
                     "... and {} more principals (see --json or --credits-csv)",
-                    owed.len() - shown
+                    thousands((owed.len() - shown) as u64)
                 )?;
             }
         }
