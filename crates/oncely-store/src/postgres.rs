@@ -125,6 +125,12 @@ impl PgStore {
         })
     }
 
+    /// The connection pool, for other tables on the same database (job and delivery
+    /// queues); their schema belongs in [`migrations::MIGRATIONS`].
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
     /// The clock's offset from system time, in milliseconds: added to the database's
     /// clock in every statement that reads or writes a time.
     fn offset(&self) -> i64 {
