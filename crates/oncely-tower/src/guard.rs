@@ -10,11 +10,14 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, StatusCode};
-use oncely_core::{Class, DownstreamKey, Fingerprint, Record, Scope};
-use oncely_store::Store;
+use oncely_core::{
+    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, Scope, State, TakeOverOutcome,
+};
+use oncely_store::{Claim, Store, StoreError};
 use sha2::Sha256;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
+use crate::owner;
 use crate::BoxBody;
 
 /// An upstream failure the inner service reports. The gateway's proxy maps its client
@@ -239,9 +242,169 @@ impl Guard {
             + Send
             + 'static,
     {
-        let _ = (call, run);
-        unimplemented!()
+        let deadline = tokio::time::Instant::now() + call.wait;
+        let spec = ClaimSpec {
+            scope: call.scope.clone(),
+            key: call.key.clone(),
+            fingerprint: call.fingerprint,
+            class: call.class,
+            route: call.route.clone(),
+            principal: call.principal.clone(),
+            owner: self.new_owner(),
+            lease: call.lease,
+            workflow_id: call.workflow_id.clone(),
+        };
+        let mut waited = false;
+        // Each turn either returns or waits (bounded by `deadline`); the cap only guards
+        // against a store that keeps contradicting itself.
+        for _ in 0..64 {
+            let mut record = match self.store.claim(&spec).await {
+                Ok(Claim::Owned(record)) => return self.own(record, call, run).await,
+                Ok(Claim::Existing(record)) => record,
+                Err(e) => return Execution::StoreUnavailable(e.to_string()),
+            };
+            loop {
+                if record.fingerprint != call.fingerprint {
+                    return Execution::KeyReused(record);
+                }
+                match record.state {
+                    State::Completed => return self.answer_completed(record, waited),
+                    State::OutcomeUnknown => return Execution::OutcomeUnknown(record),
+                    // The original failed harmlessly while we waited: claim again (and
+                    // execute, with the same downstream key, if we win).
+                    State::Released => break,
+                    State::Processing => {}
+                }
+                let now = match self.store.now().await {
+                    Ok(now) => now,
+                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                };
+                if record.lease_lapsed(now) {
+                    match self
+                        .store
+                        .take_over(&record.id, record.attempt, &spec.owner, call.lease)
+                        .await
+                    {
+                        Ok(TakeOverOutcome::Owned(record)) => {
+                            return self.own(record, call, run).await
+                        }
+                        Ok(TakeOverOutcome::OutcomeUnknown(record)) => {
+                            return Execution::OutcomeUnknown(record)
+                        }
+                        // Someone else moved it first: look again.
+                        Err(StoreError::Transition(_)) => match self.store.get(&record.id).await {
+                            Ok(Some(r)) => {
+                                record = r;
+                                continue;
+                            }
+                            Ok(None) => break,
+                            Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                        },
+                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                    }
+                }
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if remaining.is_zero() {
+                    let retry_after = retry_after(call.wait);
+                    return Execution::InFlight {
+                        record,
+                        retry_after,
+                    };
+                }
+                // Wake up when the owner's lease would lapse, to take over a dead owner
+                // without waiting the whole `wait`.
+                let until_lapse = record
+                    .lease_until
+                    .map(|l| now.until(l) + Duration::from_millis(20))
+                    .unwrap_or(remaining);
+                waited = true;
+                record = match self
+                    .store
+                    .wait_for(&record.id, remaining.min(until_lapse))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(StoreError::NotFound(_)) => break,
+                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                };
+            }
+        }
+        Execution::StoreUnavailable("the ledger kept changing under one claim".into())
     }
+
+    /// A completed record: replay it (or refuse if its body was not kept), and count the
+    /// repeat off the answer's path.
+    fn answer_completed(&self, record: Record, waited: bool) -> Execution {
+        self.count_repeat(&record);
+        let has_body = record.response.as_ref().is_some_and(|r| r.body.is_some());
+        match (has_body, waited) {
+            (false, _) => Execution::TooLarge(record),
+            (true, false) => Execution::Replayed(record),
+            (true, true) => Execution::Joined(record),
+        }
+    }
+
+    fn count_repeat(&self, record: &Record) {
+        let store = self.store.clone();
+        let id = record.id.clone();
+        let units = record.units;
+        let token = self.tasks.start();
+        tokio::spawn(async move {
+            let _token = token;
+            if let Err(e) = store.add_repeats(&id, 1, units).await {
+                tracing::warn!(target: "oncely::store", record = %id, error = %e, "could not count a repeat");
+            }
+        });
+    }
+
+    /// This call owns `record`: run the upstream call on a task of its own and answer
+    /// with its head (or its failure). Jobs (the next issue) answer 202 here once `wait`
+    /// passes without a head, while the task runs on.
+    async fn own<F>(&self, record: Record, call: GuardedCall, run: F) -> Execution
+    where
+        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
+    {
+        let Some(fence) = record.fence() else {
+            return Execution::StoreUnavailable(format!("owned record {} has no owner", record.id));
+        };
+        let upstream = run(DownstreamKey::derive(&call.scope, &call.key));
+        let (head_tx, head_rx) = oneshot::channel();
+        tokio::spawn(owner::run(owner::OwnerTask {
+            store: self.store.clone(),
+            record: record.clone(),
+            fence,
+            call,
+            upstream,
+            head: head_tx,
+            token: self.tasks.start(),
+        }));
+        match head_rx.await {
+            Ok(owner::Head::Answer {
+                status,
+                headers,
+                body,
+            }) => Execution::Fresh(FreshAnswer {
+                record,
+                status,
+                headers,
+                body,
+            }),
+            Ok(owner::Head::Failed { record, failure }) => {
+                Execution::UpstreamFailed { record, failure }
+            }
+            // The owner task panicked: the record stays processing until its lease lapses.
+            Err(_) => Execution::UpstreamFailed {
+                record,
+                failure: UpstreamFailure::Lost("the owner task ended without an answer".into()),
+            },
+        }
+    }
+}
+
+/// When a duplicate refused with `in_flight` should ask again: half the route's `wait`,
+/// between 1 and 60 seconds.
+fn retry_after(wait: Duration) -> Duration {
+    (wait / 2).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
 /// Counts background tasks (owned upstream calls, repeat counting); `wait_idle` returns

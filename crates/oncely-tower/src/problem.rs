@@ -1,4 +1,4 @@
-//! The gateway's own error answers: `application/problem+json` (RFC 9457) with a `code`
+//! The gateway's own error answers (and the names of oncely's headers): `application/problem+json` (RFC 9457) with a `code`
 //! member. One type, [`Problem`], turns into a response and never shows internals: the
 //! cause (a store error, an upstream error) is logged where it happens, and the client
 //! gets a fixed title and a detail written for it.
@@ -18,6 +18,10 @@ pub const ONCELY_STATUS: &str = "oncely-status";
 pub const ONCELY_RECORD: &str = "oncely-record";
 /// The `Idempotent-Replayed` header.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// Upstream to gateway: its answer is good until this RFC 3339 time at most.
+pub const REPLAY_UNTIL: &str = "oncely-replay-until";
+/// Upstream to gateway: its answer is good for this many seconds at most.
+pub const REPLAY_SECONDS: &str = "oncely-replay-seconds";
 
 /// What went wrong, as the contract names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

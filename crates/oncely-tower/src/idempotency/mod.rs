@@ -18,3 +18,6 @@ mod service;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;
+
+#[cfg(test)]
+mod tests;
