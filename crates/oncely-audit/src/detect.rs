@@ -9,7 +9,9 @@
 //! first identical request at or after the record's end is a new original.
 //!
 //! Memory is bounded by the window: originals are kept in a map keyed by fingerprint and
-//! dropped once the newest time seen has passed their end of window; per-principal sums
+//! dropped once the newest time seen has passed their end of window (checked in the order
+//! they were made, so one may outstay its window by at most the longest `duration_ms`
+//! before it; the verdict never depends on this, only memory does); per-principal sums
 //! and a short list of the most repeated originals are all that outlive them.
 
 use std::collections::{HashMap, VecDeque};
@@ -42,6 +44,27 @@ impl Hasher for FingerprintHasher {
 
 type FingerprintMap<V> = HashMap<Fingerprint, V, BuildHasherDefault<FingerprintHasher>>;
 
+/// FNV-1a for principal names: short keys, looked up once per line; no adversary can
+/// slow a local audit down by choosing principals.
+struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> NameHasher {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// A request that executed, while its record lives.
 struct Original {
     ts: i64,
@@ -68,7 +91,7 @@ pub(crate) struct Detector {
     expiries: VecDeque<(i64, Fingerprint, u64)>,
     frontier: i64,
     seq: u64,
-    principal_ids: HashMap<Box<str>, u32>,
+    principal_ids: HashMap<Box<str>, u32, BuildHasherDefault<NameHasher>>,
     pub(crate) principals: Vec<PrincipalTotals>,
     pub(crate) top: Vec<TopRepeat>,
     pub(crate) during: DelayStats,
@@ -89,7 +112,7 @@ impl Detector {
             expiries: VecDeque::new(),
             frontier: i64::MIN,
             seq: 0,
-            principal_ids: HashMap::new(),
+            principal_ids: HashMap::default(),
             principals: Vec::new(),
             top: Vec::new(),
             during: DelayStats::default(),
@@ -273,5 +296,76 @@ impl Detector {
             ..PrincipalTotals::default()
         });
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::line::Request;
+
+    fn at(ts: i64, body: u8, duration_ms: u64) -> Located {
+        Located {
+            req: Request {
+                ts,
+                duration_ms,
+                units: Some(10),
+                principal: "p".into(),
+                method: "POST".into(),
+                path: "/x".into(),
+                key: Fingerprint([body; 32]),
+            },
+            file: 0,
+            line: ts as u64,
+        }
+    }
+
+    #[test]
+    fn originals_are_forgotten_once_their_window_has_passed() {
+        let mut d = Detector::new(1_000, 10);
+        d.observe(at(0, 1, 500));
+        d.observe(at(100, 2, 0));
+        assert_eq!(d.originals.len(), 2);
+        // Key 2's record ended at 1_100, but it waits behind key 1's (ends 1_500) in the
+        // queue: eviction lags by at most the longest duration.
+        d.observe(at(1_100, 3, 0));
+        assert_eq!(d.originals.len(), 3);
+        d.observe(at(1_499, 1, 0)); // still key 1's window (500 + 1_000)
+        assert_eq!(d.principals[0].duplicate_requests, 1);
+        d.observe(at(1_500, 4, 0));
+        assert_eq!(d.originals.len(), 2, "keys 1 and 2 forgotten, 3 and 4 kept");
+        assert_eq!(d.top.len(), 1, "key 1 retired into the top list");
+        assert_eq!(d.top[0].repeats, 1);
+        assert_eq!(d.top[0].max_delay_ms, 999);
+    }
+
+    #[test]
+    fn a_straggler_from_before_the_window_neither_repeats_nor_replaces() {
+        let mut d = Detector::new(1_000, 10);
+        d.observe(at(10_000, 1, 0));
+        d.observe(at(2_000, 1, 0));
+        d.observe(at(10_500, 1, 0));
+        assert_eq!(d.out_of_order, 1);
+        assert_eq!(d.principals[0].requests, 3);
+        assert_eq!(d.principals[0].duplicate_requests, 1);
+        d.finish();
+        assert_eq!(
+            d.top[0].first_seen,
+            oncely_core::Timestamp(10_000).to_rfc3339()
+        );
+    }
+
+    #[test]
+    fn the_top_list_keeps_the_most_repeated() {
+        let mut d = Detector::new(1_000_000, 2);
+        for (key, repeats) in [(1u8, 1), (2, 3), (3, 2), (4, 1)] {
+            let base = i64::from(key) * 10;
+            for r in 0..=repeats {
+                d.observe(at(base + r, key, 0));
+            }
+        }
+        d.finish();
+        let repeats: Vec<u64> = d.top.iter().map(|t| t.repeats).collect();
+        assert_eq!(repeats, [3, 2]);
     }
 }

@@ -2,8 +2,7 @@
 //!
 //! Compression is recognised by content (the gzip magic bytes `1f 8b`), not by the file
 //! name, so `-` can be gzip too; concatenated gzip members (`cat a.gz b.gz`) read as one
-//! stream. Lines are cut at `\n` (a trailing `\r` is dropped) and never grow past
-//! [`MAX_LINE`]: a longer line is skipped to its end and reported, not buffered.
+//! stream.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -14,9 +13,6 @@ use std::sync::Arc;
 use flate2::bufread::MultiGzDecoder;
 
 use crate::AuditError;
-
-/// The longest line read; longer lines are counted as unreadable.
-pub const MAX_LINE: usize = 16 << 20;
 
 const BUFFER: usize = 1 << 20;
 
@@ -114,120 +110,18 @@ impl<R: Read> Read for Counted<R> {
     }
 }
 
-/// What [`next_line`] found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Line {
-    /// A line is in the buffer (without `\n` or `\r\n`).
-    Text,
-    /// A line longer than the limit was skipped; its length so far.
-    TooLong(usize),
-    /// End of input.
-    End,
-}
-
-/// Reads the next line into `buf` (cleared first), never holding more than `max` bytes.
-pub(crate) fn next_line(
-    reader: &mut dyn BufRead,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> io::Result<Line> {
-    buf.clear();
-    let mut skipped = 0usize;
-    let mut any = false;
-    loop {
-        let available = match reader.fill_buf() {
-            Ok(a) => a,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if available.is_empty() {
-            break;
-        }
-        any = true;
-        let (chunk, done) = match memchr::memchr(b'\n', available) {
-            Some(i) => (&available[..i], Some(i + 1)),
-            None => (available, None),
-        };
-        if skipped > 0 || buf.len() + chunk.len() > max {
-            skipped += buf.len() + chunk.len();
-            buf.clear();
-        } else {
-            buf.extend_from_slice(chunk);
-        }
-        let used = done.unwrap_or(available.len());
-        reader.consume(used);
-        if done.is_some() {
-            break;
-        }
-    }
-    if skipped > 0 {
-        return Ok(Line::TooLong(skipped));
-    }
-    if !any {
-        return Ok(Line::End);
-    }
-    if buf.last() == Some(&b'\r') {
-        buf.pop();
-    }
-    Ok(Line::Text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Cursor, Write};
-
-    fn lines(input: &mut Input, max: usize) -> Vec<Result<String, usize>> {
-        let mut buf = Vec::new();
-        let mut out = Vec::new();
-        loop {
-            match next_line(&mut input.reader, &mut buf, max).unwrap() {
-                Line::Text => out.push(Ok(String::from_utf8(buf.clone()).unwrap())),
-                Line::TooLong(n) => out.push(Err(n)),
-                Line::End => return out,
-            }
-        }
-    }
+    use std::io::Cursor;
 
     #[test]
-    fn plain_lines_crlf_and_a_last_line_without_newline() {
-        let mut input = Input::from_reader("t", Cursor::new(b"a\r\nbb\n\nccc".to_vec())).unwrap();
-        assert_eq!(
-            lines(&mut input, 100),
-            vec![
-                Ok("a".into()),
-                Ok("bb".into()),
-                Ok("".into()),
-                Ok("ccc".into())
-            ]
-        );
-        assert_eq!(input.consumed.load(Ordering::Relaxed), 10);
-    }
-
-    #[test]
-    fn long_lines_are_skipped_not_buffered() {
-        let mut input =
-            Input::from_reader("t", Cursor::new(b"ok\n0123456789\nfine\n".to_vec())).unwrap();
-        assert_eq!(
-            lines(&mut input, 5),
-            vec![Ok("ok".into()), Err(10), Ok("fine".into())]
-        );
-    }
-
-    #[test]
-    fn gzip_is_recognised_by_content_and_members_concatenate() {
-        let gz = |text: &[u8]| {
-            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            e.write_all(text).unwrap();
-            e.finish().unwrap()
-        };
-        let mut both = gz(b"one\ntwo\n");
-        both.extend(gz(b"three\n"));
-        let mut input = Input::from_reader("t.log", Cursor::new(both)).unwrap();
-        assert_eq!(
-            lines(&mut input, 100),
-            vec![Ok("one".into()), Ok("two".into()), Ok("three".into())]
-        );
+    fn bytes_taken_are_counted_for_the_progress_bar() {
+        let mut input = Input::from_reader("t", Cursor::new(vec![b'x'; 3000])).unwrap();
+        let mut all = Vec::new();
+        input.reader.read_to_end(&mut all).unwrap();
+        assert_eq!(all.len(), 3000);
+        assert_eq!(input.consumed.load(Ordering::Relaxed), 3000);
     }
 
     #[test]

@@ -54,7 +54,9 @@
 //! # Layout
 //!
 //! - [`args`]: raw arguments → validated [`AuditArgs`], field mapping.
-//! - [`input`]: files, standard input and readers, gzip by magic bytes, bounded lines.
+//! - [`input`]: files, standard input and readers, gzip by magic bytes.
+//! - `parse`: reader threads cut inputs into chunks of bounded lines, a parser pool
+//!   (one thread per core) reads them; results come back in order.
 //! - `line`: one JSON line → a request and its key.
 //! - `canon`: the fast RFC 8785 writer and the request key.
 //! - `order`: per-input reorder buffers and the time-ordered merge.
@@ -68,6 +70,7 @@ mod error;
 pub mod input;
 mod line;
 mod order;
+mod parse;
 pub mod report;
 
 use std::fs::File;
@@ -79,6 +82,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub use args::{AuditArgs, Field, FieldMap, RawAuditArgs, Source};
 pub use error::AuditError;
 pub use input::Input;
+pub use parse::MAX_LINE;
 pub use report::{Credit, PrincipalTotals, Report};
 
 use detect::Detector;

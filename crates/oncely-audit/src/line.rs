@@ -38,17 +38,20 @@ pub(crate) struct Request {
     pub(crate) key: Fingerprint,
 }
 
+/// A field read from a top-level member, and the JSON pointer inside it (if any).
+type Target = (Field, Option<String>);
+
 /// How the log's field names map onto what the audit reads, prepared for fast lookup.
 #[derive(Debug, Clone)]
 pub(crate) struct LineReader {
     /// Top-level member name → the fields read from it (and the pointer inside it).
-    members: Vec<(String, Vec<(Field, Option<String>)>)>,
+    members: Vec<(String, Vec<Target>)>,
     ignore: Vec<String>,
 }
 
 impl LineReader {
     pub(crate) fn new(fields: &FieldMap, ignore: &[String]) -> LineReader {
-        let mut members: Vec<(String, Vec<(Field, Option<String>)>)> = Vec::new();
+        let mut members: Vec<(String, Vec<Target>)> = Vec::new();
         for field in Field::ALL {
             let source = fields.source(field);
             let target = (field, source.inner.clone());

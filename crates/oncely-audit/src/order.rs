@@ -11,8 +11,9 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
-use crate::input::{next_line, Input, Line, MAX_LINE};
+use crate::input::Input;
 use crate::line::{LineReader, Request};
+use crate::parse::{self, Lines};
 
 /// A request and where it was read.
 #[derive(Debug)]
@@ -59,10 +60,8 @@ impl Ord for Pending {
 }
 
 struct Source {
-    input: Input,
+    lines: Lines,
     index: u32,
-    buf: Vec<u8>,
-    line_no: u64,
     pending: BinaryHeap<Reverse<Pending>>,
     newest: i64,
     done: bool,
@@ -72,23 +71,19 @@ struct Source {
 pub(crate) struct Merged {
     sources: Vec<Source>,
     heads: BinaryHeap<Reverse<(i64, u64, usize)>>,
-    reader: LineReader,
     reorder_ms: i64,
     seq: u64,
     started: bool,
-    scratch: Vec<u8>,
 }
 
 impl Merged {
     pub(crate) fn new(inputs: Vec<Input>, reader: LineReader, reorder_ms: i64) -> Merged {
-        let sources = inputs
+        let sources = parse::start(inputs, reader)
             .into_iter()
             .enumerate()
-            .map(|(i, input)| Source {
-                input,
+            .map(|(i, lines)| Source {
+                lines,
                 index: i as u32,
-                buf: Vec::with_capacity(4096),
-                line_no: 0,
                 pending: BinaryHeap::new(),
                 newest: i64::MIN,
                 done: false,
@@ -97,11 +92,9 @@ impl Merged {
         Merged {
             sources,
             heads: BinaryHeap::new(),
-            reader,
             reorder_ms,
             seq: 0,
             started: false,
-            scratch: Vec::new(),
         }
     }
 
@@ -126,13 +119,13 @@ impl Merged {
     pub(crate) fn consumed(&self) -> u64 {
         self.sources
             .iter()
-            .map(|s| s.input.consumed.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|s| s.lines.consumed.load(std::sync::atomic::Ordering::Relaxed))
             .sum()
     }
 
     /// The inputs' names, by index.
     pub(crate) fn names(&self) -> Vec<String> {
-        self.sources.iter().map(|s| s.input.name.clone()).collect()
+        self.sources.iter().map(|s| s.lines.name.clone()).collect()
     }
 
     /// Reads from source `s` until its earliest pending line may be released, and offers
@@ -151,45 +144,29 @@ impl Merged {
             } else if source.done {
                 return;
             }
-            let line = next_line(&mut source.input.reader, &mut source.buf, MAX_LINE);
-            let line_no = source.line_no + 1;
-            let bad = |reason: String| Unreadable {
-                file: source.index,
-                line: line_no,
-                reason,
+            let Some((line, parsed)) = source.lines.next() else {
+                source.done = true;
+                continue;
             };
-            match line {
-                Ok(Line::End) => source.done = true,
-                Ok(Line::TooLong(n)) => {
-                    source.line_no = line_no;
-                    unreadable(bad(format!("line of {n} bytes is longer than {MAX_LINE}")));
+            match parsed {
+                Ok(req) => {
+                    source.newest = source.newest.max(req.ts);
+                    self.seq += 1;
+                    source.pending.push(Reverse(Pending {
+                        ts: req.ts,
+                        seq: self.seq,
+                        item: Box::new(Located {
+                            req,
+                            file: source.index,
+                            line,
+                        }),
+                    }));
                 }
-                Ok(Line::Text) => {
-                    source.line_no = line_no;
-                    if source.buf.iter().all(u8::is_ascii_whitespace) {
-                        continue;
-                    }
-                    match self.reader.read(&source.buf, &mut self.scratch) {
-                        Ok(req) => {
-                            source.newest = source.newest.max(req.ts);
-                            self.seq += 1;
-                            source.pending.push(Reverse(Pending {
-                                ts: req.ts,
-                                seq: self.seq,
-                                item: Box::new(Located {
-                                    req,
-                                    file: source.index,
-                                    line: line_no,
-                                }),
-                            }));
-                        }
-                        Err(e) => unreadable(bad(e.to_string())),
-                    }
-                }
-                Err(e) => {
-                    source.done = true;
-                    unreadable(bad(format!("read error, rest of input skipped: {e}")));
-                }
+                Err(reason) => unreadable(Unreadable {
+                    file: source.index,
+                    line,
+                    reason,
+                }),
             }
         }
     }
