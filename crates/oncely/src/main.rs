@@ -1,1 +1,3 @@
+//! The `oncely` binary (being built).
+
 fn main() {}

@@ -1,0 +1,3 @@
+//! The oncely gateway (being built): the config file first.
+
+pub mod config;
