@@ -1,3 +1,17 @@
-//! The oncely gateway (being built): the config file first.
+//! The oncely gateway: the binary's code as a library, so that tests can run the server
+//! in-process on port 0 and the binary stays a one-line `main`.
+//!
+//! # Layout
+//!
+//! - [`config`]: the TOML file, read into one validated [`config::Config`].
+//! - [`cli`]: the commands (`serve`, `ledger`, `usage`, `migrate`, `check-config`, ...).
+//! - [`serve`]: the gateway: reverse proxy, route table, TLS, admin API, shutdown.
+//! - [`records`]: the JSON views of ledger records and usage that the CLI and the admin
+//!   API share.
+//! - [`logs`]: the tracing subscriber (text or one JSON object a line).
 
+pub mod cli;
 pub mod config;
+pub mod logs;
+pub mod records;
+pub mod serve;

@@ -1,3 +1,5 @@
-//! The `oncely` binary (being built).
+//! The `oncely` binary: everything lives in the library; see `oncely::cli`.
 
-fn main() {}
+fn main() -> std::process::ExitCode {
+    oncely::cli::main()
+}

@@ -1,0 +1,262 @@
+//! `oncely ledger list | show | resolve | reconcile | purge`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncely_core::{Record, RecordId, Resolution, State, StoredResponse};
+use oncely_store::{ListFilter, Store, StoreError};
+
+use super::store::{open, principal_key, Ledger};
+use super::{Failure, LedgerCommand, Outcome, ResolveArgs};
+use crate::config::{Config, Route};
+use crate::records;
+
+pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
+    match cmd {
+        LedgerCommand::List {
+            status,
+            principal,
+            route,
+            limit,
+            json,
+            store,
+        } => {
+            let ledger = open(&store).await?;
+            let principal = match principal {
+                Some(p) => Some(principal_filter(&ledger.store, &p).await?),
+                None => None,
+            };
+            let filter = ListFilter {
+                state: status.map(Into::into),
+                principal,
+                route,
+                limit,
+            };
+            let list = ledger.store.list(&filter).await.map_err(store_failure)?;
+            if json {
+                let all: Vec<_> = list.iter().map(records::summary).collect();
+                println!("{}", serde_json::Value::Array(all));
+            } else {
+                print_table(&list);
+            }
+            Ok(())
+        }
+        LedgerCommand::Show { id, json, store } => {
+            let ledger = open(&store).await?;
+            let record = get(&*ledger.store, &id).await?;
+            if json {
+                println!("{}", records::full(&record));
+            } else {
+                print_record(&record);
+            }
+            Ok(())
+        }
+        LedgerCommand::Resolve(args) => resolve(args).await,
+        LedgerCommand::Reconcile { id, store } => {
+            let ledger = open(&store).await?;
+            let record = get(&*ledger.store, &id).await?;
+            reconcile(&ledger, record).await
+        }
+        LedgerCommand::Purge { expired: _, store } => {
+            let ledger = open(&store).await?;
+            let n = ledger.store.purge_expired().await.map_err(store_failure)?;
+            println!("purged {n} expired record{}", if n == 1 { "" } else { "s" });
+            Ok(())
+        }
+    }
+}
+
+/// A store failure as a one-line exit 2.
+pub(crate) fn store_failure(e: StoreError) -> Failure {
+    Failure::usage(e)
+}
+
+async fn get(store: &dyn Store, id: &str) -> Result<Record, Failure> {
+    let id = RecordId(id.to_owned());
+    match store.get(&id).await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(Failure::usage(format!("no ledger record {id}"))),
+        Err(e) => Err(store_failure(e)),
+    }
+}
+
+/// A principal as `--principal` takes it: its 64-hex-digit hash as stored, or its raw
+/// value, hashed with the store's principal key as the gateway does.
+async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, Failure> {
+    let is_hash = p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit());
+    if is_hash {
+        return Ok(p.to_ascii_lowercase());
+    }
+    let key = principal_key(&**store).await.map_err(store_failure)?;
+    Ok(oncely_tower::Guard::new(store.clone(), key).principal_hash(p.as_bytes()))
+}
+
+fn time(t: Option<oncely_core::Timestamp>) -> String {
+    t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339())
+}
+
+fn print_table(list: &[Record]) {
+    println!(
+        "{:<36} {:<15} {:<6} {:>7} {:>6} {:>7} {:<24} ROUTE",
+        "ID", "STATE", "CLASS", "ATTEMPT", "UNITS", "REPEATS", "CREATED"
+    );
+    for r in list {
+        println!(
+            "{:<36} {:<15} {:<6} {:>7} {:>6} {:>7} {:<24} {}",
+            r.id,
+            r.state,
+            r.class,
+            r.attempt,
+            r.units,
+            r.repeats,
+            r.created_at.to_rfc3339(),
+            r.route
+        );
+    }
+}
+
+fn print_record(r: &Record) {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    println!("id:                  {}", r.id);
+    println!("state:               {}", r.state);
+    println!("route:               {}", r.route);
+    println!("class:               {}", r.class);
+    println!("scope:               {}", r.scope);
+    println!("key:                 {}", r.key);
+    println!("fingerprint:         {}", r.fingerprint.to_hex());
+    println!("principal:           {}", r.principal);
+    println!("owner:               {}", opt(&r.owner));
+    println!("attempt:             {}", r.attempt);
+    println!("lease_until:         {}", time(r.lease_until));
+    println!("created_at:          {}", r.created_at.to_rfc3339());
+    println!("updated_at:          {}", r.updated_at.to_rfc3339());
+    println!("completed_at:        {}", time(r.completed_at));
+    println!("expires_at:          {}", time(r.expires_at));
+    println!("units:               {}", r.units);
+    println!("repeats:             {}", r.repeats);
+    println!("repeat_units:        {}", r.repeat_units);
+    println!("workflow_id:         {}", opt(&r.workflow_id));
+    println!("provider_request_id: {}", opt(&r.provider_request_id));
+    println!("last_error:          {}", opt(&r.last_error));
+    match &r.response {
+        None => println!("response:            -"),
+        Some(resp) => {
+            let v = records::response(resp);
+            println!("response.status:     {}", resp.status);
+            for (n, val) in &resp.headers {
+                println!("response.header:     {n}: {val}");
+            }
+            match (&v["body"], &v["body_encoding"]) {
+                (serde_json::Value::String(b), enc) => {
+                    println!("response.body ({}):", enc.as_str().unwrap_or("utf8"));
+                    println!("{b}");
+                }
+                _ => println!("response.body:       (not kept: larger than max_response)"),
+            }
+        }
+    }
+}
+
+/// The window a completed resolution is replayed for: the record's route's, else the
+/// config's defaults, else 3h.
+fn window_for(config: Option<&Config>, route: &str) -> Duration {
+    config
+        .and_then(|c| c.route_named(route))
+        .map_or(Route::defaults().window, |r| r.window)
+}
+
+async fn resolve(args: ResolveArgs) -> Outcome {
+    let ledger = open(&args.store).await?;
+    let record = get(&*ledger.store, &args.id).await?;
+    let resolution = if args.released {
+        Resolution::Released {
+            reason: "resolved as released by an operator (oncely ledger resolve)".into(),
+        }
+    } else {
+        let body = match &args.body_file {
+            Some(f) => std::fs::read(f)
+                .map_err(|e| Failure::usage(format!("cannot read {}: {e}", f.display())))?,
+            None => Vec::new(),
+        };
+        Resolution::Completed {
+            response: StoredResponse {
+                status: args
+                    .status
+                    .expect("clap requires --status with --completed"),
+                headers: args.headers.clone(),
+                body: Some(body),
+            },
+            window: window_for(ledger.config.as_ref(), &record.route),
+            reason: "resolved as completed by an operator (oncely ledger resolve)".into(),
+        }
+    };
+    let after = ledger
+        .store
+        .resolve(&record.id, resolution)
+        .await
+        .map_err(store_failure)?;
+    println!("record {} is now {}", after.id, after.state);
+    Ok(())
+}
+
+async fn reconcile(ledger: &Ledger, record: Record) -> Outcome {
+    if record.state != State::OutcomeUnknown {
+        return Err(Failure::usage(format!(
+            "record {} is {}, not outcome_unknown: nothing to reconcile",
+            record.id, record.state
+        )));
+    }
+    let Some(config) = &ledger.config else {
+        return Err(Failure::usage(format!(
+            "record {} is on route {:?}: pass --config FILE so that its reconcile endpoint is known",
+            record.id, record.route
+        )));
+    };
+    let Some(route) = config.route_named(&record.route) else {
+        return Err(Failure::usage(format!(
+            "route {:?} of record {} is not in the config",
+            record.route, record.id
+        )));
+    };
+    let Some(spec) = &route.reconcile else {
+        return Err(Failure::usage(format!(
+            "route {:?} has no reconcile configured",
+            record.route
+        )));
+    };
+    let Some(upstream) = &route.upstream else {
+        return Err(Failure::usage(format!(
+            "route {:?} has no upstream",
+            record.route
+        )));
+    };
+    let client = crate::serve::proxy::UpstreamClient::new(config.upstream_ca.as_deref())
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let verdict =
+        crate::serve::reconcile::ask(&client, upstream, spec, &record, route.timeout).await;
+    match verdict {
+        crate::serve::reconcile::Verdict::Unknown(why) => Err(Failure::runtime(format!(
+            "record {} stays outcome_unknown: {why}",
+            record.id
+        ))),
+        crate::serve::reconcile::Verdict::Resolve(resolution) => {
+            let resolution = match resolution {
+                Resolution::Completed {
+                    response, reason, ..
+                } => Resolution::Completed {
+                    response,
+                    window: route.window,
+                    reason,
+                },
+                other => other,
+            };
+            let after = ledger
+                .store
+                .resolve(&record.id, resolution)
+                .await
+                .map_err(store_failure)?;
+            println!("record {} is now {}", after.id, after.state);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! The command line: one clap-derived [`Cli`], one module per command family.
+//!
+//! Exit codes: 0 on success; 2 for a bad argument, a bad config, an unknown store scheme,
+//! an unreachable store or an unknown record id, always with one line on standard error;
+//! 1 when a command ran but could not do what was asked for a reason outside the user's
+//! input (e.g. `ledger reconcile` whose upstream still cannot tell).
+
+mod ledger;
+mod store;
+mod usage;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use store::{principal_key, redact as redact_store_url, PRINCIPAL_KEY_ENV};
+
+/// The gateway that makes expensive calls safe to repeat.
+#[derive(Debug, Parser)]
+#[command(name = "oncely", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the ledger is: `--store`, else `ONCELY_STORE`, else the config file's `store`,
+/// else `sqlite://oncely.db`.
+#[derive(Debug, Clone, Args, Default)]
+pub struct StoreArgs {
+    /// The ledger: sqlite://PATH or postgres://USER[:PASS]@HOST[:PORT]/DB.
+    #[arg(long, env = "ONCELY_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// A config file to take the store (and route settings) from.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A ledger state, as `--status` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum StatusArg {
+    /// Being executed.
+    Processing,
+    /// Done, replayed until it expires.
+    Completed,
+    /// Awaiting reconciliation.
+    OutcomeUnknown,
+    /// Failed harmlessly.
+    Released,
+}
+
+impl From<StatusArg> for oncely_core::State {
+    fn from(s: StatusArg) -> oncely_core::State {
+        match s {
+            StatusArg::Processing => oncely_core::State::Processing,
+            StatusArg::Completed => oncely_core::State::Completed,
+            StatusArg::OutcomeUnknown => oncely_core::State::OutcomeUnknown,
+            StatusArg::Released => oncely_core::State::Released,
+        }
+    }
+}
+
+/// `oncely serve` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The default upstream (without --config: guard every POST, PUT, PATCH and DELETE).
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Gateway address (port 0 picks a free port; the first log line names it).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Admin API address.
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// The ledger.
+    #[arg(long, env = "ONCELY_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Runs the gateway.
+    Serve(ServeArgs),
+    /// Runs a self-contained showcase (not available in this build yet).
+    Demo {
+        /// Anything the demo takes.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        rest: Vec<String>,
+    },
+    /// Reads and reconciles the ledger.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Per principal: fresh executions and repeats, with their units.
+    Usage {
+        /// Only records completed within this long (e.g. 24h, 7d).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+        since: Option<std::time::Duration>,
+        /// One JSON document on standard output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Reports what a guard would have saved, from request logs (not available in this
+    /// build yet).
+    Audit {
+        /// Anything audit takes.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        rest: Vec<String>,
+    },
+    /// Dead-lettered webhook deliveries (not available in this build yet).
+    Webhooks {
+        /// Anything webhooks takes.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        rest: Vec<String>,
+    },
+    /// Creates or upgrades the store's schema.
+    Migrate {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Validates a config file: exit 0 when valid, else 2 with each problem on a line.
+    CheckConfig {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+/// `oncely ledger ...`.
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Lists records, newest first.
+    List {
+        /// Only records in this state.
+        #[arg(long, value_enum, value_name = "S")]
+        status: Option<StatusArg>,
+        /// Only this principal: its hash, or its raw value (hashed with the store's key).
+        #[arg(long, value_name = "P")]
+        principal: Option<String>,
+        /// Only this route (e.g. "POST /v1/render").
+        #[arg(long, value_name = "R")]
+        route: Option<String>,
+        /// At most this many.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// One JSON array on standard output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// One record, every field.
+    Show {
+        /// The record id (as in `Oncely-Record`).
+        id: String,
+        /// One JSON object on standard output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Resolves an outcome_unknown record.
+    Resolve(ResolveArgs),
+    /// Asks the route's reconcile endpoint now and resolves the record by its answer.
+    Reconcile {
+        /// The record id.
+        id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Deletes expired records.
+    Purge {
+        /// Expired records only (the only kind purge deletes; accepted for clarity).
+        #[arg(long)]
+        expired: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// `oncely ledger resolve ID --released | --completed --status CODE ...`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("verdict").required(true).args(["released", "completed"])))]
+pub struct ResolveArgs {
+    /// The record id.
+    pub id: String,
+    /// The action did not happen: the next identical request executes afresh.
+    #[arg(long)]
+    pub released: bool,
+    /// The action happened: later duplicates get this response.
+    #[arg(long, requires = "status")]
+    pub completed: bool,
+    /// The response status duplicates get.
+    #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u16).range(100..=599), requires = "completed")]
+    pub status: Option<u16>,
+    /// The response body duplicates get.
+    #[arg(long, value_name = "F", requires = "completed")]
+    pub body_file: Option<PathBuf>,
+    /// A response header, `Name: value` (repeatable).
+    #[arg(long = "header", value_name = "'Name: value'", value_parser = parse_header_arg, requires = "completed")]
+    pub headers: Vec<(String, String)>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+fn parse_duration_arg(text: &str) -> Result<std::time::Duration, String> {
+    oncely_core::parse_duration(text)
+}
+
+fn parse_header_arg(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not 'Name: value'"))?;
+    let name = name.trim();
+    let value = value.trim();
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid header name"))?;
+    http::HeaderValue::from_str(value)
+        .map_err(|_| format!("the value of {name} is not a valid header value"))?;
+    Ok((name.to_ascii_lowercase(), value.to_owned()))
+}
+
+/// A command's failure: what to print (one line) and the exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    /// The one-line reason.
+    pub message: String,
+}
+
+impl Failure {
+    /// A usage error (exit 2).
+    pub fn usage(message: impl std::fmt::Display) -> Failure {
+        Failure {
+            code: 2,
+            message: message.to_string(),
+        }
+    }
+
+    /// A runtime failure (exit 1).
+    pub fn runtime(message: impl std::fmt::Display) -> Failure {
+        Failure {
+            code: 1,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Failure {
+        Failure::usage(format!("{e:#}"))
+    }
+}
+
+/// What a command returns.
+pub type Outcome = Result<(), Failure>;
+
+/// Parses the arguments, runs the command, and turns the outcome into an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_failure(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("oncely: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            // One line, whatever the error chain held.
+            let line = f.message.replace(['\n', '\r'], " ");
+            eprintln!("oncely: {line}");
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Clap's help and version go to stdout with exit 0; its usage errors are cut to their
+/// first line (the reason) and exit 2.
+fn clap_failure(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("oncely: {first}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Outcome {
+    match cli.command {
+        Command::Serve(args) => crate::serve::cli(args).await,
+        Command::Ledger(cmd) => ledger::run(cmd).await,
+        Command::Usage { since, json, store } => usage::run(since, json, &store).await,
+        Command::Migrate { store } => store::migrate(&store).await,
+        Command::CheckConfig { file } => check_config(&file),
+        Command::Demo { .. } => Err(not_available("demo")),
+        Command::Audit { .. } => Err(not_available("audit")),
+        Command::Webhooks { .. } => Err(not_available("webhooks")),
+    }
+}
+
+// Wired by the engineers who own these commands.
+fn not_available(what: &str) -> Failure {
+    Failure::usage(format!(
+        "`oncely {what}` is not available yet in this build"
+    ))
+}
+
+fn check_config(file: &std::path::Path) -> Outcome {
+    match crate::config::Config::load(file, &crate::config::Overrides::default()) {
+        Ok(_) => {
+            println!("{}: ok", file.display());
+            Ok(())
+        }
+        Err(crate::config::ConfigError::Invalid(problems)) => {
+            for p in &problems {
+                eprintln!("{}", p.to_string().replace(['\n', '\r'], " "));
+            }
+            Err(Failure {
+                code: 2,
+                message: format!(
+                    "{}: {} problem{}",
+                    file.display(),
+                    problems.len(),
+                    if problems.len() == 1 { "" } else { "s" }
+                ),
+            })
+        }
+        Err(e) => Err(Failure::usage(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn resolve_needs_a_verdict_and_completed_needs_a_status() {
+        assert!(Cli::try_parse_from(["oncely", "ledger", "resolve", "r1"]).is_err());
+        assert!(Cli::try_parse_from(["oncely", "ledger", "resolve", "r1", "--completed"]).is_err());
+        assert!(Cli::try_parse_from([
+            "oncely",
+            "ledger",
+            "resolve",
+            "r1",
+            "--released",
+            "--completed"
+        ])
+        .is_err());
+        let ok = Cli::try_parse_from([
+            "oncely",
+            "ledger",
+            "resolve",
+            "r1",
+            "--completed",
+            "--status",
+            "201",
+            "--header",
+            "Content-Type: application/json",
+        ])
+        .unwrap();
+        let Command::Ledger(LedgerCommand::Resolve(args)) = ok.command else {
+            panic!()
+        };
+        assert_eq!(
+            args.headers,
+            vec![("content-type".into(), "application/json".into())]
+        );
+        assert!(Cli::try_parse_from([
+            "oncely",
+            "ledger",
+            "resolve",
+            "r1",
+            "--completed",
+            "--status",
+            "1000"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn statuses_and_durations_are_checked_by_the_parser() {
+        assert!(Cli::try_parse_from(["oncely", "ledger", "list", "--status", "done"]).is_err());
+        let ok = Cli::try_parse_from(["oncely", "ledger", "list", "--status", "outcome_unknown"])
+            .unwrap();
+        assert!(matches!(
+            ok.command,
+            Command::Ledger(LedgerCommand::List {
+                status: Some(StatusArg::OutcomeUnknown),
+                ..
+            })
+        ));
+        assert!(Cli::try_parse_from(["oncely", "usage", "--since", "5x"]).is_err());
+    }
+}

@@ -1,0 +1,100 @@
+//! Opening the ledger for a command: which URL, which config, and the principal key.
+
+use std::sync::Arc;
+
+use oncely_store::{Store, StoreError, StoreOptions};
+
+use super::{Failure, Outcome, StoreArgs};
+use crate::config::{Config, Overrides, DEFAULT_STORE};
+
+/// The environment variable that overrides the principal hashing key.
+pub const PRINCIPAL_KEY_ENV: &str = "ONCELY_PRINCIPAL_KEY";
+
+/// What a ledger command works with.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) url: String,
+    pub(crate) config: Option<Config>,
+}
+
+/// Loads `--config` if given and opens the store (`--store`/`ONCELY_STORE`, else the
+/// file's, else the default).
+pub(crate) async fn open(args: &StoreArgs) -> Result<Ledger, Failure> {
+    let config = match &args.config {
+        Some(path) => Some(
+            Config::load(path, &Overrides::default())
+                .map_err(|e| Failure::usage(format!("config {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let url = args
+        .store
+        .clone()
+        .or_else(|| config.as_ref().map(|c| c.store.clone()))
+        .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+    let store = open_url(&url).await?;
+    Ok(Ledger { store, url, config })
+}
+
+/// Opens (and migrates) a store by URL; every failure is a one-line exit 2.
+pub(crate) async fn open_url(url: &str) -> Result<Arc<dyn Store>, Failure> {
+    oncely_store::open(url, StoreOptions::default())
+        .await
+        .map_err(|e| match e {
+            StoreError::Config(m) => Failure::usage(m),
+            other => Failure::usage(format!("cannot open store {}: {other}", redact(url))),
+        })
+}
+
+/// A store URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_owned()
+}
+
+/// The key principals are hashed with: `ONCELY_PRINCIPAL_KEY` (hex, or any other string
+/// taken as its bytes), else a secret generated once and kept in the store, so every
+/// instance on one database hashes alike.
+pub async fn principal_key(store: &dyn Store) -> Result<Vec<u8>, StoreError> {
+    match std::env::var(PRINCIPAL_KEY_ENV) {
+        Ok(v) if !v.is_empty() => Ok(match hex::decode(&v) {
+            Ok(bytes) if v.len() >= 32 => bytes,
+            _ => v.into_bytes(),
+        }),
+        _ => store.secret("principal-key").await,
+    }
+}
+
+/// `oncely migrate`: opening a store creates or upgrades its schema.
+pub(crate) async fn migrate(args: &StoreArgs) -> Outcome {
+    let ledger = open(args).await?;
+    ledger
+        .store
+        .ping()
+        .await
+        .map_err(|e| Failure::usage(format!("store {}: {e}", redact(&ledger.url))))?;
+    println!("store {} is up to date", redact(&ledger.url));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(
+            redact("postgres://me:secret@db:5432/x"),
+            "postgres://me:***@db:5432/x"
+        );
+        assert_eq!(redact("postgres://me@db/x"), "postgres://me@db/x");
+        assert_eq!(redact("sqlite://a.db"), "sqlite://a.db");
+    }
+}

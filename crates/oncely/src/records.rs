@@ -1,0 +1,164 @@
+//! JSON views of ledger records and usage, shared by the CLI (`--json`) and the admin
+//! API so that both say the same thing the same way.
+//!
+//! Times are RFC 3339 strings (UTC, milliseconds) or `null`. A stored body is shown as
+//! text when it is UTF-8 (`"body_encoding": "utf8"`), else as base64
+//! (`"body_encoding": "base64"`); a body that was not kept (over `max_response`) is
+//! `null` with `"body_encoding": null`.
+
+use base64::Engine;
+use oncely_core::{Record, StoredResponse, Timestamp};
+use oncely_store::{Usage, UsageRow};
+use serde_json::{json, Value};
+
+fn time(t: Option<Timestamp>) -> Value {
+    t.map_or(Value::Null, |t| Value::String(t.to_rfc3339()))
+}
+
+/// The fields `ledger list --json` and `GET /records` show for each record.
+pub fn summary(r: &Record) -> Value {
+    json!({
+        "id": r.id.as_str(),
+        "state": r.state.as_str(),
+        "route": r.route,
+        "class": r.class.as_str(),
+        "principal": r.principal,
+        "attempt": r.attempt,
+        "status": r.response.as_ref().map(|s| s.status),
+        "created_at": time(Some(r.created_at)),
+        "completed_at": time(r.completed_at),
+        "expires_at": time(r.expires_at),
+        "units": r.units,
+        "repeats": r.repeats,
+        "repeat_units": r.repeat_units,
+        "workflow_id": r.workflow_id,
+    })
+}
+
+/// Every field of a record (`ledger show --json`, `GET /records/ID`).
+pub fn full(r: &Record) -> Value {
+    json!({
+        "id": r.id.as_str(),
+        "state": r.state.as_str(),
+        "route": r.route,
+        "class": r.class.as_str(),
+        "scope": r.scope.as_str(),
+        "key": r.key,
+        "fingerprint": r.fingerprint.to_hex(),
+        "principal": r.principal,
+        "owner": r.owner,
+        "attempt": r.attempt,
+        "lease_until": time(r.lease_until),
+        "created_at": time(Some(r.created_at)),
+        "updated_at": time(Some(r.updated_at)),
+        "completed_at": time(r.completed_at),
+        "expires_at": time(r.expires_at),
+        "response": r.response.as_ref().map(response),
+        "units": r.units,
+        "repeats": r.repeats,
+        "repeat_units": r.repeat_units,
+        "workflow_id": r.workflow_id,
+        "provider_request_id": r.provider_request_id,
+        "last_error": r.last_error,
+    })
+}
+
+/// A stored response: status, headers as `[name, value]` pairs in order, and the body.
+pub fn response(s: &StoredResponse) -> Value {
+    let (body, encoding) = match &s.body {
+        None => (Value::Null, Value::Null),
+        Some(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => (Value::String(text.to_owned()), json!("utf8")),
+            Err(_) => (
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                json!("base64"),
+            ),
+        },
+    };
+    json!({
+        "status": s.status,
+        "headers": s.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
+        "body": body,
+        "body_encoding": encoding,
+        "body_kept": s.body.is_some(),
+    })
+}
+
+fn usage_row(r: &UsageRow, with_principal: bool) -> Value {
+    let mut v = json!({
+        "fresh": r.fresh,
+        "fresh_units": r.fresh_units,
+        "repeats": r.repeats,
+        "repeat_units": r.repeat_units,
+    });
+    if with_principal {
+        v["principal"] = json!(r.principal);
+    }
+    v
+}
+
+/// `usage --json` and `GET /usage`: `{"totals": {...}, "by_principal": [{...}]}`.
+pub fn usage(u: &Usage) -> Value {
+    json!({
+        "totals": usage_row(&u.totals, false),
+        "by_principal": u.by_principal.iter().map(|r| usage_row(r, true)).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_text_or_base64_and_say_which() {
+        let text = response(&StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), "text/plain".into())],
+            body: Some(b"hello".to_vec()),
+        });
+        assert_eq!(text["body"], "hello");
+        assert_eq!(text["body_encoding"], "utf8");
+        assert_eq!(text["headers"][0], json!(["content-type", "text/plain"]));
+        let binary = response(&StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: Some(vec![0xff, 0x00]),
+        });
+        assert_eq!(binary["body"], "/wA=");
+        assert_eq!(binary["body_encoding"], "base64");
+        let dropped = response(&StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: None,
+        });
+        assert_eq!(dropped["body"], Value::Null);
+        assert_eq!(dropped["body_kept"], false);
+    }
+
+    #[test]
+    fn usage_has_the_contract_shape() {
+        let u = Usage {
+            totals: UsageRow {
+                principal: String::new(),
+                fresh: 2,
+                fresh_units: 10,
+                repeats: 3,
+                repeat_units: 15,
+            },
+            by_principal: vec![UsageRow {
+                principal: "abc".into(),
+                fresh: 2,
+                fresh_units: 10,
+                repeats: 3,
+                repeat_units: 15,
+            }],
+        };
+        assert_eq!(
+            usage(&u),
+            json!({
+                "totals": {"fresh": 2, "fresh_units": 10, "repeats": 3, "repeat_units": 15},
+                "by_principal": [{"principal": "abc", "fresh": 2, "fresh_units": 10, "repeats": 3, "repeat_units": 15}],
+            })
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! The admin API on `admin_listen` (axum).
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /healthz` | 200 when the store answers, else 503 (no token needed) |
+//! | `GET /metrics` | Prometheus text (no token needed) |
+//! | `GET /records?status=S&principal=P&route=R&limit=N` | JSON array, as `ledger list --json` |
+//! | `GET /records/ID` | one record, as `ledger show --json` |
+//! | `POST /records/ID/resolve` | `{"released": true}` or `{"completed": true, "status": 200, "headers": {...}, "body": "..."}` |
+//! | `GET /usage?since=DURATION` | as `usage --json` |
+//!
+//! Everything else needs `Authorization: Bearer TOKEN`, the token being the value of the
+//! variable `admin_token_env` names. When that variable is unset (or empty) those routes
+//! answer 403; a missing or wrong token answers 401. Errors are
+//! `application/problem+json` with a `code`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use metrics_exporter_prometheus::PrometheusHandle;
+use oncely_core::{RecordId, Resolution, State as RecordState, StoredResponse};
+use oncely_store::{ListFilter, Store, StoreError};
+use serde::Deserialize;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+use crate::config::{Config, Route};
+use crate::records;
+
+/// What the admin handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The ledger.
+    pub store: Arc<dyn Store>,
+    /// The config (for route windows).
+    pub config: Arc<Config>,
+    /// The bearer token; `None` closes the API.
+    pub token: Option<String>,
+    /// The metrics handle.
+    pub metrics: PrometheusHandle,
+}
+
+/// An admin API error: one type, rendered as problem+json, internals hidden.
+#[derive(Debug)]
+pub struct AdminError {
+    status: StatusCode,
+    code: &'static str,
+    detail: String,
+}
+
+impl AdminError {
+    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> AdminError {
+        AdminError {
+            status,
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<StoreError> for AdminError {
+    fn from(e: StoreError) -> AdminError {
+        match e {
+            StoreError::NotFound(id) => AdminError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no ledger record {id}"),
+            ),
+            StoreError::Transition(t) => {
+                AdminError::new(StatusCode::CONFLICT, "wrong_state", t.to_string())
+            }
+            other => {
+                tracing::warn!(error = %other, "admin API: store failure");
+                AdminError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the ledger cannot be reached",
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "type": "about:blank",
+            "title": self.status.canonical_reason().unwrap_or("error"),
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "code": self.code,
+        });
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    let guarded = Router::new()
+        .route("/records", get(list))
+        .route("/records/{id}", get(show))
+        .route("/records/{id}/resolve", post(resolve))
+        .route("/usage", get(usage))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .merge(guarded)
+        .fallback(|| async {
+            AdminError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
+        })
+        .with_state(state)
+}
+
+async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return AdminError::new(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            format!(
+                "the admin API is closed: set {} to a token to open it",
+                state.config.admin_token_env
+            ),
+        )
+        .into_response();
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(g) if bool::from(g.as_bytes().ct_eq(token.as_bytes())) => next.run(req).await,
+        _ => {
+            let mut res = AdminError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid Authorization: Bearer token is required",
+            )
+            .into_response();
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            res
+        }
+    }
+}
+
+async fn healthz(State(state): State<AdminState>) -> Response {
+    match tokio::time::timeout(Duration::from_secs(5), state.store.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ok\n").into_response(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "health check: the store does not answer");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n").into_response()
+        }
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store timed out\n").into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    principal: Option<String>,
+    route: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list(
+    State(state): State<AdminState>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    let status = match q.status.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(
+            s.parse::<RecordState>()
+                .map_err(|e| AdminError::new(StatusCode::BAD_REQUEST, "bad_request", e))?,
+        ),
+    };
+    let filter = ListFilter {
+        state: status,
+        principal: q.principal,
+        route: q.route,
+        limit: q.limit,
+    };
+    let list = state.store.list(&filter).await?;
+    Ok(Json(serde_json::Value::Array(
+        list.iter().map(records::summary).collect(),
+    )))
+}
+
+async fn show(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    let id = RecordId(id);
+    match state.store.get(&id).await? {
+        Some(r) => Ok(Json(records::full(&r))),
+        None => Err(StoreError::NotFound(id).into()),
+    }
+}
+
+/// The body of `POST /records/ID/resolve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    #[serde(default)]
+    released: bool,
+    #[serde(default)]
+    completed: bool,
+    status: Option<u16>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    body: Option<String>,
+    /// The body as base64, for bytes that are not text (an extension).
+    body_base64: Option<String>,
+}
+
+fn bad(detail: impl Into<String>) -> AdminError {
+    AdminError::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+}
+
+async fn resolve(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    let b: ResolveBody = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("the body is not a resolution: {e}")))?;
+    let id = RecordId(id);
+    let record = state
+        .store
+        .get(&id)
+        .await?
+        .ok_or_else(|| AdminError::from(StoreError::NotFound(id.clone())))?;
+    let resolution = match (b.released, b.completed) {
+        (true, false) => Resolution::Released {
+            reason: "resolved as released by an operator (admin API)".into(),
+        },
+        (false, true) => {
+            let status = b
+                .status
+                .filter(|s| (100..=599).contains(s))
+                .ok_or_else(|| bad("\"completed\" needs \"status\" (100-599)"))?;
+            let mut headers = Vec::new();
+            for (name, value) in b.headers {
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| bad(format!("{name:?} is not a header name")))?;
+                http::HeaderValue::from_str(&value)
+                    .map_err(|_| bad(format!("the value of {name:?} is not a header value")))?;
+                headers.push((name.to_ascii_lowercase(), value));
+            }
+            let body = match (b.body, b.body_base64) {
+                (Some(_), Some(_)) => return Err(bad("give body or body_base64, not both")),
+                (Some(text), None) => text.into_bytes(),
+                (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|e| bad(format!("body_base64: {e}")))?,
+                (None, None) => Vec::new(),
+            };
+            let window = state
+                .config
+                .route_named(&record.route)
+                .map_or(Route::defaults().window, |r| r.window);
+            Resolution::Completed {
+                response: StoredResponse {
+                    status,
+                    headers,
+                    body: Some(body),
+                },
+                window,
+                reason: "resolved as completed by an operator (admin API)".into(),
+            }
+        }
+        _ => return Err(bad(
+            "give exactly one of {\"released\": true} and {\"completed\": true, \"status\": ...}",
+        )),
+    };
+    let after = state.store.resolve(&id, resolution).await?;
+    tracing::info!(record = %after.id, state = %after.state, "resolved by the admin API");
+    Ok(Json(records::full(&after)))
+}
+
+#[derive(Debug, Deserialize)]
+struct UsageQuery {
+    since: Option<String>,
+}
+
+async fn usage(
+    State(state): State<AdminState>,
+    Query(q): Query<UsageQuery>,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    let since = match q.since.as_deref() {
+        None | Some("") => None,
+        Some(s) => {
+            let d = oncely_core::parse_duration(s).map_err(bad)?;
+            Some(state.store.now().await?.minus(d))
+        }
+    };
+    let u = state.store.usage(since).await?;
+    Ok(Json(records::usage(&u)))
+}

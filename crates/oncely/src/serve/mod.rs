@@ -1,0 +1,253 @@
+//! `oncely serve`: the gateway.
+//!
+//! [`run`] takes bound listeners and a shutdown future (mini-redis's shape), so tests
+//! bind port 0 and stop it when they like. It opens (and migrates) the store, puts the
+//! oncely-tower guard around the [`proxy::Proxy`], serves HTTP/1.1 and HTTP/2 (HTTPS when
+//! `tls` is set) on `listen` and the [`admin`] API on `admin_listen`, purges expired
+//! records every minute, and refreshes the `oncely_outcome_unknown` gauge.
+//!
+//! On shutdown it stops accepting, lets every open connection finish its in-flight
+//! requests, waits for every owned upstream call to be recorded (`Guard::drain`), then
+//! returns.
+
+pub mod admin;
+pub mod prometheus;
+pub mod proxy;
+pub mod reconcile;
+pub mod routes;
+pub mod tls;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use oncely_core::State;
+use oncely_store::{ListFilter, Store, StoreOptions};
+use oncely_tower::{Guard, IdempotencyLayer};
+use tokio::net::TcpListener;
+use tower::{Layer, ServiceExt};
+
+use crate::cli::{Failure, Outcome, ServeArgs};
+use crate::config::{Config, Overrides};
+use proxy::{ClientInfo, Proxy, UpstreamClient};
+use routes::RouteTable;
+
+/// How often expired records are purged.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How often the `oncely_outcome_unknown` gauge is refreshed.
+const GAUGE_EVERY: Duration = Duration::from_secs(15);
+
+/// `oncely serve ARGS`: reads the config, binds, runs until SIGINT/SIGTERM.
+pub(crate) async fn cli(args: ServeArgs) -> Outcome {
+    crate::logs::init(args.log_format);
+    let overrides = Overrides {
+        upstream: args.upstream.clone(),
+        listen: args.listen.clone(),
+        admin_listen: args.admin_listen.clone(),
+        store: args.store.clone(),
+    };
+    let config = match (&args.config, &args.upstream) {
+        (Some(path), _) => Config::load(path, &overrides)
+            .map_err(|e| Failure::usage(format!("config {}: {e}", path.display())))?,
+        (None, Some(_)) => Config::from_overrides(&overrides).map_err(Failure::usage)?,
+        (None, None) => {
+            return Err(Failure::usage(
+                "serve needs --config FILE or --upstream URL",
+            ))
+        }
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", config.listen)))?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", config.admin_listen)))?;
+    run(listener, admin, config, shutdown_signal())
+        .await
+        .map_err(|e| Failure::usage(format!("{e:#}")))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// Runs the gateway on these listeners until `shutdown` resolves, then drains.
+pub async fn run(
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let store = oncely_store::open(&config.store, StoreOptions::default())
+        .await
+        .with_context(|| format!("store {}", crate::cli::redact_store_url(&config.store)))?;
+    let principal_key = crate::cli::principal_key(&*store)
+        .await
+        .context("reading the principal key from the store")?;
+    let guard = Arc::new(Guard::new(store.clone(), principal_key));
+    let metrics = prometheus::handle();
+    let routes = RouteTable::new(&config);
+    prometheus::describe(routes.names());
+    let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
+    let tls = match &config.tls {
+        Some(files) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(files)?)),
+        None => None,
+    };
+    let config = Arc::new(config);
+
+    let local = listener.local_addr()?;
+    let admin_local = admin_listener.local_addr()?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(
+        "listening on {scheme}://{local} (admin http://{admin_local}), store {}",
+        crate::cli::redact_store_url(&config.store)
+    );
+
+    let admin_token = std::env::var(&config.admin_token_env)
+        .ok()
+        .filter(|t| !t.is_empty());
+    let admin_state = admin::AdminState {
+        store: store.clone(),
+        config: config.clone(),
+        token: admin_token,
+        metrics: metrics.clone(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admin_task = {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            axum::serve(admin_listener, admin::router(admin_state))
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .await
+        })
+    };
+    let chores = tokio::spawn(chores(store.clone(), metrics.clone(), stop_rx.clone()));
+
+    let service = IdempotencyLayer::new(guard.clone(), routes.clone())
+        .layer(Proxy::new(client, routes.clone()));
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, addr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, do not spin or die.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let info = ClientInfo {
+            addr,
+            https: tls.is_some(),
+        };
+        let service = service.clone();
+        let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(info);
+            service.clone().oneshot(req)
+        });
+        let hyper_service = TowerToHyperService::new(per_conn);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        match &tls {
+            None => {
+                tokio::spawn(async move {
+                    let conn =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), hyper_service);
+                    if let Err(e) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let stream = match acceptor.accept(stream).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::debug!(error = %e, client = %addr, "TLS handshake failed");
+                            return;
+                        }
+                    };
+                    let conn =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), hyper_service);
+                    if let Err(e) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        connections = graceful.count(),
+        "shutting down: finishing in-flight requests"
+    );
+    graceful.shutdown().await;
+    guard.drain().await;
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    let _ = chores.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The server's own periodic work: purging expired records, refreshing the
+/// outcome_unknown gauge, and the metrics recorder's upkeep.
+async fn chores(
+    store: Arc<dyn Store>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut purge = tokio::time::interval(PURGE_EVERY);
+    let mut gauge = tokio::time::interval(GAUGE_EVERY);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = purge.tick() => match store.purge_expired().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purged expired records"),
+                Err(e) => tracing::warn!(error = %e, "purging expired records failed"),
+            },
+            _ = gauge.tick() => {
+                let filter = ListFilter {
+                    state: Some(State::OutcomeUnknown),
+                    ..ListFilter::default()
+                };
+                match store.list(&filter).await {
+                    Ok(list) => ::metrics::gauge!("oncely_outcome_unknown").set(list.len() as f64),
+                    Err(e) => tracing::warn!(error = %e, "counting outcome_unknown records failed"),
+                }
+                metrics.run_upkeep();
+            }
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The reverse proxy: a tower `Service<Request<BoxBody>>` on hyper-util's pooled client.
+//!
+//! It picks the upstream of the first matching route (else the default), rewrites the
+//! URI, drops hop-by-hop headers both ways (`Connection` and the headers it names,
+//! `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), adds
+//! `Forwarded` and `X-Forwarded-For`/`-Proto`/`-Host`, and streams both bodies. Client
+//! errors become [`UpstreamError`]s: a failed connect (refused, DNS, TLS handshake) is
+//! [`UpstreamError::BeforeSend`], anything later [`UpstreamError::AfterSend`], which is
+//! what the guard needs to tell "nothing happened" from "something may have".
+//!
+//! `https://` upstreams are verified against the system's root certificates, plus the
+//! PEM file named by the config's `upstream_ca` or the environment variable
+//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use oncely_tower::{BoxBody, BoxError, UpstreamError};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::routes::RouteTable;
+use crate::config::Upstream;
+
+/// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
+pub const EXTRA_CA_ENV: &str = "ONCELY_EXTRA_CA_FILE";
+
+/// The pooled HTTP/HTTPS client every upstream call goes through.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<HttpsConnector<HttpConnector>, BoxBody>,
+}
+
+/// The rustls provider oncely uses, explicitly, so that no other crate's choice of
+/// provider can make the process-wide default ambiguous.
+pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+pub(crate) fn read_certificates(
+    path: &Path,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let certs = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", path.display());
+    Ok(certs)
+}
+
+impl UpstreamClient {
+    /// A client trusting the system's roots, plus `extra_ca` and `$ONCELY_EXTRA_CA_FILE`.
+    pub fn new(extra_ca: Option<&Path>) -> anyhow::Result<UpstreamClient> {
+        let mut roots = rustls::RootCertStore::empty();
+        // A missing or partly unreadable system store is not fatal: plain http upstreams
+        // and an explicit CA file still work.
+        let native = rustls_native_certs::load_native_certs();
+        for cert in native.certs {
+            let _ = roots.add(cert);
+        }
+        let env_ca = std::env::var_os(EXTRA_CA_ENV).map(std::path::PathBuf::from);
+        for path in extra_ca.map(Path::to_path_buf).into_iter().chain(env_ca) {
+            for cert in read_certificates(&path)? {
+                roots
+                    .add(cert)
+                    .with_context(|| format!("{}: unusable CA certificate", path.display()))?;
+            }
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .context("TLS setup")?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(UpstreamClient { client })
+    }
+
+    /// Sends one request; connect failures are [`UpstreamError::BeforeSend`].
+    pub async fn send(
+        &self,
+        req: Request<BoxBody>,
+    ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
+        self.client.request(req).await.map_err(|e| {
+            let text = error_chain(&e);
+            if e.is_connect() {
+                UpstreamError::BeforeSend(text)
+            } else {
+                UpstreamError::AfterSend(text)
+            }
+        })
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Who the client is, put on each request by the connection that received it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientInfo {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// Whether it came over TLS.
+    pub https: bool,
+}
+
+/// Headers that describe one connection, not the message.
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Removes hop-by-hop headers: the fixed list, `Keep-Alive`, every `Proxy-*`, and every
+/// header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    let proxy: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
+    for name in proxy {
+        headers.remove(name);
+    }
+}
+
+/// Adds `X-Forwarded-For` (appended to any the client sent), `X-Forwarded-Proto`,
+/// `X-Forwarded-Host` and `Forwarded` (RFC 7239, appended).
+pub fn add_forwarding(headers: &mut HeaderMap, client: &ClientInfo, host: Option<&HeaderValue>) {
+    let ip = client.addr.ip();
+    let proto = if client.https { "https" } else { "http" };
+    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
+        _ => ip.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    let for_ = if ip.is_ipv6() {
+        format!("\"[{ip}]\"")
+    } else {
+        ip.to_string()
+    };
+    let mut fwd = format!("for={for_};proto={proto}");
+    if let Some(h) = host.and_then(|h| h.to_str().ok()) {
+        headers.insert(
+            "x-forwarded-host",
+            HeaderValue::from_str(h).expect("was a header value"),
+        );
+        if h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+        {
+            fwd.push_str(";host=");
+            fwd.push_str(h);
+        } else {
+            fwd.push_str(&format!(";host=\"{}\"", h.replace('"', "")));
+        }
+    }
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {fwd}"),
+        _ => fwd,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(header::FORWARDED, v);
+    }
+}
+
+/// The URI of `original` on `upstream`: its scheme and authority, its path prefix, then
+/// the original path and query.
+pub fn upstream_uri(upstream: &Upstream, original: &Uri) -> Result<Uri, http::Error> {
+    let pq = original.path_and_query().map_or("/", PathAndQuery::as_str);
+    let pq = format!("{}{}", upstream.base_path(), pq);
+    let mut parts = upstream.uri.clone().into_parts();
+    parts.path_and_query = Some(pq.parse()?);
+    Ok(Uri::from_parts(parts)?)
+}
+
+/// The proxy service.
+#[derive(Clone, Debug)]
+pub struct Proxy {
+    client: UpstreamClient,
+    routes: RouteTable,
+}
+
+impl Proxy {
+    /// A proxy sending each request to its route's upstream.
+    pub fn new(client: UpstreamClient, routes: RouteTable) -> Proxy {
+        Proxy { client, routes }
+    }
+}
+
+impl tower::Service<Request<BoxBody>> for Proxy {
+    type Response = Response<BoxBody>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<BoxBody>) -> Self::Future {
+        let client = self.client.clone();
+        let target = self.routes.target(req.method(), req.uri().path());
+        Box::pin(async move {
+            let Some((upstream, limit)) = target else {
+                return Err(UpstreamError::BeforeSend(
+                    "no upstream is configured for this path".into(),
+                )
+                .into());
+            };
+            let (mut parts, body) = req.into_parts();
+            let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+                parts
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            });
+            strip_hop_by_hop(&mut parts.headers);
+            if let Some(info) = parts.extensions.get::<ClientInfo>().copied() {
+                add_forwarding(&mut parts.headers, &info, host.as_ref());
+            }
+            // The client sets Host from the upstream's authority.
+            parts.headers.remove(header::HOST);
+            parts.uri = upstream_uri(&upstream, &parts.uri)
+                .map_err(|e| UpstreamError::BeforeSend(format!("bad upstream URI: {e}")))?;
+            parts.version = Version::HTTP_11;
+            let permit = match limit {
+                Some(sem) => Some(sem.acquire_owned().await.map_err(|_| {
+                    UpstreamError::BeforeSend("the route's concurrency limit is closed".into())
+                })?),
+                None => None,
+            };
+            let in_flight = InFlight::start();
+            let started = Instant::now();
+            let res = client.send(Request::from_parts(parts, body)).await;
+            metrics::histogram!("oncely_upstream_seconds").record(started.elapsed().as_secs_f64());
+            let res = res?;
+            let (mut parts, body) = res.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            let body = Held {
+                inner: oncely_tower::body::boxed(body),
+                _permit: permit,
+                _in_flight: in_flight,
+            };
+            Ok(Response::from_parts(parts, oncely_tower::body::boxed(body)))
+        })
+    }
+}
+
+/// Counts an upstream call in `oncely_in_flight` from its start until its answer's body
+/// is done (or dropped).
+#[derive(Debug)]
+struct InFlight;
+
+impl InFlight {
+    fn start() -> InFlight {
+        metrics::gauge!("oncely_in_flight").increment(1.0);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!("oncely_in_flight").decrement(1.0);
+    }
+}
+
+/// An answer body that holds the route's concurrency permit and the in-flight count
+/// until it is finished or dropped.
+struct Held {
+    inner: BoxBody,
+    _permit: Option<OwnedSemaphorePermit>,
+    _in_flight: InFlight,
+}
+
+impl Body for Held {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_and_the_rest_stay() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert("proxy-connection", HeaderValue::from_static("close"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::TRAILER, HeaderValue::from_static("x-t"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer a"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-type", "authorization"]);
+    }
+
+    #[test]
+    fn forwarding_headers_are_added_and_appended() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        let info = ClientInfo {
+            addr: "127.0.0.1:5555".parse().unwrap(),
+            https: true,
+        };
+        add_forwarding(
+            &mut h,
+            &info,
+            Some(&HeaderValue::from_static("api.example:8080")),
+        );
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-host"], "api.example:8080");
+        assert_eq!(
+            h["forwarded"],
+            "for=127.0.0.1;proto=https;host=api.example:8080"
+        );
+        let mut h = HeaderMap::new();
+        let v6 = ClientInfo {
+            addr: "[::1]:1".parse().unwrap(),
+            https: false,
+        };
+        add_forwarding(&mut h, &v6, None);
+        assert_eq!(h["forwarded"], "for=\"[::1]\";proto=http");
+    }
+
+    #[test]
+    fn upstream_uris_keep_the_path_prefix_and_query() {
+        let up = Upstream::parse("https://up.example:8443/api/").unwrap();
+        let uri = upstream_uri(&up, &"/v1/render?x=1".parse().unwrap()).unwrap();
+        assert_eq!(uri.to_string(), "https://up.example:8443/api/v1/render?x=1");
+        let up = Upstream::parse("http://127.0.0.1:3000").unwrap();
+        let uri = upstream_uri(&up, &"/a".parse().unwrap()).unwrap();
+        assert_eq!(uri.to_string(), "http://127.0.0.1:3000/a");
+    }
+}

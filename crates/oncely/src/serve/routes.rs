@@ -1,0 +1,173 @@
+//! The route table: method + path pattern, first match wins. It answers two questions
+//! per request: which guard policy applies (as [`RoutePolicies`] for the tower layer),
+//! and which upstream the proxy sends to (with the route's concurrency limit).
+
+use std::sync::Arc;
+
+use http::Method;
+use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
+use tokio::sync::Semaphore;
+
+use crate::config::{Config, KeySource, PrincipalRule, Route, UnitsSource, Upstream};
+
+/// One configured route, resolved.
+#[derive(Debug)]
+struct Entry {
+    route: Route,
+    policy: Arc<RoutePolicy>,
+    limit: Option<Arc<Semaphore>>,
+}
+
+/// The routes of a config, in order, and the default upstream. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    entries: Vec<Entry>,
+    default_upstream: Option<Upstream>,
+}
+
+/// The guard policy of a configured route.
+pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
+    let mut p = RoutePolicy::new(route.name.clone(), route.class);
+    p.key = match route.key {
+        KeySource::Header => KeyMode::Header,
+        KeySource::Fingerprint => KeyMode::Fingerprint,
+        KeySource::HeaderOrFingerprint => KeyMode::HeaderOrFingerprint,
+        KeySource::None => KeyMode::None,
+    };
+    p.principal = match &route.principal {
+        PrincipalRule::Header(h) => PrincipalSource::Header(h.clone()),
+        // Routes only take header:NAME or none; jwt is an MCP principal.
+        PrincipalRule::None | PrincipalRule::Jwt { .. } => PrincipalSource::None,
+    };
+    p.fingerprint_headers = route.fingerprint_headers.clone();
+    p.ignore_fields = route.ignore_fields.clone();
+    p.guard_when = route.guard_when.as_ref().map(|g| GuardWhen {
+        header: g.header.clone(),
+        prefix: g.prefix.clone(),
+    });
+    p.units = match &route.units {
+        None => UnitsRule::None,
+        Some(UnitsSource::BodyBytes) => UnitsRule::BodyBytes,
+        Some(UnitsSource::Json(ptr)) => UnitsRule::Json(ptr.clone()),
+        Some(UnitsSource::ResponseHeader(h)) => UnitsRule::ResponseHeader(h.clone()),
+    };
+    p.window = route.window;
+    p.wait = route.wait;
+    p.lease = route.lease;
+    p.timeout = route.timeout;
+    p.max_body = config.max_body;
+    p.max_response = config.max_response;
+    p
+}
+
+impl RouteTable {
+    /// The table of a config.
+    pub fn new(config: &Config) -> RouteTable {
+        RouteTable {
+            inner: Arc::new(Inner {
+                entries: config
+                    .routes
+                    .iter()
+                    .map(|r| Entry {
+                        route: r.clone(),
+                        policy: Arc::new(policy(r, config)),
+                        limit: r.concurrency.map(|n| Arc::new(Semaphore::new(n))),
+                    })
+                    .collect(),
+                default_upstream: config.upstream.clone(),
+            }),
+        }
+    }
+
+    fn find(&self, method: &Method, path: &str) -> Option<&Entry> {
+        self.inner
+            .entries
+            .iter()
+            .find(|e| e.route.method.matches(method) && e.route.path.matches(path))
+    }
+
+    /// Where a request goes: the first matching route's upstream and concurrency limit,
+    /// else the default upstream; `None` when neither exists.
+    pub fn target(
+        &self,
+        method: &Method,
+        path: &str,
+    ) -> Option<(Upstream, Option<Arc<Semaphore>>)> {
+        match self.find(method, path) {
+            Some(e) => e
+                .route
+                .upstream
+                .clone()
+                .or_else(|| self.inner.default_upstream.clone())
+                .map(|u| (u, e.limit.clone())),
+            None => self.inner.default_upstream.clone().map(|u| (u, None)),
+        }
+    }
+
+    /// The routes' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.inner.entries.iter().map(|e| e.route.name.as_str())
+    }
+}
+
+impl RoutePolicies for RouteTable {
+    fn policy(&self, method: &Method, path: &str) -> Option<Arc<RoutePolicy>> {
+        self.find(method, path).map(|e| e.policy.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Overrides;
+
+    #[test]
+    fn first_match_wins_and_picks_the_upstream() {
+        let config = Config::resolve(
+            r#"
+upstream = "http://127.0.0.1:1"
+max_body = "1KiB"
+[[routes]]
+method = "POST"
+path = "/v1/render"
+class = "action"
+upstream = "http://127.0.0.1:2"
+concurrency = 2
+units = "json:/text"
+[[routes]]
+method = "*"
+path = "/v1/{*rest}"
+class = "read"
+"#,
+            None,
+            &Overrides::default(),
+        )
+        .unwrap();
+        let t = RouteTable::new(&config);
+        let p = t.policy(&Method::POST, "/v1/render").unwrap();
+        assert_eq!(p.name, "POST /v1/render");
+        assert_eq!(p.class, oncely_core::Class::Action);
+        assert_eq!(p.max_body, 1024);
+        assert_eq!(p.units, UnitsRule::Json("/text".into()));
+        let (up, limit) = t.target(&Method::POST, "/v1/render").unwrap();
+        assert_eq!(up.uri.port_u16(), Some(2));
+        assert_eq!(limit.unwrap().available_permits(), 2);
+
+        let p = t.policy(&Method::GET, "/v1/render").unwrap();
+        assert_eq!(p.name, "* /v1/{*rest}");
+        let (up, limit) = t.target(&Method::GET, "/v1/render").unwrap();
+        assert_eq!(up.uri.port_u16(), Some(1));
+        assert!(limit.is_none());
+
+        assert!(t.policy(&Method::POST, "/other").is_none());
+        assert_eq!(
+            t.target(&Method::POST, "/other").unwrap().0.uri.port_u16(),
+            Some(1)
+        );
+    }
+}
