@@ -21,6 +21,7 @@ use oncely_core::{
     TakeOverOutcome, TransitionError,
 };
 
+use crate::queue::{Finished, NewTask, TaskCounts, TaskError, TaskOutcome, TaskState};
 use crate::{Claim, ListFilter, Store, StoreError};
 
 /// How the suite gets stores of one backend.
@@ -932,8 +933,400 @@ pub async fn secrets_are_stable_and_shared(h: &dyn Harness) {
 }
 
 /// Generates one `#[tokio::test]` per conformance rule for a harness expression.
+// The durable task queue.
+
+/// A webhook-like task for the queue tests.
+pub fn new_task(body: &str, max_attempts: u32) -> NewTask {
+    NewTask {
+        kind: "webhook".into(),
+        target: "http://127.0.0.1:9/hook".into(),
+        method: "POST".into(),
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("idempotency-key".into(), "evt_1".into()),
+        ],
+        body: body.as_bytes().to_vec(),
+        max_attempts,
+        timeout: Duration::from_secs(5),
+        backoff: Duration::from_millis(10),
+    }
+}
+
+fn webhook_spec(key: &str) -> ClaimSpec {
+    spec("stripe", key, "{}", Class::Webhook, "ingress")
+}
+
+/// Enqueues one task under `key`; panics unless the claim was new.
+async fn enqueue(store: &Arc<dyn Store>, key: &str, max_attempts: u32) -> crate::Task {
+    let record = owned(
+        store
+            .claim_with_task(
+                &[webhook_spec(key)],
+                Some(completion("", 0)),
+                new_task(&format!("{{\"key\":\"{key}\"}}"), max_attempts),
+            )
+            .await
+            .unwrap(),
+    );
+    let tasks = store.list_tasks("webhook", None).await.unwrap();
+    tasks
+        .into_iter()
+        .find(|t| t.record.as_ref() == Some(&record.id))
+        .expect("the task of a new claim is queued")
+}
+
+/// A claim with a task is all or nothing: one existing claim means no record and no task.
+pub async fn queue_claim_with_task_is_all_or_nothing(h: &dyn Harness) {
+    let store = h.store().await;
+    let held = owned(store.claim(&webhook_spec("a")).await.unwrap());
+    let refused = existing(
+        store
+            .claim_with_task(
+                &[webhook_spec("b"), webhook_spec("a")],
+                Some(completion("", 0)),
+                new_task("{}", 3),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(refused.id, held.id, "the existing claim is reported");
+    assert_eq!(
+        store.lookup(&held.scope, "b").await.unwrap(),
+        None,
+        "b not written"
+    );
+    assert!(store.list_tasks("webhook", None).await.unwrap().is_empty());
+
+    let first = owned(
+        store
+            .claim_with_task(
+                &[webhook_spec("b"), webhook_spec("c")],
+                Some(completion("", 0)),
+                new_task("{\"n\":1}", 3),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        first.state,
+        State::Completed,
+        "completed with the completion"
+    );
+    let c = store
+        .lookup(&held.scope, "c")
+        .await
+        .unwrap()
+        .expect("c written");
+    assert_eq!(c.state, State::Completed);
+    let tasks = store.list_tasks("webhook", None).await.unwrap();
+    assert_eq!(tasks.len(), 1);
+    let t = &tasks[0];
+    assert_eq!(t.record.as_ref(), Some(&first.id));
+    assert_eq!(t.state, TaskState::Pending);
+    assert_eq!(t.attempts, 0);
+    assert_eq!(t.max_attempts, 3);
+    assert_eq!(t.body, b"{\"n\":1}");
+    assert_eq!(t.header("Idempotency-Key"), Some("evt_1"));
+    assert_eq!(t.timeout, Duration::from_secs(5));
+    assert_eq!(t.backoff, Duration::from_millis(10));
+    assert_eq!(store.get_task(&t.id).await.unwrap().as_ref(), Some(t));
+    // Either spec alone is now a duplicate.
+    existing(
+        store
+            .claim_with_task(&[webhook_spec("c")], None, new_task("{}", 3))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.list_tasks("webhook", None).await.unwrap().len(), 1);
+    // Without a completion the records stay processing, owned by their claimant.
+    let job = owned(
+        store
+            .claim_with_task(&[webhook_spec("d")], None, new_task("{}", 3))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(job.state, State::Processing);
+    assert_eq!(job.owner.as_deref(), Some("ingress"));
+    assert_eq!(
+        store.task_counts("webhook").await.unwrap(),
+        TaskCounts {
+            pending: 2,
+            running: 0,
+            dead: 0
+        }
+    );
+    assert_eq!(
+        store.task_counts("job").await.unwrap(),
+        TaskCounts::default()
+    );
+}
+
+/// 100 concurrent claims of one event id over two instances: one record, one task.
+pub async fn queue_concurrent_claims_enqueue_once(h: &dyn Harness) {
+    let a = h.store().await;
+    let b = h.second().await;
+    let mut joins = Vec::new();
+    for i in 0..100 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        joins.push(tokio::spawn(async move {
+            store
+                .claim_with_task(
+                    &[webhook_spec("evt_hot")],
+                    Some(completion("", 0)),
+                    new_task(&format!("{{\"i\":{i}}}"), 3),
+                )
+                .await
+                .unwrap()
+        }));
+    }
+    let mut owners = 0;
+    let mut ids = HashSet::new();
+    for j in joins {
+        let claim = j.await.unwrap();
+        if matches!(claim, Claim::Owned(_)) {
+            owners += 1;
+        }
+        ids.insert(claim.record().id.clone());
+    }
+    assert_eq!(owners, 1, "exactly one of 100 claims is new");
+    assert_eq!(ids.len(), 1, "every claimant sees the same record");
+    assert_eq!(a.list_tasks("webhook", None).await.unwrap().len(), 1);
+}
+
+/// Two instances leasing concurrently never get the same task.
+pub async fn queue_concurrent_leases_never_share(h: &dyn Harness) {
+    let a = h.store().await;
+    let b = h.second().await;
+    for i in 0..40 {
+        enqueue(&a, &format!("e{i}"), 3).await;
+    }
+    let mut joins = Vec::new();
+    for w in 0..6 {
+        let store = if w % 2 == 0 { a.clone() } else { b.clone() };
+        joins.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let leased = store
+                    .lease_tasks("webhook", &format!("w{w}"), 3, LEASE)
+                    .await
+                    .unwrap();
+                if leased.is_empty() {
+                    return got;
+                }
+                for t in &leased {
+                    assert_eq!(t.state, TaskState::Running);
+                    assert_eq!(t.attempts, 1);
+                    assert_eq!(t.owner.as_deref(), Some(format!("w{w}").as_str()));
+                }
+                got.extend(leased.into_iter().map(|t| t.id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for j in joins {
+        all.extend(j.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 40, "each task leased exactly once: {all:?}");
+    assert_eq!(unique.len(), 40);
+    assert_eq!(
+        a.task_counts("webhook").await.unwrap(),
+        TaskCounts {
+            pending: 0,
+            running: 40,
+            dead: 0
+        }
+    );
+    assert!(a
+        .lease_tasks("job", "w", 10, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A lapsed lease is leased again with attempt + 1; the stale holder cannot finish it.
+pub async fn queue_lapsed_lease_is_leased_again_and_fenced(h: &dyn Harness) {
+    let store = h.store().await;
+    let second = h.second().await;
+    let t = enqueue(&store, "slow", 5).await;
+    let first = store.lease_tasks("webhook", "w1", 10, LEASE).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let stale = first[0].fence().unwrap();
+    assert!(second
+        .lease_tasks("webhook", "w2", 10, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    h.advance(LEASE + Duration::from_secs(1));
+    let again = second
+        .lease_tasks("webhook", "w2", 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "the lapsed task is due again");
+    assert_eq!(again[0].id, t.id);
+    assert_eq!(again[0].attempts, 2);
+    assert_eq!(again[0].body, t.body, "the same body");
+    assert_eq!(again[0].header("idempotency-key"), Some("evt_1"));
+    let err = store
+        .finish_task(&stale, TaskOutcome::Done)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::Fenced { attempt: 1, .. })),
+        "{err:?}"
+    );
+    assert_eq!(store.get_task(&t.id).await.unwrap().unwrap().attempts, 2);
+    let fence = again[0].fence().unwrap();
+    assert_eq!(
+        second.finish_task(&fence, TaskOutcome::Done).await.unwrap(),
+        Finished::Done
+    );
+    assert_eq!(
+        store.get_task(&t.id).await.unwrap(),
+        None,
+        "done tasks are deleted"
+    );
+    let err = second
+        .finish_task(&fence, TaskOutcome::Done)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::Fenced { .. })),
+        "{err:?}"
+    );
+}
+
+/// A retry waits for its time, then is leased with attempt + 1.
+pub async fn queue_retry_schedules_next_at(h: &dyn Harness) {
+    let store = h.store().await;
+    let t = enqueue(&store, "flaky", 5).await;
+    let leased = store.lease_tasks("webhook", "w", 1, LEASE).await.unwrap();
+    let at = store.now().await.unwrap().plus(Duration::from_secs(10));
+    let finished = store
+        .finish_task(
+            &leased[0].fence().unwrap(),
+            TaskOutcome::Retry {
+                at,
+                error: "handler answered 500".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(finished, Finished::Retrying(at));
+    let stored = store.get_task(&t.id).await.unwrap().unwrap();
+    assert_eq!(stored.state, TaskState::Pending);
+    assert_eq!(stored.next_at, at);
+    assert_eq!(stored.owner, None);
+    assert_eq!(stored.last_error.as_deref(), Some("handler answered 500"));
+    assert!(store
+        .lease_tasks("webhook", "w", 1, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    h.advance(Duration::from_secs(11));
+    let again = store.lease_tasks("webhook", "w", 1, LEASE).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempts, 2);
+}
+
+/// After its last attempt a task is dead, keeps its body, and can be requeued.
+pub async fn queue_dead_after_max_attempts_then_requeue(h: &dyn Harness) {
+    let store = h.store().await;
+    let t = enqueue(&store, "doomed", 2).await;
+    for attempt in 1..=2 {
+        h.advance(Duration::from_secs(1));
+        let leased = store.lease_tasks("webhook", "w", 1, LEASE).await.unwrap();
+        assert_eq!(leased.len(), 1);
+        assert_eq!(leased[0].attempts, attempt);
+        let at = store.now().await.unwrap();
+        let finished = store
+            .finish_task(
+                &leased[0].fence().unwrap(),
+                TaskOutcome::Retry {
+                    at,
+                    error: format!("attempt {attempt} failed"),
+                },
+            )
+            .await
+            .unwrap();
+        let want = if attempt == 2 {
+            Finished::Dead
+        } else {
+            Finished::Retrying(at)
+        };
+        assert_eq!(finished, want);
+    }
+    h.advance(Duration::from_secs(60));
+    assert!(store
+        .lease_tasks("webhook", "w", 1, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    let dead = store
+        .list_tasks("webhook", Some(TaskState::Dead))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, t.id);
+    assert_eq!(dead[0].body, t.body, "a dead task keeps its body");
+    assert_eq!(dead[0].last_error.as_deref(), Some("attempt 2 failed"));
+    assert_eq!(store.task_counts("webhook").await.unwrap().dead, 1);
+    assert!(store
+        .list_tasks("webhook", Some(TaskState::Pending))
+        .await
+        .unwrap()
+        .is_empty());
+
+    let requeued = store.requeue_task(&t.id).await.unwrap();
+    assert_eq!(requeued.state, TaskState::Pending);
+    assert_eq!(requeued.attempts, 0);
+    let err = store.requeue_task(&t.id).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::WrongState { .. })),
+        "{err:?}"
+    );
+    let err = store
+        .requeue_task(&crate::TaskId("task_nope".into()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::NotFound(_))),
+        "{err:?}"
+    );
+    let leased = store.lease_tasks("webhook", "w", 1, LEASE).await.unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].attempts, 1);
+
+    // A worker that dies on the last attempt leaves a dead task, not an endless loop.
+    let one = enqueue(&store, "once", 1).await;
+    let leased = store.lease_tasks("webhook", "w", 10, LEASE).await.unwrap();
+    assert!(leased.iter().any(|l| l.id == one.id));
+    h.advance(LEASE + Duration::from_secs(1));
+    let again = store.lease_tasks("webhook", "w2", 10, LEASE).await.unwrap();
+    assert!(
+        again.iter().all(|l| l.id != one.id),
+        "not leased a second time"
+    );
+    let stored = store.get_task(&one.id).await.unwrap().unwrap();
+    assert_eq!(stored.state, TaskState::Dead);
+    assert_eq!(
+        stored.last_error.as_deref(),
+        Some(crate::queue::LAPSED_ON_LAST_ATTEMPT)
+    );
+}
+
 #[macro_export]
 macro_rules! conformance_tests {
+    (queue $harness:expr) => {
+        $crate::conformance_tests!(@tests $harness;
+            queue_claim_with_task_is_all_or_nothing,
+            queue_concurrent_claims_enqueue_once,
+            queue_concurrent_leases_never_share,
+            queue_lapsed_lease_is_leased_again_and_fenced,
+            queue_retry_schedules_next_at,
+            queue_dead_after_max_attempts_then_requeue,
+        );
+    };
     ($harness:expr) => {
         $crate::conformance_tests!(@tests $harness;
             claim_new_then_existing,

@@ -1,7 +1,7 @@
 //! An in-memory store for unit tests: the transitions of `oncely_core::record` behind one
 //! mutex. Clones share the same data, like two instances on one database.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +12,8 @@ use oncely_core::{
     Timestamp,
 };
 
+use crate::queue::{Finished, NewTask, Task, TaskCounts, TaskError, TaskFence, TaskId};
+use crate::queue::{TaskOutcome, TaskState};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{new_record_id, Claim, Clock, ListFilter, Result, Store, StoreError, Usage, UsageRow};
 
@@ -20,6 +22,7 @@ struct Data {
     records: HashMap<RecordId, Record>,
     by_key: HashMap<(Scope, String), RecordId>,
     secrets: HashMap<String, Vec<u8>>,
+    tasks: BTreeMap<TaskId, Task>,
 }
 
 /// The in-memory store. Not durable: for tests only.
@@ -237,6 +240,172 @@ impl Store for MemoryStore {
             .or_insert_with(|| rand::random::<[u8; 32]>().to_vec())
             .clone())
     }
+
+    async fn claim_with_task(
+        &self,
+        specs: &[ClaimSpec],
+        completion: Option<Completion>,
+        task: NewTask,
+    ) -> Result<Claim> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let records = plan_claims(specs, completion, now, |scope, key| {
+            Ok(data
+                .by_key
+                .get(&(scope.clone(), key.to_string()))
+                .and_then(|id| data.records.get(id))
+                .cloned())
+        })?;
+        let records = match records {
+            Ok(records) => records,
+            Err(existing) => return Ok(Claim::Existing(existing)),
+        };
+        for (old, record) in &records {
+            if let Some(old) = old {
+                data.records.remove(old);
+            }
+            data.by_key.insert(
+                (record.scope.clone(), record.key.clone()),
+                record.id.clone(),
+            );
+            data.records.insert(record.id.clone(), record.clone());
+        }
+        let first = records[0].1.clone();
+        let task = Task::new(TaskId::new(), Some(first.id.clone()), task, now);
+        data.tasks.insert(task.id.clone(), task);
+        Ok(Claim::Owned(first))
+    }
+
+    async fn lease_tasks(
+        &self,
+        kind: &str,
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let mut due: Vec<&mut Task> = data
+            .tasks
+            .values_mut()
+            .filter(|t| t.kind == kind && t.is_due(now))
+            .collect();
+        due.sort_by_key(|t| (t.due_at(), t.id.clone()));
+        let mut out = Vec::new();
+        for t in due {
+            if out.len() >= max {
+                break;
+            }
+            if t.lease(owner, lease, now) {
+                out.push(t.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let task = data
+            .tasks
+            .get_mut(&fence.id)
+            .ok_or_else(|| TaskError::Fenced {
+                id: fence.id.clone(),
+                attempt: fence.attempt,
+            })?;
+        let mut copy = task.clone();
+        let finished = copy.finish(fence, outcome, now)?;
+        if finished == Finished::Done {
+            data.tasks.remove(&fence.id);
+        } else {
+            *task = copy;
+        }
+        Ok(finished)
+    }
+
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
+        Ok(self
+            .data
+            .lock()
+            .expect("memory store lock")
+            .tasks
+            .get(id)
+            .cloned())
+    }
+
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
+        let data = self.data.lock().expect("memory store lock");
+        Ok(data
+            .tasks
+            .values()
+            .filter(|t| t.kind == kind && state.is_none_or(|s| t.state == s))
+            .cloned()
+            .collect())
+    }
+
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let task = data
+            .tasks
+            .get_mut(id)
+            .ok_or_else(|| TaskError::NotFound(id.clone()))?;
+        let mut copy = task.clone();
+        copy.requeue(now)?;
+        *task = copy.clone();
+        Ok(copy)
+    }
+
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut counts = TaskCounts::default();
+        for t in data.tasks.values().filter(|t| t.kind == kind) {
+            match t.state {
+                TaskState::Pending => counts.pending += 1,
+                TaskState::Running => counts.running += 1,
+                TaskState::Dead => counts.dead += 1,
+            }
+        }
+        Ok(counts)
+    }
+}
+
+/// Decides an all-or-nothing claim of `specs`: either every claim is new and the records
+/// to write (each with the id of an expired row it replaces), or the first existing
+/// record. `find` reads the row holding a key. Shared by the memory and SQLite stores.
+pub(crate) fn plan_claims(
+    specs: &[ClaimSpec],
+    completion: Option<Completion>,
+    now: Timestamp,
+    mut find: impl FnMut(&Scope, &str) -> Result<Option<Record>>,
+) -> Result<Result<Vec<(Option<RecordId>, Record)>, Record>> {
+    if specs.is_empty() {
+        return Err(StoreError::Config(
+            "claim_with_task needs at least one claim".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let existing = find(&spec.scope, &spec.key)?;
+        let replaces = match decide_claim(existing.as_ref(), spec, now) {
+            ClaimDecision::Insert => None,
+            ClaimDecision::Renew => existing.map(|r| r.id),
+            _ => return Ok(Err(existing.expect("an existing record decides Existing"))),
+        };
+        if out
+            .iter()
+            .any(|(_, r): &(Option<RecordId>, Record)| r.scope == spec.scope && r.key == spec.key)
+        {
+            continue;
+        }
+        let mut record = Record::new_claim(new_record_id(), spec, now);
+        if let Some(c) = &completion {
+            let fence = record.fence().expect("a new claim has a fence");
+            record.complete(&fence, c.clone(), now)?;
+        }
+        out.push((replaces, record));
+    }
+    Ok(Ok(out))
 }
 
 /// Sorts per-principal rows (most charged first) and adds the totals.

@@ -33,3 +33,4 @@ impl Harness for MemoryHarness {
 }
 
 oncely_store::conformance_tests!(MemoryHarness::default());
+oncely_store::conformance_tests!(queue MemoryHarness::default());
