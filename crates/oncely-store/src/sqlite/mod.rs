@@ -8,6 +8,8 @@
 //! - **Wake-ups**: the writer wakes this instance's waiters after each commit; a watcher
 //!   notices commits of other instances on the same file (`PRAGMA data_version`) while
 //!   anyone waits.
+//! - A **replay cache** ([`replays`]) answers repeats of completed records without a
+//!   blocking thread; only repeat counters can be briefly stale across instances.
 //! - The **schema** is a list of migrations applied on open ([`schema::MIGRATIONS`]).
 //!
 //! Every transition is the pure one of `oncely_core::record`, run inside the writer's
@@ -34,12 +36,14 @@ use crate::{
 };
 
 mod readers;
+mod replays;
 mod rows;
 pub mod schema;
 mod writer;
 
 use readers::{Readers, Watcher};
-use writer::{Applied, Writer};
+use replays::ReplayCache;
+use writer::{Applied, Shared, Writer};
 
 pub use schema::{Migration, MIGRATIONS, SCHEMA_VERSION};
 
@@ -82,6 +86,7 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
     waiters: Arc<Waiters>,
     watcher: Watcher,
+    cache: Arc<ReplayCache>,
     clock: Arc<dyn Clock>,
     migrated: Vec<u32>,
 }
@@ -174,11 +179,16 @@ fn open_blocking(
     let migrated = schema::migrate(&mut conn)?;
     let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
     let waiters = Arc::new(Waiters::default());
+    let cache = Arc::new(ReplayCache::default());
     let writer = Writer::start(
         conn,
-        Arc::clone(&clock),
-        Arc::clone(&waiters),
-        settings.group_size,
+        Shared {
+            clock: Arc::clone(&clock),
+            waiters: Arc::clone(&waiters),
+            cache: Arc::clone(&cache),
+            group_size: settings.group_size,
+            watch_interval: settings.watch_interval,
+        },
     )?;
     let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
     Ok(SqliteStore {
@@ -191,6 +201,7 @@ fn open_blocking(
         writer,
         waiters,
         watcher,
+        cache,
         clock,
         migrated,
     })
@@ -257,19 +268,33 @@ fn claim_in(conn: &Connection, spec: &ClaimSpec, now: Timestamp) -> Result<Appli
 #[async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
+        // A replayable record answers at once: nothing can take its key before it expires.
+        if let Some(r) = self.cache.get(&spec.scope, &spec.key, self.clock.now()) {
+            return Ok(Claim::Existing(r));
+        }
+        let epoch = self.cache.epoch();
         let spec = spec.clone();
-        self.writer
+        let claim = self
+            .writer
             .run(move |conn, now| claim_in(conn, &spec, now))
-            .await
+            .await?;
+        if let Claim::Existing(r) = &claim {
+            self.cache.offer(epoch, r, self.clock.now());
+        }
+        Ok(claim)
     }
 
     async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        let epoch = self.cache.epoch();
         let fence = fence.clone();
-        self.transition(&fence.id.clone(), move |r, now| {
-            r.complete(&fence, completion, now)?;
-            Ok(r.clone())
-        })
-        .await
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.complete(&fence, completion, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        self.cache.offer(epoch, &done, self.clock.now());
+        Ok(done)
     }
 
     async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
@@ -316,9 +341,18 @@ impl Store for SqliteStore {
     }
 
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
+        if let Some(r) = self.cache.get(scope, key, self.clock.now()) {
+            return Ok(Some(r));
+        }
+        let epoch = self.cache.epoch();
         let (scope, key) = (scope.clone(), key.to_string());
-        self.read(move |conn| rows::by_key(conn, &scope, &key))
-            .await
+        let found = self
+            .read(move |conn| rows::by_key(conn, &scope, &key))
+            .await?;
+        if let Some(r) = &found {
+            self.cache.offer(epoch, r, self.clock.now());
+        }
+        Ok(found)
     }
 
     async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
@@ -360,8 +394,10 @@ impl Store for SqliteStore {
     }
 
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+        let changed = id.clone();
         let id = id.clone();
-        self.writer
+        let out = self
+            .writer
             .run(move |conn, _now| {
                 let changed = conn
                     .prepare_cached(
@@ -375,7 +411,10 @@ impl Store for SqliteStore {
                 }
                 Ok(((), None))
             })
-            .await
+            .await;
+        // After the commit: later lookups read the new counters.
+        self.cache.forget(&changed);
+        out
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {

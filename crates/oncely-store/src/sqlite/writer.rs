@@ -14,14 +14,16 @@
 //! whole transaction (disk full, I/O error), or the commit fails, every command of the
 //! group is answered `StoreError::Unavailable`.
 
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use oncely_core::{RecordId, Timestamp};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::replays::ReplayCache;
 use super::sql_error;
 use crate::waiters::Waiters;
 use crate::{Clock, Result, StoreError};
@@ -87,16 +89,11 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Starts the writer thread on `conn`.
-    pub(super) fn start(
-        conn: Connection,
-        clock: Arc<dyn Clock>,
-        waiters: Arc<Waiters>,
-        group_size: usize,
-    ) -> Result<Writer> {
+    pub(super) fn start(conn: Connection, shared: Shared) -> Result<Writer> {
         let (tx, rx) = mpsc::channel::<Box<dyn Command>>();
         thread::Builder::new()
             .name("oncely-sqlite-writer".into())
-            .spawn(move || run(conn, rx, clock, waiters, group_size.max(1)))
+            .spawn(move || run(conn, rx, shared))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the ledger writer: {e}")))?;
         Ok(Writer { tx })
     }
@@ -122,16 +119,60 @@ impl Writer {
     }
 }
 
-fn run(
-    conn: Connection,
-    rx: mpsc::Receiver<Box<dyn Command>>,
-    clock: Arc<dyn Clock>,
-    waiters: Arc<Waiters>,
-    group_size: usize,
-) {
+/// What the writer thread shares with the store.
+pub(super) struct Shared {
+    /// The store's clock.
+    pub(super) clock: Arc<dyn Clock>,
+    /// This instance's waiters, woken after each commit.
+    pub(super) waiters: Arc<Waiters>,
+    /// Completed records, cleared when another connection commits.
+    pub(super) cache: Arc<ReplayCache>,
+    /// The most commands in one transaction.
+    pub(super) group_size: usize,
+    /// How often an idle writer checks for other connections' commits while the cache
+    /// holds records.
+    pub(super) watch_interval: Duration,
+}
+
+/// `PRAGMA data_version` of the writer's connection: it changes only when another
+/// connection commits.
+fn data_version(conn: &Connection) -> Option<i64> {
+    conn.query_row("PRAGMA data_version", [], |row| row.get(0))
+        .ok()
+}
+
+fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
+    let Shared {
+        clock,
+        waiters,
+        cache,
+        group_size,
+        watch_interval,
+    } = shared;
+    let group_size = group_size.max(1);
     let mut group: Vec<Box<dyn Command>> = Vec::with_capacity(group_size);
     let mut woken: Vec<RecordId> = Vec::new();
-    while let Ok(first) = rx.recv() {
+    let mut version = data_version(&conn);
+    let mut foreign_commits = |conn: &Connection| {
+        let now = data_version(conn);
+        if now.is_none() || now != version {
+            version = now;
+            cache.clear();
+        }
+    };
+    loop {
+        // An idle writer still looks for other connections' commits while the cache
+        // holds records, so that their counters are not shown stale for long.
+        let first = match rx.recv_timeout(watch_interval) {
+            Ok(c) => c,
+            Err(RecvTimeoutError::Timeout) => {
+                if !cache.is_empty() {
+                    foreign_commits(&conn);
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         group.push(first);
         while group.len() < group_size {
             match rx.try_recv() {
@@ -140,6 +181,7 @@ fn run(
             }
         }
         let failed = commit_group(&conn, &mut group, clock.as_ref(), &mut woken);
+        foreign_commits(&conn);
         if let Some(why) = &failed {
             tracing::warn!(commands = group.len(), error = %why, "a ledger write group failed");
             woken.clear();

@@ -321,3 +321,59 @@ async fn a_refused_transition_leaves_its_group_intact() {
         assert_eq!(state, want, "record {i}");
     }
 }
+
+/// Replays are answered from memory, but counters another instance adds show up soon,
+/// and nothing is served past the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_replays_follow_other_instances_and_expiry() {
+    let h = SqliteHarness::new();
+    let a = h.open().await;
+    let b = h.open().await;
+    let r = owned(
+        a.claim(&spec("alice", "c", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    a.complete(&r.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    let cached = a.lookup(&r.scope, "c").await.unwrap().unwrap();
+    assert_eq!(cached.repeats, 0);
+    b.add_repeats(&r.id, 2, 20).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        let seen = a.lookup(&r.scope, "c").await.unwrap().unwrap();
+        if seen.repeats == 2 {
+            assert_eq!(seen.repeat_units, 20);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "instance a still shows {} repeats",
+            seen.repeats
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let Claim::Existing(replay) = a
+        .claim(&spec("alice", "c", "{}", Class::Write, "z"))
+        .await
+        .unwrap()
+    else {
+        panic!("a completed record is replayed")
+    };
+    assert_eq!(replay.repeats, 2);
+    h.clock.advance(oncely_store::conformance::WINDOW);
+    let renewed = owned(
+        a.claim(&spec("alice", "c", "{}", Class::Write, "z"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(
+        renewed.id, r.id,
+        "an expired record is never served from memory"
+    );
+    assert_eq!(
+        a.lookup(&r.scope, "c").await.unwrap().unwrap().id,
+        renewed.id
+    );
+}

@@ -1,0 +1,197 @@
+//! Ledger benchmarks: claim, claim + complete, and the replay read, per backend, at 1 and
+//! 64 concurrent callers.
+//!
+//! Run with: `cargo bench -p oncely-store --bench ledger -- sqlite`
+//! (append `--warm-up-time 1 --measurement-time 3` for a quick run).
+//!
+//! Each benchmark is named `<operation>/<backend>/<callers>` and reports the time per
+//! operation (and operations per second): N operations are spread over `callers` tokio
+//! tasks on a multi-threaded runtime and the wall time of the whole batch is divided by
+//! N, so with 64 callers it measures throughput under contention, not one call's latency.
+//! A backend is an entry of [`backends`]; one that cannot be reached (no database
+//! configured) is skipped.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use oncely_core::{ClaimSpec, Class, Scope};
+use oncely_store::conformance::{completion, spec};
+use oncely_store::sqlite::SqliteStore;
+use oncely_store::{Claim, Store, StoreOptions};
+use tokio::runtime::Runtime;
+
+/// Concurrent callers measured.
+const CALLERS: [usize; 2] = [1, 64];
+
+/// A store under test and whatever keeps its database alive (a temp dir).
+struct Opened {
+    store: Arc<dyn Store>,
+    _keep: Box<dyn Any>,
+}
+
+/// A backend: its name (the filter word) and how to open a fresh store, if it can.
+struct Backend {
+    name: &'static str,
+    open: fn(&Runtime) -> Option<Opened>,
+}
+
+/// The backends benchmarked. Add one by appending an entry.
+fn backends() -> Vec<Backend> {
+    vec![Backend {
+        name: "sqlite",
+        open: open_sqlite,
+    }]
+}
+
+/// SQLite with the defaults a gateway uses: WAL, `synchronous=FULL`, group commit.
+fn open_sqlite(rt: &Runtime) -> Option<Opened> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bench.db");
+    let store = rt
+        .block_on(SqliteStore::open(&path, StoreOptions::default()))
+        .expect("open the SQLite ledger");
+    Some(Opened {
+        store: Arc::new(store),
+        _keep: Box::new(dir),
+    })
+}
+
+/// Keys are never reused across iterations, samples or benchmarks.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
+
+/// The claim of a fresh key (the template's scope and fingerprint, a new key).
+fn fresh(template: &ClaimSpec) -> ClaimSpec {
+    let n = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+    ClaimSpec {
+        key: format!("bench-{n}"),
+        ..template.clone()
+    }
+}
+
+/// Runs `iters` calls of `op` spread over `callers` tasks; returns the wall time.
+async fn spread<F, Fut>(callers: usize, iters: u64, op: F) -> Duration
+where
+    F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers as u64)
+        .map(|task| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut i = task;
+                while i < iters {
+                    op(i).await;
+                    i += callers as u64;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("bench task");
+    }
+    started.elapsed()
+}
+
+fn ledger(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let template = spec("bench", "k", "{\"n\":1}", Class::Write, "bench-owner");
+    for backend in backends() {
+        let Some(opened) = (backend.open)(&rt) else {
+            eprintln!(
+                "skipping the {} ledger benchmarks: not configured",
+                backend.name
+            );
+            continue;
+        };
+        let store = opened.store.clone();
+
+        let mut group = c.benchmark_group("claim");
+        group.throughput(Throughput::Elements(1)).sample_size(10);
+        for callers in CALLERS {
+            group.bench_function(BenchmarkId::new(backend.name, callers), |b| {
+                b.iter_custom(|iters| {
+                    let (store, template) = (store.clone(), template.clone());
+                    rt.block_on(spread(callers, iters, move |_| {
+                        let (store, spec) = (store.clone(), fresh(&template));
+                        async move {
+                            let claim = store.claim(&spec).await.expect("claim");
+                            assert!(matches!(claim, Claim::Owned(_)));
+                        }
+                    }))
+                })
+            });
+        }
+        group.finish();
+
+        let mut group = c.benchmark_group("claim_complete");
+        group.throughput(Throughput::Elements(1)).sample_size(10);
+        for callers in CALLERS {
+            group.bench_function(BenchmarkId::new(backend.name, callers), |b| {
+                b.iter_custom(|iters| {
+                    let (store, template) = (store.clone(), template.clone());
+                    rt.block_on(spread(callers, iters, move |_| {
+                        let (store, spec) = (store.clone(), fresh(&template));
+                        async move {
+                            let Claim::Owned(r) = store.claim(&spec).await.expect("claim") else {
+                                panic!("a fresh key is owned")
+                            };
+                            store
+                                .complete(&r.fence().expect("fence"), completion("{\"ok\":1}", 1))
+                                .await
+                                .expect("complete");
+                        }
+                    }))
+                })
+            });
+        }
+        group.finish();
+
+        // One completed record per caller, looked up again and again: what a replay reads.
+        let completed: Arc<Vec<(Scope, String)>> = Arc::new(rt.block_on(async {
+            let mut out = Vec::new();
+            for _ in 0..64 {
+                let spec = fresh(&template);
+                let Claim::Owned(r) = store.claim(&spec).await.expect("claim") else {
+                    panic!("a fresh key is owned")
+                };
+                let body = "{\"audio\":\"https://cdn.example/a.mp3\",\"seconds\":12.5}";
+                store
+                    .complete(&r.fence().expect("fence"), completion(body, 1))
+                    .await
+                    .expect("complete");
+                out.push((spec.scope, spec.key));
+            }
+            out
+        }));
+        let mut group = c.benchmark_group("replay_read");
+        group.throughput(Throughput::Elements(1)).sample_size(10);
+        for callers in CALLERS {
+            group.bench_function(BenchmarkId::new(backend.name, callers), |b| {
+                b.iter_custom(|iters| {
+                    let (store, completed) = (store.clone(), completed.clone());
+                    rt.block_on(spread(callers, iters, move |i| {
+                        let (store, completed) = (store.clone(), completed.clone());
+                        async move {
+                            let (scope, key) = &completed[(i % 64) as usize];
+                            let r = store.lookup(scope, key).await.expect("lookup");
+                            assert!(r.is_some_and(|r| r.response.is_some()));
+                        }
+                    }))
+                })
+            });
+        }
+        group.finish();
+        drop(store);
+        drop(opened);
+    }
+}
+
+criterion_group!(benches, ledger);
+criterion_main!(benches);
