@@ -23,6 +23,14 @@
 //! assert_eq!(verified.timestamp, Some(1_614_265_330));
 //! ```
 //!
+//! # The ingress
+//!
+//! On top of verification the crate runs the whole webhook path of the gateway:
+//! [`WebhookEndpoint`] (verify, claim the event id once, queue the delivery durably in
+//! one transaction, then answer 200 `fresh` or `duplicate`), [`DeliveryWorker`] (deliver
+//! each queued event to `deliver_to` with `Idempotency-Key: EVENT_ID`, retry with
+//! backoff, dead-letter), and [`ops`] (list and redeliver dead deliveries, admin routes).
+//!
 //! # Layout
 //!
 //! - [`scheme`]: the scheme names of `verify = "..."` and the generic scheme's settings.
@@ -32,20 +40,29 @@
 //! - [`event_id`]: where a delivery's event id comes from (`json:/id`, `header:NAME`).
 //! - [`mod@verify`]: [`verify()`], [`Verifier`], [`Verified`] and [`VerifyError`].
 //! - [`mod@sign`]: [`sign()`], the sender's side, for tests and the demo.
+//! - [`ingress`]: [`WebhookConfig`], [`WebhookEndpoint`].
+//! - [`worker`]: [`DeliveryWorker`], [`WorkerOptions`], [`Waker`].
+//! - [`ops`]: [`list_dead`], [`redeliver`], [`admin_router`].
 
 #![warn(missing_docs)]
 
 pub mod event_id;
 pub mod headers;
+pub mod ingress;
+pub mod ops;
 pub mod parse;
 pub mod scheme;
 pub mod secret;
 pub mod sign;
 pub mod verify;
+pub mod worker;
 
 pub use event_id::EventIdSource;
 pub use headers::HeaderLookup;
+pub use ingress::{WebhookConfig, WebhookEndpoint};
+pub use ops::{admin_router, list_dead, redeliver, DeadDelivery};
 pub use scheme::{ConfigError, Encoding, HmacConfig, Scheme};
 pub use secret::{Secret, Secrets};
 pub use sign::sign;
 pub use verify::{verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
+pub use worker::{DeliveryWorker, Waker, WorkerOptions};

@@ -1,0 +1,414 @@
+//! The webhook ingress: verify, claim once, queue durably, then acknowledge.
+//!
+//! One [`WebhookEndpoint`] serves one `[[webhooks]]` entry (build it from a resolved
+//! [`WebhookConfig`], mount [`WebhookEndpoint::router`]). For each `POST` to its path:
+//!
+//! 1. The body is read up to `max_body` (else 413 `body_too_large`).
+//! 2. The signature is checked ([`Verifier`]); a failure, including a stale or
+//!    future-dated timestamp, answers 400 `signature_invalid` with the [`VerifyError`]'s
+//!    one-line reason, and nothing is written.
+//! 3. The event id is taken from the verifier's source (the scheme's default or
+//!    `event_id = ...`). A verified delivery without one answers 400 `event_id_missing`
+//!    and nothing is written: without an id there is nothing to deduplicate on, and
+//!    silently accepting it would deliver every resend again.
+//! 4. One transaction ([`Store::claim_with_task`]) claims the event id (record class
+//!    `webhook`, scope = `webhook` + `POST PATH`, key = the event id) and, when
+//!    `dedupe_fields` are set and the body holds all of them, a second key made of their
+//!    values (`dedupe:` + SHA-256 of their canonical JSON), and queues the delivery. Both
+//!    records are written **completed** at once (the event is acknowledged; the delivery's
+//!    progress lives in the queue task), and they are kept for `dedupe_window`
+//!    (default 7 days) to recognise resends.
+//! 5. Only after that commit: 200 with `Oncely-Status: fresh` and `Oncely-Record`. A
+//!    delivery whose event id (or dedupe key) was already claimed answers 200
+//!    `Oncely-Status: duplicate` with the first record's id and is not queued again. A
+//!    store that cannot commit answers 503 `store_unavailable`: the sender retries later.
+//!
+//! The delivery itself is the [`crate::worker`]'s job.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
+use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse};
+use oncely_store::{Claim, NewTask, Store, StoreError};
+use sha2::{Digest, Sha256};
+
+use crate::verify::Verifier;
+use crate::worker::Waker;
+
+/// The task kind of webhook deliveries in the store's queue.
+pub const TASK_KIND: &str = "webhook";
+
+/// How long an event id is remembered by default (Stripe retries for up to 3 days).
+pub const DEFAULT_DEDUPE_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// One `[[webhooks]]` entry, resolved (secrets read, durations parsed).
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// The path senders post to, e.g. `/hooks/stripe`.
+    pub path: String,
+    /// The signature check, with its event id source (`Verifier::with_event_id` for
+    /// `event_id = ...`).
+    pub verifier: Verifier,
+    /// JSON pointers whose values, together, also make a delivery unique.
+    pub dedupe_fields: Vec<String>,
+    /// Where deliveries are posted (`http://...`).
+    pub deliver_to: String,
+    /// How long one delivery attempt may take.
+    pub deliver_timeout: Duration,
+    /// Attempts before the delivery is dead-lettered.
+    pub max_attempts: u32,
+    /// The first retry's delay (doubled per attempt, full jitter, capped at 1 h).
+    pub retry_backoff: Duration,
+    /// The largest body accepted, in bytes.
+    pub max_body: usize,
+    /// How long an event id is remembered ([`DEFAULT_DEDUPE_WINDOW`]).
+    pub dedupe_window: Duration,
+}
+
+impl WebhookConfig {
+    /// A config with the contract's defaults: 30 s timeout, 10 attempts, 1 s backoff,
+    /// 1 MiB bodies, a 7-day dedupe window, no dedupe fields.
+    pub fn new(path: impl Into<String>, verifier: Verifier, deliver_to: impl Into<String>) -> Self {
+        WebhookConfig {
+            path: path.into(),
+            verifier,
+            dedupe_fields: Vec::new(),
+            deliver_to: deliver_to.into(),
+            deliver_timeout: Duration::from_secs(30),
+            max_attempts: 10,
+            retry_backoff: Duration::from_secs(1),
+            max_body: 1 << 20,
+            dedupe_window: DEFAULT_DEDUPE_WINDOW,
+        }
+    }
+}
+
+/// One webhook path: verifies, claims and queues deliveries.
+#[derive(Debug, Clone)]
+pub struct WebhookEndpoint {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: WebhookConfig,
+    store: Arc<dyn Store>,
+    scope: Scope,
+    route: String,
+    owner: String,
+    waker: Option<Waker>,
+}
+
+impl WebhookEndpoint {
+    /// The endpoint of `config` on `store`.
+    pub fn new(config: WebhookConfig, store: Arc<dyn Store>) -> WebhookEndpoint {
+        let route = format!("POST {}", config.path);
+        WebhookEndpoint {
+            inner: Arc::new(Inner {
+                scope: Scope::new("webhook", &route),
+                route,
+                owner: format!("ingress-{}", std::process::id()),
+                store,
+                config,
+                waker: None,
+            }),
+        }
+    }
+
+    /// Wakes this worker as soon as a delivery is queued (else it finds it by polling).
+    pub fn with_waker(self, waker: Waker) -> WebhookEndpoint {
+        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|arc| Inner {
+            config: arc.config.clone(),
+            store: arc.store.clone(),
+            scope: arc.scope.clone(),
+            route: arc.route.clone(),
+            owner: arc.owner.clone(),
+            waker: arc.waker.clone(),
+        });
+        inner.waker = Some(waker);
+        WebhookEndpoint {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The path it serves.
+    pub fn path(&self) -> &str {
+        &self.inner.config.path
+    }
+
+    /// The config it was built from.
+    pub fn config(&self) -> &WebhookConfig {
+        &self.inner.config
+    }
+
+    /// A router that answers `POST` on the endpoint's path (other methods get 405, other
+    /// paths the router's 404). Merge it into the gateway's router.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route(&self.inner.config.path, post(handle))
+            .with_state(self.clone())
+    }
+
+    /// Handles one delivery (whatever its path: the caller routed it here).
+    pub async fn handle(&self, request: Request<Body>) -> Response {
+        let inner = &self.inner;
+        let (parts, body) = request.into_parts();
+        let max = inner.config.max_body;
+        if parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|len| len > max as u64)
+        {
+            return inner.rejected_too_large();
+        }
+        let body = match axum::body::to_bytes(body, max).await {
+            Ok(body) => body,
+            Err(e) => {
+                let too_large = std::error::Error::source(&e)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                    || e.to_string().contains("length limit");
+                if too_large {
+                    return inner.rejected_too_large();
+                }
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "body_unreadable",
+                    "Request body unreadable",
+                    &format!("the request body could not be read: {e}"),
+                );
+            }
+        };
+        inner.accept(&parts.headers, &body).await
+    }
+}
+
+async fn handle(State(endpoint): State<WebhookEndpoint>, request: Request<Body>) -> Response {
+    endpoint.handle(request).await
+}
+
+impl Inner {
+    fn rejected_too_large(&self) -> Response {
+        metrics::counter!("oncely_webhook_events_total", "result" => "rejected").increment(1);
+        tracing::info!(
+            webhook = %self.config.path,
+            state = "rejected",
+            code = "body_too_large",
+            "webhook event rejected"
+        );
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "Body too large",
+            &format!(
+                "the body is over this webhook's limit of {} bytes",
+                self.config.max_body
+            ),
+        )
+    }
+
+    fn rejected(&self, code: &str, detail: &str) -> Response {
+        metrics::counter!("oncely_webhook_events_total", "result" => "rejected").increment(1);
+        tracing::info!(
+            webhook = %self.config.path,
+            state = "rejected",
+            code,
+            reason = detail,
+            "webhook event rejected"
+        );
+        let title = match code {
+            "signature_invalid" => "Signature invalid",
+            _ => "Event id missing",
+        };
+        problem(StatusCode::BAD_REQUEST, code, title, detail)
+    }
+
+    async fn accept(&self, headers: &HeaderMap, body: &[u8]) -> Response {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let verified = match self.config.verifier.verify(headers, body, now) {
+            Ok(v) => v,
+            Err(e) => return self.rejected("signature_invalid", &e.to_string()),
+        };
+        let Some(event_id) = verified.event_id else {
+            return self.rejected(
+                "event_id_missing",
+                "the delivery verified, but its event id cannot be found (the body or \
+                 header that should hold it is missing, empty or not a string or integer)",
+            );
+        };
+        let mut specs = vec![self.spec(&event_id, body)];
+        if let Some(key) = dedupe_key(&self.config.dedupe_fields, body) {
+            specs.push(self.spec(&key, body));
+        }
+        let mut task_headers = vec![("idempotency-key".to_string(), event_id.clone())];
+        if let Some(ct) = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+        {
+            task_headers.insert(0, ("content-type".to_string(), ct.to_string()));
+        }
+        let task = NewTask {
+            kind: TASK_KIND.into(),
+            target: self.config.deliver_to.clone(),
+            method: "POST".into(),
+            headers: task_headers,
+            body: body.to_vec(),
+            max_attempts: self.config.max_attempts.max(1),
+            timeout: self.config.deliver_timeout,
+            backoff: self.config.retry_backoff,
+        };
+        let completion = Completion {
+            response: StoredResponse {
+                status: 200,
+                headers: Vec::new(),
+                body: None,
+            },
+            units: 0,
+            window: self.config.dedupe_window,
+            replay_until: None,
+            provider_request_id: None,
+        };
+        match self
+            .store
+            .claim_with_task(&specs, Some(completion), task)
+            .await
+        {
+            Ok(Claim::Owned(record)) => {
+                metrics::counter!("oncely_webhook_events_total", "result" => "accepted")
+                    .increment(1);
+                tracing::info!(
+                    webhook = %self.config.path,
+                    state = "accepted",
+                    event_id = %event_id,
+                    record = %record.id,
+                    "webhook event accepted and queued"
+                );
+                if let Some(waker) = &self.waker {
+                    waker.wake();
+                }
+                acknowledged("fresh", record.id.as_str())
+            }
+            Ok(Claim::Existing(record)) => {
+                metrics::counter!("oncely_webhook_events_total", "result" => "duplicate")
+                    .increment(1);
+                tracing::info!(
+                    webhook = %self.config.path,
+                    state = "duplicate",
+                    event_id = %event_id,
+                    record = %record.id,
+                    "webhook event is a duplicate; not queued again"
+                );
+                acknowledged("duplicate", record.id.as_str())
+            }
+            Err(e) => {
+                tracing::warn!(
+                    webhook = %self.config.path,
+                    event_id = %event_id,
+                    error = %e,
+                    "webhook event not acknowledged: the store failed"
+                );
+                store_problem(&e)
+            }
+        }
+    }
+
+    fn spec(&self, key: &str, body: &[u8]) -> ClaimSpec {
+        ClaimSpec {
+            scope: self.scope.clone(),
+            key: key.to_string(),
+            fingerprint: FingerprintBuilder::new("webhook", "POST", &self.config.path)
+                .body(body, &[]),
+            class: Class::Webhook,
+            route: self.route.clone(),
+            principal: "webhook".into(),
+            owner: self.owner.clone(),
+            lease: Duration::from_secs(30),
+            workflow_id: None,
+        }
+    }
+}
+
+/// The dedupe key of a body: `dedupe:` + SHA-256 (hex) of the JSON array of the pointers'
+/// values; `None` when no fields are configured, the body is not JSON, or a field is
+/// missing (such a delivery is deduplicated by its event id only).
+pub fn dedupe_key(fields: &[String], body: &[u8]) -> Option<String> {
+    if fields.is_empty() {
+        return None;
+    }
+    let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let values = fields
+        .iter()
+        .map(|p| doc.pointer(p).cloned())
+        .collect::<Option<Vec<_>>>()?;
+    let mut array = serde_json::Value::Array(values);
+    let canonical = oncely_core::fingerprint::canonical_value(&mut array, &[])?;
+    Some(format!(
+        "dedupe:{}",
+        hex::encode(Sha256::digest(&canonical))
+    ))
+}
+
+fn acknowledged(status: &'static str, record: &str) -> Response {
+    let mut res = Response::new(Body::empty());
+    let h = res.headers_mut();
+    h.insert("oncely-status", HeaderValue::from_static(status));
+    if let Ok(v) = HeaderValue::from_str(record) {
+        h.insert("oncely-record", v);
+    }
+    res
+}
+
+fn store_problem(e: &StoreError) -> Response {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "Store unavailable",
+        &format!("the event was not recorded, so it is not acknowledged; send it again: {e}"),
+    )
+}
+
+/// An `application/problem+json` answer (RFC 9457) with a `code` member.
+pub(crate) fn problem(status: StatusCode, code: &str, title: &str, detail: &str) -> Response {
+    let doc = serde_json::json!({
+        "type": format!("urn:oncely:problem:{code}"),
+        "title": title,
+        "status": status.as_u16(),
+        "code": code,
+        "detail": detail,
+    });
+    let mut res = Response::new(Body::from(doc.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedupe_keys_need_every_field() {
+        let fields = vec!["/type".to_string(), "/data/object/id".to_string()];
+        let a = br#"{"id":"evt_1","type":"charge.succeeded","data":{"object":{"id":"ch_1"}}}"#;
+        let b = br#"{"type":"charge.succeeded","id":"evt_2","data":{"object":{"id":"ch_1"}}}"#;
+        let c = br#"{"id":"evt_3","type":"charge.succeeded","data":{"object":{"id":"ch_2"}}}"#;
+        let ka = dedupe_key(&fields, a).unwrap();
+        assert!(ka.starts_with("dedupe:"));
+        assert_eq!(Some(ka.clone()), dedupe_key(&fields, b));
+        assert_ne!(Some(ka), dedupe_key(&fields, c));
+        assert_eq!(dedupe_key(&fields, br#"{"type":"x"}"#), None);
+        assert_eq!(dedupe_key(&fields, b"not json"), None);
+        assert_eq!(dedupe_key(&[], a), None);
+    }
+}
