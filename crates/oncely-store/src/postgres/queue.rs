@@ -1,0 +1,464 @@
+//! The task queue on PostgreSQL (table `tasks`, migration 2).
+//!
+//! - `claim_with_task` is one transaction: each key is locked (`SELECT ... FOR UPDATE`)
+//!   or inserted with `ON CONFLICT DO NOTHING`; any existing key rolls everything back.
+//!   Two instances that insert the same new key at once serialise on the unique index:
+//!   the second's insert does nothing once the first commits, and it reports the first's
+//!   record.
+//! - `lease_tasks` is one statement: the due rows are picked `FOR UPDATE SKIP LOCKED`
+//!   (rows another instance is leasing right now are skipped, not waited for) and updated
+//!   in place, so two instances never lease one task at a time.
+//! - Finishing is one `UPDATE` (or `DELETE` when done) fenced by owner, attempt and state.
+//! - Times are the database's clock plus the store clock's offset, like the records.
+
+use std::time::Duration;
+
+use oncely_core::record::{decide_claim, ClaimDecision};
+use oncely_core::{ClaimSpec, Completion, Record, Timestamp};
+use tokio_postgres::Row;
+
+use super::{corrupt, record_from_row, unavailable, PgStore, ResponseColumns, COLUMNS, NOW};
+use crate::queue::{headers_from_json, headers_to_json, LAPSED_ON_LAST_ATTEMPT};
+use crate::{
+    new_record_id, Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError,
+    TaskFence, TaskId, TaskOutcome, TaskState,
+};
+
+const TASK_COLUMNS: &str = "id, kind, record, target, method, headers, body, state, attempts, \
+                            max_attempts, timeout_ms, backoff_ms, next_at, owner, lease_until, \
+                            last_error, created_at, updated_at";
+
+/// Migration 2: the task queue.
+pub(super) const MIGRATION_SQL: &str = r#"
+CREATE TABLE tasks (
+    id           text PRIMARY KEY,
+    kind         text NOT NULL,
+    record       text,
+    target       text NOT NULL,
+    method       text NOT NULL,
+    headers      text NOT NULL,
+    body         bytea,
+    state        text NOT NULL CHECK (state IN ('pending', 'running', 'dead')),
+    attempts     integer NOT NULL,
+    max_attempts integer NOT NULL,
+    timeout_ms   bigint NOT NULL,
+    backoff_ms   bigint NOT NULL,
+    next_at      bigint NOT NULL,
+    owner        text,
+    lease_until  bigint,
+    last_error   text,
+    created_at   bigint NOT NULL,
+    updated_at   bigint NOT NULL
+);
+CREATE INDEX tasks_pending ON tasks (kind, next_at) WHERE state = 'pending';
+CREATE INDEX tasks_running ON tasks (kind, lease_until) WHERE state = 'running';
+CREATE INDEX tasks_state ON tasks (kind, state, created_at);
+CREATE INDEX tasks_record ON tasks (record);
+"#;
+
+fn task_from_row(row: &Row) -> Result<Task> {
+    let get_i64 = |c: &str| row.try_get::<_, i64>(c).map_err(corrupt);
+    let get_u32 = |c: &str| {
+        row.try_get::<_, i32>(c)
+            .map_err(corrupt)
+            .map(|v| v.max(0) as u32)
+    };
+    let headers: String = row.try_get("headers").map_err(corrupt)?;
+    let state: String = row.try_get("state").map_err(corrupt)?;
+    Ok(Task {
+        id: TaskId(row.try_get("id").map_err(corrupt)?),
+        kind: row.try_get("kind").map_err(corrupt)?,
+        record: row
+            .try_get::<_, Option<String>>("record")
+            .map_err(corrupt)?
+            .map(oncely_core::RecordId),
+        target: row.try_get("target").map_err(corrupt)?,
+        method: row.try_get("method").map_err(corrupt)?,
+        headers: headers_from_json(&headers).map_err(StoreError::Corrupt)?,
+        body: row
+            .try_get::<_, Option<Vec<u8>>>("body")
+            .map_err(corrupt)?
+            .unwrap_or_default(),
+        state: state.parse().map_err(StoreError::Corrupt)?,
+        attempts: get_u32("attempts")?,
+        max_attempts: get_u32("max_attempts")?,
+        timeout: Duration::from_millis(get_i64("timeout_ms")?.max(0) as u64),
+        backoff: Duration::from_millis(get_i64("backoff_ms")?.max(0) as u64),
+        next_at: Timestamp(get_i64("next_at")?),
+        owner: row.try_get("owner").map_err(corrupt)?,
+        lease_until: row
+            .try_get::<_, Option<i64>>("lease_until")
+            .map_err(corrupt)?
+            .map(Timestamp),
+        last_error: row.try_get("last_error").map_err(corrupt)?,
+        created_at: Timestamp(get_i64("created_at")?),
+        updated_at: Timestamp(get_i64("updated_at")?),
+    })
+}
+
+fn i32_of(v: u32) -> i32 {
+    v.min(i32::MAX as u32) as i32
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// Why a claim-with-task round ended without a decision.
+enum Round {
+    Decided(Claim),
+    /// A row moved between statements (purged, or committed after our snapshot).
+    Again,
+}
+
+impl PgStore {
+    pub(super) async fn queue_claim_with_task(
+        &self,
+        specs: &[ClaimSpec],
+        completion: Option<Completion>,
+        task: NewTask,
+    ) -> Result<Claim> {
+        if specs.is_empty() {
+            return Err(StoreError::Config(
+                "claim_with_task needs at least one claim".into(),
+            ));
+        }
+        for _ in 0..8 {
+            match self
+                .claim_with_task_round(specs, completion.as_ref(), &task)
+                .await?
+            {
+                Round::Decided(claim) => return Ok(claim),
+                Round::Again => continue,
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the claim kept racing with other writers; try again".into(),
+        ))
+    }
+
+    async fn claim_with_task_round(
+        &self,
+        specs: &[ClaimSpec],
+        completion: Option<&Completion>,
+        task: &NewTask,
+    ) -> Result<Round> {
+        let offset = self.offset();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let now_row = tx.query_one(NOW, &[&offset]).await.map_err(unavailable)?;
+        let now = Timestamp(now_row.try_get("now").map_err(corrupt)?);
+        let lock = format!(
+            "SELECT {} FROM records WHERE scope = $1 AND key = $2 FOR UPDATE",
+            COLUMNS.join(", ")
+        );
+        let insert = "INSERT INTO records (id, scope, key, fingerprint, class, route, principal,
+                 state, owner, attempt, lease_until, created_at, updated_at, completed_at,
+                 expires_at, response_status, response_headers, response_body, units,
+                 workflow_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                 $17, $18, $19, $20)
+             ON CONFLICT (scope, key) DO NOTHING
+             RETURNING id";
+        let lock = tx.prepare_cached(&lock).await.map_err(unavailable)?;
+        let insert = tx.prepare_cached(insert).await.map_err(unavailable)?;
+        let mut first: Option<Record> = None;
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for spec in specs {
+            if seen.contains(&(spec.scope.as_str(), spec.key.as_str())) {
+                continue;
+            }
+            seen.push((spec.scope.as_str(), spec.key.as_str()));
+            let existing = tx
+                .query_opt(&lock, &[&spec.scope.as_str(), &spec.key])
+                .await
+                .map_err(unavailable)?
+                .map(|row| record_from_row(&row))
+                .transpose()?;
+            match decide_claim(existing.as_ref(), spec, now) {
+                ClaimDecision::Insert => {}
+                ClaimDecision::Renew => {
+                    let old = existing.expect("renew has a row");
+                    tx.execute("DELETE FROM records WHERE id = $1", &[&old.id.0])
+                        .await
+                        .map_err(unavailable)?;
+                }
+                _ => {
+                    drop(tx);
+                    return Ok(Round::Decided(Claim::Existing(
+                        existing.expect("existing has a row"),
+                    )));
+                }
+            }
+            let mut record = Record::new_claim(new_record_id(), spec, now);
+            if let Some(c) = completion {
+                let fence = record.fence().expect("a new claim has a fence");
+                record.complete(&fence, c.clone(), now)?;
+            }
+            let response = ResponseColumns::of(record.response.as_ref())?;
+            let attempt = i32_of(record.attempt);
+            let units = record.units as i64;
+            let inserted = tx
+                .query_opt(
+                    &insert,
+                    &[
+                        &record.id.0,
+                        &record.scope.as_str(),
+                        &record.key,
+                        &record.fingerprint.0.as_slice(),
+                        &record.class.as_str(),
+                        &record.route,
+                        &record.principal,
+                        &record.state.as_str(),
+                        &record.owner,
+                        &attempt,
+                        &record.lease_until.map(|t| t.0),
+                        &record.created_at.0,
+                        &record.updated_at.0,
+                        &record.completed_at.map(|t| t.0),
+                        &record.expires_at.map(|t| t.0),
+                        &response.status,
+                        &response.headers,
+                        &response.body,
+                        &units,
+                        &record.workflow_id,
+                    ],
+                )
+                .await
+                .map_err(unavailable)?;
+            if inserted.is_none() {
+                // Another transaction inserted this key and committed meanwhile.
+                drop(tx);
+                let holder = self.lookup(&spec.scope, &spec.key).await?;
+                return Ok(match holder {
+                    Some(r) => Round::Decided(Claim::Existing(r)),
+                    None => Round::Again,
+                });
+            }
+            first.get_or_insert(record);
+        }
+        let first = first.expect("at least one spec");
+        let t = Task::new(TaskId::new(), Some(first.id.clone()), task.clone(), now);
+        tx.execute(
+            &format!(
+                "INSERT INTO tasks ({TASK_COLUMNS}) VALUES \
+                 ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+            ),
+            &[
+                &t.id.0,
+                &t.kind,
+                &t.record.as_ref().map(|r| r.0.clone()),
+                &t.target,
+                &t.method,
+                &headers_to_json(&t.headers),
+                &t.body,
+                &t.state.as_str(),
+                &i32_of(t.attempts),
+                &i32_of(t.max_attempts),
+                &ms(t.timeout),
+                &ms(t.backoff),
+                &t.next_at.0,
+                &t.owner,
+                &t.lease_until.map(|l| l.0),
+                &t.last_error,
+                &t.created_at.0,
+                &t.updated_at.0,
+            ],
+        )
+        .await
+        .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        Ok(Round::Decided(Claim::Owned(first)))
+    }
+
+    pub(super) async fn queue_lease(
+        &self,
+        kind: &str,
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let sql = format!(
+            "WITH t AS ({NOW}),
+             due AS (
+                 SELECT k.id FROM tasks k, t
+                 WHERE k.kind = $2 AND ((k.state = 'pending' AND k.next_at <= t.now)
+                    OR (k.state = 'running' AND k.lease_until <= t.now))
+                 ORDER BY CASE WHEN k.state = 'running' THEN k.lease_until ELSE k.next_at END, k.id
+                 LIMIT $3
+                 FOR UPDATE OF k SKIP LOCKED)
+             UPDATE tasks k SET
+                 state = CASE WHEN lapsed THEN 'dead' ELSE 'running' END,
+                 attempts = CASE WHEN lapsed THEN k.attempts ELSE k.attempts + 1 END,
+                 owner = CASE WHEN lapsed THEN NULL ELSE $4 END,
+                 lease_until = CASE WHEN lapsed THEN NULL ELSE t.now + $5 END,
+                 last_error = CASE WHEN lapsed THEN $6 ELSE k.last_error END,
+                 updated_at = t.now
+             FROM (SELECT d.id, (s.state = 'running' AND s.attempts >= s.max_attempts) AS lapsed
+                   FROM due d JOIN tasks s ON s.id = d.id) x, t
+             WHERE k.id = x.id
+             RETURNING {cols}",
+            cols = TASK_COLUMNS
+                .split(", ")
+                .map(|c| format!("k.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let max = max.min(i64::MAX as usize) as i64;
+        let rows = self
+            .query(
+                &sql,
+                &[
+                    &self.offset(),
+                    &kind,
+                    &max,
+                    &owner,
+                    &ms(lease),
+                    &LAPSED_ON_LAST_ATTEMPT,
+                ],
+            )
+            .await?;
+        let mut tasks = rows
+            .iter()
+            .map(task_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        tasks.retain(|t| t.state == TaskState::Running);
+        tasks.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(tasks)
+    }
+
+    pub(super) async fn queue_finish(
+        &self,
+        fence: &TaskFence,
+        outcome: TaskOutcome,
+    ) -> Result<Finished> {
+        let attempt = i32_of(fence.attempt);
+        let fenced = || {
+            StoreError::Task(TaskError::Fenced {
+                id: fence.id.clone(),
+                attempt: fence.attempt,
+            })
+        };
+        let done = match outcome {
+            TaskOutcome::Done => {
+                let row = self
+                    .query_opt(
+                        "DELETE FROM tasks WHERE id = $1 AND owner = $2 AND attempts = $3 \
+                         AND state = 'running' RETURNING id",
+                        &[&fence.id.0, &fence.owner, &attempt],
+                    )
+                    .await?;
+                return row.map(|_| Finished::Done).ok_or_else(fenced);
+            }
+            TaskOutcome::Retry { at, error } => (Some(at), error),
+            TaskOutcome::Dead { error } => (None, error),
+        };
+        let (at, error) = done;
+        let sql = format!(
+            "WITH t AS ({NOW})
+             UPDATE tasks k SET
+                 state = CASE WHEN $5::bigint IS NOT NULL AND k.attempts < k.max_attempts
+                              THEN 'pending' ELSE 'dead' END,
+                 next_at = COALESCE($5, k.next_at), last_error = $6, owner = NULL,
+                 lease_until = NULL, updated_at = t.now
+             FROM t
+             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
+             RETURNING k.state, k.next_at"
+        );
+        let row = self
+            .query_opt(
+                &sql,
+                &[
+                    &self.offset(),
+                    &fence.id.0,
+                    &fence.owner,
+                    &attempt,
+                    &at.map(|a| a.0),
+                    &error,
+                ],
+            )
+            .await?
+            .ok_or_else(fenced)?;
+        let state: String = row.try_get(0).map_err(corrupt)?;
+        Ok(if state == "pending" {
+            Finished::Retrying(Timestamp(row.try_get(1).map_err(corrupt)?))
+        } else {
+            Finished::Dead
+        })
+    }
+
+    pub(super) async fn queue_get(&self, id: &TaskId) -> Result<Option<Task>> {
+        self.query_opt(
+            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"),
+            &[&id.0],
+        )
+        .await?
+        .map(|row| task_from_row(&row))
+        .transpose()
+    }
+
+    pub(super) async fn queue_list(
+        &self,
+        kind: &str,
+        state: Option<TaskState>,
+    ) -> Result<Vec<Task>> {
+        let state = state.map(|s| s.as_str());
+        let rows = self
+            .query(
+                &format!(
+                    "SELECT {TASK_COLUMNS} FROM tasks WHERE kind = $1 \
+                     AND ($2::text IS NULL OR state = $2) ORDER BY created_at, id"
+                ),
+                &[&kind, &state],
+            )
+            .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    pub(super) async fn queue_requeue(&self, id: &TaskId) -> Result<Task> {
+        let sql = format!(
+            "WITH t AS ({NOW})
+             UPDATE tasks k SET state = 'pending', attempts = 0, next_at = t.now,
+                 updated_at = t.now
+             FROM t WHERE k.id = $2 AND k.state = 'dead'
+             RETURNING {cols}",
+            cols = TASK_COLUMNS
+                .split(", ")
+                .map(|c| format!("k.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if let Some(row) = self.query_opt(&sql, &[&self.offset(), &id.0]).await? {
+            return task_from_row(&row);
+        }
+        Err(match self.queue_get(id).await? {
+            None => TaskError::NotFound(id.clone()),
+            Some(t) => TaskError::WrongState {
+                id: id.clone(),
+                state: t.state,
+                action: "requeue",
+            },
+        }
+        .into())
+    }
+
+    pub(super) async fn queue_counts(&self, kind: &str) -> Result<TaskCounts> {
+        let rows = self
+            .query(
+                "SELECT state, count(*)::bigint FROM tasks WHERE kind = $1 GROUP BY state",
+                &[&kind],
+            )
+            .await?;
+        let mut counts = TaskCounts::default();
+        for row in rows {
+            let state: String = row.try_get(0).map_err(corrupt)?;
+            let n = row.try_get::<_, i64>(1).map_err(corrupt)?.max(0) as u64;
+            match state.parse::<TaskState>().map_err(StoreError::Corrupt)? {
+                TaskState::Pending => counts.pending = n,
+                TaskState::Running => counts.running = n,
+                TaskState::Dead => counts.dead = n,
+            }
+        }
+        Ok(counts)
+    }
+}
