@@ -318,13 +318,19 @@ fn clap_failure(e: clap::Error) -> ExitCode {
             }
         }
         _ => {
+            // The reason is the first paragraph ("error: ..." and any indented lines
+            // it introduces, such as the missing arguments); usage and hints follow a
+            // blank line.
             let text = e.render().to_string();
-            let first = text
+            let reason: Vec<&str> = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("oncely: {first}");
+                .skip_while(|l| l.trim().is_empty())
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let reason = reason.join(" ");
+            let reason = reason.strip_prefix("error: ").unwrap_or(&reason);
+            eprintln!("oncely: {reason}");
             ExitCode::from(2)
         }
     }

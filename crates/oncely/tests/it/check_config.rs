@@ -1,0 +1,81 @@
+//! `oncely check-config FILE`.
+
+use crate::common::{run, stderr, stdout};
+
+#[test]
+fn the_contract_example_is_valid() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/it/contract-example.toml"
+    );
+    let o = run(&["check-config", path]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ok"));
+}
+
+#[test]
+fn every_problem_is_on_its_own_line_and_the_exit_is_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        r#"
+upstream = "http://127.0.0.1:3000"
+max_body = "ten"
+colour = "blue"
+
+[defaults]
+wndow = "3h"
+
+[[routes]]
+method = "POST"
+path = "/v1/render"
+window = "5x"
+class = "writ"
+ignore_fields = ["request_id"]
+
+[[webhooks]]
+path = "/hooks/a"
+verify = "stripe"
+deliver_to = "http://127.0.0.1:1/x"
+"#,
+    )
+    .unwrap();
+    let o = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    for want in [
+        "max_body: size \"ten\"",
+        "colour: unknown key",
+        "defaults.wndow: unknown key",
+        "routes[0].window: duration \"5x\" has unknown unit",
+        "routes[0].class: unknown class \"writ\"",
+        "routes[0].ignore_fields[0]: \"request_id\" is not a JSON pointer",
+        "webhooks[0].secret_env: missing",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(want)),
+            "{want:?} not in {err}"
+        );
+    }
+    // Seven problems, one line each, then the summary line.
+    assert_eq!(lines.len(), 8, "{err}");
+    assert!(lines[7].contains("7 problems"), "{err}");
+}
+
+#[test]
+fn a_missing_file_and_a_syntax_error_are_one_line_each() {
+    let o = run(&["check-config", "/nonexistent/oncely.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("syntax.toml");
+    std::fs::write(&file, "listen = \"127.0.0.1:1\"\n[[routes]\n").unwrap();
+    let o = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.lines().next().unwrap().starts_with("2:"), "{err}");
+    assert!(err.contains("TOML syntax"), "{err}");
+}

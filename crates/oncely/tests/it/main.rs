@@ -1,0 +1,9 @@
+//! Integration tests of the `oncely` binary: the real executable, real SQLite files, real
+//! HTTP and HTTPS servers on 127.0.0.1 port 0.
+
+mod admin;
+mod check_config;
+mod cli;
+mod common;
+mod e2e;
+mod proxy;
