@@ -10,7 +10,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use tokio::sync::mpsc;
 
-use crate::BoxError;
+use crate::{sse, BoxError};
 
 /// Every response body the endpoint answers with.
 pub type McpBody = BoxBody<Bytes, BoxError>;
@@ -41,24 +41,30 @@ impl Body for ChannelBody {
 }
 
 pin_project_lite::pin_project! {
-    /// Passes a body through frame by frame and hands a copy (up to `limit` bytes) to
-    /// `on_end` when it ends: how `tools/list` answers teach the catalog without being held.
-    pub(crate) struct Tap<B, F: FnOnce(&[u8])> {
+    /// Passes a body through frame by frame and shows what it carries to `observe`: each
+    /// SSE event's data as soon as the event is complete (before the client can act on
+    /// it), or a JSON body whole (up to `limit` bytes) at its end. This is how `tools/list`
+    /// answers teach the catalog without being held back.
+    pub(crate) struct Tap<B, F: FnMut(&[u8])> {
         #[pin]
         inner: B,
+        sse: Option<sse::Parser>,
         seen: Vec<u8>,
         limit: usize,
-        on_end: Option<F>,
+        done: bool,
+        observe: F,
     }
 }
 
-impl<B, F: FnOnce(&[u8])> Tap<B, F> {
-    pub(crate) fn new(inner: B, limit: usize, on_end: F) -> Tap<B, F> {
+impl<B, F: FnMut(&[u8])> Tap<B, F> {
+    pub(crate) fn new(inner: B, is_sse: bool, limit: usize, observe: F) -> Tap<B, F> {
         Tap {
             inner,
+            sse: is_sse.then(|| sse::Parser::new(limit)),
             seen: Vec::new(),
             limit,
-            on_end: Some(on_end),
+            done: false,
+            observe,
         }
     }
 }
@@ -66,7 +72,7 @@ impl<B, F: FnOnce(&[u8])> Tap<B, F> {
 impl<B, F> Body for Tap<B, F>
 where
     B: Body<Data = Bytes>,
-    F: FnOnce(&[u8]),
+    F: FnMut(&[u8]),
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -75,24 +81,31 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    if this.seen.len() + data.len() <= *this.limit {
-                        this.seen.extend_from_slice(data);
-                    } else {
-                        *this.on_end = None;
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let mut ended = matches!(polled, Poll::Ready(None));
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                match this.sse {
+                    Some(parser) => {
+                        for event in parser.feed(data) {
+                            (this.observe)(event.data.as_bytes());
+                        }
                     }
+                    None if this.seen.len() + data.len() <= *this.limit => {
+                        this.seen.extend_from_slice(data)
+                    }
+                    None => *this.done = true,
                 }
             }
-            Poll::Ready(None) => {
-                if let Some(f) = this.on_end.take() {
-                    f(this.seen);
-                }
+            // A body with a known length is not polled past its last frame.
+            ended = this.inner.is_end_stream();
+        }
+        if ended && !*this.done {
+            *this.done = true;
+            if this.sse.is_none() {
+                (this.observe)(this.seen);
             }
-            _ => {}
         }
         polled
     }

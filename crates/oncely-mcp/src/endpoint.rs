@@ -333,7 +333,9 @@ impl Inner {
         let body = body.map_err(BoxError::from);
         let body: McpBody = if learn {
             let me = self.clone();
-            Tap::new(body, 8 << 20, move |seen: &[u8]| {
+            let is_sse = header_str(&rparts.headers, "content-type")
+                .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
+            Tap::new(body, is_sse, 8 << 20, move |seen: &[u8]| {
                 me.catalog.observe_body(seen)
             })
             .boxed()

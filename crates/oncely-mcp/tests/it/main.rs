@@ -1,0 +1,8 @@
+//! oncely-mcp against the official MCP SDKs and real servers, all on 127.0.0.1.
+//!
+//! Needs `crates/oncely-mcp/tests/setup.sh` (a venv with `mcp` from PyPI). Without it a
+//! test says so and passes, except under `CI`, where it fails loudly.
+
+mod bench;
+mod harness;
+mod stories;
