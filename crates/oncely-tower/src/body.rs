@@ -105,7 +105,7 @@ impl Body for ChannelBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.hint.clone()
+        self.hint
     }
 }
 

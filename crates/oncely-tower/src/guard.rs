@@ -389,9 +389,10 @@ impl Guard {
                 headers,
                 body,
             }),
-            Ok(owner::Head::Failed { record, failure }) => {
-                Execution::UpstreamFailed { record, failure }
-            }
+            Ok(owner::Head::Failed { record, failure }) => Execution::UpstreamFailed {
+                record: *record,
+                failure,
+            },
             // The owner task panicked: the record stays processing until its lease lapses.
             Err(_) => Execution::UpstreamFailed {
                 record,

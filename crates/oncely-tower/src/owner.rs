@@ -40,7 +40,7 @@ pub(crate) enum Head {
     },
     /// No answer: the record as the failure left it.
     Failed {
-        record: Record,
+        record: Box<Record>,
         failure: UpstreamFailure,
     },
 }
@@ -137,7 +137,7 @@ pub(crate) async fn run(task: OwnerTask) {
             .await;
             observe(started);
             let _ = head.send(Head::Failed {
-                record,
+                record: Box::new(record),
                 failure: UpstreamFailure::Unreachable(msg),
             });
             return;
@@ -148,7 +148,7 @@ pub(crate) async fn run(task: OwnerTask) {
             let record = settle(&*store, &record, &fence, d, why).await;
             observe(started);
             let _ = head.send(Head::Failed {
-                record,
+                record: Box::new(record),
                 failure: UpstreamFailure::Lost(msg),
             });
             return;
@@ -159,7 +159,7 @@ pub(crate) async fn run(task: OwnerTask) {
             let record = settle(&*store, &record, &fence, d, why).await;
             observe(started);
             let _ = head.send(Head::Failed {
-                record,
+                record: Box::new(record),
                 failure: UpstreamFailure::Timeout,
             });
             return;
