@@ -5,9 +5,9 @@
 //! N lines (default 1,000,000) spread over one day from 2026-11-06T00:00Z, 2,000
 //! principals, JSON bodies of 60-200 characters with a per-request `request_id`, units
 //! and durations. About 10% of the lines repeat an earlier request of the same
-//! principal (same body apart from `request_id`), 16 s to 3 h later, as an assistant that
-//! retries would; a few percent are re-sent while the original still runs. The output
-//! is deterministic (a fixed xorshift seed).
+//! principal (same body apart from `request_id`), up to 3 h later, as an assistant that
+//! retries would; about a tenth of those are re-sent while the original still runs. The
+//! output is deterministic (a fixed xorshift seed).
 
 use std::io::{self, BufWriter, Write};
 
@@ -77,6 +77,7 @@ fn main() -> io::Result<()> {
         } else {
             None
         };
+        let is_repeat = repeat.is_some();
         let sent = repeat.unwrap_or_else(|| {
             let words = 8 + rng.below(24) as usize;
             let mut text = String::with_capacity(words * 8);
@@ -102,7 +103,8 @@ fn main() -> io::Result<()> {
             r#"{{"ts":"{ts_text}","principal":"acct_{:04}","method":"POST","path":"/v1/render","body":{{"text":"{}","voice":"v{}","speed":1.0,"request_id":"req_{i:x}"}},"units":{},"duration_ms":{},"status":200}}"#,
             sent.principal, sent.text, sent.voice, sent.units, sent.duration_ms
         )?;
-        if recent.len() < 400_000 {
+        // Only originals are remembered: a copy is not copied again.
+        if !is_repeat {
             recent.push_back(sent);
         }
     }

@@ -17,32 +17,34 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use oncely_core::Fingerprint;
-
+use crate::canon::RequestKey;
 use crate::order::{Located, Unreadable};
 use crate::report::{DelayStats, PrincipalTotals, TopRepeat};
 
 /// At most this many unreadable lines are kept as examples (all are counted).
 pub(crate) const UNREADABLE_EXAMPLES: usize = 10;
 
-/// Fingerprints are SHA-256 already: their first eight bytes are a good hash.
+/// Request keys are SHA-256 bits already: any 64 of them are a good hash.
 #[derive(Default)]
-struct FingerprintHasher(u64);
+struct KeyHasher(u64);
 
-impl Hasher for FingerprintHasher {
+impl Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
-        let mut word = [0u8; 8];
-        let n = bytes.len().min(8);
-        word[..n].copy_from_slice(&bytes[..n]);
-        self.0 = self.0.rotate_left(17) ^ u64::from_le_bytes(word);
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(17) ^ u64::from_le_bytes(word);
+        }
     }
-    fn write_usize(&mut self, _length_prefix: usize) {}
+    fn write_u128(&mut self, key: u128) {
+        self.0 ^= key as u64;
+    }
     fn finish(&self) -> u64 {
         self.0
     }
 }
 
-type FingerprintMap<V> = HashMap<Fingerprint, V, BuildHasherDefault<FingerprintHasher>>;
+type KeyMap<V> = HashMap<RequestKey, V, BuildHasherDefault<KeyHasher>>;
 
 /// FNV-1a for principal names: short keys, looked up once per line; no adversary can
 /// slow a local audit down by choosing principals.
@@ -69,7 +71,6 @@ impl Hasher for NameHasher {
 struct Original {
     ts: i64,
     end: i64,
-    seq: u64,
     principal: u32,
     file: u32,
     line: u64,
@@ -86,11 +87,11 @@ struct Original {
 pub(crate) struct Detector {
     window_ms: i64,
     top_n: usize,
-    originals: FingerprintMap<Original>,
-    /// (end of window, fingerprint, seq) in the order originals were made.
-    expiries: VecDeque<(i64, Fingerprint, u64)>,
+    originals: KeyMap<Original>,
+    /// (end of window, key, start) in the order originals were made. The start tells an
+    /// entry from a later original of the same key (which always starts later).
+    expiries: VecDeque<(i64, RequestKey, i64)>,
     frontier: i64,
-    seq: u64,
     principal_ids: HashMap<Box<str>, u32, BuildHasherDefault<NameHasher>>,
     pub(crate) principals: Vec<PrincipalTotals>,
     pub(crate) top: Vec<TopRepeat>,
@@ -108,10 +109,9 @@ impl Detector {
         Detector {
             window_ms,
             top_n,
-            originals: FingerprintMap::default(),
+            originals: KeyMap::default(),
             expiries: VecDeque::new(),
             frontier: i64::MIN,
-            seq: 0,
             principal_ids: HashMap::default(),
             principals: Vec::new(),
             top: Vec::new(),
@@ -196,11 +196,9 @@ impl Detector {
                 return;
             }
         }
-        self.seq += 1;
         let original = Original {
             ts: req.ts,
             end,
-            seq: self.seq,
             principal,
             file,
             line,
@@ -212,7 +210,7 @@ impl Detector {
             detail: None,
         };
         self.expiries
-            .push_back((end.saturating_add(self.window_ms), req.key, self.seq));
+            .push_back((end.saturating_add(self.window_ms), req.key, req.ts));
         if let Some(old) = self.originals.insert(req.key, original) {
             self.retire(req.key, old);
         }
@@ -221,12 +219,12 @@ impl Detector {
 
     /// Forgets originals whose record has ended by the newest time seen.
     fn evict(&mut self) {
-        while let Some(&(until, key, seq)) = self.expiries.front() {
+        while let Some(&(until, key, start)) = self.expiries.front() {
             if until > self.frontier {
                 break;
             }
             self.expiries.pop_front();
-            if self.originals.get(&key).is_some_and(|o| o.seq == seq) {
+            if self.originals.get(&key).is_some_and(|o| o.ts == start) {
                 let o = self.originals.remove(&key).expect("present");
                 self.retire(key, o);
             }
@@ -244,7 +242,7 @@ impl Detector {
     }
 
     /// An original leaves memory; if it was repeated, it may join the top list.
-    fn retire(&mut self, key: Fingerprint, o: Original) {
+    fn retire(&mut self, key: RequestKey, o: Original) {
         if o.repeats == 0 || self.top_n == 0 {
             return;
         }
@@ -313,7 +311,7 @@ mod tests {
                 principal: "p".into(),
                 method: "POST".into(),
                 path: "/x".into(),
-                key: Fingerprint([body; 32]),
+                key: RequestKey(u128::from(body)),
             },
             file: 0,
             line: ts as u64,

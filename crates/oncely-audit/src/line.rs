@@ -14,13 +14,12 @@ use std::fmt;
 
 use oncely_core::fingerprint::remove_pointer;
 use oncely_core::units::Timestamp;
-use oncely_core::Fingerprint;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::args::{Field, FieldMap};
-use crate::canon::{request_key, write_canonical, Body};
+use crate::canon::{request_key, write_canonical, Body, RequestKey};
 
 /// A request as the audit needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,7 +34,7 @@ pub(crate) struct Request {
     pub(crate) method: Box<str>,
     pub(crate) path: Box<str>,
     /// Principal, method, path and body, as the gateway would fingerprint them.
-    pub(crate) key: Fingerprint,
+    pub(crate) key: RequestKey,
 }
 
 /// A field read from a top-level member, and the JSON pointer inside it (if any).
@@ -146,7 +145,7 @@ impl LineReader {
             principal: principal.into(),
             method: method.into(),
             path: path.into(),
-            key: Fingerprint(key),
+            key,
         })
     }
 }
@@ -362,12 +361,12 @@ mod tests {
         assert_eq!(r.duration_ms, 90_000);
         assert_eq!(
             r.key,
-            Fingerprint(request_key(
+            request_key(
                 "acct_1",
                 "POST",
                 "/v1/render?x=1",
                 Body::Json(br#"{"text":"hi"}"#)
-            ))
+            )
         );
     }
 
@@ -498,12 +497,7 @@ mod tests {
         assert_eq!(&*r.principal, "acct_9");
         assert_eq!(
             r.key,
-            Fingerprint(request_key(
-                "acct_9",
-                "POST",
-                "/x",
-                Body::Json(br#"{"t":1}"#)
-            ))
+            request_key("acct_9", "POST", "/x", Body::Json(br#"{"t":1}"#))
         );
     }
 }

@@ -210,8 +210,8 @@ pub struct TopRepeat {
     pub method: String,
     /// Its path and query.
     pub path: String,
-    /// The audit's key of the request (hex SHA-256 of principal, method, path and
-    /// canonical body).
+    /// The audit's key of the request (the first 128 bits, in hex, of the SHA-256 of
+    /// principal, method, path and canonical body).
     pub fingerprint: String,
     /// When the original started.
     pub first_seen: String,
