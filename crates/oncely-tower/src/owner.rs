@@ -376,3 +376,32 @@ pub(crate) fn replayable_headers(headers: &HeaderMap) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replays_keep_the_result_headers_only() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("content-type", "application/json"),
+            ("location", "/orders/7"),
+            ("set-cookie", "session=secret"),
+            ("date", "Thu, 06 Nov 2026 10:00:00 GMT"),
+            ("connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "12"),
+            ("oncely-status", "fresh"),
+        ] {
+            h.insert(k, v.parse().unwrap());
+        }
+        assert_eq!(
+            replayable_headers(&h),
+            vec![
+                ("content-type".to_string(), "application/json".to_string()),
+                ("location".to_string(), "/orders/7".to_string()),
+            ]
+        );
+    }
+}

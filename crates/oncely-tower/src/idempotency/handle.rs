@@ -489,3 +489,34 @@ pub(crate) fn log_request(log: &RequestLog<'_>) {
     )
     .increment(1);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workflow_id_from_header_or_traceparent() {
+        let mut h = HeaderMap::new();
+        assert_eq!(workflow_id(&h), None);
+        h.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(
+            workflow_id(&h).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        h.insert("x-workflow-id", "wf-7".parse().unwrap());
+        assert_eq!(workflow_id(&h).as_deref(), Some("wf-7"));
+        let mut zeros = HeaderMap::new();
+        zeros.insert(
+            "traceparent",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(workflow_id(&zeros), None);
+    }
+}
