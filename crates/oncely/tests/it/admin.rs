@@ -118,21 +118,3 @@ async fn the_token_opens_records_usage_and_resolve() {
         m.text()
     );
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthz_is_503_when_the_store_is_gone() {
-    let up = upstream(axum::Router::new()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("x.db");
-    let store = format!("sqlite://{}", db.display());
-    let gw = Gateway::start(
-        &["--upstream", &format!("http://{up}"), "--store", &store],
-        &[],
-    );
-    assert_eq!(get(&gw.admin_url("/healthz"), &[]).await.status, 200);
-    drop(dir); // the directory and its database are deleted
-    let res = get(&gw.admin_url("/healthz"), &[]).await;
-    // SQLite keeps an open file usable after unlink, so a deleted file may still answer;
-    // what must hold is that healthz answers at all and says 200 or 503.
-    assert!(res.status == 200 || res.status == 503, "{}", res.status);
-}
