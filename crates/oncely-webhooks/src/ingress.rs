@@ -20,7 +20,9 @@
 //!    (default 7 days) to recognise resends.
 //! 5. Only after that commit: 200 with `Oncely-Status: fresh` and `Oncely-Record`. A
 //!    delivery whose event id (or dedupe key) was already claimed answers 200
-//!    `Oncely-Status: duplicate` with the first record's id and is not queued again. A
+//!    `Oncely-Status: duplicate` with the id of the record that matched (the event id's,
+//!    or the dedupe key's, whose `workflow_id` is the event id it first arrived as) and is
+//!    not queued again. A
 //!    store that cannot commit answers 503 `store_unavailable`: the sender retries later.
 //!
 //! The delivery itself is the [`crate::worker`]'s job.
@@ -244,9 +246,9 @@ impl Inner {
                  header that should hold it is missing, empty or not a string or integer)",
             );
         };
-        let mut specs = vec![self.spec(&event_id, body)];
+        let mut specs = vec![self.spec(&event_id, &event_id, body)];
         if let Some(key) = dedupe_key(&self.config.dedupe_fields, body) {
-            specs.push(self.spec(&key, body));
+            specs.push(self.spec(&key, &event_id, body));
         }
         let mut task_headers = vec![("idempotency-key".to_string(), event_id.clone())];
         if let Some(ct) = headers
@@ -304,6 +306,7 @@ impl Inner {
                     state = "duplicate",
                     event_id = %event_id,
                     record = %record.id,
+                    first_event_id = record.workflow_id.as_deref().unwrap_or(""),
                     "webhook event is a duplicate; not queued again"
                 );
                 acknowledged("duplicate", record.id.as_str())
@@ -320,7 +323,9 @@ impl Inner {
         }
     }
 
-    fn spec(&self, key: &str, body: &[u8]) -> ClaimSpec {
+    /// The claim of `key`; its `workflow_id` is the event id, so a dedupe record names
+    /// the event it was first received as.
+    fn spec(&self, key: &str, event_id: &str, body: &[u8]) -> ClaimSpec {
         ClaimSpec {
             scope: self.scope.clone(),
             key: key.to_string(),
@@ -331,7 +336,7 @@ impl Inner {
             principal: "webhook".into(),
             owner: self.owner.clone(),
             lease: Duration::from_secs(30),
-            workflow_id: None,
+            workflow_id: Some(event_id.to_string()),
         }
     }
 }
