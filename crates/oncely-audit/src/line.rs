@@ -12,14 +12,12 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use oncely_core::fingerprint::remove_pointer;
 use oncely_core::units::Timestamp;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
-use serde_json::Value;
 
 use crate::args::{Field, FieldMap};
-use crate::canon::{request_key, write_canonical, Body, RequestKey};
+use crate::canon::{request_key, Body, Json, RequestKey};
 
 /// A request as the audit needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,33 +99,30 @@ impl LineReader {
         };
 
         let key = match (c.body, get(Field::BodySha256)) {
-            (Some(mut body), _) if !body.is_null() => {
-                scratch.clear();
-                let mut parsed;
+            (Some(body), _) if body != Json::Null => {
                 // A body kept as a string is the text sent: JSON text is compared as
                 // JSON, as the gateway does; anything else as bytes.
-                let json = match &mut body {
-                    Value::String(text) => match serde_json::from_str::<Value>(text) {
-                        Ok(v) => {
-                            parsed = v;
-                            Some(&mut parsed)
-                        }
-                        Err(_) => None,
-                    },
-                    other => Some(other),
+                let (mut json, text) = match body {
+                    Json::Str(text) => (None, Some(text)),
+                    other => (Some(other), None),
                 };
+                let reparsed;
+                if let Some(text) = &text {
+                    reparsed = serde_json::from_str::<Json<'_>>(text).ok();
+                    json = reparsed;
+                }
                 match json {
-                    Some(value) => {
+                    Some(mut value) => {
+                        value.normalize();
                         for pointer in &self.ignore {
-                            remove_pointer(value, pointer);
+                            value.remove_pointer(pointer);
                         }
-                        write_canonical(value, scratch);
+                        scratch.clear();
+                        value.write_canonical(scratch);
                         request_key(&principal, &method, &path, Body::Json(scratch))
                     }
                     None => {
-                        let Value::String(text) = &body else {
-                            unreachable!("only strings are kept as bytes")
-                        };
+                        let text = text.unwrap_or_default();
                         request_key(&principal, &method, &path, Body::Bytes(text.as_bytes()))
                     }
                 }
@@ -184,7 +179,7 @@ fn invalid_reason(field: Field) -> &'static str {
 /// The raw JSON text of each field found in a line; the body parsed.
 struct Captured<'de> {
     values: [Option<Cow<'de, str>>; 8],
-    body: Option<Value>,
+    body: Option<Json<'de>>,
 }
 
 struct CaptureSeed<'r> {
@@ -227,12 +222,13 @@ impl<'de> Visitor<'de> for CaptureSeed<'_> {
             let raw: &'de RawValue = map.next_value()?;
             for (field, inner) in targets {
                 if *field == Field::Body {
-                    let value: Option<Value> = serde_json::from_str(raw.get()).ok();
+                    let value: Option<Json<'de>> = serde_json::from_str(raw.get()).ok();
                     out.body = match inner {
                         None => value,
-                        Some(pointer) => {
-                            value.and_then(|mut v| v.pointer_mut(pointer).map(Value::take))
-                        }
+                        Some(pointer) => value.and_then(|mut v| {
+                            v.pointer_mut(pointer)
+                                .map(|t| std::mem::replace(t, Json::Null))
+                        }),
                     };
                     continue;
                 }
