@@ -1,5 +1,5 @@
-//! Ledger benchmarks: claim, claim + complete, and the replay read, per backend, at 1 and
-//! 64 concurrent callers.
+//! Ledger benchmarks: claim, claim + complete, the replay read and a read by id, per
+//! backend, at 1 and 64 concurrent callers.
 //!
 //! Run with: `cargo bench -p oncely-store --bench ledger -- sqlite`
 //! (append `--warm-up-time 1 --measurement-time 3` for a quick run).
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use oncely_core::{ClaimSpec, Class, Scope};
+use oncely_core::{ClaimSpec, Class, RecordId, Scope};
 use oncely_store::conformance::{completion, spec};
 use oncely_store::sqlite::SqliteStore;
 use oncely_store::{Claim, Store, StoreOptions};
@@ -46,12 +46,18 @@ fn backends() -> Vec<Backend> {
     }]
 }
 
-/// SQLite with the defaults a gateway uses: WAL, `synchronous=FULL`, group commit.
+/// SQLite as a gateway uses it: WAL, group commit, `synchronous=FULL` (or the mode in
+/// `ONCELY_BENCH_SQLITE_SYNCHRONOUS`, e.g. `NORMAL`), in a fresh temporary directory.
 fn open_sqlite(rt: &Runtime) -> Option<Opened> {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.db");
+    let options = StoreOptions {
+        sqlite_synchronous: std::env::var("ONCELY_BENCH_SQLITE_SYNCHRONOUS")
+            .unwrap_or_else(|_| "FULL".into()),
+        ..StoreOptions::default()
+    };
     let store = rt
-        .block_on(SqliteStore::open(&path, StoreOptions::default()))
+        .block_on(SqliteStore::open(&path, options))
         .expect("open the SQLite ledger");
     Some(Opened {
         store: Arc::new(store),
@@ -154,7 +160,7 @@ fn ledger(c: &mut Criterion) {
         group.finish();
 
         // One completed record per caller, looked up again and again: what a replay reads.
-        let completed: Arc<Vec<(Scope, String)>> = Arc::new(rt.block_on(async {
+        let completed: Arc<Vec<(Scope, String, RecordId)>> = Arc::new(rt.block_on(async {
             let mut out = Vec::new();
             for _ in 0..64 {
                 let spec = fresh(&template);
@@ -166,7 +172,7 @@ fn ledger(c: &mut Criterion) {
                     .complete(&r.fence().expect("fence"), completion(body, 1))
                     .await
                     .expect("complete");
-                out.push((spec.scope, spec.key));
+                out.push((spec.scope, spec.key, r.id));
             }
             out
         }));
@@ -179,8 +185,29 @@ fn ledger(c: &mut Criterion) {
                     rt.block_on(spread(callers, iters, move |i| {
                         let (store, completed) = (store.clone(), completed.clone());
                         async move {
-                            let (scope, key) = &completed[(i % 64) as usize];
+                            let (scope, key, _) = &completed[(i % 64) as usize];
                             let r = store.lookup(scope, key).await.expect("lookup");
+                            assert!(r.is_some_and(|r| r.response.is_some()));
+                        }
+                    }))
+                })
+            });
+        }
+        group.finish();
+
+        // The same records by id: a read that goes to the database every time (for
+        // SQLite, a read connection on a blocking thread), as `get` and `list` do.
+        let mut group = c.benchmark_group("read_by_id");
+        group.throughput(Throughput::Elements(1)).sample_size(10);
+        for callers in CALLERS {
+            group.bench_function(BenchmarkId::new(backend.name, callers), |b| {
+                b.iter_custom(|iters| {
+                    let (store, completed) = (store.clone(), completed.clone());
+                    rt.block_on(spread(callers, iters, move |i| {
+                        let (store, completed) = (store.clone(), completed.clone());
+                        async move {
+                            let (_, _, id) = &completed[(i % 64) as usize];
+                            let r = store.get(id).await.expect("get");
                             assert!(r.is_some_and(|r| r.response.is_some()));
                         }
                     }))

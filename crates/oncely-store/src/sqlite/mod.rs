@@ -235,7 +235,7 @@ fn mutate<T>(
 ) -> Result<Applied<T>> {
     let mut record = rows::by_id(conn, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
     let out = change(&mut record, now)?;
-    rows::update(conn, id, &record)?;
+    rows::update_state(conn, &record)?;
     Ok((out, Some(id.clone())))
 }
 
@@ -250,7 +250,13 @@ fn claim_in(conn: &Connection, spec: &ClaimSpec, now: Timestamp) -> Result<Appli
             Claim::Owned(record)
         }
         (ClaimDecision::Existing, Some(record)) => Claim::Existing(record),
+        (ClaimDecision::Reclaim, Some(mut record)) => {
+            record.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
+            rows::update_state(conn, &record)?;
+            Claim::Owned(record)
+        }
         (decision, Some(mut record)) => {
+            // Renew: a new intention under the key, with a new id and identity.
             let old_id = record.id.clone();
             record.reclaim(decision, new_record_id(), spec, now);
             rows::update(conn, &old_id, &record)?;

@@ -165,6 +165,52 @@ pub(super) fn update(conn: &Connection, old_id: &RecordId, r: &Record) -> Result
     Ok(())
 }
 
+/// The columns a transition of one record may change: everything but its identity
+/// (`id`, `scope`, `key`, `fingerprint`, `class`, `route`, `principal`, `created_at`),
+/// so the unique and listing indexes on those are left alone.
+const MUTABLE: [(&str, usize); 16] = [
+    ("state", 7),
+    ("owner", 8),
+    ("attempt", 9),
+    ("lease_until", 10),
+    ("updated_at", 12),
+    ("completed_at", 13),
+    ("expires_at", 14),
+    ("status", 15),
+    ("headers", 16),
+    ("body", 17),
+    ("units", 18),
+    ("repeats", 19),
+    ("repeat_units", 20),
+    ("workflow_id", 21),
+    ("provider_request_id", 22),
+    ("last_error", 23),
+];
+
+/// Writes back what a transition changed in `r` (same id, same identity).
+pub(super) fn update_state(conn: &Connection, r: &Record) -> Result<()> {
+    let all = values(r)?;
+    let sets = MUTABLE
+        .iter()
+        .enumerate()
+        .map(|(i, (c, _))| format!("{c} = ?{}", i + 1))
+        .collect::<Vec<_>>();
+    let mut vals: Vec<Value> = MUTABLE.iter().map(|(_, i)| all[*i].clone()).collect();
+    vals.push(Value::Text(r.id.0.clone()));
+    let changed = conn
+        .prepare_cached(&format!(
+            "UPDATE records SET {} WHERE id = ?{}",
+            sets.join(", "),
+            MUTABLE.len() + 1
+        ))
+        .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
+        .map_err(sql_error)?;
+    if changed == 0 {
+        return Err(StoreError::NotFound(r.id.clone()));
+    }
+    Ok(())
+}
+
 /// Records matching `filter`, newest first.
 pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Record>> {
     let mut clauses = Vec::new();
