@@ -137,7 +137,7 @@ impl Detector {
     /// still judged against what is remembered, and counted in `out_of_order`.
     pub(crate) fn observe(&mut self, located: Located) {
         let Located { req, file, line } = located;
-        let principal = self.principal_id(&req.principal);
+        let principal = self.principal_id(req.names.principal());
         let units = match req.units {
             Some(u) => u,
             None => {
@@ -178,7 +178,10 @@ impl Detector {
                     self.after.add(delay);
                 }
                 if o.detail.is_none() {
-                    o.detail = Some(Box::new((req.method, req.path)));
+                    o.detail = Some(Box::new((
+                        req.names.method().into(),
+                        req.names.path().into(),
+                    )));
                 }
                 let totals = &mut self.principals[principal as usize];
                 totals.duplicate_requests += 1;
@@ -308,9 +311,7 @@ mod tests {
                 ts,
                 duration_ms,
                 units: Some(10),
-                principal: "p".into(),
-                method: "POST".into(),
-                path: "/x".into(),
+                names: crate::line::Names::new("p", "POST", "/x"),
                 key: RequestKey(u128::from(body)),
             },
             file: 0,

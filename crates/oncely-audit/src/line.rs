@@ -28,15 +28,45 @@ pub(crate) struct Request {
     pub(crate) duration_ms: u64,
     /// Units charged; `None` when the line has none (then it counts as one).
     pub(crate) units: Option<u64>,
-    pub(crate) principal: Box<str>,
-    pub(crate) method: Box<str>,
-    pub(crate) path: Box<str>,
+    /// Principal, method and path in one allocation.
+    pub(crate) names: Names,
     /// Principal, method, path and body, as the gateway would fingerprint them.
     pub(crate) key: RequestKey,
 }
 
 /// A field read from a top-level member, and the JSON pointer inside it (if any).
 type Target = (Field, Option<String>);
+
+/// A request's principal, method and path, kept in one allocation (one per line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Names {
+    text: Box<str>,
+    principal_end: u32,
+    method_end: u32,
+}
+
+impl Names {
+    pub(crate) fn new(principal: &str, method: &str, path: &str) -> Names {
+        let mut text = String::with_capacity(principal.len() + method.len() + path.len());
+        text.push_str(principal);
+        text.push_str(method);
+        text.push_str(path);
+        Names {
+            text: text.into(),
+            principal_end: principal.len() as u32,
+            method_end: (principal.len() + method.len()) as u32,
+        }
+    }
+    pub(crate) fn principal(&self) -> &str {
+        &self.text[..self.principal_end as usize]
+    }
+    pub(crate) fn method(&self) -> &str {
+        &self.text[self.principal_end as usize..self.method_end as usize]
+    }
+    pub(crate) fn path(&self) -> &str {
+        &self.text[self.method_end as usize..]
+    }
+}
 
 /// How the log's field names map onto what the audit reads, prepared for fast lookup.
 #[derive(Debug, Clone)]
@@ -137,9 +167,7 @@ impl LineReader {
             ts,
             duration_ms,
             units,
-            principal: principal.into(),
-            method: method.into(),
-            path: path.into(),
+            names: Names::new(&principal, &method, &path),
             key,
         })
     }
@@ -350,9 +378,9 @@ mod tests {
                 .unwrap()
                 .millis()
         );
-        assert_eq!(&*r.principal, "acct_1");
-        assert_eq!(&*r.method, "POST");
-        assert_eq!(&*r.path, "/v1/render?x=1");
+        assert_eq!(r.names.principal(), "acct_1");
+        assert_eq!(r.names.method(), "POST");
+        assert_eq!(r.names.path(), "/v1/render?x=1");
         assert_eq!(r.units, Some(2));
         assert_eq!(r.duration_ms, 90_000);
         assert_eq!(
@@ -393,8 +421,8 @@ mod tests {
             .read(br#"{"ts":1762423200,"principal":42,"method":"POST","path":"/caf\u00e9","units":"7","duration_ms":1.5e3}"#, &mut Vec::new())
             .unwrap();
         assert_eq!(r.ts, 1_762_423_200_000);
-        assert_eq!(&*r.principal, "42");
-        assert_eq!(&*r.path, "/café");
+        assert_eq!(r.names.principal(), "42");
+        assert_eq!(r.names.path(), "/café");
         assert_eq!(r.units, Some(7));
         assert_eq!(r.duration_ms, 1500);
         let ms = reader()
@@ -490,7 +518,7 @@ mod tests {
         let r = LineReader::new(&map, &["/nonce".to_string()])
             .read(br#"{"time":"2026-11-06T10:00:00Z","ts":"garbage","auth":{"account":"acct_9"},"method":"POST","path":"/x","req":{"payload":{"t":1,"nonce":"abc"}}}"#, &mut Vec::new())
             .unwrap();
-        assert_eq!(&*r.principal, "acct_9");
+        assert_eq!(r.names.principal(), "acct_9");
         assert_eq!(
             r.key,
             request_key("acct_9", "POST", "/x", Body::Json(br#"{"t":1}"#))

@@ -9,7 +9,7 @@
 //! out of order and still judges it.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use crate::input::Input;
 use crate::line::{LineReader, Request};
@@ -39,7 +39,7 @@ const MAX_PENDING: usize = 1 << 18;
 struct Pending {
     ts: i64,
     seq: u64,
-    item: Box<Located>,
+    item: Located,
 }
 
 impl PartialEq for Pending {
@@ -59,10 +59,51 @@ impl Ord for Pending {
     }
 }
 
+/// Lines waiting to be released, earliest first. Lines that come in order (nearly all)
+/// are appended to a run in O(1); only those earlier than the run's last go to a heap.
+#[derive(Default)]
+struct Held {
+    run: VecDeque<Pending>,
+    late: BinaryHeap<Reverse<Pending>>,
+}
+
+impl Held {
+    fn push(&mut self, p: Pending) {
+        match self.run.back() {
+            Some(last) if p < *last => self.late.push(Reverse(p)),
+            _ => self.run.push_back(p),
+        }
+    }
+
+    fn peek(&self) -> Option<&Pending> {
+        match (self.run.front(), self.late.peek()) {
+            (Some(a), Some(Reverse(b))) => Some(if b < a { b } else { a }),
+            (a, b) => a.or(b.map(|Reverse(b)| b)),
+        }
+    }
+
+    fn pop(&mut self) -> Option<Pending> {
+        let from_late = match (self.run.front(), self.late.peek()) {
+            (Some(a), Some(Reverse(b))) => b < a,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if from_late {
+            self.late.pop().map(|Reverse(p)| p)
+        } else {
+            self.run.pop_front()
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.run.len() + self.late.len()
+    }
+}
+
 struct Source {
     lines: Lines,
     index: u32,
-    pending: BinaryHeap<Reverse<Pending>>,
+    pending: Held,
     newest: i64,
     done: bool,
 }
@@ -84,7 +125,7 @@ impl Merged {
             .map(|(i, lines)| Source {
                 lines,
                 index: i as u32,
-                pending: BinaryHeap::new(),
+                pending: Held::default(),
                 newest: i64::MIN,
                 done: false,
             })
@@ -107,12 +148,12 @@ impl Merged {
             }
         }
         let Reverse((_, _, s)) = self.heads.pop()?;
-        let Reverse(next) = self.sources[s]
+        let next = self.sources[s]
             .pending
             .pop()
             .expect("a source with a head has a pending line");
         self.refill(s, unreadable);
-        Some(*next.item)
+        Some(next.item)
     }
 
     /// Bytes taken from all inputs so far (compressed bytes for gzip).
@@ -133,7 +174,7 @@ impl Merged {
     fn refill(&mut self, s: usize, unreadable: &mut dyn FnMut(Unreadable)) {
         let source = &mut self.sources[s];
         loop {
-            if let Some(Reverse(min)) = source.pending.peek() {
+            if let Some(min) = source.pending.peek() {
                 if source.done
                     || min.ts <= source.newest.saturating_sub(self.reorder_ms)
                     || source.pending.len() >= MAX_PENDING
@@ -152,15 +193,15 @@ impl Merged {
                 Ok(req) => {
                     source.newest = source.newest.max(req.ts);
                     self.seq += 1;
-                    source.pending.push(Reverse(Pending {
+                    source.pending.push(Pending {
                         ts: req.ts,
                         seq: self.seq,
-                        item: Box::new(Located {
+                        item: Located {
                             req,
                             file: source.index,
                             line,
-                        }),
-                    }));
+                        },
+                    });
                 }
                 Err(reason) => unreadable(Unreadable {
                     file: source.index,
@@ -236,5 +277,44 @@ mod tests {
         let lines: Vec<u64> = bad.iter().map(|u| u.line).collect();
         assert_eq!(lines, [2, 5]);
         assert!(bad[0].reason.starts_with("not a JSON object"));
+    }
+
+    #[test]
+    fn held_lines_come_out_earliest_first_whatever_the_order_in() {
+        let pending = |ts: i64, seq: u64| Pending {
+            ts,
+            seq,
+            item: Located {
+                req: Request {
+                    ts,
+                    duration_ms: 0,
+                    units: None,
+                    names: crate::line::Names::new("p", "GET", "/"),
+                    key: crate::canon::RequestKey(0),
+                },
+                file: 0,
+                line: seq,
+            },
+        };
+        let mut held = Held::default();
+        let order = [5, 6, 2, 7, 7, 1, 9, 3, 8, 0, 4];
+        for (seq, ts) in order.iter().enumerate() {
+            held.push(pending(*ts, seq as u64));
+        }
+        assert_eq!(held.len(), order.len());
+        assert!(held.late.len() >= 5, "the stragglers went to the heap");
+        assert_eq!(held.peek().map(|p| p.ts), Some(0));
+        let mut out = Vec::new();
+        while let Some(p) = held.pop() {
+            out.push((p.ts, p.seq));
+        }
+        let mut sorted = out.clone();
+        sorted.sort();
+        assert_eq!(out, sorted);
+        assert_eq!(
+            out[7..9],
+            [(7, 3), (7, 4)],
+            "equal times keep their reading order"
+        );
     }
 }

@@ -82,7 +82,10 @@ pub(crate) fn start(inputs: Vec<Input>, reader: LineReader) -> Vec<Lines> {
     for _ in 0..parsers {
         let queue = queue.clone();
         let reader = reader.clone();
-        thread::spawn(move || parser(&queue, &reader));
+        thread::Builder::new()
+            .name("audit-parse".into())
+            .spawn(move || parser(&queue, &reader))
+            .expect("a parser thread starts");
     }
     inputs
         .into_iter()
@@ -95,12 +98,15 @@ pub(crate) fn start(inputs: Vec<Input>, reader: LineReader) -> Vec<Lines> {
                 consumed,
                 ..
             } = input;
-            thread::spawn(move || {
-                let mut reader = reader;
-                split(&mut reader, CHUNK, MAX_LINE, &mut |chunk| {
-                    hand_over(chunk, &jobs, &order_tx)
-                });
-            });
+            thread::Builder::new()
+                .name("audit-read".into())
+                .spawn(move || {
+                    let mut reader = reader;
+                    split(&mut reader, CHUNK, MAX_LINE, &mut |chunk| {
+                        hand_over(chunk, &jobs, &order_tx)
+                    });
+                })
+                .expect("a reader thread starts");
             Lines {
                 order,
                 current: Vec::new().into_iter(),
@@ -400,7 +406,7 @@ mod tests {
             while let Some((line, r)) = lines.next() {
                 n += 1;
                 assert_eq!(line, n);
-                assert_eq!(&*r.unwrap().path, format!("/{}", n - 1));
+                assert_eq!(r.unwrap().names.path(), format!("/{}", n - 1));
             }
             assert_eq!(n, 5_000);
         }
