@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
+use self::batch::{Batcher, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
@@ -40,6 +41,7 @@ use crate::{
     UsageRow,
 };
 
+mod batch;
 mod listener;
 pub mod migrations;
 
@@ -63,6 +65,7 @@ struct Inner {
     waiters: Arc<Waiters>,
     clock: Arc<dyn Clock>,
     listener: JoinHandle<()>,
+    batcher: Batcher,
 }
 
 impl Drop for Inner {
@@ -115,8 +118,10 @@ impl PgStore {
         }
         let waiters = Arc::new(Waiters::default());
         let listener = listener::start(config, waiters.clone()).await?;
+        let batcher = Batcher::start(pool.clone(), options.pool_size.max(1));
         Ok(PgStore {
             inner: Arc::new(Inner {
+                batcher,
                 pool,
                 waiters,
                 clock: options.clock,
@@ -290,44 +295,29 @@ impl Store for PgStore {
         let offset = self.offset();
         let fingerprint = spec.fingerprint.0.as_slice();
         let lease = millis(spec.lease);
+        let batcher = &self.inner.batcher;
+        let mut step = batcher.claim(new_record_id(), spec, offset).await?;
         // A purge or another claimant can move the row between our statements; each
         // round either decides or sees a newer row, so a few rounds always suffice.
         for _ in 0..8 {
-            let new_id = new_record_id();
-            let rows = self
-                .query(
-                    &SQL.claim,
-                    &[
-                        &offset,
-                        &new_id.0,
-                        &spec.scope.as_str(),
-                        &spec.key,
-                        &fingerprint,
-                        &spec.class.as_str(),
-                        &spec.route,
-                        &spec.principal,
-                        &spec.owner,
-                        &lease,
-                        &spec.workflow_id,
-                    ],
-                )
-                .await?;
-            let row = match rows.into_iter().next() {
-                Some(row) => row,
-                // The holder committed after this statement's snapshot: read it now.
-                None => match self
+            let (record, now) = match step {
+                Step::Inserted(record) => return Ok(Claim::Owned(record)),
+                Step::Held(record, now) => (record, Timestamp(now)),
+                // The holder committed after the statement's snapshot: read it now.
+                Step::Retry => match self
                     .query_opt(&SQL.claim_read, &[&offset, &spec.scope.as_str(), &spec.key])
                     .await?
                 {
-                    Some(row) => row,
-                    None => continue,
+                    Some(row) => (
+                        record_from_row(&row)?,
+                        Timestamp(row.try_get("now").map_err(corrupt)?),
+                    ),
+                    None => {
+                        step = batcher.claim(new_record_id(), spec, offset).await?;
+                        continue;
+                    }
                 },
             };
-            let record = record_from_row(&row)?;
-            if row.try_get::<_, bool>("inserted").map_err(corrupt)? {
-                return Ok(Claim::Owned(record));
-            }
-            let now = Timestamp(row.try_get("now").map_err(corrupt)?);
             let decided = match decide_claim(Some(&record), spec, now) {
                 ClaimDecision::Insert | ClaimDecision::Existing => {
                     return Ok(Claim::Existing(record))
@@ -352,7 +342,7 @@ impl Store for PgStore {
                         &[
                             &offset,
                             &record.id.0,
-                            &new_id.0,
+                            &new_record_id().0,
                             &fingerprint,
                             &spec.class.as_str(),
                             &spec.route,
@@ -368,7 +358,8 @@ impl Store for PgStore {
             if let Some(row) = decided {
                 return Ok(Claim::Owned(record_from_row(&row)?));
             }
-            // Someone else reclaimed, renewed or purged the row first: look again.
+            // Someone else reclaimed, renewed or purged the row first: claim again.
+            step = batcher.claim(new_record_id(), spec, offset).await?;
         }
         Err(StoreError::Unavailable(format!(
             "the claim of key {:?} kept racing with other writers; try again",

@@ -465,3 +465,65 @@ async fn recovers_when_the_server_returns() {
         .await
         .unwrap();
 }
+
+/// Concurrent claims are grouped into one statement: each claim still gets exactly what
+/// it would alone (distinct keys owned, duplicates see the owner's record, a released
+/// key reclaimed once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_claims_answer_each_claim_alone() {
+    let url = fresh_schema(&base_url()).await;
+    let store = Arc::new(
+        PgStore::connect(
+            &url,
+            StoreOptions {
+                pool_size: 2,
+                ..StoreOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let released = owned(
+        store
+            .claim(&spec("alice", "released", "{}", Class::Write, "first"))
+            .await
+            .unwrap(),
+    );
+    store
+        .release(&released.fence().unwrap(), None)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = match i % 3 {
+                0 => "released".to_string(),
+                _ => format!("k{}", i / 6),
+            };
+            let claim = store
+                .claim(&spec("alice", &key, "{}", Class::Write, &format!("o{i}")))
+                .await
+                .unwrap();
+            (key, claim)
+        }));
+    }
+    let mut by_key: std::collections::HashMap<String, (usize, Vec<String>)> = Default::default();
+    for t in tasks {
+        let (key, claim) = t.await.unwrap();
+        let entry = by_key.entry(key).or_default();
+        if let Claim::Owned(r) = &claim {
+            entry.0 += 1;
+            if r.key == "released" {
+                assert_eq!(r.id, released.id);
+                assert_eq!(r.attempt, 2);
+            }
+        }
+        entry.1.push(claim.record().id.0.clone());
+    }
+    assert_eq!(by_key.len(), 51);
+    for (key, (owners, ids)) in by_key {
+        assert_eq!(owners, 1, "key {key} has one owner");
+        assert!(ids.iter().all(|id| *id == ids[0]), "key {key}: {ids:?}");
+    }
+}

@@ -1,0 +1,279 @@
+//! Group commit of claims: concurrent claims of one instance share one statement and one
+//! commit.
+//!
+//! A commit waits for the WAL flush (one `fdatasync`, milliseconds on many disks), so one
+//! claim per commit caps throughput at `pool size / flush time`. Claims queue here; a
+//! dispatcher takes every claim waiting when a connection frees up and inserts them with
+//! one `INSERT ... SELECT FROM unnest(...) ON CONFLICT (scope, key) DO NOTHING`. Alone,
+//! a claim runs at once with the single-row statement, so latency does not suffer.
+//!
+//! Each claim gets back what the single-row statement would have told it: its own row
+//! (owned), the row already holding its key (then the caller decides: existing, reclaim
+//! or renew), or nothing (the holder committed after the statement's snapshot, or the
+//! batch must be retried one by one).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use oncely_core::{ClaimSpec, Record, RecordId};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_postgres::Row;
+
+use deadpool_postgres::Pool;
+
+use super::{cols, record_from_row, unavailable, COLUMNS, NOW};
+use crate::{Result, StoreError};
+
+/// At most this many claims share one statement.
+const MAX_BATCH: usize = 512;
+
+/// What the claim statement said about one claim.
+pub(super) enum Step {
+    /// A new row, owned by this claim.
+    Inserted(Record),
+    /// The row holding the key, and the database's time of the statement.
+    Held(Record, i64),
+    /// Nothing visible: read again (or retry alone).
+    Retry,
+}
+
+struct Job {
+    id: RecordId,
+    spec: ClaimSpec,
+    reply: oneshot::Sender<Result<Step>>,
+}
+
+/// The queue of claims waiting for a statement.
+pub(super) struct Batcher {
+    tx: mpsc::UnboundedSender<(Job, i64)>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Batcher {
+    /// Starts the dispatcher: at most `in_flight` statements at a time.
+    pub(super) fn start(pool: Pool, in_flight: usize) -> Batcher {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(dispatch(pool, rx, in_flight.max(1)));
+        Batcher { tx, task }
+    }
+
+    /// Claims `spec` with the record id `id` (used if a row is inserted).
+    pub(super) async fn claim(&self, id: RecordId, spec: &ClaimSpec, offset: i64) -> Result<Step> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            id,
+            spec: spec.clone(),
+            reply,
+        };
+        self.tx
+            .send((job, offset))
+            .map_err(|_| StoreError::Unavailable("the PostgreSQL store is closing".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the PostgreSQL store is closing".into()))?
+    }
+}
+
+async fn dispatch(pool: Pool, mut rx: mpsc::UnboundedReceiver<(Job, i64)>, in_flight: usize) {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    while let Some(first) = rx.recv().await {
+        // Claims keep queueing while every slot is busy; they all go in the next batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let offset = first.1;
+        let mut jobs = vec![first.0];
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok((job, _)) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            run(&pool, offset, jobs).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Runs one batch and answers every claim in it.
+async fn run(pool: &Pool, offset: i64, mut jobs: Vec<Job>) {
+    // One order for every batch, so two batches never wait for each other's rows in
+    // opposite orders (a deadlock).
+    jobs.sort_by(|a, b| {
+        (a.spec.scope.as_str(), &a.spec.key).cmp(&(b.spec.scope.as_str(), &b.spec.key))
+    });
+    match execute(pool, offset, &jobs).await {
+        Ok(steps) => {
+            for (job, step) in jobs.into_iter().zip(steps) {
+                let _ = job.reply.send(Ok(step));
+            }
+        }
+        // A deadlock or serialization failure is retried claim by claim.
+        Err(Failure::Conflict) => {
+            for job in jobs {
+                let _ = job.reply.send(Ok(Step::Retry));
+            }
+        }
+        // Anything else (the server is gone) is every claim's answer.
+        Err(Failure::Store(e)) => {
+            let text = match e {
+                StoreError::Unavailable(text) => text,
+                other => other.to_string(),
+            };
+            for job in jobs {
+                let _ = job.reply.send(Err(StoreError::Unavailable(text.clone())));
+            }
+        }
+    }
+}
+
+enum Failure {
+    Conflict,
+    Store(StoreError),
+}
+
+async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Step>, Failure> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| Failure::Store(super::pool_error(e)))?;
+    let rows = if jobs.len() == 1 {
+        let (job, spec) = (&jobs[0], &jobs[0].spec);
+        let stmt = client
+            .prepare_cached(&super::SQL.claim)
+            .await
+            .map_err(failure)?;
+        client
+            .query(
+                &stmt,
+                &[
+                    &offset,
+                    &job.id.0,
+                    &spec.scope.as_str(),
+                    &spec.key,
+                    &spec.fingerprint.0.as_slice(),
+                    &spec.class.as_str(),
+                    &spec.route,
+                    &spec.principal,
+                    &spec.owner,
+                    &super::millis(spec.lease),
+                    &spec.workflow_id,
+                ],
+            )
+            .await
+            .map_err(failure)?
+    } else {
+        let stmt = client.prepare_cached(&SQL_BATCH).await.map_err(failure)?;
+        let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+        let scopes: Vec<&str> = jobs.iter().map(|j| j.spec.scope.as_str()).collect();
+        let keys: Vec<&str> = jobs.iter().map(|j| j.spec.key.as_str()).collect();
+        let fingerprints: Vec<&[u8]> = jobs
+            .iter()
+            .map(|j| j.spec.fingerprint.0.as_slice())
+            .collect();
+        let classes: Vec<&str> = jobs.iter().map(|j| j.spec.class.as_str()).collect();
+        let routes: Vec<&str> = jobs.iter().map(|j| j.spec.route.as_str()).collect();
+        let principals: Vec<&str> = jobs.iter().map(|j| j.spec.principal.as_str()).collect();
+        let owners: Vec<&str> = jobs.iter().map(|j| j.spec.owner.as_str()).collect();
+        let leases: Vec<i64> = jobs.iter().map(|j| super::millis(j.spec.lease)).collect();
+        let workflows: Vec<Option<&str>> =
+            jobs.iter().map(|j| j.spec.workflow_id.as_deref()).collect();
+        client
+            .query(
+                &stmt,
+                &[
+                    &offset,
+                    &ids,
+                    &scopes,
+                    &keys,
+                    &fingerprints,
+                    &classes,
+                    &routes,
+                    &principals,
+                    &owners,
+                    &leases,
+                    &workflows,
+                ],
+            )
+            .await
+            .map_err(failure)?
+    };
+    steps(jobs, &rows).map_err(Failure::Store)
+}
+
+/// Matches the returned rows to the claims by `(scope, key)`.
+fn steps(jobs: &[Job], rows: &[Row]) -> Result<Vec<Step>> {
+    let mut found: HashMap<(String, String), (Record, bool, i64)> =
+        HashMap::with_capacity(rows.len());
+    for row in rows {
+        let inserted: bool = row.try_get("inserted").map_err(super::corrupt)?;
+        let now: i64 = row.try_get("now").map_err(super::corrupt)?;
+        let record = record_from_row(row)?;
+        found.insert(
+            (record.scope.as_str().to_string(), record.key.clone()),
+            (record, inserted, now),
+        );
+    }
+    Ok(jobs
+        .iter()
+        .map(|job| {
+            let key = (job.spec.scope.as_str().to_string(), job.spec.key.clone());
+            match found.get(&key) {
+                Some((r, true, _)) if r.id == job.id => Step::Inserted(r.clone()),
+                Some((r, _, now)) => Step::Held(r.clone(), *now),
+                None => Step::Retry,
+            }
+        })
+        .collect())
+}
+
+fn failure(e: tokio_postgres::Error) -> Failure {
+    let conflict = e.code().is_some_and(|c| {
+        *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+            || *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+    });
+    if conflict {
+        Failure::Conflict
+    } else {
+        Failure::Store(unavailable(e))
+    }
+}
+
+/// The claim of many keys in one statement; `$2..$11` are arrays in the order of the
+/// single-row claim's parameters.
+static SQL_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS ({NOW}),
+         i AS (
+             SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
+                                  $7::text[], $8::text[], $9::text[], $10::bigint[],
+                                  $11::text[])
+                 WITH ORDINALITY AS i(id, scope, key, fingerprint, class, route, principal,
+                                      owner, lease, workflow_id, n)),
+         ins AS (
+             INSERT INTO records (id, scope, key, fingerprint, class, route, principal, state,
+                                  owner, attempt, lease_until, created_at, updated_at,
+                                  workflow_id)
+             SELECT i.id, i.scope, i.key, i.fingerprint, i.class, i.route, i.principal,
+                    'processing', i.owner, 1, t.now + i.lease, t.now, t.now, i.workflow_id
+             FROM i, t
+             ORDER BY i.n
+             ON CONFLICT (scope, key) DO NOTHING
+             RETURNING {ins})
+         SELECT true AS inserted, t.now, {ins} FROM ins, t
+         UNION ALL
+         SELECT false, t.now, {r} FROM records r, t
+         WHERE (r.scope, r.key) IN (SELECT i.scope, i.key FROM i)",
+        ins = COLUMNS.join(", "),
+        r = cols("r"),
+    )
+});
