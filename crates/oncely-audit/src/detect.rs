@@ -14,6 +14,7 @@
 //! before it; the verdict never depends on this, only memory does); per-principal sums
 //! and a short list of the most repeated originals are all that outlive them.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -159,46 +160,6 @@ impl Detector {
         let end = req
             .ts
             .saturating_add(req.duration_ms.min(i64::MAX as u64) as i64);
-        if let Some(o) = self.originals.get_mut(&req.key) {
-            let lives_until = o.end.saturating_add(self.window_ms);
-            if req.ts < lives_until && req.ts.saturating_add(self.window_ms) > o.ts {
-                let during = req.ts < o.end;
-                let delay = if during {
-                    req.ts.saturating_sub(o.ts).max(0)
-                } else {
-                    req.ts - o.end
-                } as u64;
-                o.repeats += 1;
-                o.repeat_units += units;
-                o.max_delay_ms = o.max_delay_ms.max(delay);
-                if during {
-                    o.during += 1;
-                    self.during.add(delay);
-                } else {
-                    self.after.add(delay);
-                }
-                if o.detail.is_none() {
-                    o.detail = Some(Box::new((
-                        req.names.method().into(),
-                        req.names.path().into(),
-                    )));
-                }
-                let totals = &mut self.principals[principal as usize];
-                totals.duplicate_requests += 1;
-                totals.duplicate_units += units;
-                if during {
-                    totals.during += 1;
-                } else {
-                    totals.after += 1;
-                }
-                return;
-            }
-            if req.ts < o.ts {
-                // A straggler from well before the remembered original: it executed on
-                // its own, and the newer record stays.
-                return;
-            }
-        }
         let original = Original {
             ts: req.ts,
             end,
@@ -212,11 +173,60 @@ impl Detector {
             max_delay_ms: 0,
             detail: None,
         };
-        self.expiries
-            .push_back((end.saturating_add(self.window_ms), req.key, req.ts));
-        if let Some(old) = self.originals.insert(req.key, original) {
+        // One probe of the table per request: it is large and cold, so probes cost.
+        let replaced = match self.originals.entry(req.key) {
+            Entry::Vacant(slot) => {
+                slot.insert(original);
+                None
+            }
+            Entry::Occupied(mut slot) => {
+                let o = slot.get_mut();
+                let lives_until = o.end.saturating_add(self.window_ms);
+                if req.ts < lives_until && req.ts.saturating_add(self.window_ms) > o.ts {
+                    let during = req.ts < o.end;
+                    let delay = if during {
+                        req.ts.saturating_sub(o.ts).max(0)
+                    } else {
+                        req.ts - o.end
+                    } as u64;
+                    o.repeats += 1;
+                    o.repeat_units += units;
+                    o.max_delay_ms = o.max_delay_ms.max(delay);
+                    if during {
+                        o.during += 1;
+                        self.during.add(delay);
+                    } else {
+                        self.after.add(delay);
+                    }
+                    if o.detail.is_none() {
+                        o.detail = Some(Box::new((
+                            req.names.method().into(),
+                            req.names.path().into(),
+                        )));
+                    }
+                    let totals = &mut self.principals[principal as usize];
+                    totals.duplicate_requests += 1;
+                    totals.duplicate_units += units;
+                    if during {
+                        totals.during += 1;
+                    } else {
+                        totals.after += 1;
+                    }
+                    return;
+                }
+                if req.ts < o.ts {
+                    // A straggler from well before the remembered original: it executed on
+                    // its own, and the newer record stays.
+                    return;
+                }
+                Some(std::mem::replace(o, original))
+            }
+        };
+        if let Some(old) = replaced {
             self.retire(req.key, old);
         }
+        self.expiries
+            .push_back((end.saturating_add(self.window_ms), req.key, req.ts));
         self.peak_originals = self.peak_originals.max(self.originals.len());
     }
 
@@ -227,9 +237,11 @@ impl Detector {
                 break;
             }
             self.expiries.pop_front();
-            if self.originals.get(&key).is_some_and(|o| o.ts == start) {
-                let o = self.originals.remove(&key).expect("present");
-                self.retire(key, o);
+            if let Entry::Occupied(slot) = self.originals.entry(key) {
+                if slot.get().ts == start {
+                    let o = slot.remove();
+                    self.retire(key, o);
+                }
             }
         }
     }
