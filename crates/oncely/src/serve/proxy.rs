@@ -18,7 +18,6 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use anyhow::Context as _;
 use bytes::Bytes;
@@ -274,47 +273,25 @@ impl tower::Service<Request<BoxBody>> for Proxy {
                 })?),
                 None => None,
             };
-            let in_flight = InFlight::start();
-            let started = Instant::now();
-            let res = client.send(Request::from_parts(parts, body)).await;
-            metrics::histogram!("oncely_upstream_seconds").record(started.elapsed().as_secs_f64());
-            let res = res?;
+            // `oncely_in_flight` and `oncely_upstream_seconds` are counted by the guard's
+            // owner task (oncely-tower), which times the whole guarded exchange.
+            let res = client.send(Request::from_parts(parts, body)).await?;
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             let body = Held {
                 inner: oncely_tower::body::boxed(body),
                 _permit: permit,
-                _in_flight: in_flight,
             };
             Ok(Response::from_parts(parts, oncely_tower::body::boxed(body)))
         })
     }
 }
 
-/// Counts an upstream call in `oncely_in_flight` from its start until its answer's body
-/// is done (or dropped).
-#[derive(Debug)]
-struct InFlight;
-
-impl InFlight {
-    fn start() -> InFlight {
-        metrics::gauge!("oncely_in_flight").increment(1.0);
-        InFlight
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        metrics::gauge!("oncely_in_flight").decrement(1.0);
-    }
-}
-
-/// An answer body that holds the route's concurrency permit and the in-flight count
-/// until it is finished or dropped.
+/// An answer body that holds the route's concurrency permit until it is finished or
+/// dropped.
 struct Held {
     inner: BoxBody,
     _permit: Option<OwnedSemaphorePermit>,
-    _in_flight: InFlight,
 }
 
 impl Body for Held {
