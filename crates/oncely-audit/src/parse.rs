@@ -19,8 +19,12 @@ use crate::line::{LineReader, Request};
 /// The longest line read; longer lines are counted as unreadable.
 pub const MAX_LINE: usize = 16 << 20;
 
-/// Bytes of lines handed to a parser at once.
+/// Bytes of lines handed to a parser at once (with few inputs)...
 const CHUNK: usize = 1 << 20;
+
+/// ...and at most this much in flight over all inputs, so that a thousand hourly files
+/// read at once (merged by time) still fit: each then gets smaller chunks.
+const ALL_IN_FLIGHT: usize = 64 << 20;
 
 /// Chunks an input may have in flight before its reader waits.
 const IN_FLIGHT: usize = 4;
@@ -79,6 +83,7 @@ pub(crate) fn start(inputs: Vec<Input>, reader: LineReader) -> Vec<Lines> {
     let parsers = thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8);
+    let chunk = (ALL_IN_FLIGHT / IN_FLIGHT / inputs.len().max(1)).clamp(16 << 10, CHUNK);
     for _ in 0..parsers {
         let queue = queue.clone();
         let reader = reader.clone();
@@ -102,8 +107,8 @@ pub(crate) fn start(inputs: Vec<Input>, reader: LineReader) -> Vec<Lines> {
                 .name("audit-read".into())
                 .spawn(move || {
                     let mut reader = reader;
-                    split(&mut reader, CHUNK, MAX_LINE, &mut |chunk| {
-                        hand_over(chunk, &jobs, &order_tx)
+                    split(&mut reader, chunk, MAX_LINE, &mut |c| {
+                        hand_over(c, &jobs, &order_tx)
                     });
                 })
                 .expect("a reader thread starts");

@@ -151,3 +151,29 @@ fn a_missing_file_is_a_bad_argument_and_unreadable_lines_are_noted_on_stderr() {
         .unwrap()
         .contains("unreadable lines: 1"));
 }
+
+#[test]
+fn hundreds_of_inputs_are_merged() {
+    // An hourly log per gateway instance: 300 inputs, each with its own request and a
+    // copy of one shared request, all in the same hour.
+    let shared = r#"{"text":"shared"}"#;
+    let inputs = (0..300)
+        .map(|i| {
+            let own = format!(r#"{{"text":"own {i}"}}"#);
+            let text = [
+                line(DAY + i * 10, "p", &own, 1, 0),
+                line(DAY + 5_000 + i * 10, "p", shared, 2, 0),
+            ]
+            .join("\n");
+            Input::from_reader(&format!("log-{i}"), Cursor::new(text.into_bytes())).unwrap()
+        })
+        .collect();
+    let report = audit(inputs, &args());
+    assert_eq!(report.requests, 600);
+    assert_eq!(
+        (report.duplicate_requests, report.duplicate_units),
+        (299, 598)
+    );
+    assert_eq!(report.out_of_order_lines, 0);
+    assert_eq!(report.top_repeats[0].source, "log-0:2");
+}
