@@ -26,8 +26,42 @@
 //! let report = run(&args, &mut std::io::stdout(), &mut std::io::stderr());
 //! ```
 //!
+//! The flags map one to one onto [`RawAuditArgs`]: `FILE...` → `files` (`-` is standard
+//! input), `--window D` → `window`, `--field NAME=SOURCE` (repeatable) → `fields`,
+//! `--ignore-field POINTER` (repeatable) → `ignore_fields`, `--price-per-unit P`,
+//! `--credits-csv F`, `--json`; two extensions, `--reorder D` (default 5m) and `--top N`
+//! (default 10); and `progress` = "standard error is a terminal and not `--json`".
+//! `examples/audit.rs` is a complete, minimal front end.
+//!
 //! Unreadable lines never stop a run: they are counted (`unreadable_lines`), the first
-//! few are listed with their line numbers, and the exit code stays 0.
+//! ten are listed with their line numbers (`unreadable_examples`, and the first on
+//! standard error), and the exit code stays 0.
+//!
+//! # Input
+//!
+//! One JSON object a line. `ts`: RFC 3339, or a number of seconds (milliseconds when
+//! at least 1e11) since the epoch. `principal`: a string or number. `method`, `path`:
+//! strings. `body`: any JSON value, or a string with the body's text; `body_sha256`: 64
+//! hex digits (an optional `sha256:` prefix). `units`: a whole number (a line without
+//! one counts one unit, and `units_missing` says how many). `duration_ms`: a number (0
+//! when absent). `--field NAME=SOURCE` reads a field from another member, or from inside
+//! one with a JSON pointer (`--field principal=/auth/account`). A line that lacks `ts`,
+//! `principal`, `method` or `path`, or has one of the wrong type, is unreadable, with the
+//! reason; so is a line over [`MAX_LINE`] bytes.
+//!
+//! # Output
+//!
+//! `--json`: the contract's members (`requests`, `units`, `duplicate_requests`,
+//! `duplicate_units`, `during`, `after`, `unreadable_lines`, `by_principal` with
+//! `principal`, `requests`, `units`, `duplicate_requests`, `duplicate_units`, `credit`)
+//! and these added ones: `share`, `request_share`, `credit` (the total), `price_per_unit`
+//! (when given), `window`, `window_ms`, `delays` (`during` measured from the original's
+//! start, `after` from its completion: count, min, max, mean, buckets), `top_repeats`,
+//! `unreadable_examples`, `out_of_order_lines`, `units_missing`, `inputs`,
+//! `peak_originals`; per principal also `during` and `after`. `credit` is always a
+//! number: the duplicate units, or with `--price-per-unit` the money, rounded to six
+//! decimals. `--credits-csv`: `principal,duplicate_requests,duplicate_units,credit`, one
+//! line per principal with at least one repeat.
 //!
 //! # What counts as a repeat
 //!
