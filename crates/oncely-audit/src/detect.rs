@@ -148,7 +148,8 @@ impl Detector {
         };
         let totals = &mut self.principals[principal as usize];
         totals.requests += 1;
-        totals.units += units;
+        // Sums saturate: absurd `units` in a log must not crash the audit.
+        totals.units = totals.units.saturating_add(units);
 
         if req.ts > self.frontier {
             self.frontier = req.ts;
@@ -190,7 +191,7 @@ impl Detector {
                         req.ts - o.end
                     } as u64;
                     o.repeats += 1;
-                    o.repeat_units += units;
+                    o.repeat_units = o.repeat_units.saturating_add(units);
                     o.max_delay_ms = o.max_delay_ms.max(delay);
                     if during {
                         o.during += 1;
@@ -206,7 +207,7 @@ impl Detector {
                     }
                     let totals = &mut self.principals[principal as usize];
                     totals.duplicate_requests += 1;
-                    totals.duplicate_units += units;
+                    totals.duplicate_units = totals.duplicate_units.saturating_add(units);
                     if during {
                         totals.during += 1;
                     } else {

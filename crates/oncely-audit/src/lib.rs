@@ -225,7 +225,8 @@ fn build_report(detector: Detector, names: Vec<String>, args: &AuditArgs) -> Rep
             .then(b.duplicate_requests.cmp(&a.duplicate_requests))
             .then(a.principal.cmp(&b.principal))
     });
-    let sum = |f: fn(&PrincipalTotals) -> u64| by_principal.iter().map(f).sum::<u64>();
+    let sum =
+        |f: fn(&PrincipalTotals) -> u64| by_principal.iter().map(f).fold(0u64, u64::saturating_add);
     let requests = sum(|p| p.requests);
     let units = sum(|p| p.units);
     let duplicate_requests = sum(|p| p.duplicate_requests);

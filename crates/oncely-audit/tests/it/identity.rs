@@ -151,3 +151,19 @@ fn fields_named_otherwise_are_mapped() {
     assert_eq!(plain.unreadable_examples[0].reason, "missing field \"ts\"");
     assert_ne!(FieldMap::default(), args.fields);
 }
+
+#[test]
+fn absurd_units_saturate_instead_of_crashing() {
+    let body = r#"{"x":1}"#;
+    let report = audit_lines(
+        &[
+            line(DAY, "p", body, u64::MAX, 0),
+            line(DAY + 1, "p", body, u64::MAX, 0),
+            line(DAY + 2, "q", body, u64::MAX, 0),
+        ],
+        &args(),
+    );
+    assert_eq!(report.units, u64::MAX);
+    assert_eq!(report.duplicate_units, u64::MAX);
+    assert_eq!(report.duplicate_requests, 1);
+}
