@@ -524,4 +524,26 @@ mod tests {
             request_key("acct_9", "POST", "/x", Body::Json(br#"{"t":1}"#))
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_lines_never_panic(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = reader().read(&raw, &mut Vec::new());
+        }
+
+        #[test]
+        fn arbitrary_values_in_every_field_never_panic(
+            ts in "[0-9a-zA-Z:.+\\-]{0,30}",
+            body in "[\\[\\]{}\":,0-9a-z ]{0,30}",
+            units in "[-0-9.e]{0,12}",
+        ) {
+            let line = format!(
+                r#"{{"ts":"{ts}","principal":"p","method":"POST","path":"/","body":"{body}","units":{units},"duration_ms":{units}}}"#
+            );
+            let _ = reader().read(line.as_bytes(), &mut Vec::new());
+            let map = FieldMap::parse(&["body=/b/0", "principal=/who"]).unwrap();
+            let line = format!(r#"{{"ts":1,"who":{body},"method":"GET","path":"/","b":[{body}]}}"#);
+            let _ = LineReader::new(&map, &["/0".into(), "/a/b".into()]).read(line.as_bytes(), &mut Vec::new());
+        }
+    }
 }
