@@ -10,6 +10,7 @@ use super::store::{open, principal_key, Ledger};
 use super::{Failure, LedgerCommand, Outcome, ResolveArgs};
 use crate::config::{Config, Route};
 use crate::records;
+use crate::serve::reconcile::{reconcile_once, Reconciled};
 
 pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
     match cmd {
@@ -218,45 +219,29 @@ async fn reconcile(ledger: &Ledger, record: Record) -> Outcome {
             record.route, record.id
         )));
     };
-    let Some(spec) = &route.reconcile else {
+    if route.reconcile.is_none() {
         return Err(Failure::usage(format!(
             "route {:?} has no reconcile configured",
             record.route
         )));
-    };
-    let Some(upstream) = &route.upstream else {
+    }
+    if route.upstream.is_none() {
         return Err(Failure::usage(format!(
             "route {:?} has no upstream",
             record.route
         )));
-    };
+    }
     let client = crate::serve::proxy::UpstreamClient::new(config.upstream_ca.as_deref())
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
-    let verdict =
-        crate::serve::reconcile::ask(&client, upstream, spec, &record, route.timeout).await;
-    match verdict {
-        crate::serve::reconcile::Verdict::Unknown(why) => Err(Failure::runtime(format!(
-            "record {} stays outcome_unknown: {why}",
-            record.id
-        ))),
-        crate::serve::reconcile::Verdict::Resolve(resolution) => {
-            let resolution = match resolution {
-                Resolution::Completed {
-                    response, reason, ..
-                } => Resolution::Completed {
-                    response,
-                    window: route.window,
-                    reason,
-                },
-                other => other,
-            };
-            let after = ledger
-                .store
-                .resolve(&record.id, resolution)
-                .await
-                .map_err(store_failure)?;
+    match reconcile_once(&*ledger.store, &client, route, &record, 1).await {
+        Reconciled::Completed(after) | Reconciled::Released(after) => {
             println!("record {} is now {}", after.id, after.state);
             Ok(())
         }
+        Reconciled::Unknown(why) => Err(Failure::runtime(format!(
+            "record {} stays outcome_unknown: {why}",
+            record.id
+        ))),
+        Reconciled::Error(why) => Err(Failure::runtime(format!("record {}: {why}", record.id))),
     }
 }

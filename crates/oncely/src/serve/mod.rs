@@ -4,7 +4,8 @@
 //! bind port 0 and stop it when they like. It opens (and migrates) the store, puts the
 //! oncely-tower guard around the [`proxy::Proxy`], serves HTTP/1.1 and HTTP/2 (HTTPS when
 //! `tls` is set) on `listen` and the [`admin`] API on `admin_listen`, purges expired
-//! records every minute, and refreshes the `oncely_outcome_unknown` gauge.
+//! records every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
+//! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]).
 //!
 //! On shutdown it stops accepting, lets every open connection finish its in-flight
 //! requests, waits for every owned upstream call to be recorded (`Guard::drain`), then
@@ -145,6 +146,13 @@ pub async fn run(
         })
     };
     let chores = tokio::spawn(chores(store.clone(), metrics.clone(), stop_rx.clone()));
+    let reconciler = tokio::spawn(reconcile::run_loop(
+        store.clone(),
+        client.clone(),
+        config.clone(),
+        reconcile::Pace::default(),
+        stop_rx.clone(),
+    ));
 
     let service = IdempotencyLayer::new(guard.clone(), routes.clone())
         .layer(Proxy::new(client, routes.clone()));
@@ -216,6 +224,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     let _ = chores.await;
+    let _ = reconciler.await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -2,15 +2,23 @@
 //! `reconcile = "METHOD /path?x={key}"` with `{key}` the downstream key the action was
 //! sent with. 2xx: it happened, and that answer is what duplicates get; 404: it did not;
 //! anything else (or no answer): still unknown.
+//!
+//! [`reconcile_once`] is one attempt (the CLI's `oncely ledger reconcile ID` and the
+//! server share it); [`run_loop`] is the server's own reconciliation, which waits
+//! `reconcile_after` from the moment a record became unknown and then retries with
+//! doubling delays and a limit.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
-use oncely_core::{DownstreamKey, Record, Resolution, StoredResponse};
+use oncely_core::{DownstreamKey, Record, RecordId, Resolution, State, StoredResponse, Timestamp};
+use oncely_store::{ListFilter, Store};
 
 use super::proxy::{strip_hop_by_hop, upstream_uri, UpstreamClient};
-use crate::config::{Reconcile, Upstream};
+use crate::config::{Config, Reconcile, Route, Upstream};
 
 /// What the upstream said.
 #[derive(Debug)]
@@ -96,5 +104,226 @@ pub async fn ask(
         })
     } else {
         Verdict::Unknown(format!("{} {uri} answered {status}", spec.method))
+    }
+}
+
+/// What one reconciliation of one record did.
+#[derive(Debug)]
+pub enum Reconciled {
+    /// The upstream answered 2xx: the record is completed with that answer.
+    Completed(Record),
+    /// The upstream answered 404: the record is released.
+    Released(Record),
+    /// The upstream's answer settled nothing: the record stays outcome_unknown.
+    Unknown(String),
+    /// The record could not be resolved (it changed under us, or the store failed).
+    Error(String),
+}
+
+impl Reconciled {
+    /// The `result` label of `oncely_reconcile_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Reconciled::Completed(_) => "completed",
+            Reconciled::Released(_) => "released",
+            Reconciled::Unknown(_) => "unknown",
+            Reconciled::Error(_) => "error",
+        }
+    }
+}
+
+/// Asks the route's `reconcile` endpoint about `record` once and resolves the record by
+/// the answer: shared by `oncely ledger reconcile` and the server's own loop. Every
+/// attempt is counted in `oncely_reconcile_total{result}` and logged (target
+/// `oncely::reconcile`); a state change is logged with its reason.
+pub async fn reconcile_once(
+    store: &dyn Store,
+    client: &UpstreamClient,
+    route: &Route,
+    record: &Record,
+    attempt: u32,
+) -> Reconciled {
+    let outcome = match (&route.reconcile, &route.upstream) {
+        (Some(spec), Some(upstream)) => {
+            match ask(client, upstream, spec, record, route.timeout).await {
+                Verdict::Unknown(why) => Reconciled::Unknown(why),
+                Verdict::Resolve(resolution) => {
+                    let resolution = match resolution {
+                        Resolution::Completed {
+                            response, reason, ..
+                        } => Resolution::Completed {
+                            response,
+                            window: route.window,
+                            reason,
+                        },
+                        other => other,
+                    };
+                    match store.resolve(&record.id, resolution).await {
+                        Ok(r) if r.state == State::Completed => Reconciled::Completed(r),
+                        Ok(r) => Reconciled::Released(r),
+                        Err(e) => Reconciled::Error(format!("could not resolve: {e}")),
+                    }
+                }
+            }
+        }
+        (None, _) => Reconciled::Error(format!("route {:?} has no reconcile", route.name)),
+        (_, None) => Reconciled::Error(format!("route {:?} has no upstream", route.name)),
+    };
+    metrics::counter!("oncely_reconcile_total", "result" => outcome.label()).increment(1);
+    match &outcome {
+        Reconciled::Completed(r) | Reconciled::Released(r) => tracing::info!(
+            target: "oncely::reconcile",
+            record = %r.id,
+            route = %r.route,
+            attempt,
+            from = "outcome_unknown",
+            to = %r.state,
+            reason = r.last_error.as_deref().unwrap_or(""),
+            "record resolved by reconciliation"
+        ),
+        Reconciled::Unknown(why) => tracing::info!(
+            target: "oncely::reconcile",
+            record = %record.id,
+            route = %record.route,
+            attempt,
+            reason = %why,
+            "reconciliation left the record outcome_unknown"
+        ),
+        Reconciled::Error(why) => tracing::warn!(
+            target: "oncely::reconcile",
+            record = %record.id,
+            route = %record.route,
+            attempt,
+            error = %why,
+            "reconciliation failed"
+        ),
+    }
+    outcome
+}
+
+/// How the server's own reconciliation paces itself.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    /// How often the ledger is scanned for outcome_unknown records.
+    pub scan_every: Duration,
+    /// The longest delay between two attempts on one record.
+    pub max_delay: Duration,
+    /// Attempts on one record before the server stops asking on its own (the CLI and
+    /// the admin API still can).
+    pub max_attempts: u32,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            scan_every: Duration::from_secs(1),
+            max_delay: Duration::from_secs(3600),
+            max_attempts: 12,
+        }
+    }
+}
+
+/// One record's schedule in the server's loop.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    attempts: u32,
+    next_at: Timestamp,
+}
+
+/// The delay before attempt `n + 1` (after `n` inconclusive ones): `reconcile_after`
+/// doubled `n` times, capped at `max`.
+pub fn backoff(reconcile_after: Duration, n: u32, max: Duration) -> Duration {
+    let factor = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
+    reconcile_after
+        .max(Duration::from_millis(100))
+        .saturating_mul(factor)
+        .min(max)
+}
+
+/// The server's reconciliation loop: every `scan_every`, each `outcome_unknown` record of
+/// a route with `reconcile` is asked about once `reconcile_after` has passed since it
+/// became unknown (its `updated_at`), so that a call still running upstream is not taken
+/// for one that never happened; inconclusive answers are retried with doubling delays up
+/// to `max_attempts`. The schedule lives in memory: a restarted server starts it afresh.
+pub async fn run_loop(
+    store: Arc<dyn Store>,
+    client: UpstreamClient,
+    config: Arc<Config>,
+    pace: Pace,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    if !config.routes.iter().any(|r| r.reconcile.is_some()) {
+        return;
+    }
+    let mut schedules: HashMap<RecordId, Schedule> = HashMap::new();
+    let mut ticks = tokio::time::interval(pace.scan_every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = ticks.tick() => {}
+        }
+        let filter = ListFilter {
+            state: Some(State::OutcomeUnknown),
+            ..ListFilter::default()
+        };
+        let (unknown, now) = match (store.list(&filter).await, store.now().await) {
+            (Ok(list), Ok(now)) => (list, now),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(target: "oncely::reconcile", error = %e, "cannot list outcome_unknown records");
+                continue;
+            }
+        };
+        schedules.retain(|id, _| unknown.iter().any(|r| &r.id == id));
+        for record in unknown {
+            let Some(route) = config.route_named(&record.route) else {
+                continue;
+            };
+            if route.reconcile.is_none() {
+                continue;
+            }
+            let schedule = schedules.entry(record.id.clone()).or_insert(Schedule {
+                attempts: 0,
+                next_at: record.updated_at.plus(route.reconcile_after),
+            });
+            if schedule.attempts >= pace.max_attempts || schedule.next_at > now {
+                continue;
+            }
+            schedule.attempts += 1;
+            let attempt = schedule.attempts;
+            let outcome = tokio::select! {
+                _ = stop.changed() => return,
+                o = reconcile_once(&*store, &client, route, &record, attempt) => o,
+            };
+            if let Reconciled::Unknown(_) | Reconciled::Error(_) = outcome {
+                let delay = backoff(route.reconcile_after, attempt, pace.max_delay);
+                schedule.next_at = now.plus(delay);
+                if attempt >= pace.max_attempts {
+                    tracing::warn!(
+                        target: "oncely::reconcile",
+                        record = %record.id,
+                        route = %record.route,
+                        attempts = attempt,
+                        "automatic reconciliation gives up; resolve with `oncely ledger reconcile` or `oncely ledger resolve`"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_reconcile_after_and_is_capped() {
+        let max = Duration::from_secs(3600);
+        let s = Duration::from_secs;
+        assert_eq!(backoff(s(60), 1, max), s(120));
+        assert_eq!(backoff(s(60), 2, max), s(240));
+        assert_eq!(backoff(s(60), 10, max), max);
+        assert_eq!(backoff(s(60), 40, max), max);
+        assert_eq!(backoff(Duration::ZERO, 1, max), Duration::from_millis(200));
     }
 }
