@@ -36,7 +36,9 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
-use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse};
+use oncely_core::{
+    ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse, Timestamp,
+};
 use oncely_store::{Claim, NewTask, Store, StoreError};
 use sha2::{Digest, Sha256};
 
@@ -232,10 +234,10 @@ impl Inner {
     }
 
     async fn accept(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        let now = SystemTime::now()
+        let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        let verified = match self.config.verifier.verify(headers, body, now) {
+            .map_or(0, |d| d.as_millis() as i64);
+        let verified = match self.config.verifier.verify(headers, body, now_ms / 1000) {
             Ok(v) => v,
             Err(e) => return self.rejected("signature_invalid", &e.to_string()),
         };
@@ -278,11 +280,21 @@ impl Inner {
             replay_until: None,
             provider_request_id: None,
         };
-        match self
-            .store
-            .claim_with_task(&specs, Some(completion), task)
-            .await
-        {
+        // A resend of a known event is answered from a read (SQLite: the replay cache or
+        // a read connection), without waiting for the writer.
+        let known = match self.store.lookup(&self.scope, &event_id).await {
+            Ok(found) => found.filter(|r| !r.is_expired(Timestamp(now_ms))),
+            Err(e) => return self.store_failed(&event_id, &e),
+        };
+        let claimed = match known {
+            Some(record) => Ok(Claim::Existing(record)),
+            None => {
+                self.store
+                    .claim_with_task(&specs, Some(completion), task)
+                    .await
+            }
+        };
+        match claimed {
             Ok(Claim::Owned(record)) => {
                 metrics::counter!("oncely_webhook_events_total", "result" => "accepted")
                     .increment(1);
@@ -311,16 +323,18 @@ impl Inner {
                 );
                 acknowledged("duplicate", record.id.as_str())
             }
-            Err(e) => {
-                tracing::warn!(
-                    webhook = %self.config.path,
-                    event_id = %event_id,
-                    error = %e,
-                    "webhook event not acknowledged: the store failed"
-                );
-                store_problem(&e)
-            }
+            Err(e) => self.store_failed(&event_id, &e),
         }
+    }
+
+    fn store_failed(&self, event_id: &str, e: &StoreError) -> Response {
+        tracing::warn!(
+            webhook = %self.config.path,
+            event_id,
+            error = %e,
+            "webhook event not acknowledged: the store failed"
+        );
+        store_problem(e)
     }
 
     /// The claim of `key`; its `workflow_id` is the event id, so a dedupe record names

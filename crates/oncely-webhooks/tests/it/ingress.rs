@@ -273,3 +273,68 @@ async fn dedupe_fields_catch_one_event_under_two_ids() {
     assert_eq!(keys, ["msg_a", "msg_c"]);
     worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_acknowledges_nothing() {
+    let backend = Backend::postgres().await;
+    let store = backend.open().await;
+    let gw = gateway(store.clone(), config("http://127.0.0.1:9/hook"), None).await;
+    // The ledger's tables vanish under the running gateway.
+    backend.break_schema().await;
+    let body = br#"{"n":1}"#;
+    let a = gw.post(&signed("msg_down", now(), body), body).await;
+    assert_eq!(a.status, 503);
+    assert_eq!(a.json["code"], "store_unavailable");
+    assert_eq!(a.oncely_status, None, "not acknowledged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_events_and_deliveries() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder of this test process");
+    let handler = Handler::start(vec![Answer::Status(500)], Answer::Status(200)).await;
+    let backend = Backend::sqlite();
+    let store = backend.open().await;
+    let worker = worker(store.clone(), "w1", Duration::from_secs(30));
+    let gw = gateway(store.clone(), config(&handler.url()), Some(&worker)).await;
+    let body = br#"{"m":1}"#;
+    gw.post(&signed("msg_m1", now(), body), body).await;
+    gw.post(&signed("msg_m1", now(), body), body).await;
+    gw.post(&signed("msg_m1", now() - 3600, body), body).await;
+    handler.wait_for(2, Duration::from_secs(10)).await;
+    let mut dead_cfg = config("http://127.0.0.1:1/refused");
+    dead_cfg.path = "/hooks/dead".into();
+    dead_cfg.max_attempts = 1;
+    let dead_gw = gateway(store.clone(), dead_cfg, Some(&worker)).await;
+    dead_gw
+        .send(
+            "POST",
+            "/hooks/dead",
+            &signed("msg_m2", now(), body),
+            body.to_vec(),
+        )
+        .await;
+    let start = std::time::Instant::now();
+    loop {
+        let text = recorder.render();
+        let all = [
+            r#"oncely_webhook_events_total{result="accepted"}"#,
+            r#"oncely_webhook_events_total{result="duplicate"}"#,
+            r#"oncely_webhook_events_total{result="rejected"}"#,
+            r#"oncely_webhook_deliveries_total{result="retried"}"#,
+            r#"oncely_webhook_deliveries_total{result="delivered"}"#,
+            r#"oncely_webhook_deliveries_total{result="dead"}"#,
+            r#"oncely_webhook_queue_depth{state="dead"}"#,
+        ];
+        if all.iter().all(|m| text.contains(m)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "missing metrics in:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.stop().await;
+}

@@ -40,6 +40,21 @@ impl Backend {
         Backend::Postgres(fresh_schema(&pg_base_url()).await)
     }
 
+    /// Drops the ledger's schema (PostgreSQL only): every later statement fails.
+    pub(crate) async fn break_schema(&self) {
+        let Backend::Postgres(url) = self else {
+            panic!("break_schema needs PostgreSQL")
+        };
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute("DROP TABLE tasks, records CASCADE")
+            .await
+            .unwrap();
+    }
+
     /// A store instance (each call: its own connections, like another process).
     pub(crate) async fn open(&self) -> Arc<dyn Store> {
         match self {
