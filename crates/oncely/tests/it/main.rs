@@ -7,3 +7,4 @@ mod cli;
 mod common;
 mod e2e;
 mod proxy;
+mod reconcile;
