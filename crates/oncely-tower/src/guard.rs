@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, StatusCode};
 use oncely_core::{
-    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, Scope, State, TakeOverOutcome,
+    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, Scope, State, StoredResponse,
+    TakeOverOutcome,
 };
 use oncely_store::{Claim, Store, StoreError};
 use sha2::Sha256;
@@ -44,6 +45,34 @@ pub struct UpstreamAnswer {
     /// Billing units the answer itself names (`units = response_header:NAME`); `None`
     /// keeps [`GuardedCall::units`].
     pub units: Option<u64>,
+    /// Decides what is stored once the whole body has been read; `None` stores the answer
+    /// as it came. See [`Classifier`].
+    pub classify: Option<Classifier>,
+}
+
+impl UpstreamAnswer {
+    /// An answer stored as it comes (no units of its own, no classifier).
+    pub fn new(status: StatusCode, headers: HeaderMap, body: BoxBody) -> UpstreamAnswer {
+        UpstreamAnswer {
+            status,
+            headers,
+            body,
+            units: None,
+            classify: None,
+        }
+    }
+
+    /// Sets the units the answer names.
+    pub fn with_units(mut self, units: Option<u64>) -> UpstreamAnswer {
+        self.units = units;
+        self
+    }
+
+    /// Sets the classifier that decides what is stored.
+    pub fn with_classifier(mut self, classify: Classifier) -> UpstreamAnswer {
+        self.classify = Some(classify);
+        self
+    }
 }
 
 impl std::fmt::Debug for UpstreamAnswer {
@@ -52,9 +81,28 @@ impl std::fmt::Debug for UpstreamAnswer {
             .field("status", &self.status)
             .field("headers", &self.headers)
             .field("units", &self.units)
+            .field("classify", &self.classify.is_some())
             .finish_non_exhaustive()
     }
 }
+
+/// What a [`Classifier`] decided about a whole answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Classified {
+    /// Store this response (it may differ from what the upstream sent, e.g. the one
+    /// JSON-RPC result out of an event stream). Its `body: None` stores the answer as too
+    /// large to keep.
+    Store(StoredResponse),
+    /// Store nothing: release the record with this reason, so a repeat executes again
+    /// (e.g. a JSON-RPC error inside an HTTP 200).
+    Release(String),
+}
+
+/// Reads an answer's status, headers and whole body after the owner task has streamed
+/// it, and decides what the ledger keeps. Called at most once, and only when the class
+/// would store the answer and its body was kept (not over `max_response`); otherwise it
+/// is dropped uncalled (when the owner task ends).
+pub type Classifier = Box<dyn FnOnce(StatusCode, &HeaderMap, &[u8]) -> Classified + Send>;
 
 /// One guarded call, protocol-agnostic: who, what, and the route's timings.
 #[derive(Debug, Clone)]
@@ -442,5 +490,148 @@ impl TaskCount {
 impl Drop for TaskToken {
     fn drop(&mut self) {
         self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use http_body_util::BodyExt;
+    use oncely_core::Fingerprint;
+
+    fn call(key: &str) -> GuardedCall {
+        GuardedCall {
+            scope: Scope::new("p", "/mcp#render"),
+            key: key.to_string(),
+            fingerprint: Fingerprint([7; 32]),
+            class: Class::Write,
+            route: "/mcp#render".into(),
+            principal: "p".into(),
+            window: Duration::from_secs(60),
+            wait: Duration::from_secs(1),
+            lease: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+            max_response: 1024,
+            workflow_id: None,
+            units: 3,
+        }
+    }
+
+    async fn run_with(guard: &Guard, key: &str, body: &'static str, classify: Classifier) {
+        let execution = guard
+            .execute(call(key), move |_| {
+                async move {
+                    Ok(UpstreamAnswer::new(
+                        StatusCode::OK,
+                        HeaderMap::new(),
+                        crate::body::full(body),
+                    )
+                    .with_classifier(classify))
+                }
+                .boxed()
+            })
+            .await;
+        let Execution::Fresh(fresh) = execution else {
+            panic!("expected a fresh execution, got {execution:?}");
+        };
+        // The caller still gets what the upstream sent, byte for byte.
+        let seen = fresh.body.collect().await.unwrap().to_bytes();
+        assert_eq!(seen, body.as_bytes());
+        guard.drain().await;
+    }
+
+    #[tokio::test]
+    async fn a_classifier_decides_what_is_stored_or_released() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Guard::new(store.clone(), b"k".to_vec());
+
+        // Store: the classifier's response is kept, not the upstream's bytes.
+        run_with(
+            &guard,
+            "stored",
+            "event: message\ndata: {\"result\":1}\n\n",
+            Box::new(|status, _headers, body| {
+                assert_eq!(status, StatusCode::OK);
+                assert!(body.starts_with(b"event: message"));
+                Classified::Store(StoredResponse {
+                    status: 200,
+                    headers: vec![("content-type".into(), "application/json".into())],
+                    body: Some(b"{\"result\":1}".to_vec()),
+                })
+            }),
+        )
+        .await;
+        match guard
+            .execute(call("stored"), |_| {
+                panic!("a stored answer must not run again")
+            })
+            .await
+        {
+            Execution::Replayed(record) => {
+                let response = record.response.unwrap();
+                assert_eq!(response.body.as_deref(), Some(&b"{\"result\":1}"[..]));
+                assert_eq!(record.units, 3);
+            }
+            other => panic!("expected a replay, got {other:?}"),
+        }
+
+        // Release: nothing is stored and the next identical call executes again.
+        run_with(
+            &guard,
+            "released",
+            "{\"error\":{\"code\":-32000}}",
+            Box::new(|_, _, _| Classified::Release("a JSON-RPC error".into())),
+        )
+        .await;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let again = guard
+            .execute(call("released"), move |_| {
+                flag.store(true, Ordering::SeqCst);
+                async {
+                    Ok(UpstreamAnswer::new(
+                        StatusCode::OK,
+                        HeaderMap::new(),
+                        crate::body::full("ok"),
+                    ))
+                }
+                .boxed()
+            })
+            .await;
+        assert!(matches!(again, Execution::Fresh(_)));
+        assert!(ran.load(Ordering::SeqCst), "a released call executes again");
+        let record = match again {
+            Execution::Fresh(f) => f.record,
+            _ => unreachable!(),
+        };
+        assert_eq!(record.attempt, 2);
+        guard.drain().await;
+        let record = store.get(&record.id).await.unwrap().unwrap();
+        assert_eq!(record.state, State::Completed);
+    }
+
+    #[tokio::test]
+    async fn a_classifier_is_not_called_for_an_answer_too_large_to_keep() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Guard::new(store.clone(), b"k".to_vec());
+        let big: &'static str = Box::leak("x".repeat(2048).into_boxed_str());
+        run_with(
+            &guard,
+            "big",
+            big,
+            Box::new(|_, _, _| panic!("not called when the body was not kept")),
+        )
+        .await;
+        assert!(matches!(
+            guard
+                .execute(call("big"), |_| panic!("no second run"))
+                .await,
+            Execution::TooLarge(_)
+        ));
     }
 }

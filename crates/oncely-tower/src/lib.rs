@@ -58,7 +58,8 @@ pub mod policy;
 pub mod problem;
 
 pub use guard::{
-    Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError, UpstreamFailure,
+    Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,
+    UpstreamError, UpstreamFailure,
 };
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};

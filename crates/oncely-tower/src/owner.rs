@@ -21,7 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{interval_at, timeout_at, MissedTickBehavior};
 
 use crate::body::ChannelBody;
-use crate::guard::{GuardedCall, TaskToken, UpstreamAnswer, UpstreamError, UpstreamFailure};
+use crate::guard::{
+    Classified, GuardedCall, TaskToken, UpstreamAnswer, UpstreamError, UpstreamFailure,
+};
 use crate::problem::{
     IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS, REPLAY_SECONDS, REPLAY_UNTIL,
 };
@@ -171,6 +173,7 @@ pub(crate) async fn run(task: OwnerTask) {
         headers,
         body,
         units,
+        classify,
     } = answer;
     let length = headers
         .get(http::header::CONTENT_LENGTH)
@@ -246,13 +249,25 @@ pub(crate) async fn run(task: OwnerTask) {
             .dispose(UpstreamResult::Answered(status.as_u16()))
         {
             Disposition::Store => {
-                let replay_until = replay_until(&*store, &headers).await;
-                let completion = Completion {
-                    response: StoredResponse {
+                let response = match (classify, kept) {
+                    (Some(classify), Some(kept)) => classify(status, &headers, &kept),
+                    (_, kept) => Classified::Store(StoredResponse {
                         status: status.as_u16(),
                         headers: replayable_headers(&headers),
                         body: kept,
-                    },
+                    }),
+                };
+                let response = match response {
+                    Classified::Store(response) => response,
+                    Classified::Release(why) => {
+                        settle(&*store, &record, &fence, Disposition::Release, why).await;
+                        drop(tx);
+                        return;
+                    }
+                };
+                let replay_until = replay_until(&*store, &headers).await;
+                let completion = Completion {
+                    response,
                     units: units.unwrap_or(call.units),
                     window: call.window,
                     replay_until,

@@ -193,12 +193,7 @@ where
         Ok(res) => {
             let (parts, body) = res.into_parts();
             let units = units_header.map(|name| header_units(&parts.headers, &name));
-            Ok(UpstreamAnswer {
-                status: parts.status,
-                headers: parts.headers,
-                body: boxed(body),
-                units,
-            })
+            Ok(UpstreamAnswer::new(parts.status, parts.headers, boxed(body)).with_units(units))
         }
         Err(e) => Err(upstream_error(e.into())),
     }))
