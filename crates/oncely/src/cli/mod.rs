@@ -5,6 +5,7 @@
 //! 1 when a command ran but could not do what was asked for a reason outside the user's
 //! input (e.g. `ledger reconcile` whose upstream still cannot tell).
 
+mod audit;
 mod ledger;
 mod store;
 mod usage;
@@ -100,9 +101,10 @@ pub struct ServeArgs {
 pub enum Command {
     /// Runs the gateway.
     Serve(ServeArgs),
-    /// Runs a self-contained showcase (not available in this build yet).
+    /// Runs a self-contained showcase: a slow, billed service, the gateway in front of it,
+    /// and an agent that retries; prints what was executed, replayed and charged.
     Demo {
-        /// Anything the demo takes.
+        /// Anything the demo takes (only the hidden `--render-time DURATION`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
         rest: Vec<String>,
     },
@@ -120,13 +122,9 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Reports what a guard would have saved, from request logs (not available in this
-    /// build yet).
-    Audit {
-        /// Anything audit takes.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-        rest: Vec<String>,
-    },
+    /// Reports the requests in a log that repeated an earlier identical one within the
+    /// window: what a guard would have saved, and what to credit.
+    Audit(audit::AuditArgs),
     /// Dead-lettered webhook deliveries (not available in this build yet).
     Webhooks {
         /// Anything webhooks takes.
@@ -343,8 +341,8 @@ async fn run(cli: Cli) -> Outcome {
         Command::Usage { since, json, store } => usage::run(since, json, &store).await,
         Command::Migrate { store } => store::migrate(&store).await,
         Command::CheckConfig { file } => check_config(&file),
-        Command::Demo { .. } => Err(not_available("demo")),
-        Command::Audit { .. } => Err(not_available("audit")),
+        Command::Demo { rest } => crate::demo::cli(rest).await,
+        Command::Audit(args) => audit::run(args).await,
         Command::Webhooks { .. } => Err(not_available("webhooks")),
     }
 }

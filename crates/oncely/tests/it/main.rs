@@ -2,6 +2,7 @@
 //! HTTP and HTTPS servers on 127.0.0.1 port 0.
 
 mod admin;
+mod audit;
 mod check_config;
 mod cli;
 mod common;
