@@ -932,7 +932,6 @@ pub async fn secrets_are_stable_and_shared(h: &dyn Harness) {
     a.ping().await.unwrap();
 }
 
-/// Generates one `#[tokio::test]` per conformance rule for a harness expression.
 // The durable task queue.
 
 /// A webhook-like task for the queue tests.
@@ -1315,6 +1314,7 @@ pub async fn queue_dead_after_max_attempts_then_requeue(h: &dyn Harness) {
     );
 }
 
+/// Generates one `#[tokio::test]` per conformance rule for a harness expression.
 #[macro_export]
 macro_rules! conformance_tests {
     (queue $harness:expr) => {

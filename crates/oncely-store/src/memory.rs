@@ -370,6 +370,10 @@ impl Store for MemoryStore {
     }
 }
 
+/// The records an all-or-nothing claim writes (each with the id of an expired row it
+/// replaces), or the existing record that refuses it.
+pub(crate) type ClaimPlan = Result<Vec<(Option<RecordId>, Record)>, Record>;
+
 /// Decides an all-or-nothing claim of `specs`: either every claim is new and the records
 /// to write (each with the id of an expired row it replaces), or the first existing
 /// record. `find` reads the row holding a key. Shared by the memory and SQLite stores.
@@ -378,7 +382,7 @@ pub(crate) fn plan_claims(
     completion: Option<Completion>,
     now: Timestamp,
     mut find: impl FnMut(&Scope, &str) -> Result<Option<Record>>,
-) -> Result<Result<Vec<(Option<RecordId>, Record)>, Record>> {
+) -> Result<ClaimPlan> {
     if specs.is_empty() {
         return Err(StoreError::Config(
             "claim_with_task needs at least one claim".into(),

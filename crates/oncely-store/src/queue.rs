@@ -384,13 +384,13 @@ impl Task {
     }
 }
 
-/// Encodes headers for storage (a JSON array of pairs).
-pub(crate) fn headers_to_json(headers: &[(String, String)]) -> String {
+/// Encodes headers for storage (a JSON array of pairs), as the backends keep them.
+pub fn headers_to_json(headers: &[(String, String)]) -> String {
     serde_json::to_string(headers).expect("headers serialise")
 }
 
-/// Decodes stored headers.
-pub(crate) fn headers_from_json(text: &str) -> Result<Vec<(String, String)>, String> {
+/// Decodes headers stored by [`headers_to_json`].
+pub fn headers_from_json(text: &str) -> Result<Vec<(String, String)>, String> {
     serde_json::from_str(text).map_err(|e| format!("task headers: {e}"))
 }
 

@@ -95,7 +95,8 @@ async fn bad_signatures_are_refused_and_nothing_is_written() {
         h.push((name.to_string(), value.to_string()));
         h
     };
-    let cases: Vec<(&str, Vec<(String, String)>, &[u8], &str)> = vec![
+    type Case<'a> = (&'a str, Vec<(String, String)>, &'a [u8], &'a str);
+    let cases: Vec<Case<'_>> = vec![
         (
             "no signature",
             without("webhook-signature"),
