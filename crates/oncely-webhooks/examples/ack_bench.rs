@@ -3,8 +3,9 @@
 //! p50/p99 acknowledgement latency, for new events and for duplicates.
 //!
 //! ```text
-//! cargo run --release -p oncely-webhooks --example ack_bench -- [STORE_URL] [SENDERS] [EVENTS]
-//! # STORE_URL: sqlite://PATH (default: a temporary file, synchronous=FULL) or postgres://...
+//! cargo run --release -p oncely-webhooks --example ack_bench -- [STORE_URL] [SENDERS] [EVENTS] [SYNC]
+//! # STORE_URL: sqlite://PATH (default: a temporary file) or postgres://...
+//! # SYNC: SQLite's synchronous mode, FULL (default) or NORMAL
 //! ```
 //!
 //! No worker runs: this measures the ingress alone (verify, claim + queue in one
@@ -32,9 +33,12 @@ async fn main() {
         .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
     let senders: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(16);
     let events: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(4000);
-    let store = oncely_store::open(&url, StoreOptions::default())
-        .await
-        .unwrap();
+    let sync = args.get(3).cloned().unwrap_or_else(|| "FULL".into());
+    let options = StoreOptions {
+        sqlite_synchronous: sync.clone(),
+        ..StoreOptions::default()
+    };
+    let store = oncely_store::open(&url, options).await.unwrap();
     let scheme: Scheme = "standard".parse().unwrap();
     let secrets = Secrets::parse(&scheme, SECRET).unwrap();
     let verifier = Verifier::new(scheme.clone(), secrets.clone(), Duration::from_secs(300));
@@ -46,7 +50,7 @@ async fn main() {
 
     let run = format!("{:08x}", rand::random::<u32>());
     let store_name = url.split("://").next().unwrap_or("?").to_string();
-    println!("store={store_name} senders={senders} events={events}");
+    println!("store={store_name} senders={senders} events={events} sqlite_synchronous={sync}");
     for (label, expect) in [("new", "fresh"), ("duplicate", "duplicate")] {
         let (rate, p50, p99) = round(addr, &scheme, &secrets, &run, senders, events, expect).await;
         println!(
