@@ -102,6 +102,42 @@ where
     started.elapsed()
 }
 
+/// The CPU time this process has used (user + system), from `/proc/self/stat`.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command name: state is field 3, utime 14 and stime 15 (clock ticks).
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// With `ONCELY_BENCH_CPU=1`: claims of fresh keys at 64 callers outside criterion, with
+/// the CPU time they cost the whole process, so that figures from a busy machine can be
+/// read as capacity (claims per CPU-second).
+fn cpu_cost(rt: &Runtime, store: &Arc<dyn Store>, template: &ClaimSpec, backend: &str) {
+    if std::env::var_os("ONCELY_BENCH_CPU").is_none() {
+        return;
+    }
+    const CLAIMS: u64 = 20_000;
+    let (cpu_before, store, template) = (process_cpu(), store.clone(), template.clone());
+    let wall = rt.block_on(spread(64, CLAIMS, move |_| {
+        let (store, spec) = (store.clone(), fresh(&template));
+        async move {
+            store.claim(&spec).await.expect("claim");
+        }
+    }));
+    if let (Some(before), Some(after)) = (cpu_before, process_cpu()) {
+        let cpu = after.saturating_sub(before);
+        eprintln!(
+            "cpu/{backend}/64: {CLAIMS} claims in {wall:.2?} wall ({:.0}/s), {cpu:.2?} CPU \
+             ({:.1} us CPU a claim, {:.0} claims per CPU-second)",
+            CLAIMS as f64 / wall.as_secs_f64(),
+            cpu.as_secs_f64() * 1e6 / CLAIMS as f64,
+            CLAIMS as f64 / cpu.as_secs_f64().max(1e-9),
+        );
+    }
+}
+
 fn ledger(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -117,6 +153,7 @@ fn ledger(c: &mut Criterion) {
             continue;
         };
         let store = opened.store.clone();
+        cpu_cost(&rt, &store, &template, backend.name);
 
         let mut group = c.benchmark_group("claim");
         group.throughput(Throughput::Elements(1)).sample_size(10);

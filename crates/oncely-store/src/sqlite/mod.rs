@@ -61,7 +61,7 @@ pub struct SqliteSettings {
     pub busy_timeout: Duration,
     /// The most commands the writer commits in one transaction.
     pub group_size: usize,
-    /// Read connections kept open.
+    /// The most reads at once, and so the most read connections open.
     pub readers: usize,
     /// How often a waiter's instance checks for commits of other instances.
     pub watch_interval: Duration,

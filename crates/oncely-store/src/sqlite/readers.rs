@@ -17,6 +17,7 @@ use std::thread;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
+use tokio::sync::Semaphore;
 
 use super::{schema, sql_error};
 use crate::waiters::Waiters;
@@ -25,13 +26,14 @@ use crate::{Result, StoreError};
 /// How often the watcher looks for commits of other connections while someone waits.
 pub(super) const WATCH_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A pool of read-only connections.
+/// A pool of read-only connections. At most `size` reads run at once, so the pool never
+/// opens more than `size` connections; further reads wait their turn without a thread.
 #[derive(Debug)]
 pub(super) struct Readers {
     path: PathBuf,
     busy_timeout: Duration,
     idle: Mutex<Vec<Connection>>,
-    max_idle: usize,
+    turns: Semaphore,
 }
 
 /// Opens a read-only connection to the ledger at `path`.
@@ -46,13 +48,13 @@ pub(super) fn open_read_only(path: &Path, busy_timeout: Duration) -> Result<Conn
 }
 
 impl Readers {
-    /// A pool that keeps up to `max_idle` connections open.
-    pub(super) fn new(path: PathBuf, busy_timeout: Duration, max_idle: usize) -> Readers {
+    /// A pool of up to `size` connections, opened as reads need them.
+    pub(super) fn new(path: PathBuf, busy_timeout: Duration, size: usize) -> Readers {
         Readers {
             path,
             busy_timeout,
             idle: Mutex::new(Vec::new()),
-            max_idle: max_idle.max(1),
+            turns: Semaphore::new(size.max(1)),
         }
     }
 
@@ -62,6 +64,11 @@ impl Readers {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
+        let _turn = self
+            .turns
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Unavailable("the ledger's readers are closed".into()))?;
         let pool = Arc::clone(self);
         tokio::task::spawn_blocking(move || pool.run_here(read))
             .await
@@ -69,17 +76,14 @@ impl Readers {
     }
 
     /// Runs `read` on a pooled connection on the current (blocking) thread.
-    pub(super) fn run_here<T>(&self, read: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    fn run_here<T>(&self, read: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.idle.lock().expect("reader pool lock").pop();
         let conn = match conn {
             Some(c) => c,
             None => open_read_only(&self.path, self.busy_timeout)?,
         };
         let out = read(&conn);
-        let mut idle = self.idle.lock().expect("reader pool lock");
-        if idle.len() < self.max_idle {
-            idle.push(conn);
-        }
+        self.idle.lock().expect("reader pool lock").push(conn);
         out
     }
 }
