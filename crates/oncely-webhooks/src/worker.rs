@@ -136,6 +136,7 @@ impl Run {
         let this = Arc::new(self);
         let mut inflight: JoinSet<()> = JoinSet::new();
         let concurrency = this.options.concurrency.max(1);
+        let mut reported: Option<Instant> = None;
         loop {
             if *stopped.borrow() {
                 break;
@@ -160,7 +161,11 @@ impl Run {
                         tracing::warn!(error = %e, "cannot lease webhook deliveries");
                     }
                 }
-                this.report_depth().await;
+                // The gauge costs a count query: at most once per poll interval.
+                if reported.is_none_or(|at| at.elapsed() >= this.options.poll_interval) {
+                    this.report_depth().await;
+                    reported = Some(Instant::now());
+                }
             }
             if full_batch {
                 continue;
