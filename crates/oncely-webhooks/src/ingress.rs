@@ -5,7 +5,7 @@
 //!
 //! 1. The body is read up to `max_body` (else 413 `body_too_large`).
 //! 2. The signature is checked ([`Verifier`]); a failure, including a stale or
-//!    future-dated timestamp, answers 400 `signature_invalid` with the [`VerifyError`]'s
+//!    future-dated timestamp, answers 400 `signature_invalid` with the [`VerifyError`](crate::VerifyError)'s
 //!    one-line reason, and nothing is written.
 //! 3. The event id is taken from the verifier's source (the scheme's default or
 //!    `event_id = ...`). A verified delivery without one answers 400 `event_id_missing`
