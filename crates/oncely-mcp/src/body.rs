@@ -1,5 +1,5 @@
-//! The response body type of the MCP service, and the channel body that carries an owned
-//! upstream call's stream to a client that may leave at any time.
+//! The response body type of the MCP service, and the tap that reads `tools/list`
+//! answers on their way through.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -8,7 +8,6 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use tokio::sync::mpsc;
 
 use crate::{sse, BoxError};
 
@@ -20,24 +19,6 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> McpBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed()
-}
-
-/// A body fed by an owned upstream call. Dropping it (the client left) only makes the
-/// sender's next send fail, which the owner ignores: the call goes on.
-pub(crate) struct ChannelBody {
-    pub(crate) rx: mpsc::Receiver<Bytes>,
-}
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
 }
 
 pin_project_lite::pin_project! {

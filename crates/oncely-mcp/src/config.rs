@@ -99,7 +99,7 @@ impl PrincipalSource {
 pub struct McpConfig {
     /// The path clients use (e.g. `/mcp`); also the ledger route prefix.
     pub path: String,
-    /// The upstream MCP endpoint, `http://HOST:PORT/PATH`.
+    /// The upstream MCP endpoint, `http://HOST:PORT/PATH` or `https://...`.
     pub upstream: Uri,
     /// Who the caller is. Default `header:authorization`.
     pub principal: PrincipalSource,
@@ -132,9 +132,9 @@ impl McpConfig {
         let uri: Uri = upstream
             .parse()
             .map_err(|e| McpError::Config(format!("upstream {upstream:?}: {e}")))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
             return Err(McpError::Config(format!(
-                "upstream {upstream:?}: must be an http:// URL with a host"
+                "upstream {upstream:?}: must be an http:// or https:// URL with a host"
             )));
         }
         Ok(McpConfig {

@@ -2,49 +2,70 @@
 //!
 //! Every request is forwarded to the upstream MCP server unchanged and its answer streamed
 //! back frame by frame, except:
-//! - a guarded `tools/call` (see [`crate::catalog`]): claimed on the ledger, then executed
-//!   by a task the client's connection does not own, replayed, joined, or answered with an
-//!   `isError` result that says the original still runs;
+//! - a guarded `tools/call` (see [`crate::catalog`]): handed to the gateway's one engine,
+//!   [`oncely_tower::Guard::execute`], which claims it on the ledger and runs it on an owner
+//!   task the client's connection does not own (renewing its lease, streaming the answer to
+//!   the caller, recording it), or answers from the ledger; this module maps each
+//!   [`Execution`] to an MCP answer (a replayed result under the repeat's own id, or an
+//!   `isError` result that says the original still runs);
 //! - a `notifications/cancelled` naming a guarded call in flight: acknowledged with 202 and
 //!   dropped, so the client's timeout never abandons the paid work upstream;
 //! - a `tools/list` answer: passed through, and read on the way to learn which tools are
 //!   read-only.
+//!
+//! What is stored is decided by a [`Classifier`] once the owner task has read the whole
+//! answer: the JSON-RPC `result` for the call's id (found in a JSON body, a batch, or an
+//! event stream) is stored; a JSON-RPC `error`, an HTTP error, or an answer without a
+//! response releases the record, so the next identical call runs again. An answer over
+//! `max_response` is stored without its body: repeats get an `isError` result saying the
+//! result was too large to keep, and the tool does not run again within the window.
+//!
+//! A `tools/call` inside a JSON-RPC batch (protocol 2025-03-26 only; batching was removed
+//! in 2025-06-18) is guarded too: the batch is split, each guarded call goes through the
+//! engine on its own, the rest is forwarded as a smaller batch, and the answers are joined
+//! into one JSON array.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_core::{
-    ClaimSpec, Class, Completion, FingerprintBuilder, Record, Scope, StoredResponse, Timestamp,
+use oncely_core::{Class, FingerprintBuilder, Record, Scope, StoredResponse};
+use oncely_tower::{
+    Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
+    UpstreamFailure,
 };
-use oncely_store::Store;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::body::{full, ChannelBody, McpBody, Tap};
+use crate::body::{full, McpBody, Tap};
 use crate::catalog::ToolCatalog;
 use crate::config::{McpConfig, PrincipalSource};
 use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, REPLAY_META_KEY};
-use crate::ledger::{self, Decision, ReplayKind};
-use crate::principal::PrincipalHasher;
 use crate::sse;
 use crate::{BoxError, McpError};
 
-/// The pooled HTTP client the endpoint forwards with (the gateway's proxy uses the same).
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+/// The pooled HTTP/HTTPS client the endpoint forwards with.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The environment variable naming extra CA certificates (PEM) for `https://` upstreams
+/// (the gateway's proxy reads the same one).
+pub const EXTRA_CA_ENV: &str = "ONCELY_EXTRA_CA_FILE";
 
 /// JSON-RPC error code of MCP 2026-07-28 for routing headers that disagree with the body.
 pub const HEADER_MISMATCH: i64 = -32020;
@@ -85,43 +106,103 @@ impl std::fmt::Debug for McpEndpoint {
 
 struct Inner {
     config: McpConfig,
-    store: Arc<dyn Store>,
+    guard: Arc<Guard>,
     client: UpstreamClient,
     catalog: ToolCatalog,
-    hasher: PrincipalHasher,
-    instance: String,
-    /// Guarded calls this endpoint is answering now, by (session, request id): their
-    /// cancellations are dropped.
+    /// Guarded calls this endpoint is answering or running now, by (session, request id):
+    /// their cancellations are dropped.
     guarded: Mutex<HashMap<(Option<String>, String), usize>>,
 }
 
 impl McpEndpoint {
-    /// A pooled HTTP/1.1 client for the upstream.
-    pub fn default_client() -> UpstreamClient {
-        Client::builder(TokioExecutor::new())
+    /// A pooled HTTP/1.1 client for `http://` and `https://` upstreams, trusting the
+    /// system's root certificates, plus the PEM certificates in `extra_ca` and in the file
+    /// `$ONCELY_EXTRA_CA_FILE` names.
+    pub fn client(extra_ca: Option<&Path>) -> Result<UpstreamClient, McpError> {
+        let mut roots = rustls::RootCertStore::empty();
+        // A missing system store is not fatal: http upstreams and a CA file still work.
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        let env_ca = std::env::var_os(EXTRA_CA_ENV).map(std::path::PathBuf::from);
+        for path in extra_ca.map(Path::to_path_buf).into_iter().chain(env_ca) {
+            let pem = std::fs::read(&path)
+                .map_err(|e| McpError::Config(format!("cannot read {}: {e}", path.display())))?;
+            let certs = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| McpError::Config(format!("{}: not PEM: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(McpError::Config(format!(
+                    "{} holds no certificate",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| {
+                    McpError::Config(format!("{}: unusable CA certificate: {e}", path.display()))
+                })?;
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| McpError::Config(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
-            .build_http()
+            .build(connector))
     }
 
-    /// Builds the endpoint for `config` on `store` (from which it takes the secret that
-    /// principals are hashed with), forwarding with `client`.
-    pub async fn new(
-        config: McpConfig,
-        store: Arc<dyn Store>,
-        client: UpstreamClient,
-    ) -> Result<McpEndpoint, McpError> {
-        let secret = store.secret("principal").await?;
-        Ok(McpEndpoint {
+    /// A client trusting the system's roots (and `$ONCELY_EXTRA_CA_FILE`).
+    pub fn default_client() -> UpstreamClient {
+        McpEndpoint::client(None).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "extra CA file ignored");
+            let mut http = HttpConnector::new();
+            http.enforce_http(false);
+            let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(
+                    rustls::ClientConfig::builder_with_provider(Arc::new(
+                        rustls::crypto::ring::default_provider(),
+                    ))
+                    .with_safe_default_protocol_versions()
+                    .expect("ring supports the default versions")
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+                )
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(http);
+            Client::builder(TokioExecutor::new()).build(connector)
+        })
+    }
+
+    /// Builds the endpoint for `config`, guarding calls with `guard` (the gateway's one
+    /// engine: its ledger, its principal hashing, its owner tasks), forwarding with
+    /// `client`.
+    pub fn new(config: McpConfig, guard: Arc<Guard>, client: UpstreamClient) -> McpEndpoint {
+        McpEndpoint {
             inner: Arc::new(Inner {
                 config,
-                store,
+                guard,
                 client,
                 catalog: ToolCatalog::new(),
-                hasher: PrincipalHasher::new(secret),
-                instance: format!("mcp-{}", uuid::Uuid::now_v7().simple()),
                 guarded: Mutex::new(HashMap::new()),
             }),
-        })
+        }
+    }
+
+    /// The path this endpoint serves.
+    pub fn path(&self) -> &str {
+        &self.inner.config.path
     }
 
     /// What the endpoint has learned about the upstream's tools.
@@ -180,10 +261,7 @@ impl Drop for Tracked {
 struct Call {
     id: Value,
     tool: String,
-    route: String,
-    principal: String,
-    units: u64,
-    spec: ClaimSpec,
+    guarded: GuardedCall,
 }
 
 impl Inner {
@@ -219,7 +297,6 @@ impl Inner {
         }
         let session = header_str(&parts.headers, "mcp-session-id").map(str::to_string);
         let mut learn = false;
-        let mut bytes = bytes;
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(message @ Value::Object(_)) => {
                 if let Some(target) = jsonrpc::cancelled_request_id(&message) {
@@ -232,10 +309,14 @@ impl Inner {
                 if let Some(request) = jsonrpc::as_request(&message) {
                     match request.method {
                         "tools/call" => {
-                            if let Some(resp) =
-                                self.clone().guard(&parts, &bytes, &message, &session).await
-                            {
-                                return resp;
+                            if let Some(mismatch) = header_mismatch(&parts.headers, &message) {
+                                return json_response(
+                                    StatusCode::BAD_REQUEST,
+                                    &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
+                                );
+                            }
+                            if let Some(call) = self.read_call(&parts, &message) {
+                                return self.clone().guard(&parts, bytes, call, &session).await;
                             }
                         }
                         "tools/list" => learn = true,
@@ -243,29 +324,85 @@ impl Inner {
                     }
                 }
             }
-            Ok(Value::Array(items)) => {
-                // A batch (2025-03-26): its tools/calls pass unguarded; cancellations of
-                // guarded calls are taken out.
-                let kept: Vec<&Value> = items
-                    .iter()
-                    .filter(|m| {
-                        !jsonrpc::cancelled_request_id(m)
-                            .is_some_and(|id| self.is_guarded_in_flight(&session, &id))
-                    })
-                    .collect();
-                if kept.is_empty() {
-                    return empty(StatusCode::ACCEPTED);
-                }
-                if kept.len() != items.len() {
-                    bytes = Bytes::from(serde_json::to_vec(&kept).unwrap_or_default());
-                }
-                learn = kept
-                    .iter()
-                    .any(|m| jsonrpc::as_request(m).is_some_and(|r| r.method == "tools/list"));
-            }
+            Ok(Value::Array(items)) => return self.batch(parts, bytes, items, session).await,
             _ => {}
         }
         self.forward(parts, bytes, learn).await
+    }
+
+    /// A JSON-RPC batch (2025-03-26). Cancellations of guarded calls are taken out; each
+    /// guarded `tools/call` goes through the guard on its own (forwarded as a single
+    /// message); the rest is forwarded as a smaller batch; the answers are joined into one
+    /// JSON array. A batch without a guarded call is forwarded as it came (streamed).
+    async fn batch(
+        self: Arc<Self>,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        items: Vec<Value>,
+        session: Option<String>,
+    ) -> Response<McpBody> {
+        let mut rest = Vec::new();
+        let mut calls = Vec::new();
+        let mut dropped = false;
+        for item in items {
+            if jsonrpc::cancelled_request_id(&item)
+                .is_some_and(|id| self.is_guarded_in_flight(&session, &id))
+            {
+                dropped = true;
+                continue;
+            }
+            let guarded = jsonrpc::as_request(&item)
+                .filter(|r| r.method == "tools/call")
+                .and_then(|_| self.read_call(&parts, &item));
+            match guarded {
+                Some(call) => calls.push((item, call)),
+                None => rest.push(item),
+            }
+        }
+        let learn = rest
+            .iter()
+            .any(|m| jsonrpc::as_request(m).is_some_and(|r| r.method == "tools/list"));
+        if calls.is_empty() {
+            if rest.is_empty() {
+                return empty(StatusCode::ACCEPTED);
+            }
+            let bytes = if dropped {
+                Bytes::from(serde_json::to_vec(&rest).unwrap_or_default())
+            } else {
+                bytes
+            };
+            return self.forward(parts, bytes, learn).await;
+        }
+        let expects_answer = rest.iter().any(|m| jsonrpc::as_request(m).is_some());
+        let forwarded = async {
+            if rest.is_empty() {
+                return Vec::new();
+            }
+            let bytes = Bytes::from(serde_json::to_vec(&rest).unwrap_or_default());
+            let resp = self.clone().forward(parts.clone(), bytes, learn).await;
+            let ids: Vec<Value> = rest
+                .iter()
+                .filter_map(|m| jsonrpc::as_request(m).map(|r| r.id.clone()))
+                .collect();
+            responses_of(resp, &ids).await
+        };
+        let guarded = futures::future::join_all(calls.into_iter().map(|(item, call)| {
+            let me = self.clone();
+            let parts = parts.clone();
+            let session = session.clone();
+            async move {
+                let id = call.id.clone();
+                let bytes = Bytes::from(serde_json::to_vec(&item).unwrap_or_default());
+                let resp = me.guard(&parts, bytes, call, &session).await;
+                responses_of(resp, std::slice::from_ref(&id)).await
+            }
+        }));
+        let (mut answers, guarded) = tokio::join!(forwarded, guarded);
+        answers.extend(guarded.into_iter().flatten());
+        if answers.is_empty() && !expects_answer {
+            return empty(StatusCode::ACCEPTED);
+        }
+        json_response(StatusCode::OK, &Value::Array(answers))
     }
 
     fn is_guarded_in_flight(&self, session: &Option<String>, id: &str) -> bool {
@@ -345,13 +482,15 @@ impl Inner {
         Response::from_parts(rparts, body)
     }
 
-    /// The principal's keyed hash, or `None` when the call is not to be guarded.
+    /// The principal's keyed hash (the gateway's [`Guard::principal_hash`], so one account
+    /// is one principal on HTTP routes and MCP endpoints alike), or `None` when the call is
+    /// not to be guarded.
     fn principal(&self, headers: &HeaderMap) -> Option<String> {
         match &self.config.principal {
-            PrincipalSource::None => Some(self.hasher.hash("none", b"")),
+            PrincipalSource::None => Some(self.guard.single_tenant_principal()),
             PrincipalSource::Header(name) => headers
                 .get(name)
-                .map(|v| self.hasher.hash(&format!("header:{name}"), v.as_bytes())),
+                .map(|v| self.guard.principal_hash(v.as_bytes())),
             PrincipalSource::Jwt(verifier) => {
                 let token = header_str(headers, "authorization")?;
                 let token = token
@@ -362,10 +501,7 @@ impl Inner {
                     .map(|d| d.as_secs() as i64)
                     .unwrap_or(0);
                 match verifier.verify(token.trim(), now) {
-                    Ok(claim) => Some(
-                        self.hasher
-                            .hash(&format!("jwt:{}", verifier.claim()), claim.as_bytes()),
-                    ),
+                    Ok(claim) => Some(self.guard.principal_hash(claim.as_bytes())),
                     Err(e) => {
                         tracing::info!(route = %self.config.path, reason = %e,
                             "unverifiable token: tools/call forwarded unguarded");
@@ -397,65 +533,104 @@ impl Inner {
             .component(tool.as_bytes())
             .json(&mut arguments, &[]);
         let route = self.config.route_of(tool);
-        let spec = ClaimSpec {
-            scope: Scope::new(&principal, &route),
-            key: fingerprint.to_hex(),
-            fingerprint,
-            class: Class::Write,
-            route: route.clone(),
-            principal: principal.clone(),
-            owner: format!("{}-{}", self.instance, uuid::Uuid::now_v7().simple()),
-            lease: self.config.lease,
-            workflow_id: workflow_id(&parts.headers),
-        };
         Some(Call {
             id: request.id.clone(),
             tool: tool.to_string(),
-            route,
-            principal,
-            units,
-            spec,
+            guarded: GuardedCall {
+                scope: Scope::new(&principal, &route),
+                key: fingerprint.to_hex(),
+                fingerprint,
+                class: Class::Write,
+                route,
+                principal,
+                window: self.config.window,
+                wait: self.config.wait,
+                lease: self.config.lease,
+                timeout: self.config.timeout,
+                max_response: self.config.max_response as u64,
+                workflow_id: workflow_id(&parts.headers),
+                units,
+            },
         })
     }
 
-    /// A guarded tools/call, or `None` to forward it unguarded.
+    /// Runs a guarded call through the engine and answers in MCP terms.
     async fn guard(
         self: Arc<Self>,
         parts: &http::request::Parts,
-        bytes: &Bytes,
-        message: &Value,
+        bytes: Bytes,
+        call: Call,
         session: &Option<String>,
-    ) -> Option<Response<McpBody>> {
+    ) -> Response<McpBody> {
         let started = Instant::now();
-        if let Some(mismatch) = header_mismatch(&parts.headers, message) {
-            let id = message.get("id").cloned().unwrap_or(Value::Null);
-            return Some(json_response(
-                StatusCode::BAD_REQUEST,
-                &jsonrpc::error_message(&id, HEADER_MISMATCH, &mismatch),
-                &[],
-            ));
-        }
-        let call = self.read_call(parts, message)?;
-        let tracked = self.track(session, &call.id);
-        let decision = match ledger::decide(&*self.store, &call.spec, self.config.wait).await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::error!(route = %call.route, error = %e, "ledger unavailable: tools/call not forwarded");
-                return Some(problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    "the ledger cannot be reached; the tool call was not forwarded",
-                ));
+        // While this caller waits or runs, its cancellation is dropped; the owner's call
+        // keeps its own entry until the owner task has recorded it.
+        let _tracked = self.track(session, &call.id);
+        let owner_tracked = self.track(session, &call.id);
+        let req = self.upstream_request(parts, bytes);
+        let client = self.client.clone();
+        let id = call.id.clone();
+        let run = move |_downstream| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+            async move {
+                let resp = client.request(req).await.map_err(|e| {
+                    let text = error_chain(&e);
+                    if e.is_connect() {
+                        UpstreamError::BeforeSend(text)
+                    } else {
+                        UpstreamError::AfterSend(text)
+                    }
+                })?;
+                let (parts, body) = resp.into_parts();
+                let headers = strip_response_hop_by_hop(&parts.headers);
+                let body = body.map_err(BoxError::from).boxed();
+                Ok(UpstreamAnswer::new(parts.status, headers, body)
+                    .with_classifier(classifier(id, owner_tracked)))
             }
+            .boxed()
         };
-        Some(match decision {
-            Decision::Owner(record) => {
-                self.execute(parts, bytes.clone(), record, call, tracked, started)
-                    .await
+        let execution = self.guard.execute(call.guarded.clone(), run).await;
+        match execution {
+            Execution::Fresh(fresh) => {
+                self.observe(
+                    &call,
+                    &fresh.record,
+                    "fresh",
+                    Some(fresh.status.as_u16()),
+                    started,
+                );
+                let mut resp = Response::new(fresh.body);
+                *resp.status_mut() = fresh.status;
+                *resp.headers_mut() = fresh.headers;
+                mark(resp.headers_mut(), "fresh", &fresh.record);
+                resp
             }
-            Decision::Replay(record, kind) => self.replay(&record, kind, &call, started).await,
-            Decision::InFlight(record) => self.in_flight(&record, &call, started),
-            Decision::OutcomeUnknown(record) => {
+            Execution::Replayed(record) => self.replay(&record, "replayed", &call, started),
+            Execution::Joined(record) => self.replay(&record, "joined", &call, started),
+            Execution::InFlight {
+                record,
+                retry_after,
+            } => self.in_flight(&record, retry_after, &call, started),
+            Execution::TooLarge(record) => {
+                let text =
+                    format!(
+                    "The earlier call of `{tool}` with these arguments completed at {at}, but its \
+                     result was larger than the gateway keeps, so it cannot be shown again. The \
+                     tool ran once and will not run again for these arguments until its replay \
+                     window ends ({until}). Do not retry it; tell the user the result was too \
+                     large to return twice.",
+                    tool = call.tool,
+                    at = record.completed_at.unwrap_or(record.created_at).to_rfc3339(),
+                    until = record.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                );
+                self.observe(&call, &record, "too_large", None, started);
+                tool_error(
+                    &call.id,
+                    &text,
+                    json!({"status": "result_too_large", "original_at": record.created_at.to_rfc3339()}),
+                    &record,
+                )
+            }
+            Execution::OutcomeUnknown(record) => {
                 let text = format!(
                     "An earlier call of `{}` with these arguments may or may not have completed; \
                      it is awaiting reconciliation (ledger record {}). It will not be run again \
@@ -470,193 +645,57 @@ impl Inner {
                     &record,
                 )
             }
-        })
-    }
-
-    /// Runs the call upstream on a task of its own and streams its answer to this client
-    /// while it stays; the task stores the result whether or not the client is still there.
-    async fn execute(
-        self: Arc<Self>,
-        parts: &http::request::Parts,
-        body: Bytes,
-        record: Record,
-        call: Call,
-        tracked: Tracked,
-        started: Instant,
-    ) -> Response<McpBody> {
-        let (head_tx, head_rx) = oneshot::channel();
-        let req = self.upstream_request(parts, body);
-        tokio::spawn(self.run_owned(req, record, call, tracked, head_tx, started));
-        head_rx.await.unwrap_or_else(|_| {
-            problem(
-                StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
-                "the tool call could not be forwarded",
-            )
-        })
-    }
-
-    async fn run_owned(
-        self: Arc<Self>,
-        req: Request<Full<Bytes>>,
-        record: Record,
-        call: Call,
-        tracked: Tracked,
-        head_tx: oneshot::Sender<Response<McpBody>>,
-        started: Instant,
-    ) {
-        let _tracked = tracked;
-        let Some(fence) = record.fence() else { return };
-        let renewer = {
-            let store = self.store.clone();
-            let fence = fence.clone();
-            let lease = self.config.lease;
-            tokio::spawn(async move {
-                let every = (lease / 3).max(Duration::from_millis(100));
-                loop {
-                    tokio::time::sleep(every).await;
-                    if store.renew(&fence, lease).await.is_err() {
-                        break;
-                    }
-                }
-            })
-        };
-        let deadline = Instant::now() + self.config.timeout;
-        let upstream_started = Instant::now();
-        let resp = match tokio::time::timeout_at(deadline, self.client.request(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                renewer.abort();
-                let _ = self
-                    .store
-                    .release(&fence, Some(format!("upstream unreachable: {e}")))
-                    .await;
+            Execution::StoreUnavailable(why) => {
+                tracing::error!(route = %call.guarded.route, error = %why,
+                    "ledger unavailable: tools/call not forwarded");
+                problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the ledger cannot be reached; the tool call was not forwarded",
+                )
+            }
+            Execution::UpstreamFailed { record, failure } => {
                 self.observe(&call, &record, "fresh", None, started);
-                let _ = head_tx.send(problem(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
-                    "the MCP server could not be reached",
-                ));
-                return;
-            }
-            Err(_) => {
-                renewer.abort();
-                let _ = self
-                    .store
-                    .release(&fence, Some("upstream timeout".into()))
-                    .await;
-                self.observe(&call, &record, "fresh", None, started);
-                let _ = head_tx.send(problem(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "upstream_timeout",
-                    "the MCP server did not answer within timeout",
-                ));
-                return;
-            }
-        };
-        let status = resp.status();
-        let (mut rparts, mut body) = resp.into_parts();
-        rparts.headers = strip_response_hop_by_hop(&rparts.headers);
-        let provider_request_id = header_str(&rparts.headers, "request-id")
-            .or_else(|| header_str(&rparts.headers, "x-request-id"))
-            .map(str::to_string);
-        let is_sse = header_str(&rparts.headers, "content-type")
-            .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
-        let (tx, rx) = mpsc::channel::<Bytes>(1024);
-        let mut head = Response::from_parts(rparts, ChannelBody { rx }.boxed());
-        mark(head.headers_mut(), "fresh", &record);
-        let mut client = (head_tx.send(head).is_ok()).then_some(tx);
-
-        let limit = self.config.max_response;
-        let mut parser = sse::Parser::new(limit);
-        let mut buffered = Vec::new();
-        let mut outcome = None;
-        let mut failure = None;
-        loop {
-            match tokio::time::timeout_at(deadline, body.frame()).await {
-                Err(_) => {
-                    failure = Some("upstream timeout while streaming".to_string());
-                    break;
-                }
-                Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    failure = Some(format!("upstream stream broke: {e}"));
-                    break;
-                }
-                Ok(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    if let Some(tx) = &client {
-                        // A client that left (or stopped reading) loses its stream; the
-                        // call goes on.
-                        if tx.try_send(data.clone()).is_err() {
-                            client = None;
-                        }
+                match failure {
+                    UpstreamFailure::Unreachable(e) => {
+                        tracing::warn!(route = %call.guarded.route, error = %e, "upstream unreachable");
+                        problem(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_unreachable",
+                            "the MCP server could not be reached",
+                        )
                     }
-                    if is_sse {
-                        for event in parser.feed(&data) {
-                            if let Ok(v) = serde_json::from_str::<Value>(&event.data) {
-                                if let Some(o) = jsonrpc::response_to(&v, &call.id) {
-                                    outcome = Some(o);
-                                }
-                            }
-                        }
-                    } else if buffered.len() + data.len() <= limit {
-                        buffered.extend_from_slice(&data);
-                    } else {
-                        failure = Some("tool result over max_response: not stored".to_string());
+                    UpstreamFailure::Lost(e) => {
+                        tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
+                        problem(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_failed",
+                            "the MCP server's answer broke off",
+                        )
                     }
+                    UpstreamFailure::Timeout => problem(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        "the MCP server did not answer within timeout",
+                    ),
                 }
             }
-        }
-        drop(client);
-        if !is_sse && failure.is_none() {
-            outcome = match serde_json::from_slice::<Value>(&buffered) {
-                Ok(Value::Array(items)) => {
-                    items.iter().find_map(|m| jsonrpc::response_to(m, &call.id))
-                }
-                Ok(v) => jsonrpc::response_to(&v, &call.id),
-                Err(_) => None,
-            };
-        }
-        renewer.abort();
-        metrics::histogram!("oncely_upstream_seconds", "route" => call.route.clone())
-            .record(upstream_started.elapsed().as_secs_f64());
-        match (status.is_success(), outcome, failure) {
-            (true, Some(Outcome::Result(result)), None) => {
-                let completion = Completion {
-                    response: StoredResponse {
-                        status: 200,
-                        headers: vec![("content-type".into(), "application/json".into())],
-                        body: Some(serde_json::to_vec(&result).unwrap_or_default()),
-                    },
-                    units: call.units,
-                    window: self.config.window,
-                    replay_until: None,
-                    provider_request_id,
-                };
-                if let Err(e) = self.store.complete(&fence, completion).await {
-                    tracing::error!(record = %record.id, error = %e, "could not store a tool result");
-                }
-            }
-            (_, outcome, failure) => {
-                let why = failure.unwrap_or_else(|| match outcome {
-                    Some(Outcome::Error(e)) => format!("JSON-RPC error (not stored): {e}"),
-                    _ => format!("no tool result (HTTP {status})"),
-                });
-                if let Err(e) = self.store.release(&fence, Some(why)).await {
-                    tracing::error!(record = %record.id, error = %e, "could not release a record");
-                }
+            // The key is the fingerprint, so a key is never reused with another one; and
+            // anything a later engine adds is answered as an internal error, not forwarded.
+            other => {
+                tracing::error!(route = %call.guarded.route, execution = ?other, "unexpected execution");
+                json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                )
             }
         }
-        self.observe(&call, &record, "fresh", Some(status.as_u16()), started);
     }
 
-    async fn replay(
+    fn replay(
         &self,
         record: &Record,
-        kind: ReplayKind,
+        kind: &str,
         call: &Call,
         started: Instant,
     ) -> Response<McpBody> {
@@ -666,40 +705,33 @@ impl Inner {
             .and_then(|r| r.body.as_deref())
             .and_then(|b| serde_json::from_slice::<Value>(b).ok());
         let Some(mut result) = stored else {
-            let text = format!(
-                "The earlier call of `{}` with these arguments completed, but its result was too \
-                 large to keep. It will not be run again within its window.",
-                call.tool
-            );
-            return tool_error(
-                &call.id,
-                &text,
-                json!({"status": "result_too_large"}),
-                record,
+            tracing::error!(record = %record.id, "a stored tool result is not JSON");
+            return json_response(
+                StatusCode::OK,
+                &jsonrpc::error_message(&call.id, -32603, "the stored tool result is unreadable"),
             );
         };
         jsonrpc::set_meta(
             &mut result,
             REPLAY_META_KEY,
-            json!({"status": kind.as_str(), "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+            json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
         );
-        if let Err(e) = self.store.add_repeats(&record.id, 1, call.units).await {
-            tracing::warn!(record = %record.id, error = %e, "could not count a repeat");
-        }
-        self.observe(call, record, kind.as_str(), None, started);
-        let mut resp = json_response(
-            StatusCode::OK,
-            &jsonrpc::result_message(&call.id, result),
-            &[],
-        );
-        mark(resp.headers_mut(), kind.as_str(), record);
+        self.observe(call, record, kind, None, started);
+        let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
+        mark(resp.headers_mut(), kind, record);
         resp.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
         resp
     }
 
-    fn in_flight(&self, record: &Record, call: &Call, started: Instant) -> Response<McpBody> {
-        let after = self.config.wait.as_secs().clamp(1, 30);
+    fn in_flight(
+        &self,
+        record: &Record,
+        retry_after: Duration,
+        call: &Call,
+        started: Instant,
+    ) -> Response<McpBody> {
+        let after = retry_after.as_secs().max(1);
         let text = format!(
             "The original call of `{tool}` with these arguments is still running (it started at \
              {at}). It will not run twice. Call `{tool}` again with the same arguments after \
@@ -727,13 +759,13 @@ impl Inner {
         upstream_status: Option<u16>,
         started: Instant,
     ) {
-        metrics::counter!("oncely_requests_total", "route" => call.route.clone(), "status" => status.to_string(), "tool" => call.tool.clone())
+        metrics::counter!("oncely_requests_total", "route" => call.guarded.route.clone(), "status" => status.to_string(), "tool" => call.tool.clone())
             .increment(1);
         tracing::info!(
             record = %record.id,
-            route = %call.route,
+            route = %call.guarded.route,
             tool = %call.tool,
-            principal = %call.principal,
+            principal = %call.guarded.principal,
             status,
             attempt = record.attempt,
             workflow_id = record.workflow_id.as_deref().unwrap_or(""),
@@ -742,6 +774,99 @@ impl Inner {
             "mcp tools/call"
         );
     }
+}
+
+/// What the ledger keeps of a guarded call's answer, decided once the owner task has read
+/// it whole: the `result` for `id` (stored as a JSON body), or nothing (released) for an
+/// HTTP error, a JSON-RPC error, or no response at all. `tracked` keeps the call's
+/// cancellations dropped until the owner task is done with it.
+fn classifier(id: Value, tracked: Tracked) -> Classifier {
+    Box::new(move |status, headers, body| {
+        let _tracked = tracked;
+        if !status.is_success() {
+            return Classified::Release(format!("no tool result (HTTP {})", status.as_u16()));
+        }
+        let outcome = messages_in(headers, body)
+            .iter()
+            .find_map(|m| jsonrpc::response_to(m, &id));
+        match outcome {
+            Some(Outcome::Result(result)) => Classified::Store(StoredResponse {
+                status: 200,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: Some(serde_json::to_vec(&result).unwrap_or_default()),
+            }),
+            Some(Outcome::Error(e)) => {
+                Classified::Release(format!("JSON-RPC error (not stored): {e}"))
+            }
+            None => Classified::Release("no JSON-RPC response to the call in the answer".into()),
+        }
+    })
+}
+
+/// The JSON-RPC messages of a whole answer body: one message, a batch, or an event stream.
+fn messages_in(headers: &HeaderMap, body: &[u8]) -> Vec<Value> {
+    let is_sse = header_str(headers, "content-type")
+        .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
+    if is_sse {
+        let mut parser = sse::Parser::new(body.len() + 1);
+        let mut events = parser.feed(body);
+        events.extend(parser.feed(b"\n\n"));
+        return events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .collect();
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(items)) => items,
+        Ok(v) => vec![v],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Reads a whole answer and returns the responses to `ids` in it; an id without one gets a
+/// JSON-RPC error that says why (for answers joined into a batch).
+async fn responses_of(resp: Response<McpBody>, ids: &[Value]) -> Vec<Value> {
+    let status = resp.status();
+    let (parts, body) = resp.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let messages = messages_in(&parts.headers, &bytes);
+    ids.iter()
+        .map(|id| {
+            messages
+                .iter()
+                .find(|m| {
+                    m.get("id") == Some(id)
+                        && !m.as_object().is_some_and(|o| o.contains_key("method"))
+                })
+                .cloned()
+                .unwrap_or_else(|| {
+                    jsonrpc::error_message(
+                        id,
+                        -32603,
+                        &format!(
+                            "no response (HTTP {}): {}",
+                            status.as_u16(),
+                            String::from_utf8_lossy(&bytes)
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// For the stateless era: the routing headers of a tools/call must match its body.
@@ -818,19 +943,11 @@ fn mark(headers: &mut HeaderMap, status: &str, record: &Record) {
     }
 }
 
-fn json_response(status: StatusCode, value: &Value, extra: &[(&str, &str)]) -> Response<McpBody> {
+fn json_response(status: StatusCode, value: &Value) -> Response<McpBody> {
     let mut resp = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    for (k, v) in extra {
-        if let (Ok(k), Ok(v)) = (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_str(v),
-        ) {
-            resp.headers_mut().insert(k, v);
-        }
-    }
     resp
 }
 
@@ -838,7 +955,7 @@ fn json_response(status: StatusCode, value: &Value, extra: &[(&str, &str)]) -> R
 fn tool_error(id: &Value, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
     let mut result = json!({"content": [{"type": "text", "text": text}], "isError": true});
     jsonrpc::set_meta(&mut result, REPLAY_META_KEY, meta);
-    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(id, result), &[]);
+    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(id, result));
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
         resp.headers_mut()
             .insert(HeaderName::from_static("oncely-record"), v);
@@ -861,17 +978,6 @@ fn empty(status: StatusCode) -> Response<McpBody> {
     let mut resp = Response::new(full(Bytes::new()));
     *resp.status_mut() = status;
     resp
-}
-
-#[allow(dead_code)]
-fn now_rfc3339() -> String {
-    Timestamp(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0),
-    )
-    .to_rfc3339()
 }
 
 #[cfg(test)]

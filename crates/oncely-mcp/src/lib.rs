@@ -25,8 +25,8 @@
 //! - [`sse`]: an incremental Server-Sent Events parser, to find a response in a stream.
 //! - [`catalog`]: which tools are read-only, learned from the upstream's `tools/list`.
 //! - [`principal`]: who the caller is: a hashed header or a verified JWT claim.
-//! - [`ledger`]: claim, wait, replay on the oncely `Store`.
-//! - [`endpoint`]: the HTTP service itself.
+//! - [`endpoint`]: the HTTP service itself, on the gateway's one engine
+//!   ([`oncely_tower::Guard`]): claim, owner task, wait, replay.
 //!
 //! # Use
 //!
@@ -36,8 +36,9 @@
 //! use oncely_mcp::{McpConfig, McpEndpoint};
 //!
 //! let store = oncely_store::open("sqlite://oncely.db", Default::default()).await?;
+//! let guard = Arc::new(oncely_tower::Guard::new(store, b"principal key".to_vec()));
 //! let config = McpConfig::new("/mcp", "http://127.0.0.1:3001/mcp")?;
-//! let endpoint = McpEndpoint::new(config, store, McpEndpoint::default_client()).await?;
+//! let endpoint = McpEndpoint::new(config, guard, McpEndpoint::client(None)?);
 //! // `endpoint` is a tower `Service<http::Request<B>>`; mount it at `/mcp`.
 //! # let _ = endpoint; Ok(()) }
 //! ```
@@ -46,7 +47,6 @@ pub mod catalog;
 pub mod config;
 pub mod endpoint;
 pub mod jsonrpc;
-pub mod ledger;
 pub mod principal;
 pub mod sse;
 

@@ -1,7 +1,7 @@
 //! Who a call acts for.
 //!
-//! A principal is stored only as a keyed hash (HMAC-SHA256 with a secret kept in the
-//! store, the same secret on every instance). With `jwt:CLAIM` the principal is a claim of
+//! A principal is stored only as the gateway's keyed hash
+//! ([`oncely_tower::Guard::principal_hash`], the same on HTTP routes and every instance). With `jwt:CLAIM` the principal is a claim of
 //! a bearer token whose signature and expiry verify, so that a refreshed OAuth token (a
 //! new string) is still the same account; a token that does not verify is never trusted
 //! for a replay.
@@ -15,34 +15,6 @@ use sha2::Sha256;
 use crate::McpError;
 
 type HmacSha256 = Hmac<Sha256>;
-
-/// Hashes principals with the store's secret.
-#[derive(Clone)]
-pub struct PrincipalHasher {
-    secret: Vec<u8>,
-}
-
-impl std::fmt::Debug for PrincipalHasher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PrincipalHasher(..)")
-    }
-}
-
-impl PrincipalHasher {
-    /// A hasher with this secret.
-    pub fn new(secret: Vec<u8>) -> PrincipalHasher {
-        PrincipalHasher { secret }
-    }
-
-    /// The keyed hash of `source` (e.g. `header:authorization`) with value `value`.
-    pub fn hash(&self, source: &str, value: &[u8]) -> String {
-        let mut mac = HmacSha256::new_from_slice(&self.secret).expect("hmac takes any key");
-        mac.update(source.as_bytes());
-        mac.update(b"\0");
-        mac.update(value);
-        hex::encode(mac.finalize().into_bytes())
-    }
-}
 
 /// One key a token may be signed with.
 #[derive(Clone)]
@@ -258,13 +230,5 @@ mod tests {
         let err = JwtVerifier::from_jwks("sub", r#"{"keys":[{"kty":"RSA","n":"x","e":"AQAB"}]}"#)
             .unwrap_err();
         assert!(err.to_string().contains("not supported"), "{err}");
-    }
-
-    #[test]
-    fn hashes_are_keyed() {
-        let a = PrincipalHasher::new(b"one".to_vec()).hash("header:authorization", b"Bearer x");
-        let b = PrincipalHasher::new(b"two".to_vec()).hash("header:authorization", b"Bearer x");
-        assert_ne!(a, b);
-        assert_eq!(a.len(), 64);
     }
 }

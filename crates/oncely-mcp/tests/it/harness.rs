@@ -13,6 +13,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use oncely_mcp::{McpConfig, McpEndpoint};
 use oncely_store::Store;
+use oncely_tower::Guard;
 use serde_json::Value;
 
 fn crate_dir() -> PathBuf {
@@ -119,6 +120,7 @@ impl Drop for PaidServer {
 pub(crate) struct Gateway {
     pub(crate) url: String,
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) guard: Arc<Guard>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -127,10 +129,9 @@ impl Gateway {
         let store = oncely_store::open("memory:", Default::default())
             .await
             .unwrap();
+        let guard = Arc::new(Guard::new(store.clone(), b"test principal key".to_vec()));
         let path = config.path.clone();
-        let endpoint = McpEndpoint::new(config, store.clone(), McpEndpoint::default_client())
-            .await
-            .unwrap();
+        let endpoint = McpEndpoint::new(config, guard.clone(), McpEndpoint::client(None).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -149,6 +150,7 @@ impl Gateway {
         Gateway {
             url: format!("http://{addr}{path}"),
             store,
+            guard,
             task,
         }
     }

@@ -228,4 +228,15 @@ async fn principals_are_kept_apart() {
         "a new session, same account"
     );
     assert_eq!(server.executions("render").0, 2);
+    // One account is one principal everywhere: the gateway's hash of the raw header value,
+    // as HTTP routes store it and `oncely ledger list --principal` looks it up.
+    let records = gw.store.list(&Default::default()).await.unwrap();
+    let mut principals: Vec<_> = records.iter().map(|r| r.principal.clone()).collect();
+    principals.sort();
+    let mut expected = vec![
+        gw.guard.principal_hash(b"Bearer alice"),
+        gw.guard.principal_hash(b"Bearer bob"),
+    ];
+    expected.sort();
+    assert_eq!(principals, expected);
 }
