@@ -203,8 +203,16 @@ pub enum Execution {
         /// What happened.
         failure: UpstreamFailure,
     },
-    // Jobs (the next issue) add `Accepted(Record)`: the owner answers 202 after `wait`
-    // while its call runs on.
+    /// A job still runs after `wait` (its first request, or a duplicate): answered 202
+    /// with the job's id. See [`crate::jobs`].
+    Accepted {
+        /// The processing record (its id is the job id).
+        record: Record,
+        /// Whether this request started the job (else it joined a running one).
+        first: bool,
+        /// When to ask again.
+        retry_after: Duration,
+    },
 }
 
 /// The guard: the ledger, the key principals are hashed with, this instance's owner id,
@@ -215,6 +223,7 @@ pub struct Guard {
     instance: String,
     next_owner: AtomicU64,
     pub(crate) tasks: TaskCount,
+    pub(crate) jobs: crate::jobs::JobBoard,
 }
 
 impl std::fmt::Debug for Guard {
@@ -235,6 +244,7 @@ impl Guard {
             instance: format!("inst_{}", uuid::Uuid::now_v7().simple()),
             next_owner: AtomicU64::new(1),
             tasks: TaskCount::default(),
+            jobs: crate::jobs::JobBoard::default(),
         }
     }
 
@@ -382,7 +392,7 @@ impl Guard {
 
     /// A completed record: replay it (or refuse if its body was not kept), and count the
     /// repeat off the answer's path.
-    fn answer_completed(&self, record: Record, waited: bool) -> Execution {
+    pub(crate) fn answer_completed(&self, record: Record, waited: bool) -> Execution {
         self.count_repeat(&record);
         let has_body = record.response.as_ref().is_some_and(|r| r.body.is_some());
         match (has_body, waited) {
@@ -406,8 +416,9 @@ impl Guard {
     }
 
     /// This call owns `record`: run the upstream call on a task of its own and answer
-    /// with its head (or its failure). Jobs (the next issue) answer 202 here once `wait`
-    /// passes without a head, while the task runs on.
+    /// with its head (or its failure). Jobs do not come here: their calls are queued
+    /// durably and run by the [`JobWorker`](crate::jobs::JobWorker) (see
+    /// [`Guard::submit_job`]).
     async fn own<F>(&self, record: Record, call: GuardedCall, run: F) -> Execution
     where
         F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
@@ -452,7 +463,7 @@ impl Guard {
 
 /// When a duplicate refused with `in_flight` should ask again: half the route's `wait`,
 /// between 1 and 60 seconds.
-fn retry_after(wait: Duration) -> Duration {
+pub(crate) fn retry_after(wait: Duration) -> Duration {
     (wait / 2).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 

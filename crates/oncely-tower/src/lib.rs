@@ -47,12 +47,15 @@
 //!   owner's call on its own task, waits, replays, refuses; it answers an [`Execution`].
 //! - [`idempotency`]: the tower layer, a thin translation of requests into
 //!   [`GuardedCall`]s and of [`Execution`]s into responses.
+//! - [`jobs`]: `job` routes: the durable queue's side of the guard ([`Guard::submit_job`]),
+//!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
 
 pub mod body;
 pub mod guard;
 pub mod idempotency;
+pub mod jobs;
 mod owner;
 pub mod policy;
 pub mod problem;
@@ -62,6 +65,7 @@ pub use guard::{
     UpstreamError, UpstreamFailure,
 };
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
+pub use jobs::{JobBoard, JobRequest, JobWorker, JobWorkerOptions};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
 

@@ -89,6 +89,10 @@ pub struct RoutePolicy {
     pub max_body: u64,
     /// Larger answers reach their caller but are not stored.
     pub max_response: u64,
+    /// Most upstream calls in flight for this route. The [`JobWorker`](crate::jobs::JobWorker)
+    /// keeps a `job` route's further jobs queued (durably) until a call ends; for other
+    /// classes the embedding service enforces it (the gateway's proxy does).
+    pub concurrency: Option<usize>,
 }
 
 impl RoutePolicy {
@@ -111,6 +115,7 @@ impl RoutePolicy {
             timeout: Duration::from_secs(120),
             max_body: 10 << 20,
             max_response: 32 << 20,
+            concurrency: None,
         }
     }
 

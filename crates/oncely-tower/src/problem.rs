@@ -50,6 +50,12 @@ pub enum ProblemCode {
     StoreUnavailable,
     /// 504: the upstream did not answer within `timeout`.
     UpstreamTimeout,
+    /// 404: no job with this id for this principal (`/_oncely/jobs/ID`). Not in the
+    /// contract's table; an extension.
+    NotFound,
+    /// 409: the job's upstream call failed; its record was released, so sending the
+    /// original request again runs it again. Not in the contract's table; an extension.
+    JobFailed,
 }
 
 impl ProblemCode {
@@ -67,6 +73,8 @@ impl ProblemCode {
             ProblemCode::UpstreamUnreachable => "upstream_unreachable",
             ProblemCode::StoreUnavailable => "store_unavailable",
             ProblemCode::UpstreamTimeout => "upstream_timeout",
+            ProblemCode::NotFound => "not_found",
+            ProblemCode::JobFailed => "job_failed",
         }
     }
 
@@ -76,9 +84,11 @@ impl ProblemCode {
             ProblemCode::KeyMissing | ProblemCode::KeyInvalid | ProblemCode::BodyUnreadable => {
                 StatusCode::BAD_REQUEST
             }
-            ProblemCode::InFlight | ProblemCode::OutcomeUnknown | ProblemCode::ResultTooLarge => {
-                StatusCode::CONFLICT
-            }
+            ProblemCode::InFlight
+            | ProblemCode::OutcomeUnknown
+            | ProblemCode::ResultTooLarge
+            | ProblemCode::JobFailed => StatusCode::CONFLICT,
+            ProblemCode::NotFound => StatusCode::NOT_FOUND,
             ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -101,6 +111,8 @@ impl ProblemCode {
             ProblemCode::UpstreamUnreachable => "Upstream unreachable",
             ProblemCode::StoreUnavailable => "Ledger unavailable",
             ProblemCode::UpstreamTimeout => "Upstream timeout",
+            ProblemCode::NotFound => "Not found",
+            ProblemCode::JobFailed => "Job failed",
         }
     }
 }

@@ -11,13 +11,14 @@ use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncely_core::{ClientKey, DownstreamKey, FingerprintBuilder, KeyError, Record, Scope};
+use oncely_core::{Class, ClientKey, DownstreamKey, FingerprintBuilder, KeyError, Record, Scope};
 use tower::{Service, ServiceExt};
 
 use crate::body::{boxed, full};
 use crate::guard::{
     Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
+use crate::jobs::JobRequest;
 use crate::policy::{KeyMode, PrincipalSource, RoutePolicy, UnitsRule};
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
 use crate::{BoxBody, BoxError};
@@ -159,6 +160,13 @@ where
         UnitsRule::ResponseHeader(name) => Some(name.clone()),
         _ => None,
     };
+    // A job keeps what its call needs in the durable queue until it has run.
+    let job = (policy.class == Class::Job).then(|| JobRequest {
+        method: parts.method.clone(),
+        target: path_and_query.to_string(),
+        headers: parts.headers.clone(),
+        body: bytes.clone(),
+    });
     let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
         parts.headers.remove(TRANSFER_ENCODING);
         parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
@@ -170,12 +178,15 @@ where
         call_upstream(inner, req, units_header)
     };
 
-    let execution = guard.execute(call, run).await;
+    let execution = match job {
+        Some(job) => guard.submit_job(&policy, call, job, run).await,
+        None => guard.execute(call, run).await,
+    };
     respond(execution, &mut log)
 }
 
 /// The owner's call: the inner service on the rebuilt request, its answer boxed.
-fn call_upstream<S, ResBody>(
+pub(crate) fn call_upstream<S, ResBody>(
     inner: S,
     req: Request<BoxBody>,
     units_header: Option<HeaderName>,
@@ -317,6 +328,20 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
             .with_retry_after(secs)
             .with_original_at(record.created_at);
             refuse_record(p, &record, log)
+        }
+        Execution::Accepted {
+            record,
+            first,
+            retry_after,
+        } => {
+            let res = crate::jobs::accepted_response(&record, retry_after);
+            finish(
+                res,
+                if first { "fresh" } else { "joined" },
+                &record,
+                !first,
+                log,
+            )
         }
         Execution::OutcomeUnknown(record) => {
             let p = Problem::new(

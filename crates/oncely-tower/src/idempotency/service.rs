@@ -94,6 +94,13 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let started = Instant::now();
+        if req.uri().path().starts_with(crate::jobs::JOBS_PATH) {
+            let guard = self.guard.clone();
+            let head = Request::from_parts(req.into_parts().0, ());
+            return ResponseFuture::guarded(Box::pin(async move {
+                crate::jobs::status_endpoint(&guard, &head).await
+            }));
+        }
         let Some(policy) = self.policies.policy(req.method(), req.uri().path()) else {
             return ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None);
         };

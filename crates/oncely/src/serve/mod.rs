@@ -5,13 +5,15 @@
 //! oncely-tower guard around the [`proxy::Proxy`], serves HTTP/1.1 and HTTP/2 (HTTPS when
 //! `tls` is set) on `listen` and the [`admin`] API on `admin_listen`, purges expired
 //! records every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
-//! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]).
+//! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
+//! `JobWorker` runs the queued jobs of `job` routes through the same proxy.
 //!
 //! On shutdown it stops accepting, lets every open connection finish its in-flight
 //! requests, waits for every owned upstream call to be recorded (`Guard::drain`), then
 //! returns.
 
 pub mod admin;
+pub mod mcp;
 pub mod prometheus;
 pub mod proxy;
 pub mod reconcile;
@@ -109,6 +111,7 @@ pub async fn run(
     let guard = Arc::new(Guard::new(store.clone(), principal_key));
     let metrics = prometheus::handle();
     let routes = RouteTable::new(&config);
+    let mcp = mcp::McpEndpoints::new(&config, &guard)?;
     prometheus::describe(routes.names());
     let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
     let tls = match &config.tls {
@@ -155,7 +158,13 @@ pub async fn run(
     ));
 
     let service = IdempotencyLayer::new(guard.clone(), routes.clone())
-        .layer(Proxy::new(client, routes.clone()));
+        .layer(Proxy::new(client.clone(), routes.clone()));
+    let jobs = oncely_tower::JobWorker::start(
+        guard.clone(),
+        routes.job_policies(),
+        Proxy::new(client, routes.clone()),
+        oncely_tower::JobWorkerOptions::default(),
+    );
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -178,9 +187,18 @@ pub async fn run(
             https: tls.is_some(),
         };
         let service = service.clone();
+        let mcp = mcp.clone();
         let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
-            service.clone().oneshot(req)
+            let service = service.clone();
+            let mcp = mcp.clone();
+            // An `[[mcp]]` path is answered by its endpoint, before the route table.
+            async move {
+                match mcp.answer(req).await {
+                    Ok(resp) => Ok(resp),
+                    Err(req) => service.oneshot(req).await,
+                }
+            }
         });
         let hyper_service = TowerToHyperService::new(per_conn);
         let builder = builder.clone();
@@ -220,6 +238,8 @@ pub async fn run(
         "shutting down: finishing in-flight requests"
     );
     graceful.shutdown().await;
+    // Queued jobs that have not started stay queued for the next start.
+    jobs.stop().await;
     guard.drain().await;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;

@@ -62,6 +62,7 @@ pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
     p.timeout = route.timeout;
     p.max_body = config.max_body;
     p.max_response = config.max_response;
+    p.concurrency = route.concurrency;
     p
 }
 
@@ -107,6 +108,16 @@ impl RouteTable {
                 .map(|u| (u, e.limit.clone())),
             None => self.inner.default_upstream.clone().map(|u| (u, None)),
         }
+    }
+
+    /// The policies of the `job` routes (their queued jobs are run by the job worker).
+    pub fn job_policies(&self) -> Vec<Arc<RoutePolicy>> {
+        self.inner
+            .entries
+            .iter()
+            .filter(|e| e.route.class == oncely_core::Class::Job)
+            .map(|e| e.policy.clone())
+            .collect()
     }
 
     /// The routes' names, in order.

@@ -1,0 +1,872 @@
+//! Jobs: slow work the gateway owns, queued durably in the ledger's database.
+//!
+//! A `job` route's request is claimed **and** queued in one transaction
+//! ([`Store::claim_with_task`]): the ledger record (whose id is the job id) and a task of
+//! kind `job:ROUTE` holding what the upstream call needs (method, path and query, the
+//! headers worth forwarding, the body). A [`JobWorker`] per gateway instance leases due
+//! tasks, at most `concurrency` running per route, and runs each through the same owner
+//! machinery as any guarded call (downstream key, lease renewal, recording). Then the
+//! task is finished and deleted with its body.
+//!
+//! ```text
+//!  request ──claim_with_task──► record processing + task pending ──lease──► worker runs it
+//!     │ waits up to `wait`                                                   │
+//!     ├── the head arrives (same instance) ──► the answer, streamed (fresh)   ├─► record completed/released
+//!     ├── the record completes (any instance) ──► the stored answer (fresh)   └─► task finished (body gone)
+//!     └── still running ──► 202, Location: /_oncely/jobs/ID
+//! ```
+//!
+//! - A duplicate gets the same job: it waits up to `wait` too, then gets the answer
+//!   (`joined`) or 202 with the same id. Once done, duplicates are `replayed`.
+//! - The gateway may stop at any point: a pending task runs after a restart (or on
+//!   another instance), exactly once per record; a task whose worker died mid-call is
+//!   leased again once its lease (the route's `timeout` plus twice its `lease`) lapses,
+//!   and the record is taken over with attempt + 1 and the same downstream key (jobs are
+//!   write-like).
+//! - A failed job (its record released) runs again when the original request is sent
+//!   again: that retry claims the released record and runs at once on the instance that
+//!   received it (not queued).
+//! - `GET /_oncely/jobs/ID` and `/result` answer only the principal that started the
+//!   job; anyone else gets 404, so an id reveals nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use oncely_core::{ClaimSpec, DownstreamKey, Record, RecordId, State, TakeOverOutcome};
+use oncely_store::{Claim, NewTask, Store, StoreError, Task, TaskOutcome};
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::task::JoinSet;
+use tower::Service;
+
+use crate::body::full;
+use crate::guard::{
+    retry_after, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
+    UpstreamFailure,
+};
+use crate::owner::{self, Head};
+use crate::policy::{PrincipalSource, RoutePolicy, UnitsRule};
+use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::{BoxBody, BoxError};
+
+/// Where job status lives on the gateway's own listener.
+pub const JOBS_PATH: &str = "/_oncely/jobs/";
+
+/// A job task's attempts before it is dead: effectively unlimited (each attempt is a
+/// worker that died mid-call).
+const JOB_MAX_ATTEMPTS: u32 = 1_000;
+
+/// The queue kind of a route's jobs.
+pub fn task_kind(route: &str) -> String {
+    format!("job:{route}")
+}
+
+/// How long a worker's lease on a job task lasts: the call's whole `timeout`, plus twice
+/// the record's `lease`, so that when a dead worker's task is leased again its record's
+/// lease has lapsed as well (and the record can be taken over).
+pub fn task_lease(policy: &RoutePolicy) -> Duration {
+    policy.timeout + policy.lease * 2
+}
+
+/// What the layer and the worker share: the first requests waiting for their job's
+/// answer on this instance, the worker's wake-up, and the job routes by name (to check
+/// a status request's principal).
+#[derive(Default)]
+pub struct JobBoard {
+    waiters: Mutex<HashMap<RecordId, oneshot::Sender<Head>>>,
+    wake: Notify,
+    routes: RwLock<HashMap<String, Arc<RoutePolicy>>>,
+}
+
+impl std::fmt::Debug for JobBoard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let waiting = self.waiters.lock().map(|w| w.len()).unwrap_or(0);
+        f.debug_struct("JobBoard")
+            .field("waiting", &waiting)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobBoard {
+    /// Makes a route's jobs known (for status requests before any job was submitted).
+    pub fn register_route(&self, policy: Arc<RoutePolicy>) {
+        let mut routes = self.routes.write().expect("job routes lock");
+        routes.insert(policy.name.clone(), policy);
+    }
+
+    fn route(&self, name: &str) -> Option<Arc<RoutePolicy>> {
+        self.routes
+            .read()
+            .expect("job routes lock")
+            .get(name)
+            .cloned()
+    }
+
+    fn wait_head(&self, id: &RecordId) -> oneshot::Receiver<Head> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters
+            .lock()
+            .expect("job waiters lock")
+            .insert(id.clone(), tx);
+        rx
+    }
+
+    fn forget(&self, id: &RecordId) {
+        self.waiters.lock().expect("job waiters lock").remove(id);
+    }
+
+    fn take_head(&self, id: &RecordId) -> Option<oneshot::Sender<Head>> {
+        self.waiters.lock().expect("job waiters lock").remove(id)
+    }
+
+    /// Makes the worker look for due jobs now.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// A job request: the call, and what the worker needs to make it again later.
+#[derive(Debug, Clone)]
+pub struct JobRequest {
+    /// Method.
+    pub method: Method,
+    /// Path and query, as sent.
+    pub target: String,
+    /// The headers to forward (hop-by-hop, length and key headers are dropped here).
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// Headers a queued job does not keep: they describe one connection or one message
+/// framing, or are set again when the job runs.
+fn keep_for_job(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+            | "host"
+            | "idempotency-key"
+            | "expect"
+    )
+}
+
+impl JobRequest {
+    fn task(&self, policy: &RoutePolicy) -> NewTask {
+        NewTask {
+            kind: task_kind(&policy.name),
+            target: self.target.clone(),
+            method: self.method.as_str().to_string(),
+            headers: self
+                .headers
+                .iter()
+                .filter(|(n, _)| keep_for_job(n))
+                .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+                .collect(),
+            body: self.body.to_vec(),
+            max_attempts: JOB_MAX_ATTEMPTS,
+            timeout: policy.timeout,
+            backoff: policy.lease,
+        }
+    }
+
+    fn from_task(task: &Task) -> Result<JobRequest, String> {
+        let method = Method::from_bytes(task.method.as_bytes())
+            .map_err(|e| format!("queued job has a bad method: {e}"))?;
+        let mut headers = HeaderMap::new();
+        for (n, v) in &task.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(n.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                headers.append(n, v);
+            }
+        }
+        Ok(JobRequest {
+            method,
+            target: task.target.clone(),
+            headers,
+            body: Bytes::from(task.body.clone()),
+        })
+    }
+
+    /// The request the upstream gets, with the downstream key.
+    fn upstream_request(&self, key: &DownstreamKey) -> Request<BoxBody> {
+        let mut req = Request::new(full(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.target.parse().unwrap_or_else(|_| "/".parse().unwrap());
+        *req.headers_mut() = self.headers.clone();
+        let h = req.headers_mut();
+        h.insert(
+            http::header::CONTENT_LENGTH,
+            HeaderValue::from(self.body.len()),
+        );
+        h.insert(
+            HeaderName::from_static("idempotency-key"),
+            HeaderValue::from_str(key.as_str()).expect("a downstream key is visible ASCII"),
+        );
+        req
+    }
+}
+
+impl Guard {
+    /// The jobs' shared board.
+    pub fn jobs(&self) -> &JobBoard {
+        &self.jobs
+    }
+
+    /// Claims a job's record and queues its call in one transaction, then waits up to
+    /// `call.wait` for its answer: [`Execution::Fresh`] if it came, else
+    /// [`Execution::Accepted`]. A duplicate gets the same job (joined, accepted, or
+    /// replayed once done). `retry` runs a failed job's retry at once (see the module
+    /// docs).
+    pub async fn submit_job<F>(
+        &self,
+        policy: &Arc<RoutePolicy>,
+        call: GuardedCall,
+        job: JobRequest,
+        retry: F,
+    ) -> Execution
+    where
+        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            + Send
+            + 'static,
+    {
+        self.jobs.register_route(policy.clone());
+        let spec = ClaimSpec {
+            scope: call.scope.clone(),
+            key: call.key.clone(),
+            fingerprint: call.fingerprint,
+            class: call.class,
+            route: call.route.clone(),
+            principal: call.principal.clone(),
+            owner: self.new_owner(),
+            lease: call.lease,
+            workflow_id: call.workflow_id.clone(),
+        };
+        let record = match self
+            .store
+            .claim_with_task(std::slice::from_ref(&spec), None, job.task(policy))
+            .await
+        {
+            Ok(Claim::Owned(record)) => return self.await_job(record, &call).await,
+            Ok(Claim::Existing(record)) => record,
+            Err(e) => return Execution::StoreUnavailable(e.to_string()),
+        };
+        if record.fingerprint != call.fingerprint {
+            return Execution::KeyReused(record);
+        }
+        match record.state {
+            State::Completed => self.answer_completed(record, false),
+            State::OutcomeUnknown => Execution::OutcomeUnknown(record),
+            // A failed job: the retry runs now, like a write's.
+            State::Released => self.execute(call, retry).await,
+            State::Processing => {
+                let record = match self.store.wait_for(&record.id, call.wait).await {
+                    Ok(r) => r,
+                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                };
+                match record.state {
+                    State::Completed => self.answer_completed(record, true),
+                    State::OutcomeUnknown => Execution::OutcomeUnknown(record),
+                    State::Released => Execution::UpstreamFailed {
+                        failure: UpstreamFailure::Lost(failure_text(&record)),
+                        record,
+                    },
+                    State::Processing => Execution::Accepted {
+                        record,
+                        first: false,
+                        retry_after: retry_after(call.wait),
+                    },
+                }
+            }
+        }
+    }
+
+    /// The first request of a job waits for its answer: the head from this instance's
+    /// worker, or the record's completion by any instance.
+    async fn await_job(&self, record: Record, call: &GuardedCall) -> Execution {
+        let head = self.jobs.wait_head(&record.id);
+        self.jobs.wake();
+        let outcome = tokio::select! {
+            head = head => match head {
+                Ok(Head::Answer { status, headers, body }) => Execution::Fresh(FreshAnswer {
+                    record: record.clone(),
+                    status,
+                    headers,
+                    body,
+                }),
+                Ok(Head::Failed { record, failure }) => Execution::UpstreamFailed {
+                    record: *record,
+                    failure,
+                },
+                // The worker ran it without us (it leased the task before we waited):
+                // the record tells.
+                Err(_) => self.after_wait(record.clone(), call).await,
+            },
+            r = self.store.wait_for(&record.id, call.wait) => match r {
+                Ok(r) if r.state == State::Processing => Execution::Accepted {
+                    record: r,
+                    first: true,
+                    retry_after: retry_after(call.wait),
+                },
+                Ok(r) => first_answer(r),
+                Err(e) => Execution::StoreUnavailable(e.to_string()),
+            },
+        };
+        self.jobs.forget(&record.id);
+        outcome
+    }
+
+    async fn after_wait(&self, record: Record, call: &GuardedCall) -> Execution {
+        match self.store.wait_for(&record.id, call.wait).await {
+            Ok(r) if r.state == State::Processing => Execution::Accepted {
+                record: r,
+                first: true,
+                retry_after: retry_after(call.wait),
+            },
+            Ok(r) => first_answer(r),
+            Err(e) => Execution::StoreUnavailable(e.to_string()),
+        }
+    }
+}
+
+fn failure_text(record: &Record) -> String {
+    record
+        .last_error
+        .clone()
+        .unwrap_or_else(|| "the job failed".into())
+}
+
+/// The first request's answer from its ended record (the job ran on another instance).
+fn first_answer(record: Record) -> Execution {
+    match record.state {
+        State::Completed => match record.response.clone() {
+            Some(response) if response.body.is_some() => {
+                let mut headers = HeaderMap::new();
+                for (n, v) in &response.headers {
+                    if let (Ok(n), Ok(v)) = (
+                        HeaderName::from_bytes(n.as_bytes()),
+                        HeaderValue::from_str(v),
+                    ) {
+                        headers.append(n, v);
+                    }
+                }
+                Execution::Fresh(FreshAnswer {
+                    status: StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK),
+                    headers,
+                    body: full(response.body.unwrap_or_default()),
+                    record,
+                })
+            }
+            _ => Execution::TooLarge(record),
+        },
+        State::OutcomeUnknown => Execution::OutcomeUnknown(record),
+        State::Released | State::Processing => Execution::UpstreamFailed {
+            failure: UpstreamFailure::Lost(failure_text(&record)),
+            record,
+        },
+    }
+}
+
+/// The status of a job as `GET /_oncely/jobs/ID` shows it.
+pub fn job_status(record: &Record) -> &'static str {
+    match record.state {
+        State::Processing => "running",
+        State::Completed => "completed",
+        State::Released => "failed",
+        State::OutcomeUnknown => "outcome_unknown",
+    }
+}
+
+/// The JSON of a job: `job_id`, `status`, `status_url`, `started_at`, and what is known.
+pub fn job_json(record: &Record) -> serde_json::Value {
+    let id = record.id.as_str();
+    let mut v = serde_json::json!({
+        "job_id": id,
+        "status": job_status(record),
+        "status_url": format!("{JOBS_PATH}{id}"),
+        "result_url": format!("{JOBS_PATH}{id}/result"),
+        "started_at": record.created_at.to_rfc3339(),
+        "updated_at": record.updated_at.to_rfc3339(),
+        "attempt": record.attempt,
+    });
+    if let Some(at) = record.completed_at {
+        v["completed_at"] = at.to_rfc3339().into();
+    }
+    if let Some(r) = &record.response {
+        v["upstream_status"] = r.status.into();
+    }
+    if record.state != State::Completed {
+        if let Some(e) = &record.last_error {
+            v["error"] = e.clone().into();
+        }
+    }
+    v
+}
+
+fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<BoxBody> {
+    let mut res = Response::new(full(v.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// The 202 answer of a job still running.
+pub(crate) fn accepted_response(record: &Record, retry_after: Duration) -> Response<BoxBody> {
+    let v = job_json(record);
+    let mut res = json_response(StatusCode::ACCEPTED, &v);
+    let location = format!("{JOBS_PATH}{}", record.id);
+    let h = res.headers_mut();
+    if let Ok(l) = HeaderValue::from_str(&location) {
+        h.insert(http::header::LOCATION, l);
+    }
+    h.insert(
+        http::header::RETRY_AFTER,
+        HeaderValue::from(retry_after.as_secs().max(1)),
+    );
+    res
+}
+
+/// Answers `GET /_oncely/jobs/ID` and `GET /_oncely/jobs/ID/result`, for the principal
+/// that started the job only (anyone else, and any unknown id, gets 404).
+pub async fn status_endpoint(guard: &Guard, req: &Request<()>) -> Response<BoxBody> {
+    let not_found = || {
+        Problem::new(
+            ProblemCode::NotFound,
+            "no job with this id for this account",
+        )
+        .into_response()
+    };
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return not_found();
+    }
+    let rest = &req.uri().path()[JOBS_PATH.len()..];
+    let (id, result) = match rest.strip_suffix("/result") {
+        Some(id) => (id, true),
+        None => (rest, false),
+    };
+    if id.is_empty() || id.contains('/') {
+        return not_found();
+    }
+    let record = match guard.store.get(&RecordId(id.to_string())).await {
+        Ok(Some(r)) if r.class == oncely_core::Class::Job => r,
+        Ok(_) => return not_found(),
+        Err(e) => {
+            tracing::error!(target: "oncely::store", error = %e, "ledger unavailable; job status not answered");
+            return Problem::new(
+                ProblemCode::StoreUnavailable,
+                "the ledger cannot be reached",
+            )
+            .into_response();
+        }
+    };
+    let Some(policy) = guard.jobs.route(&record.route) else {
+        return not_found();
+    };
+    let principal = match &policy.principal {
+        PrincipalSource::Header(name) => req
+            .headers()
+            .get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| guard.principal_hash(v.as_bytes())),
+        PrincipalSource::None => Some(guard.single_tenant_principal()),
+    };
+    if principal.as_deref() != Some(record.principal.as_str()) {
+        return not_found();
+    }
+    let mut res = if !result {
+        json_response(StatusCode::OK, &job_json(&record))
+    } else {
+        result_response(&record, policy.wait)
+    };
+    if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
+        res.headers_mut().insert(ONCELY_RECORD, v);
+    }
+    res
+}
+
+fn result_response(record: &Record, wait: Duration) -> Response<BoxBody> {
+    match (record.state, &record.response) {
+        (State::Completed, Some(stored)) if stored.body.is_some() => {
+            let mut res = Response::new(full(stored.body.clone().unwrap_or_default()));
+            *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+            let h = res.headers_mut();
+            for (n, v) in &stored.headers {
+                if let (Ok(n), Ok(v)) = (
+                    HeaderName::from_bytes(n.as_bytes()),
+                    HeaderValue::from_str(v),
+                ) {
+                    h.append(n, v);
+                }
+            }
+            h.insert(ONCELY_STATUS, HeaderValue::from_static("replayed"));
+            h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            res
+        }
+        (State::Completed, _) => Problem::new(
+            ProblemCode::ResultTooLarge,
+            "the job completed, but its answer was too large to keep",
+        )
+        .with_original_at(record.created_at)
+        .into_response(),
+        (State::Processing, _) => {
+            let secs = retry_after(wait).as_secs().max(1);
+            Problem::new(
+                ProblemCode::InFlight,
+                format!("the job is still running; ask again in {secs} seconds"),
+            )
+            .with_retry_after(secs)
+            .with_original_at(record.created_at)
+            .into_response()
+        }
+        (State::OutcomeUnknown, _) => Problem::new(
+            ProblemCode::OutcomeUnknown,
+            "the job may or may not have taken effect; it awaits reconciliation",
+        )
+        .with_original_at(record.created_at)
+        .into_response(),
+        (State::Released, _) => Problem::new(
+            ProblemCode::JobFailed,
+            "the job failed; send the original request again to run it again",
+        )
+        .with_original_at(record.created_at)
+        .into_response(),
+    }
+}
+
+/// How a [`JobWorker`] runs.
+#[derive(Debug, Clone)]
+pub struct JobWorkerOptions {
+    /// Jobs in flight at once per route without a `concurrency` of its own.
+    pub default_concurrency: usize,
+    /// How often to look for due jobs without a wake-up (other instances' jobs, jobs
+    /// whose worker died).
+    pub poll_interval: Duration,
+}
+
+impl Default for JobWorkerOptions {
+    fn default() -> JobWorkerOptions {
+        JobWorkerOptions {
+            default_concurrency: 64,
+            poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Runs the queued jobs of some routes through an inner service (the gateway's proxy).
+/// Stop it with [`JobWorker::stop`].
+#[derive(Debug)]
+pub struct JobWorker {
+    stop: watch::Sender<bool>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl JobWorker {
+    /// Starts leasing and running the jobs of `routes` (the `job` routes) on the current
+    /// runtime.
+    pub fn start<S, ResBody>(
+        guard: Arc<Guard>,
+        routes: Vec<Arc<RoutePolicy>>,
+        inner: S,
+        options: JobWorkerOptions,
+    ) -> JobWorker
+    where
+        S: Service<Request<BoxBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        for r in &routes {
+            guard.jobs.register_route(r.clone());
+        }
+        let (stop, stopped) = watch::channel(false);
+        let handle = tokio::spawn(work(guard, routes, inner, options, stopped));
+        JobWorker { stop, handle }
+    }
+
+    /// Stops leasing new jobs. Jobs already running run on; [`Guard::drain`] waits for
+    /// them.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.handle.await;
+    }
+}
+
+async fn work<S, ResBody>(
+    guard: Arc<Guard>,
+    routes: Vec<Arc<RoutePolicy>>,
+    inner: S,
+    options: JobWorkerOptions,
+    mut stopped: watch::Receiver<bool>,
+) where
+    S: Service<Request<BoxBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    if routes.is_empty() {
+        return;
+    }
+    let owner = format!("{}/jobs", guard.instance());
+    let mut running: JoinSet<()> = JoinSet::new();
+    loop {
+        if *stopped.borrow() {
+            break;
+        }
+        while running.try_join_next().is_some() {}
+        for policy in &routes {
+            let kind = task_kind(&policy.name);
+            let free = match free_slots(&*guard.store, &kind, policy, &options).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(target: "oncely::jobs", route = %policy.name, error = %e, "cannot count running jobs");
+                    continue;
+                }
+            };
+            if free == 0 {
+                continue;
+            }
+            let tasks = match guard
+                .store
+                .lease_tasks(&kind, &owner, free, task_lease(policy))
+                .await
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(target: "oncely::jobs", route = %policy.name, error = %e, "cannot lease jobs");
+                    continue;
+                }
+            };
+            for task in tasks {
+                let guard = guard.clone();
+                let policy = policy.clone();
+                let inner = inner.clone();
+                let token = guard.tasks.start();
+                running.spawn(async move {
+                    let _token = token;
+                    run_job(&guard, &policy, inner, task).await;
+                });
+            }
+        }
+        tokio::select! {
+            _ = guard.jobs.wake.notified() => {}
+            _ = tokio::time::sleep(options.poll_interval) => {}
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            _ = stopped.changed() => {}
+        }
+    }
+    // Running jobs are counted by the guard's task count: `Guard::drain` waits for them.
+    running.detach_all();
+}
+
+/// How many more of a route's jobs may start now: its `concurrency` minus the jobs
+/// running with a live lease on any instance (a lapsed one belongs to a dead worker and
+/// is about to be leased again).
+async fn free_slots(
+    store: &dyn Store,
+    kind: &str,
+    policy: &RoutePolicy,
+    options: &JobWorkerOptions,
+) -> Result<usize, StoreError> {
+    let limit = policy
+        .concurrency
+        .unwrap_or(options.default_concurrency)
+        .max(1);
+    let now = store.now().await?;
+    let live = store
+        .list_tasks(kind, Some(oncely_store::TaskState::Running))
+        .await?
+        .iter()
+        .filter(|t| t.lease_until.is_some_and(|l| l > now))
+        .count();
+    Ok(limit.saturating_sub(live))
+}
+
+/// Runs one leased job to its end and finishes its task.
+async fn run_job<S, ResBody>(guard: &Guard, policy: &RoutePolicy, inner: S, task: Task)
+where
+    S: Service<Request<BoxBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let store = &guard.store;
+    let Some(task_fence) = task.fence() else {
+        return;
+    };
+    let finish = |outcome: TaskOutcome, why: &'static str| {
+        let store = store.clone();
+        let fence = task_fence.clone();
+        async move {
+            if let Err(e) = store.finish_task(&fence, outcome).await {
+                tracing::warn!(target: "oncely::jobs", task = %fence.id, error = %e, "could not finish the job's task ({why})");
+            }
+        }
+    };
+    let Some(id) = task.record.clone() else {
+        return finish(
+            TaskOutcome::Dead {
+                error: "a job task without a record".into(),
+            },
+            "no record",
+        )
+        .await;
+    };
+    let record = match store.get(&id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            tracing::info!(target: "oncely::jobs", record = %id, "job's record is gone; dropping its task");
+            return finish(TaskOutcome::Done, "record gone").await;
+        }
+        Err(e) => {
+            tracing::warn!(target: "oncely::jobs", record = %id, error = %e, "cannot read a job's record; retrying");
+            return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
+        }
+    };
+    if record.state != State::Processing {
+        // Its last worker recorded it and died before finishing the task.
+        tracing::info!(target: "oncely::jobs", record = %id, state = %record.state, "job already ended; dropping its task");
+        return finish(TaskOutcome::Done, "already ended").await;
+    }
+    // The first run executes under the claim the request made; a later run is a take
+    // over of a worker that died (attempt + 1, same downstream key).
+    let record = if task.attempts <= 1 {
+        record
+    } else {
+        let now = match store.now().await {
+            Ok(n) => n,
+            Err(e) => return retry_later(guard, &task_fence, policy.lease, e.to_string()).await,
+        };
+        if !record.lease_lapsed(now) {
+            let at = record.lease_until.unwrap_or(now);
+            return finish(
+                TaskOutcome::Retry {
+                    at,
+                    error: "the record is still leased by an earlier run".into(),
+                },
+                "record still leased",
+            )
+            .await;
+        }
+        match store
+            .take_over(&record.id, record.attempt, &guard.new_owner(), policy.lease)
+            .await
+        {
+            Ok(TakeOverOutcome::Owned(r)) => {
+                tracing::info!(target: "oncely::jobs", record = %r.id, attempt = r.attempt, "job's earlier worker stopped mid-call; running it again");
+                r
+            }
+            Ok(TakeOverOutcome::OutcomeUnknown(r)) => {
+                tracing::info!(target: "oncely::jobs", record = %r.id, "job's earlier worker stopped mid-call; outcome unknown");
+                return finish(TaskOutcome::Done, "outcome unknown").await;
+            }
+            Err(e) => {
+                tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "cannot take over a job");
+                return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
+            }
+        }
+    };
+    let Some(fence) = record.fence() else {
+        return finish(TaskOutcome::Done, "no owner").await;
+    };
+    let job = match JobRequest::from_task(&task) {
+        Ok(j) => j,
+        Err(e) => {
+            let _ = store.release(&fence, Some(e.clone())).await;
+            tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "job released: unreadable task");
+            return finish(TaskOutcome::Done, "unreadable").await;
+        }
+    };
+    let key = DownstreamKey::derive(&record.scope, &record.key);
+    let call = GuardedCall {
+        scope: record.scope.clone(),
+        key: record.key.clone(),
+        fingerprint: record.fingerprint,
+        class: record.class,
+        route: record.route.clone(),
+        principal: record.principal.clone(),
+        window: policy.window,
+        wait: policy.wait,
+        lease: policy.lease,
+        timeout: policy.timeout,
+        max_response: policy.max_response,
+        workflow_id: record.workflow_id.clone(),
+        units: crate::idempotency::request_units(&policy.units, &job.body),
+    };
+    let units_header = match &policy.units {
+        UnitsRule::ResponseHeader(name) => Some(name.clone()),
+        _ => None,
+    };
+    let upstream =
+        crate::idempotency::call_upstream(inner, job.upstream_request(&key), units_header);
+    let head = guard.jobs.take_head(&record.id).unwrap_or_else(|| {
+        // Nobody waits here: the answer is only recorded.
+        oneshot::channel().0
+    });
+    tracing::info!(target: "oncely::jobs", record = %record.id, route = %record.route, attempt = record.attempt, "job started");
+    owner::run(owner::OwnerTask {
+        store: store.clone(),
+        record: record.clone(),
+        fence: fence.clone(),
+        call,
+        upstream,
+        head,
+        token: guard.tasks.start(),
+    })
+    .await;
+    match store.get(&record.id).await {
+        Ok(Some(r)) if r.state == State::Processing && r.attempt == fence.attempt => {
+            // The owner could not write its outcome: run again once its lease lapses.
+            retry_later(
+                guard,
+                &task_fence,
+                policy.lease,
+                "the outcome was not recorded".into(),
+            )
+            .await
+        }
+        Ok(after) => {
+            let state = after.as_ref().map(|r| r.state.as_str()).unwrap_or("gone");
+            tracing::info!(target: "oncely::jobs", record = %record.id, route = %record.route, attempt = record.attempt, state, "job ended");
+            finish(TaskOutcome::Done, "done").await
+        }
+        Err(e) => retry_later(guard, &task_fence, policy.lease, e.to_string()).await,
+    }
+}
+
+async fn retry_later(
+    guard: &Guard,
+    fence: &oncely_store::TaskFence,
+    after: Duration,
+    error: String,
+) {
+    let at = match guard.store.now().await {
+        Ok(now) => now.plus(after),
+        // The store is down: the task's lease lapses and it is leased again anyway.
+        Err(_) => return,
+    };
+    if let Err(e) = guard
+        .store
+        .finish_task(fence, TaskOutcome::Retry { at, error })
+        .await
+    {
+        tracing::warn!(target: "oncely::jobs", task = %fence.id, error = %e, "could not reschedule a job");
+    }
+}
