@@ -3,6 +3,9 @@
 //!
 //! Run with: `cargo bench -p oncely-store --bench ledger -- sqlite`
 //! (append `--warm-up-time 1 --measurement-time 3` for a quick run).
+//! PostgreSQL runs when `ONCELY_TEST_PG_URL` names a server, e.g. a throwaway one:
+//! `bash -c 'source scripts/pg-env && pg_start && cargo bench -p oncely-store --bench ledger -- postgres'`
+//! (each run gets a fresh schema; the pool has the gateway's default 16 connections).
 //!
 //! Each benchmark is named `<operation>/<backend>/<callers>` and reports the time per
 //! operation (and operations per second): N operations are spread over `callers` tokio
@@ -19,6 +22,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use oncely_core::{ClaimSpec, Class, RecordId, Scope};
 use oncely_store::conformance::{completion, spec};
+use oncely_store::postgres::PgStore;
 use oncely_store::sqlite::SqliteStore;
 use oncely_store::{Claim, Store, StoreOptions};
 use tokio::runtime::Runtime;
@@ -40,10 +44,16 @@ struct Backend {
 
 /// The backends benchmarked. Add one by appending an entry.
 fn backends() -> Vec<Backend> {
-    vec![Backend {
-        name: "sqlite",
-        open: open_sqlite,
-    }]
+    vec![
+        Backend {
+            name: "sqlite",
+            open: open_sqlite,
+        },
+        Backend {
+            name: "postgres",
+            open: open_postgres,
+        },
+    ]
 }
 
 /// SQLite as a gateway uses it: WAL, group commit, `synchronous=FULL` (or the mode in
@@ -62,6 +72,33 @@ fn open_sqlite(rt: &Runtime) -> Option<Opened> {
     Some(Opened {
         store: Arc::new(store),
         _keep: Box::new(dir),
+    })
+}
+
+/// PostgreSQL at `ONCELY_TEST_PG_URL`, on a fresh schema, with the default pool (16).
+fn open_postgres(rt: &Runtime) -> Option<Opened> {
+    let base = std::env::var("ONCELY_TEST_PG_URL")
+        .ok()
+        .filter(|u| !u.is_empty())?;
+    let store = rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .expect("connect to ONCELY_TEST_PG_URL");
+        tokio::spawn(connection);
+        let schema = format!("bench_{}", uuid::Uuid::now_v7().simple());
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .expect("create the bench schema");
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+        PgStore::connect(&url, StoreOptions::default())
+            .await
+            .expect("open the PostgreSQL ledger")
+    });
+    Some(Opened {
+        store: Arc::new(store),
+        _keep: Box::new(()),
     })
 }
 

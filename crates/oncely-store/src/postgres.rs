@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
-use self::batch::{Batcher, Step};
+use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
@@ -118,7 +118,9 @@ impl PgStore {
         }
         let waiters = Arc::new(Waiters::default());
         let listener = listener::start(config, waiters.clone()).await?;
-        let batcher = Batcher::start(pool.clone(), options.pool_size.max(1));
+        // Fewer statements in flight than connections make bigger groups: measured best
+        // at a quarter of the pool (16 connections: 4 claim statements at a time).
+        let batcher = Batcher::start(pool.clone(), (options.pool_size / 4).max(1));
         Ok(PgStore {
             inner: Arc::new(Inner {
                 batcher,
@@ -206,6 +208,30 @@ impl PgStore {
             }
             None => Err(self.refusal(&fence.id, check).await),
         }
+    }
+
+    /// Completes one record with its own statement.
+    async fn complete_alone(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        let response = ResponseColumns::of(Some(&completion.response))?;
+        let window = millis(completion.window);
+        let until = completion.replay_until.map(|t| t.0);
+        let units = completion.units as i64;
+        let check_completion = completion.clone();
+        self.fenced(
+            &SQL.complete,
+            fence,
+            &[
+                &window,
+                &until,
+                &response.status,
+                &response.headers,
+                &response.body,
+                &units,
+                &completion.provider_request_id,
+            ],
+            move |r, now| r.complete(fence, check_completion, now),
+        )
+        .await
     }
 
     /// Locks a record, applies `f` to it at the database's time, and writes it back.
@@ -368,26 +394,21 @@ impl Store for PgStore {
     }
 
     async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
-        let response = ResponseColumns::of(Some(&completion.response))?;
-        let window = millis(completion.window);
-        let until = completion.replay_until.map(|t| t.0);
-        let units = completion.units as i64;
-        let check_completion = completion.clone();
-        self.fenced(
-            &SQL.complete,
-            fence,
-            &[
-                &window,
-                &until,
-                &response.status,
-                &response.headers,
-                &response.body,
-                &units,
-                &completion.provider_request_id,
-            ],
-            move |r, now| r.complete(fence, check_completion, now),
-        )
-        .await
+        let grouped = self
+            .inner
+            .batcher
+            .complete(fence, &completion, self.offset());
+        match grouped.await? {
+            Completed::Done(record) => {
+                // Wake local waiters at once, without the round trip through NOTIFY.
+                self.inner.waiters.wake(&record.id);
+                Ok(record)
+            }
+            Completed::Refused => Err(self
+                .refusal(&fence.id, |r, now| r.complete(fence, completion, now))
+                .await),
+            Completed::Retry => self.complete_alone(fence, completion).await,
+        }
     }
 
     async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {

@@ -15,7 +15,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use oncely_core::{ClaimSpec, Record, RecordId};
+use std::future::Future;
+
+use oncely_core::{ClaimSpec, Completion, Fence, Record, RecordId};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_postgres::Row;
@@ -41,71 +43,116 @@ pub(super) enum Step {
 struct Job {
     id: RecordId,
     spec: ClaimSpec,
+    offset: i64,
     reply: oneshot::Sender<Result<Step>>,
 }
 
-/// The queue of claims waiting for a statement.
-pub(super) struct Batcher {
-    tx: mpsc::UnboundedSender<(Job, i64)>,
+/// A queue of jobs that a dispatcher runs in groups, at most `in_flight` groups at a time.
+struct Group<J> {
+    tx: mpsc::UnboundedSender<J>,
     task: JoinHandle<()>,
 }
 
-impl Drop for Batcher {
+impl<J: Send + 'static> Group<J> {
+    fn start<F, Fut>(pool: Pool, in_flight: usize, run: F) -> Group<J>
+    where
+        F: Fn(Pool, Vec<J>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::unbounded_channel::<J>();
+        let task = tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(in_flight.max(1)));
+            while let Some(first) = rx.recv().await {
+                // Jobs keep queueing while every slot is busy; they all go in the next group.
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let mut jobs = vec![first];
+                while jobs.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(job) => jobs.push(job),
+                        Err(_) => break,
+                    }
+                }
+                let group = run(pool.clone(), jobs);
+                tokio::spawn(async move {
+                    group.await;
+                    drop(slot);
+                });
+            }
+        });
+        Group { tx, task }
+    }
+
+    fn send(&self, job: J) -> Result<()> {
+        self.tx
+            .send(job)
+            .map_err(|_| StoreError::Unavailable("the PostgreSQL store is closing".into()))
+    }
+}
+
+impl<J> Drop for Group<J> {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
+/// Groups claims and completions.
+pub(super) struct Batcher {
+    claims: Group<Job>,
+    completions: Group<CompleteJob>,
+}
+
 impl Batcher {
-    /// Starts the dispatcher: at most `in_flight` statements at a time.
+    /// Starts the dispatchers: at most `in_flight` statements of each kind at a time.
     pub(super) fn start(pool: Pool, in_flight: usize) -> Batcher {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(dispatch(pool, rx, in_flight.max(1)));
-        Batcher { tx, task }
+        Batcher {
+            claims: Group::start(pool.clone(), in_flight, |pool, jobs| async move {
+                run(&pool, jobs).await
+            }),
+            completions: Group::start(pool, in_flight, |pool, jobs| async move {
+                run_completions(&pool, jobs).await
+            }),
+        }
     }
 
     /// Claims `spec` with the record id `id` (used if a row is inserted).
     pub(super) async fn claim(&self, id: RecordId, spec: &ClaimSpec, offset: i64) -> Result<Step> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
+        self.claims.send(Job {
             id,
             spec: spec.clone(),
+            offset,
             reply,
-        };
-        self.tx
-            .send((job, offset))
-            .map_err(|_| StoreError::Unavailable("the PostgreSQL store is closing".into()))?;
+        })?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the PostgreSQL store is closing".into()))?
+    }
+
+    /// Completes the record `fence` names, grouped with other completions.
+    pub(super) async fn complete(
+        &self,
+        fence: &Fence,
+        completion: &Completion,
+        offset: i64,
+    ) -> Result<Completed> {
+        let (reply, answer) = oneshot::channel();
+        self.completions.send(CompleteJob {
+            fence: fence.clone(),
+            completion: completion.clone(),
+            offset,
+            reply,
+        })?;
         answer
             .await
             .map_err(|_| StoreError::Unavailable("the PostgreSQL store is closing".into()))?
     }
 }
 
-async fn dispatch(pool: Pool, mut rx: mpsc::UnboundedReceiver<(Job, i64)>, in_flight: usize) {
-    let slots = Arc::new(Semaphore::new(in_flight));
-    while let Some(first) = rx.recv().await {
-        // Claims keep queueing while every slot is busy; they all go in the next batch.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let offset = first.1;
-        let mut jobs = vec![first.0];
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok((job, _)) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            run(&pool, offset, jobs).await;
-            drop(slot);
-        });
-    }
-}
-
 /// Runs one batch and answers every claim in it.
-async fn run(pool: &Pool, offset: i64, mut jobs: Vec<Job>) {
+async fn run(pool: &Pool, mut jobs: Vec<Job>) {
+    let offset = jobs[0].offset;
     // One order for every batch, so two batches never wait for each other's rows in
     // opposite orders (a deadlock).
     jobs.sort_by(|a, b| {
@@ -275,5 +322,183 @@ static SQL_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
          WHERE (r.scope, r.key) IN (SELECT i.scope, i.key FROM i)",
         ins = COLUMNS.join(", "),
         r = cols("r"),
+    )
+});
+
+/// What the grouped fenced completion said about one completion.
+pub(super) enum Completed {
+    /// The record, completed.
+    Done(Record),
+    /// The fence matched no row: the caller explains the refusal.
+    Refused,
+    /// The group failed on a conflict: complete alone.
+    Retry,
+}
+
+struct CompleteJob {
+    fence: Fence,
+    completion: Completion,
+    offset: i64,
+    reply: oneshot::Sender<Result<Completed>>,
+}
+
+async fn run_completions(pool: &Pool, mut jobs: Vec<CompleteJob>) {
+    jobs.sort_by(|a, b| a.fence.id.cmp(&b.fence.id));
+    match execute_completions(pool, &jobs).await {
+        Ok(mut done) => {
+            for job in jobs {
+                let answer = match done.remove(&job.fence) {
+                    Some(record) => Completed::Done(record),
+                    None => Completed::Refused,
+                };
+                let _ = job.reply.send(Ok(answer));
+            }
+        }
+        Err(Failure::Conflict) => {
+            for job in jobs {
+                let _ = job.reply.send(Ok(Completed::Retry));
+            }
+        }
+        Err(Failure::Store(e)) => {
+            let text = match e {
+                StoreError::Unavailable(text) => text,
+                other => other.to_string(),
+            };
+            for job in jobs {
+                let _ = job.reply.send(Err(StoreError::Unavailable(text.clone())));
+            }
+        }
+    }
+}
+
+/// Completes every fenced record it can; returns each by the fence that completed it.
+async fn execute_completions(
+    pool: &Pool,
+    jobs: &[CompleteJob],
+) -> Result<HashMap<Fence, Record>, Failure> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| Failure::Store(super::pool_error(e)))?;
+    let offset = jobs[0].offset;
+    let mut responses = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        responses.push(
+            super::ResponseColumns::of(Some(&job.completion.response)).map_err(Failure::Store)?,
+        );
+    }
+    let rows = if jobs.len() == 1 {
+        let (job, response) = (&jobs[0], &responses[0]);
+        let stmt = client
+            .prepare_cached(&super::SQL.complete)
+            .await
+            .map_err(failure)?;
+        client
+            .query(
+                &stmt,
+                &[
+                    &offset,
+                    &job.fence.id.0,
+                    &job.fence.owner,
+                    &super::attempt_param(job.fence.attempt),
+                    &super::millis(job.completion.window),
+                    &job.completion.replay_until.map(|t| t.0),
+                    &response.status,
+                    &response.headers,
+                    &response.body,
+                    &(job.completion.units as i64),
+                    &job.completion.provider_request_id,
+                ],
+            )
+            .await
+            .map_err(failure)?
+    } else {
+        let stmt = client
+            .prepare_cached(&SQL_COMPLETE_BATCH)
+            .await
+            .map_err(failure)?;
+        let ids: Vec<&str> = jobs.iter().map(|j| j.fence.id.as_str()).collect();
+        let owners: Vec<&str> = jobs.iter().map(|j| j.fence.owner.as_str()).collect();
+        let attempts: Vec<i32> = jobs
+            .iter()
+            .map(|j| super::attempt_param(j.fence.attempt))
+            .collect();
+        let windows: Vec<i64> = jobs
+            .iter()
+            .map(|j| super::millis(j.completion.window))
+            .collect();
+        let untils: Vec<Option<i64>> = jobs
+            .iter()
+            .map(|j| j.completion.replay_until.map(|t| t.0))
+            .collect();
+        let statuses: Vec<Option<i32>> = responses.iter().map(|r| r.status).collect();
+        let headers: Vec<Option<&str>> = responses.iter().map(|r| r.headers.as_deref()).collect();
+        let bodies: Vec<Option<&[u8]>> = responses.iter().map(|r| r.body.as_deref()).collect();
+        let units: Vec<i64> = jobs.iter().map(|j| j.completion.units as i64).collect();
+        let request_ids: Vec<Option<&str>> = jobs
+            .iter()
+            .map(|j| j.completion.provider_request_id.as_deref())
+            .collect();
+        client
+            .query(
+                &stmt,
+                &[
+                    &offset,
+                    &ids,
+                    &owners,
+                    &attempts,
+                    &windows,
+                    &untils,
+                    &statuses,
+                    &headers,
+                    &bodies,
+                    &units,
+                    &request_ids,
+                ],
+            )
+            .await
+            .map_err(failure)?
+    };
+    let mut done = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let record = record_from_row(row).map_err(Failure::Store)?;
+        // Only the fence of the record's owner and attempt can have completed it.
+        let fence = jobs.iter().map(|j| &j.fence).find(|f| {
+            f.id == record.id
+                && Some(&f.owner) == record.owner.as_ref()
+                && f.attempt == record.attempt
+        });
+        if let Some(fence) = fence {
+            done.insert(fence.clone(), record);
+        }
+    }
+    Ok(done)
+}
+
+/// The fenced completion of many records in one statement; `$2..$11` are arrays.
+static SQL_COMPLETE_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS ({NOW}),
+         i AS (
+             SELECT * FROM unnest($2::text[], $3::text[], $4::integer[], $5::bigint[],
+                                  $6::bigint[], $7::integer[], $8::text[], $9::bytea[],
+                                  $10::bigint[], $11::text[])
+                 AS i(id, owner, attempt, win, until, status, headers, body, units, prid)),
+         u AS (
+             UPDATE records r SET state = 'completed', lease_until = NULL,
+                 completed_at = t.now,
+                 expires_at = LEAST(t.now + i.win, COALESCE(i.until, 9223372036854775807)),
+                 response_status = i.status, response_headers = i.headers,
+                 response_body = i.body, units = i.units,
+                 provider_request_id = COALESCE(i.prid, r.provider_request_id),
+                 updated_at = t.now, last_error = NULL
+             FROM i, t
+             WHERE r.id = i.id AND r.owner = i.owner AND r.attempt = i.attempt
+               AND r.state = 'processing'
+             RETURNING {r})
+         SELECT u.*, CASE WHEN u.waiting > 0 THEN pg_notify('{channel}', u.id) END AS notified
+         FROM u",
+        r = cols("r"),
+        channel = super::listener::CHANNEL,
     )
 });

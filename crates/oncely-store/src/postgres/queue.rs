@@ -19,6 +19,7 @@ use tokio_postgres::Row;
 
 use super::{corrupt, record_from_row, unavailable, PgStore, ResponseColumns, COLUMNS, NOW};
 use crate::queue::{headers_from_json, headers_to_json, LAPSED_ON_LAST_ATTEMPT};
+use crate::Store;
 use crate::{
     new_record_id, Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError,
     TaskFence, TaskId, TaskOutcome, TaskState,
@@ -123,6 +124,14 @@ impl PgStore {
                 "claim_with_task needs at least one claim".into(),
             ));
         }
+        if specs.len() == 1 {
+            if let Some(claim) = self
+                .claim_new_with_task(&specs[0], completion.as_ref(), &task)
+                .await?
+            {
+                return Ok(claim);
+            }
+        }
         for _ in 0..8 {
             match self
                 .claim_with_task_round(specs, completion.as_ref(), &task)
@@ -135,6 +144,97 @@ impl PgStore {
         Err(StoreError::Unavailable(
             "the claim kept racing with other writers; try again".into(),
         ))
+    }
+
+    /// The common case in one statement (one round trip): a single key that no row
+    /// holds. Inserts the record and the task together, or nothing (`None`: the key is
+    /// held, and the full transaction decides).
+    async fn claim_new_with_task(
+        &self,
+        spec: &ClaimSpec,
+        completion: Option<&Completion>,
+        task: &NewTask,
+    ) -> Result<Option<Claim>> {
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "WITH t AS ({NOW}),
+                 ins AS (
+                     INSERT INTO records (id, scope, key, fingerprint, class, route, principal,
+                         state, owner, attempt, lease_until, created_at, updated_at,
+                         completed_at, expires_at, response_status, response_headers,
+                         response_body, units, provider_request_id, workflow_id)
+                     SELECT $2, $3, $4, $5, $6, $7, $8, $9::text, $10, 1,
+                         CASE WHEN $9::text = 'processing' THEN t.now + $11::bigint END,
+                         t.now, t.now,
+                         CASE WHEN $9::text = 'completed' THEN t.now END,
+                         CASE WHEN $9::text = 'completed' THEN
+                             LEAST(t.now + $12::bigint,
+                                   COALESCE($13::bigint, 9223372036854775807)) END,
+                         $14, $15, $16, $17, $18, $19
+                     FROM t
+                     ON CONFLICT (scope, key) DO NOTHING
+                     RETURNING {cols}),
+                 queued AS (
+                     INSERT INTO tasks ({TASK_COLUMNS})
+                     SELECT $20, $21, ins.id, $22, $23, $24, $25, 'pending', 0, $26, $27, $28,
+                         t.now, NULL, NULL, NULL, t.now, t.now
+                     FROM ins, t
+                     RETURNING id)
+                 SELECT ins.* FROM ins, queued",
+                cols = COLUMNS.join(", ")
+            )
+        });
+        let state = if completion.is_some() {
+            "completed"
+        } else {
+            "processing"
+        };
+        let response = ResponseColumns::of(completion.map(|c| &c.response))?;
+        let units = completion.map_or(0, |c| c.units as i64);
+        let window = completion.map_or(0, |c| ms(c.window));
+        let replay_until = completion.and_then(|c| c.replay_until.map(|t| t.0));
+        let provider_request_id = completion.and_then(|c| c.provider_request_id.clone());
+        let id = new_record_id();
+        let task_id = TaskId::new();
+        let headers = headers_to_json(&task.headers);
+        let max_attempts = i32_of(task.max_attempts.max(1));
+        let row = self
+            .query_opt(
+                &SQL,
+                &[
+                    &self.offset(),
+                    &id.0,
+                    &spec.scope.as_str(),
+                    &spec.key,
+                    &spec.fingerprint.0.as_slice(),
+                    &spec.class.as_str(),
+                    &spec.route,
+                    &spec.principal,
+                    &state,
+                    &spec.owner,
+                    &ms(spec.lease),
+                    &window,
+                    &replay_until,
+                    &response.status,
+                    &response.headers,
+                    &response.body,
+                    &units,
+                    &provider_request_id,
+                    &spec.workflow_id,
+                    &task_id.0,
+                    &task.kind,
+                    &task.target,
+                    &task.method,
+                    &headers,
+                    &task.body,
+                    &max_attempts,
+                    &ms(task.timeout),
+                    &ms(task.backoff),
+                ],
+            )
+            .await?;
+        row.map(|row| record_from_row(&row).map(Claim::Owned))
+            .transpose()
     }
 
     async fn claim_with_task_round(
@@ -318,10 +418,7 @@ impl PgStore {
                 ],
             )
             .await?;
-        let mut tasks = rows
-            .iter()
-            .map(task_from_row)
-            .collect::<Result<Vec<_>>>()?;
+        let mut tasks = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
         tasks.retain(|t| t.state == TaskState::Running);
         tasks.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(tasks)

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use oncely_core::{Class, State};
+use oncely_core::{Class, State, TransitionError};
 use oncely_store::conformance::{completion, spec, Harness, LEASE};
 use oncely_store::postgres::{migrations::MIGRATIONS, PgStore};
 use oncely_store::{Claim, ManualClock, Store, StoreError, StoreOptions};
@@ -509,10 +509,12 @@ async fn grouped_claims_answer_each_claim_alone() {
         }));
     }
     let mut by_key: std::collections::HashMap<String, (usize, Vec<String>)> = Default::default();
+    let mut fences = Vec::new();
     for t in tasks {
         let (key, claim) = t.await.unwrap();
         let entry = by_key.entry(key).or_default();
         if let Claim::Owned(r) = &claim {
+            fences.push(r.fence().unwrap());
             entry.0 += 1;
             if r.key == "released" {
                 assert_eq!(r.id, released.id);
@@ -526,4 +528,41 @@ async fn grouped_claims_answer_each_claim_alone() {
         assert_eq!(owners, 1, "key {key} has one owner");
         assert!(ids.iter().all(|id| *id == ids[0]), "key {key}: {ids:?}");
     }
+    // Completions are grouped too: each record completes once, with its own body; the
+    // duplicate completion and a wrong attempt are refused as they would be alone.
+    let mut tasks = Vec::new();
+    for (n, fence) in fences.iter().enumerate() {
+        for copy in 0..2 {
+            let (store, fence) = (store.clone(), fence.clone());
+            tasks.push(tokio::spawn(async move {
+                let body = format!("{{\"n\":{n}}}");
+                let result = store.complete(&fence, completion(&body, 1)).await;
+                (fence, body, copy, result)
+            }));
+        }
+        let mut wrong = fence.clone();
+        wrong.attempt += 5;
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let result = store.complete(&wrong, completion("{}", 1)).await;
+            (wrong, String::new(), 9, result)
+        }));
+    }
+    let mut completed = std::collections::HashMap::new();
+    for t in tasks {
+        let (fence, body, copy, result) = t.await.unwrap();
+        match result {
+            Ok(r) => {
+                assert_ne!(copy, 9, "a wrong attempt completed {r:?}");
+                assert_eq!(r.response.unwrap().body.unwrap(), body.as_bytes());
+                assert!(completed.insert(fence.id.clone(), ()).is_none(), "twice");
+            }
+            Err(StoreError::Transition(TransitionError::Fenced { .. })) if copy == 9 => {}
+            Err(StoreError::Transition(TransitionError::WrongState { state, .. })) => {
+                assert_eq!(state, State::Completed);
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(completed.len(), fences.len());
 }
