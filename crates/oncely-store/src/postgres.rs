@@ -402,7 +402,7 @@ impl Store for PgStore {
             Completed::Done(record) => {
                 // Wake local waiters at once, without the round trip through NOTIFY.
                 self.inner.waiters.wake(&record.id);
-                Ok(record)
+                Ok(*record)
             }
             Completed::Refused => Err(self
                 .refusal(&fence.id, |r, now| r.complete(fence, completion, now))

@@ -328,7 +328,7 @@ static SQL_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// What the grouped fenced completion said about one completion.
 pub(super) enum Completed {
     /// The record, completed.
-    Done(Record),
+    Done(Box<Record>),
     /// The fence matched no row: the caller explains the refusal.
     Refused,
     /// The group failed on a conflict: complete alone.
@@ -348,7 +348,7 @@ async fn run_completions(pool: &Pool, mut jobs: Vec<CompleteJob>) {
         Ok(mut done) => {
             for job in jobs {
                 let answer = match done.remove(&job.fence) {
-                    Some(record) => Completed::Done(record),
+                    Some(record) => Completed::Done(Box::new(record)),
                     None => Completed::Refused,
                 };
                 let _ = job.reply.send(Ok(answer));
