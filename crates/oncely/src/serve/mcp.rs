@@ -1,0 +1,88 @@
+//! `[[mcp]]` endpoints in `oncely serve`: each config entry becomes an
+//! [`oncely_mcp::McpEndpoint`] on the gateway's one [`Guard`], answering the requests whose
+//! path is the entry's path, before the HTTP route table.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use oncely_mcp::principal::JwtVerifier;
+use oncely_mcp::{McpConfig, McpEndpoint, PrincipalSource};
+use oncely_tower::{BoxBody, Guard};
+
+use crate::config::{Config, JwtKey, McpEndpoint as McpEntry, PrincipalRule};
+
+/// The configured MCP endpoints, by path.
+#[derive(Clone, Debug, Default)]
+pub struct McpEndpoints {
+    endpoints: Arc<Vec<McpEndpoint>>,
+}
+
+impl McpEndpoints {
+    /// One endpoint per `[[mcp]]` entry, on `guard`. A JWT secret variable that is unset or
+    /// a JWKS file that cannot be read stops the server with a clear error.
+    pub fn new(config: &Config, guard: &Arc<Guard>) -> anyhow::Result<McpEndpoints> {
+        if config.mcp.is_empty() {
+            return Ok(McpEndpoints::default());
+        }
+        let client = McpEndpoint::client(config.upstream_ca.as_deref())
+            .context("the MCP endpoints' upstream client")?;
+        let mut endpoints = Vec::new();
+        for (i, entry) in config.mcp.iter().enumerate() {
+            let mcp = resolve(config, entry).with_context(|| format!("mcp[{i}]"))?;
+            endpoints.push(McpEndpoint::new(mcp, guard.clone(), client.clone()));
+        }
+        Ok(McpEndpoints {
+            endpoints: Arc::new(endpoints),
+        })
+    }
+
+    /// The endpoint serving `path`, if any.
+    pub fn find(&self, path: &str) -> Option<&McpEndpoint> {
+        self.endpoints.iter().find(|e| e.path() == path)
+    }
+
+    /// Answers `req` when its path is an MCP endpoint's; hands it back otherwise.
+    pub async fn answer(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<BoxBody>, Request<Incoming>> {
+        match self.find(req.uri().path()) {
+            Some(endpoint) => Ok(endpoint.handle(req).await),
+            None => Err(req),
+        }
+    }
+}
+
+fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
+    let mut mcp = McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?
+        .with_tools(&entry.tools)?;
+    mcp.window = entry.window;
+    mcp.wait = entry.wait;
+    mcp.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
+    mcp.max_response = usize::try_from(config.max_response).unwrap_or(usize::MAX);
+    mcp.principal = match &entry.principal {
+        PrincipalRule::Header(name) => PrincipalSource::Header(name.clone()),
+        PrincipalRule::None => PrincipalSource::None,
+        PrincipalRule::Jwt {
+            claim,
+            key: JwtKey::SecretEnv(var),
+        } => {
+            let secret = std::env::var(var)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .with_context(|| format!("jwt_secret_env: ${var} is not set"))?;
+            PrincipalSource::Jwt(JwtVerifier::hs256(claim, secret.as_bytes())?)
+        }
+        PrincipalRule::Jwt {
+            claim,
+            key: JwtKey::JwksFile(path),
+        } => {
+            let jwks = std::fs::read_to_string(path)
+                .with_context(|| format!("jwks_file: cannot read {}", path.display()))?;
+            PrincipalSource::Jwt(JwtVerifier::from_jwks(claim, &jwks)?)
+        }
+    };
+    Ok(mcp)
+}
