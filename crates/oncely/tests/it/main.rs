@@ -7,5 +7,6 @@ mod check_config;
 mod cli;
 mod common;
 mod e2e;
+mod jobs;
 mod proxy;
 mod reconcile;
