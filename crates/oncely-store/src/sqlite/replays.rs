@@ -101,3 +101,69 @@ impl ReplayCache {
             .is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, StoredResponse};
+
+    use super::*;
+
+    fn completed(key: &str, body: usize) -> Record {
+        let spec = ClaimSpec {
+            scope: Scope::new("p", "POST /x"),
+            key: key.into(),
+            fingerprint: FingerprintBuilder::new("p", "POST", "/x").body(b"{}", &[]),
+            class: Class::Write,
+            route: "POST /x".into(),
+            principal: "p".into(),
+            owner: "o".into(),
+            lease: Duration::from_secs(30),
+            workflow_id: None,
+        };
+        let mut r = Record::new_claim(RecordId(format!("r-{key}")), &spec, Timestamp(0));
+        let done = Completion {
+            response: StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: Some(vec![b'x'; body]),
+            },
+            units: 1,
+            window: Duration::from_secs(10),
+            replay_until: None,
+            provider_request_id: None,
+        };
+        r.complete(&r.fence().unwrap(), done, Timestamp(0)).unwrap();
+        r
+    }
+
+    #[test]
+    fn serves_only_replayable_records() {
+        let cache = ReplayCache::default();
+        let r = completed("a", 10);
+        cache.offer(cache.epoch(), &r, Timestamp(1));
+        assert_eq!(cache.get(&r.scope, "a", Timestamp(5)), Some(r.clone()));
+        assert_eq!(cache.get(&r.scope, "a", Timestamp(10_000)), None, "expired");
+        let big = completed("big", MAX_BODY + 1);
+        cache.offer(cache.epoch(), &big, Timestamp(1));
+        assert_eq!(cache.get(&big.scope, "big", Timestamp(1)), None);
+    }
+
+    #[test]
+    fn a_read_older_than_an_invalidation_is_not_kept() {
+        let cache = ReplayCache::default();
+        let r = completed("a", 10);
+        let before = cache.epoch();
+        cache.forget(&r.id);
+        cache.offer(before, &r, Timestamp(1));
+        assert!(cache.is_empty());
+        cache.offer(cache.epoch(), &r, Timestamp(1));
+        assert!(!cache.is_empty());
+        cache.forget(&r.id);
+        assert!(cache.is_empty());
+        cache.offer(cache.epoch(), &r, Timestamp(1));
+        cache.clear();
+        assert_eq!(cache.get(&r.scope, "a", Timestamp(1)), None);
+    }
+}
