@@ -6,12 +6,14 @@
 //! - [`config`]: the TOML file, read into one validated [`config::Config`].
 //! - [`cli`]: the commands (`serve`, `ledger`, `usage`, `migrate`, `check-config`, ...).
 //! - [`serve`]: the gateway: reverse proxy, route table, TLS, admin API, shutdown.
+//! - [`demo`]: `oncely demo`, the self-contained showcase (service, gateway, agent).
 //! - [`records`]: the JSON views of ledger records and usage that the CLI and the admin
 //!   API share.
 //! - [`logs`]: the tracing subscriber (text or one JSON object a line).
 
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod logs;
 pub mod records;
 pub mod serve;

@@ -6,6 +6,7 @@ mod audit;
 mod check_config;
 mod cli;
 mod common;
+mod demo;
 mod e2e;
 mod jobs;
 mod proxy;
