@@ -56,8 +56,8 @@ impl McpEndpoints {
 }
 
 fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
-    let mut mcp = McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?
-        .with_tools(&entry.tools)?;
+    let mut mcp =
+        McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?.with_tools(&entry.tools)?;
     mcp.window = entry.window;
     mcp.wait = entry.wait;
     mcp.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);

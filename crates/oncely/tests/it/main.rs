@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod demo;
 mod e2e;
+mod mcp;
 mod jobs;
 mod proxy;
 mod reconcile;
