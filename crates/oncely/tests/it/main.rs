@@ -8,7 +8,7 @@ mod cli;
 mod common;
 mod demo;
 mod e2e;
-mod mcp;
 mod jobs;
+mod mcp;
 mod proxy;
 mod reconcile;
