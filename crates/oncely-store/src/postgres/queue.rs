@@ -105,12 +105,9 @@ fn ms(d: Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
 
-/// Why a claim-with-task round ended without a decision.
-enum Round {
-    Decided(Claim),
-    /// A row moved between statements (purged, or committed after our snapshot).
-    Again,
-}
+/// A claim-with-task round's answer: `None` when a row moved between its statements
+/// (purged, or committed after its snapshot) and another round must decide.
+type Round = Option<Claim>;
 
 impl PgStore {
     pub(super) async fn queue_claim_with_task(
@@ -137,8 +134,8 @@ impl PgStore {
                 .claim_with_task_round(specs, completion.as_ref(), &task)
                 .await?
             {
-                Round::Decided(claim) => return Ok(claim),
-                Round::Again => continue,
+                Some(claim) => return Ok(claim),
+                None => continue,
             }
         }
         Err(StoreError::Unavailable(
@@ -285,9 +282,7 @@ impl PgStore {
                 }
                 _ => {
                     drop(tx);
-                    return Ok(Round::Decided(Claim::Existing(
-                        existing.expect("existing has a row"),
-                    )));
+                    return Ok(Some(Claim::Existing(existing.expect("existing has a row"))));
                 }
             }
             let mut record = Record::new_claim(new_record_id(), spec, now);
@@ -331,8 +326,8 @@ impl PgStore {
                 drop(tx);
                 let holder = self.lookup(&spec.scope, &spec.key).await?;
                 return Ok(match holder {
-                    Some(r) => Round::Decided(Claim::Existing(r)),
-                    None => Round::Again,
+                    Some(r) => Some(Claim::Existing(r)),
+                    None => None,
                 });
             }
             first.get_or_insert(record);
@@ -368,7 +363,7 @@ impl PgStore {
         .await
         .map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;
-        Ok(Round::Decided(Claim::Owned(first)))
+        Ok(Some(Claim::Owned(first)))
     }
 
     pub(super) async fn queue_lease(

@@ -32,9 +32,11 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use crate::memory::usage_from_rows;
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, ListFilter, Result, Store, StoreError, StoreOptions, Usage,
+    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, Result, Store, StoreError,
+    StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage,
 };
 
+mod queue;
 mod readers;
 mod replays;
 mod rows;
@@ -458,5 +460,44 @@ impl Store for SqliteStore {
                 Ok((value, None))
             })
             .await
+    }
+
+    async fn claim_with_task(
+        &self,
+        specs: &[ClaimSpec],
+        completion: Option<Completion>,
+        task: NewTask,
+    ) -> Result<Claim> {
+        self.queue_claim_with_task(specs, completion, task).await
+    }
+
+    async fn lease_tasks(
+        &self,
+        kind: &str,
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        self.queue_lease(kind, owner, max, lease).await
+    }
+
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
+        self.queue_finish(fence, outcome).await
+    }
+
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
+        self.queue_get(id).await
+    }
+
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
+        self.queue_list(kind, state).await
+    }
+
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
+        self.queue_requeue(id).await
+    }
+
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+        self.queue_counts(kind).await
     }
 }

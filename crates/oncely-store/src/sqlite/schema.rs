@@ -24,10 +24,11 @@ pub struct Migration {
 }
 
 /// Every migration, oldest first. Append new ones at the end with the next version.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "ledger records and secrets",
-    sql: r#"
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "ledger records and secrets",
+        sql: r#"
 CREATE TABLE records (
     id                  TEXT    NOT NULL PRIMARY KEY,
     scope               TEXT    NOT NULL,
@@ -66,7 +67,13 @@ CREATE TABLE secrets (
     value BLOB NOT NULL
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "task queue (webhook deliveries, queued jobs)",
+        sql: super::queue::MIGRATION_SQL,
+    },
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -167,7 +174,10 @@ mod tests {
     fn migrating_twice_is_a_no_op() {
         let dir = tempfile::tempdir().unwrap();
         let mut conn = Connection::open(dir.path().join("m.db")).unwrap();
-        assert_eq!(migrate(&mut conn).unwrap(), vec![1]);
+        assert_eq!(
+            migrate(&mut conn).unwrap(),
+            MIGRATIONS.iter().map(|m| m.version).collect::<Vec<_>>()
+        );
         assert!(migrate(&mut conn).unwrap().is_empty());
         let v: u32 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
