@@ -3,17 +3,20 @@
 //! - A claim is one `INSERT ... ON CONFLICT (scope, key) DO NOTHING` that also returns the
 //!   row already holding the key; only a released row (reclaim) or an expired one (renew)
 //!   costs a second, conditional `UPDATE`, so two claimants can never both win.
+//! - Concurrent claims, and concurrent completions, of one instance are grouped into one
+//!   statement and one commit each (`postgres/batch.rs`); a lone call runs its own
+//!   statement at once.
 //! - Owner transitions (`complete`, `release`, `mark_unknown`, `renew`) are one `UPDATE`
 //!   fenced by `owner`, `attempt` and `state`; when it matches no row, the row is read and
 //!   the pure transition of `oncely_core::record` names the exact refusal.
 //! - Rare transitions (`take_over`, `resolve`) lock the row (`SELECT ... FOR UPDATE`),
 //!   apply the pure transition, and write the row back, in one transaction.
 //! - Every time comes from the database's clock (`clock_timestamp()`), plus the offset of
-//!   the store's [`Clock`](crate::Clock) (zero outside tests), so that instances with
+//!   the store's [`Clock`] (zero outside tests), so that instances with
 //!   skewed clocks agree on leases and windows.
 //! - `wait_for` counts itself in the row's `waiting` column; a transition out of
 //!   `processing` sends `NOTIFY` only when that count is above zero, and the
-//!   [`listener`] of every instance wakes its local waiters.
+//!   listener (`postgres/listener.rs`) of every instance wakes its local waiters.
 //! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`].
 //!
 //! Connections are plain TCP (no TLS): run PostgreSQL on a private network or through a
