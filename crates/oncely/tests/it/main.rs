@@ -10,5 +10,6 @@ mod demo;
 mod e2e;
 mod jobs;
 mod mcp;
+mod process;
 mod proxy;
 mod reconcile;
