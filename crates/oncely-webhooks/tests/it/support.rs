@@ -50,7 +50,7 @@ impl Backend {
             .unwrap();
         tokio::spawn(connection);
         client
-            .batch_execute("DROP TABLE tasks, records CASCADE")
+            .batch_execute("DROP TABLE IF EXISTS tasks, records CASCADE")
             .await
             .unwrap();
     }
