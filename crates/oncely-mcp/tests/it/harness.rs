@@ -11,7 +11,7 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use oncely_mcp::{McpConfig, McpEndpoint};
+use oncely_mcp::{McpConfig, McpEndpoint, UpstreamClient};
 use oncely_store::Store;
 use oncely_tower::Guard;
 use serde_json::Value;
@@ -126,12 +126,16 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     pub(crate) async fn start(config: McpConfig) -> Gateway {
+        Gateway::start_with_client(config, McpEndpoint::client(None).unwrap()).await
+    }
+
+    pub(crate) async fn start_with_client(config: McpConfig, client: UpstreamClient) -> Gateway {
         let store = oncely_store::open("memory:", Default::default())
             .await
             .unwrap();
         let guard = Arc::new(Guard::new(store.clone(), b"test principal key".to_vec()));
         let path = config.path.clone();
-        let endpoint = McpEndpoint::new(config, guard.clone(), McpEndpoint::client(None).unwrap());
+        let endpoint = McpEndpoint::new(config, guard.clone(), client);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {

@@ -5,6 +5,7 @@
 //! passes, except under `CI`, where it fails loudly.
 
 mod bench;
+mod edges;
 mod harness;
 mod node;
 mod stories;
