@@ -34,7 +34,8 @@ impl Server {
             .arg("serve")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            // Not inherited: the server outlives the test's own output streams.
+            .stderr(Stdio::piped())
             .spawn()
             .expect("run scripts/pg-env serve");
         let mut line = String::new();
@@ -43,7 +44,11 @@ impl Server {
             .expect("read the server's URL");
         let mut parts = line.split_whitespace().map(str::to_string);
         let (Some(url), Some(data), Some(bin)) = (parts.next(), parts.next(), parts.next()) else {
-            panic!("scripts/pg-env serve did not start PostgreSQL (output {line:?})");
+            let mut why = String::new();
+            if let Some(mut err) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut why);
+            }
+            panic!("scripts/pg-env serve did not start PostgreSQL: {why}");
         };
         let stdin = child.stdin.take();
         Server {
