@@ -5,6 +5,7 @@ mod admin;
 mod audit;
 mod check_config;
 mod cli;
+mod cluster;
 mod common;
 mod demo;
 mod e2e;
