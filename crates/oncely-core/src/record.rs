@@ -113,7 +113,8 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// The operation class.
     pub class: Class,
-    /// The route (or `mcp:PATH#tool`, or `webhook:PATH`), for listing.
+    /// The route (`METHOD PATTERN`, `PATH#tool` for MCP tools, or the webhook path), for
+    /// listing.
     pub route: String,
     /// The principal's keyed hash.
     pub principal: String,

@@ -331,6 +331,13 @@ pub struct McpEndpoint {
     pub window: Duration,
     /// How long a duplicate waits.
     pub wait: Duration,
+    /// Billing units per guarded call (an extension): `call` (default) or
+    /// `json:/POINTER` into the tool's `arguments`.
+    pub units: oncely_mcp::UnitsRule,
+    /// Upstream timeout of a guarded call (an extension; default 120s).
+    pub timeout: Duration,
+    /// The owner's lease (an extension; default 30s).
+    pub lease: Duration,
 }
 
 /// One `[[webhooks]]` entry.
@@ -443,6 +450,9 @@ const MCP_KEYS: &[&str] = &[
     "tools",
     "window",
     "wait",
+    "units",
+    "timeout",
+    "lease",
 ];
 
 const WEBHOOK_KEYS: &[&str] = &[
@@ -1061,6 +1071,17 @@ fn mcp_endpoint(
     };
     let window = duration("window", defaults.window, 3 * 3600, p);
     let wait = duration("wait", defaults.wait, 20, p);
+    let timeout = duration("timeout", defaults.timeout, 120, p);
+    let lease = duration("lease", defaults.lease, 30, p);
+    let units = match read::string(t, loc, "units", p) {
+        Some(text) => check(
+            p,
+            loc,
+            "units",
+            oncely_mcp::UnitsRule::parse(text).map_err(|e| e.to_string()),
+        ),
+        None => Some(oncely_mcp::UnitsRule::Call),
+    };
     Some(McpEndpoint {
         path: path?,
         upstream: upstream?,
@@ -1068,6 +1089,9 @@ fn mcp_endpoint(
         tools,
         window,
         wait,
+        units: units?,
+        timeout,
+        lease,
     })
 }
 
@@ -1405,5 +1429,35 @@ signature_header = "x-sig"
             assert!(ps.iter().any(|p| p.starts_with(w)), "{w:?} not in {ps:#?}");
         }
         assert_eq!(ps.len(), want.len(), "{ps:#?}");
+    }
+
+    #[test]
+    fn mcp_units_timeout_and_lease_are_read() {
+        let c = Config::resolve(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+units = "json:/text"
+timeout = "90s"
+lease = "10s"
+"#,
+            None,
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.mcp[0].units, oncely_mcp::UnitsRule::Json("/text".into()));
+        assert_eq!(c.mcp[0].timeout, Duration::from_secs(90));
+        assert_eq!(c.mcp[0].lease, Duration::from_secs(10));
+        let ps = problems(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+units = "characters"
+"#,
+        );
+        assert_eq!(ps.len(), 1, "{ps:#?}");
+        assert!(ps[0].starts_with("mcp[0].units: "), "{ps:#?}");
     }
 }

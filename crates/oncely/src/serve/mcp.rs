@@ -60,6 +60,9 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
         McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?.with_tools(&entry.tools)?;
     mcp.window = entry.window;
     mcp.wait = entry.wait;
+    mcp.timeout = entry.timeout;
+    mcp.lease = entry.lease;
+    mcp.units = entry.units.clone();
     mcp.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
     mcp.max_response = usize::try_from(config.max_response).unwrap_or(usize::MAX);
     mcp.principal = match &entry.principal {
