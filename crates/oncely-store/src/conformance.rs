@@ -1317,16 +1317,6 @@ pub async fn queue_dead_after_max_attempts_then_requeue(h: &dyn Harness) {
 /// Generates one `#[tokio::test]` per conformance rule for a harness expression.
 #[macro_export]
 macro_rules! conformance_tests {
-    (queue $harness:expr) => {
-        $crate::conformance_tests!(@tests $harness;
-            queue_claim_with_task_is_all_or_nothing,
-            queue_concurrent_claims_enqueue_once,
-            queue_concurrent_leases_never_share,
-            queue_lapsed_lease_is_leased_again_and_fenced,
-            queue_retry_schedules_next_at,
-            queue_dead_after_max_attempts_then_requeue,
-        );
-    };
     ($harness:expr) => {
         $crate::conformance_tests!(@tests $harness;
             claim_new_then_existing,
@@ -1346,6 +1336,12 @@ macro_rules! conformance_tests {
             list_filters_newest_first,
             repeats_and_usage,
             secrets_are_stable_and_shared,
+            queue_claim_with_task_is_all_or_nothing,
+            queue_concurrent_claims_enqueue_once,
+            queue_concurrent_leases_never_share,
+            queue_lapsed_lease_is_leased_again_and_fenced,
+            queue_retry_schedules_next_at,
+            queue_dead_after_max_attempts_then_requeue,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {

@@ -210,10 +210,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         specs: &[ClaimSpec],
         completion: Option<Completion>,
         task: NewTask,
-    ) -> Result<Claim> {
-        let _ = (specs, completion, task);
-        Err(no_queue())
-    }
+    ) -> Result<Claim>;
 
     /// Leases up to `max` due tasks of `kind` to `owner` for `lease` (oldest due first):
     /// pending ones whose `next_at` has come, and running ones whose lease lapsed (their
@@ -225,46 +222,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         owner: &str,
         max: usize,
         lease: Duration,
-    ) -> Result<Vec<Task>> {
-        let _ = (kind, owner, max, lease);
-        Err(no_queue())
-    }
+    ) -> Result<Vec<Task>>;
 
     /// Ends the leased attempt, fenced by owner and attempt: done (the row and its body
     /// are deleted), retry at a time (dead when it was the last attempt), or dead.
-    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
-        let _ = (fence, outcome);
-        Err(no_queue())
-    }
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished>;
 
     /// One task by id.
-    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
-        let _ = id;
-        Err(no_queue())
-    }
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>>;
 
     /// Tasks of `kind` (in `state` when given), oldest first.
-    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
-        let _ = (kind, state);
-        Err(no_queue())
-    }
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>>;
 
     /// A dead task becomes pending and due now, with its attempts reset.
-    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
-        let _ = id;
-        Err(no_queue())
-    }
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task>;
 
     /// How many tasks of `kind` are pending, running and dead.
-    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
-        let _ = kind;
-        Err(no_queue())
-    }
-}
-
-// TEMPORARY until the SQLite and PostgreSQL files are free to edit.
-fn no_queue() -> StoreError {
-    StoreError::Unavailable("this backend has no task queue yet".into())
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts>;
 }
 
 /// Options common to every backend.

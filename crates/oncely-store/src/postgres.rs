@@ -40,13 +40,14 @@ use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
-    new_record_id, Claim, Clock, ListFilter, Result, Store, StoreError, StoreOptions, Usage,
-    UsageRow,
+    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, Result, Store, StoreError,
+    StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage, UsageRow,
 };
 
 mod batch;
 mod listener;
 pub mod migrations;
+mod queue;
 
 /// How long an operation waits for a pooled connection, or for a new one, before the
 /// store answers [`StoreError::Unavailable`].
@@ -598,6 +599,45 @@ impl Store for PgStore {
             .await
             .map_err(unavailable)?;
         row.try_get(0).map_err(corrupt)
+    }
+
+    async fn claim_with_task(
+        &self,
+        specs: &[ClaimSpec],
+        completion: Option<Completion>,
+        task: NewTask,
+    ) -> Result<Claim> {
+        self.queue_claim_with_task(specs, completion, task).await
+    }
+
+    async fn lease_tasks(
+        &self,
+        kind: &str,
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        self.queue_lease(kind, owner, max, lease).await
+    }
+
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
+        self.queue_finish(fence, outcome).await
+    }
+
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
+        self.queue_get(id).await
+    }
+
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
+        self.queue_list(kind, state).await
+    }
+
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
+        self.queue_requeue(id).await
+    }
+
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+        self.queue_counts(kind).await
     }
 }
 

@@ -22,10 +22,11 @@ pub struct Migration {
 }
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "ledger records and secrets",
-    sql: r#"
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "ledger records and secrets",
+        sql: r#"
 CREATE TABLE records (
     id                  text PRIMARY KEY,
     scope               text NOT NULL,
@@ -66,7 +67,13 @@ CREATE TABLE secrets (
     value bytea NOT NULL
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "task queue (webhook deliveries, queued jobs)",
+        sql: super::queue::MIGRATION_SQL,
+    },
+];
 
 /// The advisory lock key that serialises migrations ("oncely" in ASCII).
 const LOCK_KEY: i64 = 0x6f6e_6365_6c79;

@@ -325,10 +325,7 @@ impl PgStore {
                 // Another transaction inserted this key and committed meanwhile.
                 drop(tx);
                 let holder = self.lookup(&spec.scope, &spec.key).await?;
-                return Ok(match holder {
-                    Some(r) => Some(Claim::Existing(r)),
-                    None => None,
-                });
+                return Ok(holder.map(Claim::Existing));
             }
             first.get_or_insert(record);
         }

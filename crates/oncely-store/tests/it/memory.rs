@@ -33,4 +33,3 @@ impl Harness for MemoryHarness {
 }
 
 oncely_store::conformance_tests!(MemoryHarness::default());
-oncely_store::conformance_tests!(queue MemoryHarness::default());

@@ -377,4 +377,3 @@ async fn cached_replays_follow_other_instances_and_expiry() {
         renewed.id
     );
 }
-oncely_store::conformance_tests!(queue SqliteHarness::new());
