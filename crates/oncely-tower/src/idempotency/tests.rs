@@ -875,6 +875,52 @@ impl Store for DownStore {
     async fn secret(&self, _: &str) -> oncely_store::Result<Vec<u8>> {
         down()
     }
+    async fn claim_with_task(
+        &self,
+        _: &[ClaimSpec],
+        _: Option<Completion>,
+        _: oncely_store::NewTask,
+    ) -> oncely_store::Result<Claim> {
+        down()
+    }
+    async fn lease_tasks(
+        &self,
+        _: &str,
+        _: &str,
+        _: usize,
+        _: Duration,
+    ) -> oncely_store::Result<Vec<oncely_store::Task>> {
+        down()
+    }
+    async fn finish_task(
+        &self,
+        _: &oncely_store::TaskFence,
+        _: oncely_store::TaskOutcome,
+    ) -> oncely_store::Result<oncely_store::Finished> {
+        down()
+    }
+    async fn get_task(
+        &self,
+        _: &oncely_store::TaskId,
+    ) -> oncely_store::Result<Option<oncely_store::Task>> {
+        down()
+    }
+    async fn list_tasks(
+        &self,
+        _: &str,
+        _: Option<oncely_store::TaskState>,
+    ) -> oncely_store::Result<Vec<oncely_store::Task>> {
+        down()
+    }
+    async fn requeue_task(
+        &self,
+        _: &oncely_store::TaskId,
+    ) -> oncely_store::Result<oncely_store::Task> {
+        down()
+    }
+    async fn task_counts(&self, _: &str) -> oncely_store::Result<oncely_store::TaskCounts> {
+        down()
+    }
 }
 
 #[tokio::test]
