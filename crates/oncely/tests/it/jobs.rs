@@ -115,7 +115,6 @@ async fn until_done(gw: &Gateway, location: &str, limit: Duration) -> serde_json
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the task queue wired into SqliteStore; JOBS_TEST_STORE=memory: runs all but the SIGKILL test"]
 async fn a_fast_job_answers_at_once_and_a_slow_one_gets_202_then_its_result() {
     let renders = Renders::default();
     let up = upstream(render_service(renders.clone())).await;
@@ -171,7 +170,6 @@ async fn a_fast_job_answers_at_once_and_a_slow_one_gets_202_then_its_result() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the task queue wired into SqliteStore; JOBS_TEST_STORE=memory: runs all but the SIGKILL test"]
 async fn a_job_outlives_its_client() {
     let renders = Renders::default();
     let up = upstream(render_service(renders.clone())).await;
@@ -202,7 +200,6 @@ async fn a_job_outlives_its_client() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the task queue wired into SqliteStore; JOBS_TEST_STORE=memory: runs all but the SIGKILL test"]
 async fn twenty_duplicates_of_a_running_job_execute_it_once() {
     let renders = Renders::default();
     let up = upstream(render_service(renders.clone())).await;
@@ -236,7 +233,6 @@ async fn twenty_duplicates_of_a_running_job_execute_it_once() {
 /// and started again on the same SQLite file: B runs exactly once, and A, whose owner
 /// died mid-call, runs again with the same downstream key (jobs are write-like).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the task queue wired into SqliteStore; JOBS_TEST_STORE=memory: runs all but the SIGKILL test"]
 async fn a_queued_job_survives_a_sigkill_of_the_gateway() {
     let renders = Renders::default();
     let up = upstream(render_service(renders.clone())).await;
