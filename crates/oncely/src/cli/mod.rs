@@ -9,6 +9,7 @@ mod audit;
 mod ledger;
 mod store;
 mod usage;
+mod webhooks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -125,12 +126,9 @@ pub enum Command {
     /// Reports the requests in a log that repeated an earlier identical one within the
     /// window: what a guard would have saved, and what to credit.
     Audit(audit::AuditArgs),
-    /// Dead-lettered webhook deliveries (not available in this build yet).
-    Webhooks {
-        /// Anything webhooks takes.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-        rest: Vec<String>,
-    },
+    /// Dead-lettered webhook deliveries, and sending one again.
+    #[command(subcommand)]
+    Webhooks(webhooks::WebhooksCommand),
     /// Creates or upgrades the store's schema.
     Migrate {
         #[command(flatten)]
@@ -343,15 +341,8 @@ async fn run(cli: Cli) -> Outcome {
         Command::CheckConfig { file } => check_config(&file),
         Command::Demo { rest } => crate::demo::cli(rest).await,
         Command::Audit(args) => audit::run(args).await,
-        Command::Webhooks { .. } => Err(not_available("webhooks")),
+        Command::Webhooks(cmd) => webhooks::run(cmd).await,
     }
-}
-
-// Wired by the engineers who own these commands.
-fn not_available(what: &str) -> Failure {
-    Failure::usage(format!(
-        "`oncely {what}` is not available yet in this build"
-    ))
 }
 
 fn check_config(file: &std::path::Path) -> Outcome {

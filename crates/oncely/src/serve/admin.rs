@@ -45,6 +45,9 @@ pub struct AdminState {
     pub token: Option<String>,
     /// The metrics handle.
     pub metrics: PrometheusHandle,
+    /// The webhook routes (`/webhooks/dead`, `/webhooks/dead/{id}/redeliver`), put behind
+    /// the same bearer token.
+    pub webhooks: Router,
 }
 
 /// An admin API error: one type, rendered as problem+json, internals hidden.
@@ -114,6 +117,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/records/{id}/resolve", post(resolve))
         .route("/usage", get(usage))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    let webhooks = state
+        .webhooks
+        .clone()
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -122,6 +129,7 @@ pub fn router(state: AdminState) -> Router {
             AdminError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
         })
         .with_state(state)
+        .merge(webhooks)
 }
 
 async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Response {

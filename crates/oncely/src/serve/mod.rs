@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod reconcile;
 pub mod routes;
 pub mod tls;
+pub mod webhooks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -112,6 +113,8 @@ pub async fn run(
     let metrics = prometheus::handle();
     let routes = RouteTable::new(&config);
     let mcp = mcp::McpEndpoints::new(&config, &guard)?;
+    let webhooks = webhooks::Webhooks::start(&config, &store)?;
+    let hooks = webhooks.endpoints();
     prometheus::describe(routes.names());
     let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
     let tls = match &config.tls {
@@ -136,6 +139,7 @@ pub async fn run(
         config: config.clone(),
         token: admin_token,
         metrics: metrics.clone(),
+        webhooks: webhooks.admin_router(store.clone()),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = {
@@ -188,13 +192,20 @@ pub async fn run(
         };
         let service = service.clone();
         let mcp = mcp.clone();
+        let hooks = hooks.clone();
         let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
             let service = service.clone();
             let mcp = mcp.clone();
-            // An `[[mcp]]` path is answered by its endpoint, before the route table.
+            let hooks = hooks.clone();
+            // `[[mcp]]` and `[[webhooks]]` paths are answered by their endpoints, before
+            // the route table.
             async move {
-                match mcp.answer(req).await {
+                let req = match mcp.answer(req).await {
+                    Ok(resp) => return Ok(resp),
+                    Err(req) => req,
+                };
+                match hooks.answer(req).await {
                     Ok(resp) => Ok(resp),
                     Err(req) => service.oneshot(req).await,
                 }
@@ -240,6 +251,7 @@ pub async fn run(
     graceful.shutdown().await;
     // Queued jobs that have not started stay queued for the next start.
     jobs.stop().await;
+    webhooks.stop().await;
     guard.drain().await;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;

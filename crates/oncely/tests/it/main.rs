@@ -14,3 +14,4 @@ mod mcp;
 mod process;
 mod proxy;
 mod reconcile;
+mod webhooks;

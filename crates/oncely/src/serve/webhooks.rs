@@ -1,0 +1,121 @@
+//! `[[webhooks]]` in `oncely serve`: each config entry becomes an
+//! [`oncely_webhooks::WebhookEndpoint`] (verify, claim the event id once, queue the
+//! delivery durably, answer), all fed to one [`DeliveryWorker`] per process. Requests
+//! whose path is a webhook path are answered before the HTTP route table.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use oncely_store::Store;
+use oncely_tower::BoxBody;
+use oncely_webhooks::worker::{DeliveryWorker, WorkerOptions};
+use oncely_webhooks::{Secrets, Verifier, WebhookConfig, WebhookEndpoint};
+
+use crate::config::{Config, WebhookEndpoint as WebhookEntry};
+
+/// The configured webhook endpoints and the worker that delivers their events.
+#[derive(Debug, Default)]
+pub struct Webhooks {
+    endpoints: Arc<Vec<WebhookEndpoint>>,
+    worker: Option<DeliveryWorker>,
+}
+
+impl Webhooks {
+    /// One endpoint per `[[webhooks]]` entry, and a delivery worker when there is any.
+    /// A secret variable that is unset or malformed stops the server with a clear error.
+    pub fn start(config: &Config, store: &Arc<dyn Store>) -> anyhow::Result<Webhooks> {
+        if config.webhooks.is_empty() {
+            return Ok(Webhooks::default());
+        }
+        let worker = DeliveryWorker::start(store.clone(), WorkerOptions::default());
+        let mut endpoints = Vec::new();
+        for (i, entry) in config.webhooks.iter().enumerate() {
+            let resolved = resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;
+            endpoints
+                .push(WebhookEndpoint::new(resolved, store.clone()).with_waker(worker.waker()));
+        }
+        Ok(Webhooks {
+            endpoints: Arc::new(endpoints),
+            worker: Some(worker),
+        })
+    }
+
+    /// What the request handlers need (cheap to clone).
+    pub fn endpoints(&self) -> WebhookPaths {
+        WebhookPaths(self.endpoints.clone())
+    }
+
+    /// The admin routes (`GET /webhooks/dead`, `POST /webhooks/dead/{id}/redeliver`),
+    /// waking this process's worker on a redelivery.
+    pub fn admin_router(&self, store: Arc<dyn Store>) -> axum::Router {
+        oncely_webhooks::ops::admin_router(store, self.worker.as_ref().map(|w| w.waker()))
+    }
+
+    /// Stops the worker, letting deliveries in flight finish (queued ones stay queued).
+    pub async fn stop(self) {
+        if let Some(worker) = self.worker {
+            worker.stop().await;
+        }
+    }
+}
+
+/// The webhook endpoints by path.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookPaths(Arc<Vec<WebhookEndpoint>>);
+
+impl WebhookPaths {
+    /// Answers `req` when its path is a webhook endpoint's; hands it back otherwise.
+    pub async fn answer(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<BoxBody>, Request<Incoming>> {
+        let Some(endpoint) = self.0.iter().find(|e| e.path() == req.uri().path()) else {
+            return Err(req);
+        };
+        if req.method() != http::Method::POST {
+            return Ok(method_not_allowed());
+        }
+        let response = endpoint.handle(req.map(axum::body::Body::new)).await;
+        Ok(response.map(oncely_tower::body::boxed))
+    }
+}
+
+fn method_not_allowed() -> Response<BoxBody> {
+    let mut res = Response::new(oncely_tower::body::full(bytes::Bytes::from_static(
+        br#"{"type":"about:blank","title":"Method Not Allowed","status":405,"code":"method_not_allowed","detail":"webhook endpoints take POST"}"#,
+    )));
+    *res.status_mut() = http::StatusCode::METHOD_NOT_ALLOWED;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    res.headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
+    res
+}
+
+fn resolve(config: &Config, entry: &WebhookEntry) -> anyhow::Result<WebhookConfig> {
+    let value = std::env::var(&entry.secret_env)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .with_context(|| format!("secret_env: ${} is not set", entry.secret_env))?;
+    let secrets = Secrets::parse(&entry.verify, &value)
+        .with_context(|| format!("secret_env: ${}", entry.secret_env))?;
+    let mut verifier = Verifier::new(entry.verify.clone(), secrets, entry.tolerance);
+    if let Some(source) = &entry.event_id {
+        verifier = verifier.with_event_id(source.clone());
+    }
+    let mut resolved = WebhookConfig::new(
+        entry.path.clone(),
+        verifier,
+        entry.deliver_to.uri.to_string(),
+    );
+    resolved.dedupe_fields = entry.dedupe_fields.clone();
+    resolved.deliver_timeout = entry.deliver_timeout;
+    resolved.max_attempts = entry.max_attempts;
+    resolved.retry_backoff = entry.retry_backoff;
+    resolved.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
+    Ok(resolved)
+}

@@ -1,0 +1,266 @@
+//! `[[webhooks]]` through the real binary: a signed delivery is acknowledged once and
+//! delivered once, a bad signature is refused with nothing recorded, a handler that keeps
+//! failing is dead-lettered, and `oncely webhooks dead|redeliver` (and the admin API) bring
+//! it back.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use oncely_webhooks::{sign, Scheme, Secrets};
+use serde_json::Value;
+
+use crate::common::{get, post as send_post, run, stdout, upstream, Gateway};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The internal handler: counts deliveries, records their keys, and fails while `fail` is set.
+#[derive(Clone, Default)]
+struct Handler {
+    deliveries: Arc<AtomicUsize>,
+    keys: Arc<Mutex<Vec<(String, String, String)>>>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn handle(State(h): State<Handler>, headers: HeaderMap, body: String) -> StatusCode {
+    h.deliveries.fetch_add(1, Ordering::SeqCst);
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let ctype = headers
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    h.keys.lock().unwrap().push((key, ctype, body));
+    if h.fail.load(Ordering::SeqCst) {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    }
+}
+
+fn config(dir: &std::path::Path, deliver_to: std::net::SocketAddr) -> std::path::PathBuf {
+    let path = dir.join("oncely.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+store = "sqlite://{db}"
+upstream = "http://127.0.0.1:9"
+
+[[webhooks]]
+path = "/hooks/events"
+verify = "standard"
+secret_env = "TEST_WEBHOOK_SECRET"
+tolerance = "5m"
+deliver_to = "http://{deliver_to}/internal/events"
+deliver_timeout = "2s"
+max_attempts = 2
+retry_backoff = "20ms"
+"#,
+            db = dir.join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn signed(event_id: &str, body: &str, timestamp: i64) -> Vec<(String, String)> {
+    let scheme: Scheme = "standard".parse().unwrap();
+    let secrets = Secrets::parse(&scheme, SECRET).unwrap();
+    sign(
+        &scheme,
+        secrets.primary(),
+        event_id,
+        timestamp,
+        body.as_bytes(),
+    )
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+async fn deliver(gw: &Gateway, headers: &[(String, String)], body: &str) -> crate::common::Answer {
+    let mut h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    h.push(("content-type", "application/json"));
+    send_post(&gw.url("/hooks/events"), body, &h).await
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signed_event_is_acknowledged_and_delivered_once() {
+    let handler = Handler::default();
+    let target = upstream(
+        Router::new()
+            .route("/internal/events", post(handle))
+            .with_state(handler.clone()),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), target);
+    let gw = Gateway::start(
+        &["--config", cfg.to_str().unwrap()],
+        &[
+            ("TEST_WEBHOOK_SECRET", SECRET),
+            ("ONCELY_ADMIN_TOKEN", "t0ken"),
+        ],
+    );
+
+    let body = r#"{"type":"invoice.paid","id":"evt_1"}"#;
+    let headers = signed("msg_evt_1", body, now());
+    // The sender delivers the same event three times, two of them at once.
+    let (a, b) = tokio::join!(deliver(&gw, &headers, body), deliver(&gw, &headers, body));
+    let c = deliver(&gw, &headers, body).await;
+    let mut statuses: Vec<String> = [&a, &b, &c]
+        .iter()
+        .map(|r| {
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            r.header("oncely-status").to_owned()
+        })
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses, ["duplicate", "duplicate", "fresh"]);
+
+    eventually("the handler got the event", || {
+        handler.deliveries.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        handler.deliveries.load(Ordering::SeqCst),
+        1,
+        "delivered once"
+    );
+    let (key, ctype, got) = handler.keys.lock().unwrap()[0].clone();
+    assert_eq!(key, "msg_evt_1", "the event id is the Idempotency-Key");
+    assert_eq!(ctype, "application/json");
+    assert_eq!(got, body);
+
+    // A bad signature, and a stale one: 400 signature_invalid, nothing recorded.
+    let other = r#"{"type":"invoice.paid","id":"evt_2"}"#;
+    let tampered = deliver(&gw, &headers, other).await;
+    assert_eq!(tampered.status, StatusCode::BAD_REQUEST);
+    assert_eq!(tampered.json()["code"], "signature_invalid");
+    assert_eq!(tampered.header("content-type"), "application/problem+json");
+    let stale = deliver(&gw, &signed("msg_evt_3", other, now() - 3600), other).await;
+    assert_eq!(stale.status, StatusCode::BAD_REQUEST);
+    assert_eq!(stale.json()["code"], "signature_invalid");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(handler.deliveries.load(Ordering::SeqCst), 1);
+    assert_eq!(gw.terminate().code(), Some(0));
+
+    let db = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let list = run(&["ledger", "list", "--json", "--store", &db]);
+    let records: Value = serde_json::from_str(&stdout(&list)).unwrap();
+    assert_eq!(
+        records.as_array().unwrap().len(),
+        1,
+        "one record: {records}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_handler_is_dead_lettered_and_redelivered() {
+    let handler = Handler::default();
+    handler.fail.store(true, Ordering::SeqCst);
+    let target = upstream(
+        Router::new()
+            .route("/internal/events", post(handle))
+            .with_state(handler.clone()),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), target);
+    let envs = [
+        ("TEST_WEBHOOK_SECRET", SECRET),
+        ("ONCELY_ADMIN_TOKEN", "t0ken"),
+    ];
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &envs);
+    let body = r#"{"type":"order.created","id":"evt_9"}"#;
+    let r = deliver(&gw, &signed("msg_evt_9", body, now()), body).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("oncely-status"), "fresh");
+
+    // Two attempts (max_attempts = 2), then dead.
+    let db = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let dead_list = || {
+        let o = run(&["webhooks", "dead", "--json", "--store", &db]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str::<Value>(&stdout(&o)).unwrap()
+    };
+    eventually("the delivery is dead-lettered", || {
+        dead_list().as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    assert_eq!(handler.deliveries.load(Ordering::SeqCst), 2);
+    let dead = dead_list();
+    assert_eq!(dead[0]["event_id"], "msg_evt_9");
+    assert_eq!(dead[0]["attempts"], 2);
+    let id = dead[0]["id"].as_str().unwrap().to_owned();
+
+    // The admin API shows the same, behind the token.
+    let unauth = get(&gw.admin_url("/webhooks/dead"), &[]).await;
+    assert_eq!(unauth.status, StatusCode::UNAUTHORIZED);
+    let listed = get(
+        &gw.admin_url("/webhooks/dead"),
+        &[("authorization", "Bearer t0ken")],
+    )
+    .await;
+    assert_eq!(listed.status, StatusCode::OK);
+    assert_eq!(listed.json()[0]["id"], id.as_str());
+
+    // The handler is fixed; the operator redelivers from the CLI.
+    handler.fail.store(false, Ordering::SeqCst);
+    let o = run(&["webhooks", "redeliver", &id, "--store", &db]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eventually("the redelivery arrives", || {
+        handler.deliveries.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    let keys = handler.keys.lock().unwrap().clone();
+    assert!(
+        keys.iter().all(|(k, _, _)| k == "msg_evt_9"),
+        "same key every time: {keys:?}"
+    );
+    eventually("the dead list is empty", || {
+        dead_list().as_array().is_some_and(|a| a.is_empty())
+    })
+    .await;
+
+    // An unknown id is a one-line exit 2.
+    let o = run(&["webhooks", "redeliver", "task_nope", "--store", &db]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
+    assert_eq!(gw.terminate().code(), Some(0));
+}
