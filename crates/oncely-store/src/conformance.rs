@@ -1314,6 +1314,152 @@ pub async fn queue_dead_after_max_attempts_then_requeue(h: &dyn Harness) {
     );
 }
 
+/// A queued job's task (kind `job:...`) holding `body`.
+fn job_task(body: &str) -> NewTask {
+    NewTask {
+        kind: "job:render".into(),
+        target: "/v1/render".into(),
+        method: "POST".into(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: body.as_bytes().to_vec(),
+        max_attempts: 1_000,
+        timeout: Duration::from_secs(5),
+        backoff: LEASE,
+    }
+}
+
+fn job_spec(body: &str, owner: &str) -> ClaimSpec {
+    spec("alice", "job-key", body, Class::Job, owner)
+}
+
+/// Leases the one due job task, checks that it belongs to `record`, and finishes it.
+async fn run_job_task(store: &Arc<dyn Store>, record: &oncely_core::Record) {
+    let leased = store
+        .lease_tasks("job:render", "w", 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1, "one job task is due: {leased:?}");
+    assert_eq!(leased[0].record.as_ref(), Some(&record.id));
+    let fence = leased[0].fence().unwrap();
+    store.finish_task(&fence, TaskOutcome::Done).await.unwrap();
+}
+
+/// A failed (released) job is retried through the queue: the next identical
+/// claim-with-task reclaims the record (same id, attempt + 1, so the same downstream key)
+/// and queues its work again, once, even when 20 instances' claims race; a different body
+/// under the key gets the record, and a completed record past its window is renewed.
+pub async fn queue_released_record_is_reclaimed_with_a_new_task(h: &dyn Harness) {
+    let a = h.store().await;
+    let b = h.second().await;
+    let body = "{\"text\":\"hello\"}";
+    let first = owned(
+        a.claim_with_task(&[job_spec(body, "a")], None, job_task(body))
+            .await
+            .unwrap(),
+    );
+    run_job_task(&a, &first).await;
+    let released = a
+        .release(&first.fence().unwrap(), Some("upstream 502".into()))
+        .await
+        .unwrap();
+    assert_eq!(released.state, State::Released);
+    assert!(a.list_tasks("job:render", None).await.unwrap().is_empty());
+
+    // A different body under the released key is refused (the caller answers 422).
+    let other = existing(
+        a.claim_with_task(&[job_spec("{}", "x")], None, job_task("{}"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(other.id, first.id);
+    assert_eq!(other.state, State::Released);
+    assert!(a.list_tasks("job:render", None).await.unwrap().is_empty());
+
+    // 20 identical retries over two instances: one reclaims, the rest get its record.
+    let mut joins = Vec::new();
+    for i in 0..20 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let owner = format!("retry-{i}");
+        joins.push(tokio::spawn(async move {
+            store
+                .claim_with_task(&[job_spec(body, &owner)], None, job_task(body))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut reclaimed = Vec::new();
+    for j in joins {
+        match j.await.unwrap() {
+            Claim::Owned(r) => reclaimed.push(r),
+            Claim::Existing(r) => {
+                assert_eq!(r.id, first.id);
+                assert_eq!(r.state, State::Processing, "the retry's claim is seen");
+            }
+        }
+    }
+    assert_eq!(
+        reclaimed.len(),
+        1,
+        "exactly one retry reclaims: {reclaimed:?}"
+    );
+    let again = reclaimed.pop().unwrap();
+    assert_eq!(
+        again.id, first.id,
+        "the same record, so the same downstream key"
+    );
+    assert_eq!(again.attempt, 2);
+    assert_eq!(again.state, State::Processing);
+    assert_ne!(again.owner, first.owner);
+    let tasks = a.list_tasks("job:render", None).await.unwrap();
+    assert_eq!(tasks.len(), 1, "the retry is queued once: {tasks:?}");
+    assert_eq!(tasks[0].record.as_ref(), Some(&first.id));
+    assert_eq!(tasks[0].state, TaskState::Pending);
+    assert_eq!(tasks[0].body, body.as_bytes());
+    assert_eq!(a.get(&first.id).await.unwrap().unwrap().attempt, 2);
+    // The first run's fence is stale.
+    let err = a
+        .complete(&first.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Transition(TransitionError::Fenced { .. })),
+        "{err:?}"
+    );
+
+    run_job_task(&b, &again).await;
+    let done = b
+        .complete(&again.fence().unwrap(), completion("{\"ok\":true}", 3))
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Completed);
+    // A completed job is replayed, not queued again.
+    let replay = existing(
+        b.claim_with_task(&[job_spec(body, "late")], None, job_task(body))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(replay.id, first.id);
+    assert_eq!(replay.state, State::Completed);
+    assert!(a.list_tasks("job:render", None).await.unwrap().is_empty());
+
+    // Past its window the key is a new intention: a new record and a new task.
+    h.advance(WINDOW + Duration::from_secs(1));
+    let renewed = owned(
+        a.claim_with_task(&[job_spec(body, "next")], None, job_task(body))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(renewed.id, first.id);
+    assert_eq!(renewed.attempt, 1);
+    assert_eq!(renewed.state, State::Processing);
+    assert_eq!(
+        a.get(&first.id).await.unwrap(),
+        None,
+        "the old row is replaced"
+    );
+    run_job_task(&a, &renewed).await;
+}
+
 /// Generates one `#[tokio::test]` per conformance rule for a harness expression.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -1342,6 +1488,7 @@ macro_rules! conformance_tests {
             queue_lapsed_lease_is_leased_again_and_fenced,
             queue_retry_schedules_next_at,
             queue_dead_after_max_attempts_then_requeue,
+            queue_released_record_is_reclaimed_with_a_new_task,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {

@@ -199,7 +199,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     // The durable task queue ([`queue`]).
 
     /// Claims every spec and enqueues `task`, in one transaction, only if every claim is
-    /// new (no row, or an expired completed one): then the records exist (completed with
+    /// granted as [`Store::claim`] would grant it (no row; an expired completed one,
+    /// replaced by a new record; or a released one with the same fingerprint, reclaimed
+    /// under its id with attempt + 1): then the records exist (completed with
     /// `completion` when given, else processing and owned by their spec's owner), the task
     /// is pending and due now with `record` = the first spec's record, and the answer is
     /// [`Claim::Owned`] of that record. Otherwise nothing is written and the answer is

@@ -370,13 +370,19 @@ impl Store for MemoryStore {
     }
 }
 
-/// The records an all-or-nothing claim writes (each with the id of an expired row it
-/// replaces), or the existing record that refuses it.
+/// The records an all-or-nothing claim writes (each with the id of the row it replaces),
+/// or the existing record that refuses it.
 pub(crate) type ClaimPlan = Result<Vec<(Option<RecordId>, Record)>, Record>;
 
-/// Decides an all-or-nothing claim of `specs`: either every claim is new and the records
-/// to write (each with the id of an expired row it replaces), or the first existing
-/// record. `find` reads the row holding a key. Shared by the memory and SQLite stores.
+/// Decides an all-or-nothing claim of `specs` with [`decide_claim`], like
+/// [`Store::claim`](crate::Store::claim) does for one key: either every claim is granted
+/// and the records to write, each with the id of the row it replaces, or the first
+/// existing record that refuses it. A key no row holds gets a new record; a completed
+/// row past its window is replaced by a new intention (new id, attempt 1); a released
+/// row with the same fingerprint is reclaimed (same id, attempt + 1, so the same
+/// downstream key) and its work queued again. With `completion`, every granted record is
+/// completed at once. `find` reads the row holding a key. Shared by the memory and
+/// SQLite stores; PostgreSQL mirrors it in SQL.
 pub(crate) fn plan_claims(
     specs: &[ClaimSpec],
     completion: Option<Completion>,
@@ -388,23 +394,34 @@ pub(crate) fn plan_claims(
             "claim_with_task needs at least one claim".into(),
         ));
     }
-    let mut out = Vec::with_capacity(specs.len());
+    let mut out: Vec<(Option<RecordId>, Record)> = Vec::with_capacity(specs.len());
     for spec in specs {
-        let existing = find(&spec.scope, &spec.key)?;
-        let replaces = match decide_claim(existing.as_ref(), spec, now) {
-            ClaimDecision::Insert => None,
-            ClaimDecision::Renew => existing.map(|r| r.id),
-            _ => return Ok(Err(existing.expect("an existing record decides Existing"))),
-        };
         if out
             .iter()
-            .any(|(_, r): &(Option<RecordId>, Record)| r.scope == spec.scope && r.key == spec.key)
+            .any(|(_, r)| r.scope == spec.scope && r.key == spec.key)
         {
             continue;
         }
-        let mut record = Record::new_claim(new_record_id(), spec, now);
+        let existing = find(&spec.scope, &spec.key)?;
+        let (replaces, mut record) = match (decide_claim(existing.as_ref(), spec, now), existing) {
+            (ClaimDecision::Insert, _) => (None, Record::new_claim(new_record_id(), spec, now)),
+            (ClaimDecision::Renew, old) => (
+                old.map(|r| r.id),
+                Record::new_claim(new_record_id(), spec, now),
+            ),
+            (ClaimDecision::Reclaim, Some(mut r)) => {
+                let old = r.id.clone();
+                r.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
+                (Some(old), r)
+            }
+            (_, existing) => {
+                return Ok(Err(
+                    existing.expect("an existing record decides Existing or Reclaim")
+                ))
+            }
+        };
         if let Some(c) = &completion {
-            let fence = record.fence().expect("a new claim has a fence");
+            let fence = record.fence().expect("a granted claim has a fence");
             record.complete(&fence, c.clone(), now)?;
         }
         out.push((replaces, record));

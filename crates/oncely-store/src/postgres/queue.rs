@@ -1,7 +1,10 @@
 //! The task queue on PostgreSQL (table `tasks`, migration 2).
 //!
 //! - `claim_with_task` is one transaction: each key is locked (`SELECT ... FOR UPDATE`)
-//!   or inserted with `ON CONFLICT DO NOTHING`; any existing key rolls everything back.
+//!   or inserted with `ON CONFLICT DO NOTHING`, and decided like a single claim: an
+//!   expired completed row is replaced by a new record, a released row with the same
+//!   fingerprint is reclaimed in place (attempt + 1), and any other existing key rolls
+//!   everything back.
 //!   Two instances that insert the same new key at once serialise on the unique index:
 //!   the second's insert does nothing once the first commits, and it reports the first's
 //!   record.
@@ -108,6 +111,42 @@ fn ms(d: Duration) -> i64 {
 /// A claim-with-task round's answer: `None` when a row moved between its statements
 /// (purged, or committed after its snapshot) and another round must decide.
 type Round = Option<Claim>;
+
+/// Writes back what a reclaim (and completion) changed in a locked record.
+async fn rewrite(tx: &tokio_postgres::Transaction<'_>, record: &Record) -> Result<()> {
+    let response = ResponseColumns::of(record.response.as_ref())?;
+    let changed = tx
+        .execute(
+            "UPDATE records SET state = $2, owner = $3, attempt = $4, lease_until = $5,
+                 updated_at = $6, completed_at = $7, expires_at = $8, response_status = $9,
+                 response_headers = $10, response_body = $11, units = $12,
+                 provider_request_id = $13, last_error = $14, workflow_id = $15
+             WHERE id = $1",
+            &[
+                &record.id.0,
+                &record.state.as_str(),
+                &record.owner,
+                &i32_of(record.attempt),
+                &record.lease_until.map(|t| t.0),
+                &record.updated_at.0,
+                &record.completed_at.map(|t| t.0),
+                &record.expires_at.map(|t| t.0),
+                &response.status,
+                &response.headers,
+                &response.body,
+                &(record.units as i64),
+                &record.provider_request_id,
+                &record.last_error,
+                &record.workflow_id,
+            ],
+        )
+        .await
+        .map_err(unavailable)?;
+    if changed == 0 {
+        return Err(StoreError::NotFound(record.id.clone()));
+    }
+    Ok(())
+}
 
 impl PgStore {
     pub(super) async fn queue_claim_with_task(
@@ -272,17 +311,28 @@ impl PgStore {
                 .map_err(unavailable)?
                 .map(|row| record_from_row(&row))
                 .transpose()?;
-            match decide_claim(existing.as_ref(), spec, now) {
-                ClaimDecision::Insert => {}
-                ClaimDecision::Renew => {
-                    let old = existing.expect("renew has a row");
+            match (decide_claim(existing.as_ref(), spec, now), existing) {
+                (ClaimDecision::Insert, _) => {}
+                (ClaimDecision::Renew, Some(old)) => {
                     tx.execute("DELETE FROM records WHERE id = $1", &[&old.id.0])
                         .await
                         .map_err(unavailable)?;
                 }
-                _ => {
+                (ClaimDecision::Reclaim, Some(mut record)) => {
+                    // A released row with the same fingerprint, locked above: executed
+                    // again under the same id (attempt + 1), its work queued again.
+                    record.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
+                    if let Some(c) = completion {
+                        let fence = record.fence().expect("a reclaimed record has a fence");
+                        record.complete(&fence, c.clone(), now)?;
+                    }
+                    rewrite(&tx, &record).await?;
+                    first.get_or_insert(record);
+                    continue;
+                }
+                (_, existing) => {
                     drop(tx);
-                    return Ok(Some(Claim::Existing(existing.expect("existing has a row"))));
+                    return Ok(existing.map(Claim::Existing));
                 }
             }
             let mut record = Record::new_claim(new_record_id(), spec, now);
