@@ -299,19 +299,18 @@ pub fn main() -> ExitCode {
 }
 
 /// Clap's help and version go to stdout with exit 0; its usage errors are cut to their
-/// first line (the reason) and exit 2.
+/// first line (the reason) and exit 2. A command family called without its command
+/// (`oncely ledger`) is a usage error too: one line naming the commands, not the help.
 fn clap_failure(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
-        ErrorKind::DisplayHelp
-        | ErrorKind::DisplayVersion
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = e.print();
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            }
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            eprintln!("oncely: {}", missing_command(std::env::args().skip(1)));
+            ExitCode::from(2)
         }
         _ => {
             // The reason is the first paragraph ("error: ..." and any indented lines
@@ -330,6 +329,31 @@ fn clap_failure(e: clap::Error) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The one-line reason for a command family called without its command: the family
+/// the arguments reached, and the commands it has.
+fn missing_command(args: impl Iterator<Item = String>) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec![cmd.get_name().to_owned()];
+    for arg in args {
+        let Some(sub) = cmd.find_subcommand(&arg).cloned() else {
+            continue;
+        };
+        path.push(sub.get_name().to_owned());
+        cmd = sub;
+    }
+    let names: Vec<&str> = cmd
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+        .map(|c| c.get_name())
+        .collect();
+    let path = path.join(" ");
+    format!(
+        "`{path}` needs a command: {} (see `{path} --help`)",
+        names.join(", ")
+    )
 }
 
 async fn run(cli: Cli) -> Outcome {

@@ -7,6 +7,7 @@ mod check_config;
 mod cli;
 mod cluster;
 mod common;
+mod contract;
 mod demo;
 mod e2e;
 mod jobs;
