@@ -1314,6 +1314,86 @@ pub async fn queue_dead_after_max_attempts_then_requeue(h: &dyn Harness) {
     );
 }
 
+/// A capped lease never takes the running tasks of a kind over the cap, even when 20
+/// capped leases race over two instances; finishing one frees one slot, and a running
+/// task whose lease lapsed frees its slot (and is due again).
+pub async fn queue_capped_leases_share_one_cap(h: &dyn Harness) {
+    let a = h.store().await;
+    let b = h.second().await;
+    for i in 0..10 {
+        enqueue(&a, &format!("cap{i}"), 5).await;
+    }
+    let mut joins = Vec::new();
+    for i in 0..20 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        joins.push(tokio::spawn(async move {
+            store
+                .lease_tasks_capped("webhook", &format!("w{i}"), 3, LEASE)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut running = Vec::new();
+    for j in joins {
+        running.extend(j.await.unwrap());
+    }
+    assert_eq!(
+        running.len(),
+        3,
+        "the cap holds across instances: {running:?}"
+    );
+    let ids: HashSet<_> = running.iter().map(|t| t.id.clone()).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(b
+        .lease_tasks_capped("webhook", "late", 3, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    // Uncapped leases are not limited by it.
+    assert_eq!(
+        a.lease_tasks("webhook", "free", 2, LEASE)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert!(a
+        .lease_tasks_capped("webhook", "late", 5, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    let done = running.pop().unwrap();
+    a.finish_task(&done.fence().unwrap(), TaskOutcome::Done)
+        .await
+        .unwrap();
+    let one = b
+        .lease_tasks_capped("webhook", "next", 3, LEASE)
+        .await
+        .unwrap();
+    assert!(one.is_empty(), "5 run under a cap of 3: {one:?}");
+    let one = b
+        .lease_tasks_capped("webhook", "next", 5, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1, "one slot freed: {one:?}");
+    // Every lease lapses: the running tasks are due again and hold no slot.
+    h.advance(LEASE + Duration::from_secs(1));
+    let again = a
+        .lease_tasks_capped("webhook", "after", 4, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 4, "{again:?}");
+    assert_eq!(
+        a.task_counts("webhook").await.unwrap(),
+        TaskCounts {
+            pending: 0,
+            running: 9,
+            dead: 0
+        },
+        "the 4 pending tasks (due longest) were leased"
+    );
+}
+
 /// A queued job's task (kind `job:...`) holding `body`.
 fn job_task(body: &str) -> NewTask {
     NewTask {
@@ -1489,6 +1569,7 @@ macro_rules! conformance_tests {
             queue_retry_schedules_next_at,
             queue_dead_after_max_attempts_then_requeue,
             queue_released_record_is_reclaimed_with_a_new_task,
+            queue_capped_leases_share_one_cap,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {

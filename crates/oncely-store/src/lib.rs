@@ -226,6 +226,19 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         lease: Duration,
     ) -> Result<Vec<Task>>;
 
+    /// Like [`Store::lease_tasks`], under a cap that every instance on the database
+    /// shares: leases due tasks of `kind` only while fewer than `max_running` of them are
+    /// running under a live lease, counting and leasing in one atomic step, so workers
+    /// leasing at once on several instances never exceed the cap together. (A job
+    /// route's `concurrency`.)
+    async fn lease_tasks_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>>;
+
     /// Ends the leased attempt, fenced by owner and attempt: done (the row and its body
     /// are deleted), retry at a time (dead when it was the last attempt), or dead.
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished>;

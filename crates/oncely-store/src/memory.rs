@@ -285,22 +285,25 @@ impl Store for MemoryStore {
     ) -> Result<Vec<Task>> {
         let now = self.clock.now();
         let mut data = self.data.lock().expect("memory store lock");
-        let mut due: Vec<&mut Task> = data
+        Ok(lease_due(&mut data, kind, owner, max, lease, now))
+    }
+
+    async fn lease_tasks_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let live = data
             .tasks
-            .values_mut()
-            .filter(|t| t.kind == kind && t.is_due(now))
-            .collect();
-        due.sort_by_key(|t| (t.due_at(), t.id.clone()));
-        let mut out = Vec::new();
-        for t in due {
-            if out.len() >= max {
-                break;
-            }
-            if t.lease(owner, lease, now) {
-                out.push(t.clone());
-            }
-        }
-        Ok(out)
+            .values()
+            .filter(|t| t.kind == kind && t.state == TaskState::Running && !t.is_due(now))
+            .count();
+        let free = max_running.saturating_sub(live);
+        Ok(lease_due(&mut data, kind, owner, free, lease, now))
     }
 
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
@@ -368,6 +371,33 @@ impl Store for MemoryStore {
         }
         Ok(counts)
     }
+}
+
+/// Leases up to `max` due tasks of `kind`, oldest due first.
+fn lease_due(
+    data: &mut Data,
+    kind: &str,
+    owner: &str,
+    max: usize,
+    lease: Duration,
+    now: Timestamp,
+) -> Vec<Task> {
+    let mut due: Vec<&mut Task> = data
+        .tasks
+        .values_mut()
+        .filter(|t| t.kind == kind && t.is_due(now))
+        .collect();
+    due.sort_by_key(|t| (t.due_at(), t.id.clone()));
+    let mut out = Vec::new();
+    for t in due {
+        if out.len() >= max {
+            break;
+        }
+        if t.lease(owner, lease, now) {
+            out.push(t.clone());
+        }
+    }
+    out
 }
 
 /// The records an all-or-nothing claim writes (each with the id of the row it replaces),

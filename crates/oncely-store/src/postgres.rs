@@ -620,6 +620,17 @@ impl Store for PgStore {
         self.queue_lease(kind, owner, max, lease).await
     }
 
+    async fn lease_tasks_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        self.queue_lease_capped(kind, owner, max_running, lease)
+            .await
+    }
+
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
         self.queue_finish(fence, outcome).await
     }

@@ -1,10 +1,13 @@
 //! Jobs: slow work the gateway owns, queued durably in the ledger's database.
 //!
 //! A `job` route's request is claimed **and** queued in one transaction
-//! ([`Store::claim_with_task`]): the ledger record (whose id is the job id) and a task of
-//! kind `job:ROUTE` holding what the upstream call needs (method, path and query, the
-//! headers worth forwarding, the body). A [`JobWorker`] per gateway instance leases due
-//! tasks, at most `concurrency` running per route, and runs each through the same owner
+//! ([`Store::claim_with_task`](oncely_store::Store::claim_with_task)): the ledger record
+//! (whose id is the job id) and a task of kind `job:ROUTE` holding what the upstream call
+//! needs (method, path and query, the headers worth forwarding, the body). A
+//! [`JobWorker`] per gateway instance leases due tasks, at most `concurrency` running per
+//! route on all instances together
+//! ([`Store::lease_tasks_capped`](oncely_store::Store::lease_tasks_capped)), and runs
+//! each through the same owner
 //! machinery as any guarded call (downstream key, lease renewal, recording). Then the
 //! task is finished and deleted with its body.
 //!
@@ -24,29 +27,35 @@
 //!   and the record is taken over with attempt + 1 and the same downstream key (jobs are
 //!   write-like).
 //! - A failed job (its record released) runs again when the original request is sent
-//!   again: that retry claims the released record and runs at once on the instance that
-//!   received it (not queued).
+//!   again: that retry's `claim_with_task` reclaims the released record (same id,
+//!   attempt + 1, so the same downstream key) and queues the call again, so the retry
+//!   waits for a free slot and survives a restart like any job.
+//! - Each run the worker ends writes one log line (target `oncely::request`, message
+//!   "job finished") with the fields of a request's line, and counts it in
+//!   `oncely_requests_total`; its `status` is the job's status as
+//!   `GET /_oncely/jobs/ID` shows it (`completed`, `failed`, `outcome_unknown`), not an
+//!   `Oncely-Status` value, so that a job's requests (`fresh` for the first, whether it
+//!   got the answer or 202, `joined`/`replayed` for duplicates) and its execution are
+//!   counted apart. `duration_ms` is the run's, from the upstream call's start to its
+//!   outcome recorded.
 //! - `GET /_oncely/jobs/ID` and `/result` answer only the principal that started the
 //!   job; anyone else gets 404, so an id reveals nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use oncely_core::{ClaimSpec, DownstreamKey, Record, RecordId, State, TakeOverOutcome};
-use oncely_store::{Claim, NewTask, Store, StoreError, Task, TaskOutcome};
+use oncely_store::{Claim, NewTask, Task, TaskOutcome};
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tower::Service;
 
 use crate::body::full;
-use crate::guard::{
-    retry_after, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
-    UpstreamFailure,
-};
+use crate::guard::{retry_after, Execution, FreshAnswer, Guard, GuardedCall, UpstreamFailure};
+use crate::idempotency::handle::{log_job, provider_request_id, RequestLog};
 use crate::owner::{self, Head};
 use crate::policy::{PrincipalSource, RoutePolicy, UnitsRule};
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
@@ -228,20 +237,14 @@ impl Guard {
     /// Claims a job's record and queues its call in one transaction, then waits up to
     /// `call.wait` for its answer: [`Execution::Fresh`] if it came, else
     /// [`Execution::Accepted`]. A duplicate gets the same job (joined, accepted, or
-    /// replayed once done). `retry` runs a failed job's retry at once (see the module
+    /// replayed once done); the retry of a failed job is queued again (see the module
     /// docs).
-    pub async fn submit_job<F>(
+    pub async fn submit_job(
         &self,
         policy: &Arc<RoutePolicy>,
         call: GuardedCall,
         job: JobRequest,
-        retry: F,
-    ) -> Execution
-    where
-        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
-            + Send
-            + 'static,
-    {
+    ) -> Execution {
         self.jobs.register_route(policy.clone());
         let spec = ClaimSpec {
             scope: call.scope.clone(),
@@ -269,8 +272,13 @@ impl Guard {
         match record.state {
             State::Completed => self.answer_completed(record, false),
             State::OutcomeUnknown => Execution::OutcomeUnknown(record),
-            // A failed job: the retry runs now, like a write's.
-            State::Released => self.execute(call, retry).await,
+            // The store reclaims a released record with this fingerprint (and queues it
+            // again); seeing one here means it was released between the store's decision
+            // and now, so report the failure.
+            State::Released => Execution::UpstreamFailed {
+                failure: UpstreamFailure::Lost(failure_text(&record)),
+                record,
+            },
             State::Processing => {
                 let record = match self.store.wait_for(&record.id, call.wait).await {
                     Ok(r) => r,
@@ -632,19 +640,15 @@ async fn work<S, ResBody>(
         while running.try_join_next().is_some() {}
         for policy in &routes {
             let kind = task_kind(&policy.name);
-            let free = match free_slots(&*guard.store, &kind, policy, &options).await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(target: "oncely::jobs", route = %policy.name, error = %e, "cannot count running jobs");
-                    continue;
-                }
-            };
-            if free == 0 {
-                continue;
-            }
+            // The route's `concurrency` is shared by every instance on the store: the
+            // store counts the live leases and leases what is left in one step.
+            let limit = policy
+                .concurrency
+                .unwrap_or(options.default_concurrency)
+                .max(1);
             let tasks = match guard
                 .store
-                .lease_tasks(&kind, &owner, free, task_lease(policy))
+                .lease_tasks_capped(&kind, &owner, limit, task_lease(policy))
                 .await
             {
                 Ok(t) => t,
@@ -673,29 +677,6 @@ async fn work<S, ResBody>(
     }
     // Running jobs are counted by the guard's task count: `Guard::drain` waits for them.
     running.detach_all();
-}
-
-/// How many more of a route's jobs may start now: its `concurrency` minus the jobs
-/// running with a live lease on any instance (a lapsed one belongs to a dead worker and
-/// is about to be leased again).
-async fn free_slots(
-    store: &dyn Store,
-    kind: &str,
-    policy: &RoutePolicy,
-    options: &JobWorkerOptions,
-) -> Result<usize, StoreError> {
-    let limit = policy
-        .concurrency
-        .unwrap_or(options.default_concurrency)
-        .max(1);
-    let now = store.now().await?;
-    let live = store
-        .list_tasks(kind, Some(oncely_store::TaskState::Running))
-        .await?
-        .iter()
-        .filter(|t| t.lease_until.is_some_and(|l| l > now))
-        .count();
-    Ok(limit.saturating_sub(live))
 }
 
 /// Runs one leased job to its end and finishes its task.
@@ -816,21 +797,37 @@ where
     };
     let upstream =
         crate::idempotency::call_upstream(inner, job.upstream_request(&key), units_header);
-    let head = guard.jobs.take_head(&record.id).unwrap_or_else(|| {
-        // Nobody waits here: the answer is only recorded.
-        oneshot::channel().0
-    });
+    // The head goes to the first request if it waits on this instance (else it is only
+    // recorded); the upstream's status and request id are noted for the log line.
+    let waiter = guard.jobs.take_head(&record.id);
+    let (head, seen) = oneshot::channel();
+    let relay = async move {
+        let head = seen.await.ok()?;
+        let noted = match &head {
+            Head::Answer {
+                status, headers, ..
+            } => Some((status.as_u16(), provider_request_id(headers))),
+            Head::Failed { .. } => None,
+        };
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(head);
+        }
+        noted
+    };
     tracing::info!(target: "oncely::jobs", record = %record.id, route = %record.route, attempt = record.attempt, "job started");
-    owner::run(owner::OwnerTask {
-        store: store.clone(),
-        record: record.clone(),
-        fence: fence.clone(),
-        call,
-        upstream,
-        head,
-        token: guard.tasks.start(),
-    })
-    .await;
+    let started = Instant::now();
+    let ((), noted) = tokio::join!(
+        owner::run(owner::OwnerTask {
+            store: store.clone(),
+            record: record.clone(),
+            fence: fence.clone(),
+            call,
+            upstream,
+            head,
+            token: guard.tasks.start(),
+        }),
+        relay
+    );
     match store.get(&record.id).await {
         Ok(Some(r)) if r.state == State::Processing && r.attempt == fence.attempt => {
             // The owner could not write its outcome: run again once its lease lapses.
@@ -842,9 +839,25 @@ where
             )
             .await
         }
+        Ok(Some(after)) if after.attempt == fence.attempt => {
+            let (upstream_status, provider) = noted.unzip();
+            log_job(&RequestLog {
+                record: Some(after.id.to_string()),
+                route: &after.route,
+                principal: Some(&after.principal),
+                status: job_status(&after),
+                attempt: Some(after.attempt),
+                workflow_id: after.workflow_id.as_deref(),
+                upstream_status,
+                provider_request_id: provider.flatten().or(after.provider_request_id.clone()),
+                started,
+            });
+            finish(TaskOutcome::Done, "done").await
+        }
         Ok(after) => {
+            // Taken over by a later run (which logs its own end), or purged.
             let state = after.as_ref().map(|r| r.state.as_str()).unwrap_or("gone");
-            tracing::info!(target: "oncely::jobs", record = %record.id, route = %record.route, attempt = record.attempt, state, "job ended");
+            tracing::info!(target: "oncely::jobs", record = %record.id, route = %record.route, attempt = record.attempt, state, "job run superseded");
             finish(TaskOutcome::Done, "done").await
         }
         Err(e) => retry_later(guard, &task_fence, policy.lease, e.to_string()).await,

@@ -11,6 +11,9 @@
 //! - `lease_tasks` is one statement: the due rows are picked `FOR UPDATE SKIP LOCKED`
 //!   (rows another instance is leasing right now are skipped, not waited for) and updated
 //!   in place, so two instances never lease one task at a time.
+//! - `lease_tasks_capped` runs that statement in a transaction that first takes a
+//!   transaction-scoped advisory lock on the kind and counts its live running tasks, so
+//!   the instances' capped leases of one kind take turns and never exceed the cap.
 //! - Finishing is one `UPDATE` (or `DELETE` when done) fenced by owner, attempt and state.
 //! - Times are the database's clock plus the store clock's offset, like the records.
 
@@ -146,6 +149,45 @@ async fn rewrite(tx: &tokio_postgres::Transaction<'_>, record: &Record) -> Resul
         return Err(StoreError::NotFound(record.id.clone()));
     }
     Ok(())
+}
+
+/// Leases up to `$3` due tasks of kind `$2` to `$4` for `$5` ms (`$6`: the error of a
+/// task that lapsed on its last attempt and is dead instead).
+static LEASE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS ({NOW}),
+         due AS (
+             SELECT k.id FROM tasks k, t
+             WHERE k.kind = $2 AND ((k.state = 'pending' AND k.next_at <= t.now)
+                OR (k.state = 'running' AND k.lease_until <= t.now))
+             ORDER BY CASE WHEN k.state = 'running' THEN k.lease_until ELSE k.next_at END, k.id
+             LIMIT $3
+             FOR UPDATE OF k SKIP LOCKED)
+         UPDATE tasks k SET
+             state = CASE WHEN lapsed THEN 'dead' ELSE 'running' END,
+             attempts = CASE WHEN lapsed THEN k.attempts ELSE k.attempts + 1 END,
+             owner = CASE WHEN lapsed THEN NULL ELSE $4 END,
+             lease_until = CASE WHEN lapsed THEN NULL ELSE t.now + $5 END,
+             last_error = CASE WHEN lapsed THEN $6 ELSE k.last_error END,
+             updated_at = t.now
+         FROM (SELECT d.id, (s.state = 'running' AND s.attempts >= s.max_attempts) AS lapsed
+               FROM due d JOIN tasks s ON s.id = d.id) x, t
+         WHERE k.id = x.id
+         RETURNING {cols}",
+        cols = TASK_COLUMNS
+            .split(", ")
+            .map(|c| format!("k.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+});
+
+/// The tasks a lease statement returned that it leased (not those it made dead).
+fn leased(rows: &[Row]) -> Result<Vec<Task>> {
+    let mut tasks = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
+    tasks.retain(|t| t.state == TaskState::Running);
+    tasks.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(tasks)
 }
 
 impl PgStore {
@@ -420,36 +462,10 @@ impl PgStore {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<Task>> {
-        let sql = format!(
-            "WITH t AS ({NOW}),
-             due AS (
-                 SELECT k.id FROM tasks k, t
-                 WHERE k.kind = $2 AND ((k.state = 'pending' AND k.next_at <= t.now)
-                    OR (k.state = 'running' AND k.lease_until <= t.now))
-                 ORDER BY CASE WHEN k.state = 'running' THEN k.lease_until ELSE k.next_at END, k.id
-                 LIMIT $3
-                 FOR UPDATE OF k SKIP LOCKED)
-             UPDATE tasks k SET
-                 state = CASE WHEN lapsed THEN 'dead' ELSE 'running' END,
-                 attempts = CASE WHEN lapsed THEN k.attempts ELSE k.attempts + 1 END,
-                 owner = CASE WHEN lapsed THEN NULL ELSE $4 END,
-                 lease_until = CASE WHEN lapsed THEN NULL ELSE t.now + $5 END,
-                 last_error = CASE WHEN lapsed THEN $6 ELSE k.last_error END,
-                 updated_at = t.now
-             FROM (SELECT d.id, (s.state = 'running' AND s.attempts >= s.max_attempts) AS lapsed
-                   FROM due d JOIN tasks s ON s.id = d.id) x, t
-             WHERE k.id = x.id
-             RETURNING {cols}",
-            cols = TASK_COLUMNS
-                .split(", ")
-                .map(|c| format!("k.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
         let max = max.min(i64::MAX as usize) as i64;
         let rows = self
             .query(
-                &sql,
+                &LEASE_SQL,
                 &[
                     &self.offset(),
                     &kind,
@@ -460,10 +476,62 @@ impl PgStore {
                 ],
             )
             .await?;
-        let mut tasks = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
-        tasks.retain(|t| t.state == TaskState::Running);
-        tasks.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(tasks)
+        leased(&rows)
+    }
+
+    /// One transaction that takes the kind's advisory lock (so capped leases of one kind
+    /// on every instance run one at a time), counts the live running tasks, and leases
+    /// what the cap leaves.
+    pub(super) async fn queue_lease_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let offset = self.offset();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('oncely tasks ' || $1::text, 0))",
+            &[&kind],
+        )
+        .await
+        .map_err(unavailable)?;
+        let live: i64 = tx
+            .query_one(
+                &format!(
+                    "WITH t AS ({NOW}) SELECT count(*)::bigint FROM tasks k, t \
+                     WHERE k.kind = $2 AND k.state = 'running' AND k.lease_until > t.now"
+                ),
+                &[&offset, &kind],
+            )
+            .await
+            .map_err(unavailable)?
+            .try_get(0)
+            .map_err(corrupt)?;
+        let free = max_running.saturating_sub(live.max(0) as usize);
+        if free == 0 {
+            return Ok(Vec::new());
+        }
+        let max = free.min(i64::MAX as usize) as i64;
+        let stmt = tx.prepare_cached(&LEASE_SQL).await.map_err(unavailable)?;
+        let rows = tx
+            .query(
+                &stmt,
+                &[
+                    &offset,
+                    &kind,
+                    &max,
+                    &owner,
+                    &ms(lease),
+                    &LAPSED_ON_LAST_ATTEMPT,
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        leased(&rows)
     }
 
     pub(super) async fn queue_finish(

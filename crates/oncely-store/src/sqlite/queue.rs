@@ -130,6 +130,39 @@ fn atomically<T>(conn: &Connection, work: impl FnOnce() -> Result<T>) -> Result<
     }
 }
 
+/// Leases up to `max` due tasks of `kind` to `owner`, oldest due first.
+fn lease_due(
+    conn: &Connection,
+    kind: &str,
+    owner: &str,
+    max: usize,
+    lease: Duration,
+    now: Timestamp,
+) -> Result<Vec<Task>> {
+    let due: Vec<Task> = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM tasks WHERE kind = ?1 AND \
+             ((state = 'pending' AND next_at <= ?2) OR \
+              (state = 'running' AND lease_until <= ?2)) \
+             ORDER BY CASE state WHEN 'running' THEN lease_until ELSE next_at END, id \
+             LIMIT ?3"
+        ))
+        .and_then(|mut st| {
+            st.query_map(params![kind, now.0, max as i64], from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    let mut leased = Vec::with_capacity(due.len());
+    for mut t in due {
+        let ok = t.lease(owner, lease, now);
+        update(conn, &t)?;
+        if ok {
+            leased.push(t);
+        }
+    }
+    Ok(leased)
+}
+
 impl SqliteStore {
     pub(super) async fn queue_claim_with_task(
         &self,
@@ -174,29 +207,34 @@ impl SqliteStore {
     ) -> Result<Vec<Task>> {
         let (kind, owner) = (kind.to_string(), owner.to_string());
         self.writer
+            .run(move |conn, now| Ok((lease_due(conn, &kind, &owner, max, lease, now)?, None)))
+            .await
+    }
+
+    /// The count and the lease run in one writer turn, so no other lease (of this
+    /// process, or of another one: `BEGIN IMMEDIATE`) comes between them.
+    pub(super) async fn queue_lease_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let (kind, owner) = (kind.to_string(), owner.to_string());
+        self.writer
             .run(move |conn, now| {
-                let due: Vec<Task> = conn
-                    .prepare_cached(&format!(
-                        "SELECT {COLUMNS} FROM tasks WHERE kind = ?1 AND \
-                         ((state = 'pending' AND next_at <= ?2) OR \
-                          (state = 'running' AND lease_until <= ?2)) \
-                         ORDER BY CASE state WHEN 'running' THEN lease_until ELSE next_at END, id \
-                         LIMIT ?3"
-                    ))
-                    .and_then(|mut st| {
-                        st.query_map(params![kind, now.0, max as i64], from_row)?
-                            .collect::<rusqlite::Result<Vec<_>>>()
-                    })
+                let live: i64 = conn
+                    .prepare_cached(
+                        "SELECT count(*) FROM tasks WHERE kind = ?1 AND state = 'running' \
+                         AND lease_until > ?2",
+                    )
+                    .and_then(|mut st| st.query_row(params![kind, now.0], |r| r.get(0)))
                     .map_err(sql_error)?;
-                let mut leased = Vec::with_capacity(due.len());
-                for mut t in due {
-                    let ok = t.lease(&owner, lease, now);
-                    update(conn, &t)?;
-                    if ok {
-                        leased.push(t);
-                    }
+                let free = max_running.saturating_sub(live.max(0) as usize);
+                if free == 0 {
+                    return Ok((Vec::new(), None));
                 }
-                Ok((leased, None))
+                Ok((lease_due(conn, &kind, &owner, free, lease, now)?, None))
             })
             .await
     }

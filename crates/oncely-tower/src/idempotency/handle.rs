@@ -179,7 +179,7 @@ where
     };
 
     let execution = match job {
-        Some(job) => guard.submit_job(&policy, call, job, run).await,
+        Some(job) => guard.submit_job(&policy, call, job).await,
         None => guard.execute(call, run).await,
     };
     respond(execution, &mut log)
@@ -464,7 +464,7 @@ fn finish(
     res
 }
 
-fn provider_request_id(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn provider_request_id(headers: &HeaderMap) -> Option<String> {
     headers
         .get("request-id")
         .or_else(|| headers.get("x-request-id"))
@@ -488,6 +488,16 @@ pub(crate) struct RequestLog<'a> {
 
 /// One log line (target `oncely::request`) and the request counter.
 pub(crate) fn log_request(log: &RequestLog<'_>) {
+    log_line(log, "guarded request")
+}
+
+/// The line of a job's run ended by the worker (see [`crate::jobs`]): the same fields,
+/// with the job's status, and counted like a request.
+pub(crate) fn log_job(log: &RequestLog<'_>) {
+    log_line(log, "job finished")
+}
+
+fn log_line(log: &RequestLog<'_>, message: &'static str) {
     let duration_ms = log.started.elapsed().as_millis() as u64;
     tracing::info!(
         target: "oncely::request",
@@ -500,7 +510,7 @@ pub(crate) fn log_request(log: &RequestLog<'_>) {
         upstream_status = log.upstream_status,
         provider_request_id = log.provider_request_id.as_deref(),
         duration_ms,
-        "guarded request"
+        "{message}"
     );
     metrics::counter!(
         "oncely_requests_total",

@@ -892,6 +892,15 @@ impl Store for DownStore {
     ) -> oncely_store::Result<Vec<oncely_store::Task>> {
         down()
     }
+    async fn lease_tasks_capped(
+        &self,
+        _: &str,
+        _: &str,
+        _: usize,
+        _: Duration,
+    ) -> oncely_store::Result<Vec<oncely_store::Task>> {
+        down()
+    }
     async fn finish_task(
         &self,
         _: &oncely_store::TaskFence,

@@ -3,6 +3,8 @@
 //! nothing), a duplicate gets the same job, the status is only for the principal that
 //! started it, and a queued job survives a SIGKILL of the gateway.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,12 +14,15 @@ use http::HeaderMap;
 
 use crate::common::{get, post as http_post, upstream, Answer, Gateway};
 
-/// Every execution the render service saw: its downstream key and body, and whether it
-/// finished.
+/// Every execution the render service saw: its downstream key and body, whether it
+/// finished, and the most executions it ran at once.
 #[derive(Clone, Default)]
 struct Renders {
     started: Arc<Mutex<Vec<(String, String)>>>,
     finished: Arc<Mutex<Vec<String>>>,
+    failed_once: Arc<Mutex<HashSet<String>>>,
+    running: Arc<AtomicUsize>,
+    most_at_once: Arc<AtomicUsize>,
 }
 
 impl Renders {
@@ -36,7 +41,9 @@ impl Renders {
     }
 }
 
-/// `POST /v1/render` with `{"ms": N, "text": T}`: works N ms, answers 201.
+/// `POST /v1/render` with `{"ms": N, "text": T}`: works N ms, answers 201 with
+/// `X-Request-Id: prov-T`. With `"fail_first": true` its first execution of T answers
+/// 503 instead.
 fn render_service(renders: Renders) -> axum::Router {
     axum::Router::new()
         .route(
@@ -48,13 +55,27 @@ fn render_service(renders: Renders) -> axum::Router {
                         .map(|v| v.to_str().unwrap().to_owned())
                         .unwrap_or_default();
                     r.started.lock().unwrap().push((key, body.clone()));
+                    let now = r.running.fetch_add(1, Ordering::SeqCst) + 1;
+                    r.most_at_once.fetch_max(now, Ordering::SeqCst);
                     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let text = v["text"].as_str().unwrap().to_owned();
                     tokio::time::sleep(Duration::from_millis(v["ms"].as_u64().unwrap())).await;
+                    r.running.fetch_sub(1, Ordering::SeqCst);
                     r.finished.lock().unwrap().push(body.clone());
+                    let fail = v["fail_first"] == true
+                        && r.failed_once.lock().unwrap().insert(text.clone());
+                    let status = if fail {
+                        http::StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        http::StatusCode::CREATED
+                    };
                     (
-                        http::StatusCode::CREATED,
-                        [("content-type", "application/json")],
-                        format!("{{\"audio\":\"{}.mp3\"}}", v["text"].as_str().unwrap()),
+                        status,
+                        [
+                            ("content-type", "application/json".to_owned()),
+                            ("x-request-id", format!("prov-{text}")),
+                        ],
+                        format!("{{\"audio\":\"{text}.mp3\"}}"),
                     )
                 },
             ),
@@ -66,6 +87,17 @@ fn render_service(renders: Renders) -> axum::Router {
 fn config(dir: &std::path::Path, up: std::net::SocketAddr, timeout: &str, extra: &str) -> String {
     let store = std::env::var("JOBS_TEST_STORE")
         .unwrap_or_else(|_| format!("sqlite://{}", dir.join("ledger.db").display()));
+    config_on(dir, &store, up, timeout, extra)
+}
+
+/// The config of the render job route on `store`.
+fn config_on(
+    dir: &std::path::Path,
+    store: &str,
+    up: std::net::SocketAddr,
+    timeout: &str,
+    extra: &str,
+) -> String {
     let cfg = dir.join("oncely.toml");
     std::fs::write(
         &cfg,
@@ -269,4 +301,110 @@ async fn a_queued_job_survives_a_sigkill_of_the_gateway() {
     )
     .await;
     assert_eq!(result.json()["audio"], "job-b.mp3");
+}
+
+/// The gateway's JSON log lines of target `oncely::request` with this message.
+fn log_lines(gw: &Gateway, message: &str) -> Vec<serde_json::Value> {
+    gw.lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "oncely::request" && v["message"] == message)
+        .collect()
+}
+
+/// A job whose upstream failed (503: released) is retried by sending it again. The retry
+/// is queued like any job: at concurrency 1 behind a running job it gets 202 and waits,
+/// then runs with the same downstream key (attempt 2). Each run the worker ends is logged
+/// with the request line's fields and the job's status, and counted in
+/// `oncely_requests_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_is_retried_through_the_queue_and_each_run_is_logged() {
+    let renders = Renders::default();
+    let up = upstream(render_service(renders.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), up, "20s", "concurrency = 1");
+    let gw = Gateway::start(&["--config", &cfg, "--log-format", "json"], &[]);
+    let flaky = r#"{"ms":10,"text":"flaky","fail_first":true}"#;
+
+    let failed = render(&gw, flaky).await;
+    assert_eq!(failed.status, 503, "{}", failed.text());
+    assert_eq!(failed.header("oncely-status"), "fresh");
+    let id = failed.header("oncely-record").to_owned();
+    let location = format!("/_oncely/jobs/{id}");
+    let status = until_done(&gw, &location, Duration::from_secs(5)).await;
+    assert_eq!(status["status"], "failed", "{status}");
+
+    let busy = render(&gw, r#"{"ms":2500,"text":"busy"}"#).await;
+    assert_eq!(busy.status, 202, "{}", busy.text());
+    let retry = render(&gw, flaky).await;
+    assert_eq!(
+        retry.status,
+        202,
+        "the retry waits behind the busy job: {}",
+        retry.text()
+    );
+    assert_eq!(retry.header("oncely-status"), "fresh");
+    assert_eq!(retry.json()["job_id"], id.as_str(), "the same job");
+    assert_eq!(
+        renders.started_with("flaky").len(),
+        1,
+        "the retry is queued, not run at once"
+    );
+
+    let done = until_done(&gw, &location, Duration::from_secs(15)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["attempt"], 2);
+    let busy_done = until_done(&gw, busy.header("location"), Duration::from_secs(5)).await;
+    assert_eq!(busy_done["status"], "completed");
+    assert_eq!(
+        renders.most_at_once.load(Ordering::SeqCst),
+        1,
+        "concurrency 1 held for the retry too"
+    );
+    let keys = renders.started_with("flaky");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "the same downstream key");
+    let result = get(&gw.url(&format!("{location}/result")), &[ALICE]).await;
+    assert_eq!(result.status, 201);
+    assert_eq!(result.json()["audio"], "flaky.mp3");
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let runs = log_lines(&gw, "job finished");
+    assert_eq!(runs.len(), 3, "{runs:#?}");
+    let flaky_runs: Vec<_> = runs.iter().filter(|l| l["record"] == id.as_str()).collect();
+    assert_eq!(flaky_runs.len(), 2, "{runs:#?}");
+    let (first, second) = (flaky_runs[0], flaky_runs[1]);
+    assert_eq!(first["status"], "failed", "{first}");
+    assert_eq!(first["attempt"], 1);
+    assert_eq!(first["upstream_status"], 503);
+    assert_eq!(second["status"], "completed", "{second}");
+    assert_eq!(second["attempt"], 2);
+    assert_eq!(second["upstream_status"], 201);
+    assert_eq!(second["provider_request_id"], "prov-flaky");
+    assert_eq!(second["route"], "POST /v1/render");
+    assert!(second["duration_ms"].is_number(), "{second}");
+    let principal = second["principal"].as_str().unwrap();
+    assert_eq!(principal.len(), 64, "a keyed hash: {principal}");
+    // The requests have their own lines: the first, the busy job's, the retry.
+    let requests = log_lines(&gw, "guarded request");
+    let statuses: Vec<_> = requests.iter().map(|l| l["status"].clone()).collect();
+    assert_eq!(statuses, ["fresh", "fresh", "fresh"], "{requests:#?}");
+
+    let metrics = get(&gw.admin_url("/metrics"), &[]).await.text();
+    let count = |status: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("oncely_requests_total{")
+                    && l.contains("route=\"POST /v1/render\"")
+                    && l.contains(&format!("status=\"{status}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(count("completed"), 2, "{metrics}");
+    assert_eq!(count("failed"), 1, "{metrics}");
+    assert_eq!(count("fresh"), 3, "{metrics}");
 }
