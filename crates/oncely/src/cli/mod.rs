@@ -273,6 +273,7 @@ pub type Outcome = Result<(), Failure>;
 
 /// Parses the arguments, runs the command, and turns the outcome into an exit code.
 pub fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_failure(e),
@@ -296,6 +297,25 @@ pub fn main() -> ExitCode {
             ExitCode::from(f.code)
         }
     }
+}
+
+/// `oncely ledger list | head -1`: a standard output closed by its reader ends the
+/// command quietly with exit 0 (as ripgrep does), where `println!` would panic and print
+/// a backtrace. Every other panic goes to the default hook.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }
 
 /// Clap's help and version go to stdout with exit 0; its usage errors are cut to their
