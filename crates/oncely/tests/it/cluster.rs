@@ -100,7 +100,7 @@ impl Drop for PgServer {
 }
 
 /// The shared test server's URL.
-fn shared_url() -> String {
+pub(crate) fn shared_url() -> String {
     static URL: OnceLock<String> = OnceLock::new();
     static SERVER: OnceLock<Mutex<Option<PgServer>>> = OnceLock::new();
     URL.get_or_init(|| {
@@ -129,7 +129,7 @@ fn shared_url() -> String {
 }
 
 /// A URL on a new, empty schema of the server at `base`.
-async fn fresh_schema(base: &str) -> String {
+pub(crate) async fn fresh_schema(base: &str) -> String {
     let (client, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
         .await
         .unwrap_or_else(|e| panic!("connect to {base}: {e}"));

@@ -408,3 +408,60 @@ async fn a_failed_job_is_retried_through_the_queue_and_each_run_is_logged() {
     assert_eq!(count("failed"), 1, "{metrics}");
     assert_eq!(count("fresh"), 3, "{metrics}");
 }
+
+/// PostgreSQL: two `oncely serve` processes on one database are one gateway for jobs
+/// too. With the route at `concurrency = 1`, 4 distinct jobs submitted across both
+/// instances at once run one at a time in total (the upstream never sees two at once),
+/// each exactly once, and either instance answers any job's status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_jobs_over_two_instances_on_postgres_run_one_at_a_time() {
+    let store = crate::cluster::fresh_schema(&crate::cluster::shared_url()).await;
+    let renders = Renders::default();
+    let up = upstream(render_service(renders.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_on(dir.path(), &store, up, "20s", "concurrency = 1");
+    let gws = Arc::new([
+        Gateway::start(&["--config", &cfg, "--log-format", "json"], &[]),
+        Gateway::start(&["--config", &cfg, "--log-format", "json"], &[]),
+    ]);
+    let submitted: Vec<_> = (0..4)
+        .map(|i| {
+            let gws = gws.clone();
+            tokio::spawn(async move {
+                let body = format!(r#"{{"ms":700,"text":"pg-job-{i}"}}"#);
+                render(&gws[i % 2], &body).await
+            })
+        })
+        .collect();
+    let mut locations = Vec::new();
+    for s in submitted {
+        let answer = s.await.unwrap();
+        // One may finish within `wait` (1s) and answer at once; the others are queued.
+        match answer.status.as_u16() {
+            202 => locations.push(answer.header("location").to_owned()),
+            201 => locations.push(format!("/_oncely/jobs/{}", answer.header("oncely-record"))),
+            other => panic!("unexpected {other}: {}", answer.text()),
+        }
+    }
+    for (n, location) in locations.iter().enumerate() {
+        let done = until_done(&gws[(n + 1) % 2], location, Duration::from_secs(30)).await;
+        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(done["attempt"], 1, "{done}");
+    }
+    for i in 0..4 {
+        assert_eq!(
+            renders.started_with(&format!("pg-job-{i}")).len(),
+            1,
+            "job {i} ran exactly once"
+        );
+    }
+    assert_eq!(renders.started.lock().unwrap().len(), 4);
+    assert_eq!(
+        renders.most_at_once.load(Ordering::SeqCst),
+        1,
+        "concurrency 1 across both instances"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let runs: usize = gws.iter().map(|g| log_lines(g, "job finished").len()).sum();
+    assert_eq!(runs, 4, "one finished run logged per job");
+}
