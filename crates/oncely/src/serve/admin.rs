@@ -4,9 +4,9 @@
 //! | --- | --- |
 //! | `GET /healthz` | 200 when the store answers, else 503 (no token needed) |
 //! | `GET /metrics` | Prometheus text (no token needed) |
-//! | `GET /records?status=S&principal=P&route=R&limit=N` | JSON array, as `ledger list --json` |
+//! | `GET /records?status=S&principal=P&route=R&limit=N` | JSON array, as `ledger list --json` (`P` its hash or its raw value) |
 //! | `GET /records/ID` | one record, as `ledger show --json` |
-//! | `POST /records/ID/resolve` | `{"released": true}` or `{"completed": true, "status": 200, "headers": {...}, "body": "..."}` |
+//! | `POST /records/ID/resolve` | `{"released": true}` or `{"completed": true, "status": 200, "headers": {...}, "body": "..."}` (also `"state": "released" \| "completed"`, and headers as `["Name: value"]`) |
 //! | `GET /usage?since=DURATION` | as `usage --json` |
 //!
 //! Everything else needs `Authorization: Bearer TOKEN`, the token being the value of the
@@ -206,9 +206,14 @@ async fn list(
                 .map_err(|e| AdminError::new(StatusCode::BAD_REQUEST, "bad_request", e))?,
         ),
     };
+    // As `ledger list --principal P`: the stored hash, or the raw value hashed.
+    let principal = match q.principal.as_deref() {
+        None | Some("") => None,
+        Some(p) => Some(principal_filter(&state.store, p).await?),
+    };
     let filter = ListFilter {
         state: status,
-        principal: q.principal,
+        principal,
         route: q.route,
         limit: q.limit,
     };
@@ -216,6 +221,16 @@ async fn list(
     Ok(Json(serde_json::Value::Array(
         list.iter().map(records::summary).collect(),
     )))
+}
+
+/// A principal as `?principal=P` takes it: its 64-hex-digit hash as stored, or its raw
+/// value, hashed with the store's principal key as the gateway does.
+async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, AdminError> {
+    if p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(p.to_ascii_lowercase());
+    }
+    let key = crate::cli::principal_key(&**store).await?;
+    Ok(oncely_tower::Guard::new(store.clone(), key).principal_hash(p.as_bytes()))
 }
 
 async fn show(
@@ -229,7 +244,9 @@ async fn show(
     }
 }
 
-/// The body of `POST /records/ID/resolve`.
+/// The body of `POST /records/ID/resolve`. The verdict is `"released": true`,
+/// `"completed": true`, or `"state": "released" | "completed"`; the headers a map, or a
+/// list of `"Name: value"` lines as the CLI's `--header` takes them.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResolveBody {
@@ -237,12 +254,43 @@ struct ResolveBody {
     released: bool,
     #[serde(default)]
     completed: bool,
+    state: Option<String>,
     status: Option<u16>,
     #[serde(default)]
-    headers: std::collections::BTreeMap<String, String>,
+    headers: ResolveHeaders,
     body: Option<String>,
     /// The body as base64, for bytes that are not text (an extension).
     body_base64: Option<String>,
+}
+
+/// The headers of a resolution: `{"Name": "value"}` or `["Name: value", ...]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ResolveHeaders {
+    Map(std::collections::BTreeMap<String, String>),
+    Lines(Vec<String>),
+}
+
+impl Default for ResolveHeaders {
+    fn default() -> ResolveHeaders {
+        ResolveHeaders::Map(Default::default())
+    }
+}
+
+impl ResolveHeaders {
+    fn pairs(self) -> Result<Vec<(String, String)>, AdminError> {
+        match self {
+            ResolveHeaders::Map(m) => Ok(m.into_iter().collect()),
+            ResolveHeaders::Lines(lines) => lines
+                .into_iter()
+                .map(|line| {
+                    line.split_once(':')
+                        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+                        .ok_or_else(|| bad(format!("header {line:?} is not \"Name: value\"")))
+                })
+                .collect(),
+        }
+    }
 }
 
 fn bad(detail: impl Into<String>) -> AdminError {
@@ -262,7 +310,18 @@ async fn resolve(
         .get(&id)
         .await?
         .ok_or_else(|| AdminError::from(StoreError::NotFound(id.clone())))?;
-    let resolution = match (b.released, b.completed) {
+    let (released, completed) = match b.state.as_deref() {
+        None => (b.released, b.completed),
+        Some("released") if !b.completed => (true, false),
+        Some("completed") if !b.released => (false, true),
+        Some(other) => {
+            return Err(bad(format!(
+                "\"state\": {other:?} (with released={}, completed={}) is not a verdict: use \"released\" or \"completed\"",
+                b.released, b.completed
+            )))
+        }
+    };
+    let resolution = match (released, completed) {
         (true, false) => Resolution::Released {
             reason: "resolved as released by an operator (admin API)".into(),
         },
@@ -272,7 +331,7 @@ async fn resolve(
                 .filter(|s| (100..=599).contains(s))
                 .ok_or_else(|| bad("\"completed\" needs \"status\" (100-599)"))?;
             let mut headers = Vec::new();
-            for (name, value) in b.headers {
+            for (name, value) in b.headers.pairs()? {
                 http::HeaderName::from_bytes(name.as_bytes())
                     .map_err(|_| bad(format!("{name:?} is not a header name")))?;
                 http::HeaderValue::from_str(&value)

@@ -4,7 +4,7 @@
 
 use std::process::Stdio;
 
-use crate::common::{assert_usage_error, oncely, run, stderr};
+use crate::common::{assert_usage_error, get, oncely, post, run, stderr, upstream, Gateway};
 
 /// "A bad argument or bad config exits 2 with a one-line reason on standard error":
 /// a command family called without its command is a bad argument too (clap would print
@@ -42,5 +42,102 @@ fn a_closed_standard_output_ends_a_command_quietly() {
         let err = stderr(&o);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+    }
+}
+
+/// Starts a gateway whose `POST /act` is an `action` route in front of an upstream that
+/// answers 500 (so every first request leaves an `outcome_unknown` record), with the
+/// admin API open to `Bearer t0ken`.
+async fn gateway_with_unknown_outcomes(dir: &std::path::Path) -> Gateway {
+    let up = upstream(
+        axum::Router::new()
+            .fallback(|| async { (http::StatusCode::INTERNAL_SERVER_ERROR, "maybe") }),
+    )
+    .await;
+    let file = dir.join("c.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "upstream = \"http://{up}\"\nstore = \"sqlite://{}\"\n\n\
+             [[routes]]\nmethod = \"POST\"\npath = \"/act\"\nclass = \"action\"\n",
+            dir.join("l.db").display()
+        ),
+    )
+    .unwrap();
+    Gateway::start(
+        &["--config", file.to_str().unwrap()],
+        &[("ONCELY_ADMIN_TOKEN", "t0ken")],
+    )
+}
+
+/// "`POST /records/ID/resolve` (same meaning as the CLI)": the CLI's `--header 'Name:
+/// value'` is also taken as a list of such lines, the verdict also as
+/// `{"state": "released" | "completed"}`; and `GET /records?principal=P` takes the raw
+/// principal as `ledger list --principal P` does, not only its hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_reads_principals_and_resolutions_as_the_cli_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway_with_unknown_outcomes(dir.path()).await;
+    let auth = [("authorization", "Bearer t0ken")];
+    let mut ids = Vec::new();
+    for body in ["one", "two", "three"] {
+        let res = post(&gw.url("/act"), body, &[("authorization", "Bearer alice")]).await;
+        assert_eq!(res.status, 500, "{}", res.text());
+        ids.push(res.header("oncely-record").to_owned());
+    }
+    let res = post(&gw.url("/act"), "other", &[("authorization", "Bearer bob")]).await;
+    assert_eq!(res.status, 500);
+
+    let list = get(&gw.admin_url("/records?principal=Bearer%20alice"), &auth).await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    assert_eq!(list.json().as_array().unwrap().len(), 3, "{}", list.text());
+    let hash = list.json()[0]["principal"].as_str().unwrap().to_owned();
+    let by_hash = get(&gw.admin_url(&format!("/records?principal={hash}")), &auth).await;
+    assert_eq!(by_hash.json().as_array().unwrap().len(), 3);
+
+    let res = post(
+        &gw.admin_url(&format!("/records/{}/resolve", ids[0])),
+        r#"{"completed": true, "status": 201, "body": "made", "headers": ["Content-Type: text/plain", "X-Order: 7"]}"#,
+        &auth,
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["state"], "completed");
+    let again = post(&gw.url("/act"), "one", &[("authorization", "Bearer alice")]).await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.text(), "made");
+    assert_eq!(again.header("x-order"), "7");
+    assert_eq!(again.header("content-type"), "text/plain");
+
+    let res = post(
+        &gw.admin_url(&format!("/records/{}/resolve", ids[1])),
+        r#"{"state": "released"}"#,
+        &auth,
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["state"], "released");
+    let res = post(
+        &gw.admin_url(&format!("/records/{}/resolve", ids[2])),
+        r#"{"state": "completed", "status": 200, "headers": {"X-A": "b"}}"#,
+        &auth,
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["response"]["headers"][0][0], "x-a");
+
+    // Contradictions and nonsense are still refused.
+    for bad in [
+        r#"{"state": "released", "completed": true, "status": 200}"#,
+        r#"{"state": "maybe"}"#,
+        r#"{"completed": true, "status": 200, "headers": ["no colon"]}"#,
+    ] {
+        let res = post(
+            &gw.admin_url(&format!("/records/{}/resolve", ids[2])),
+            bad,
+            &auth,
+        )
+        .await;
+        assert_eq!(res.status, 400, "{bad}: {}", res.text());
     }
 }
