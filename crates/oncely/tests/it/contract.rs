@@ -141,3 +141,68 @@ async fn the_admin_api_reads_principals_and_resolutions_as_the_cli_does() {
         assert_eq!(res.status, 400, "{bad}: {}", res.text());
     }
 }
+
+/// "One structured log line per guarded request (JSON with `--log-format json`), with:
+/// `record`, `route`, `principal`, `status`, `attempt`, `workflow_id`,
+/// `upstream_status`, `provider_request_id`, `duration_ms`": every line has every key,
+/// `null` when the request has no such value (no `X-Workflow-Id`, an upstream without a
+/// request id, a bypassed request without a record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_log_line_has_every_contract_field() {
+    let up = upstream(axum::Router::new().fallback(|| async { "plain" })).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("l.db").display());
+    let gw = Gateway::start(
+        &[
+            "--upstream",
+            &format!("http://{up}"),
+            "--store",
+            &store,
+            "--log-format",
+            "json",
+        ],
+        &[],
+    );
+    let fresh = post(&gw.url("/a"), "x", &[("authorization", "Bearer a")]).await;
+    assert_eq!(fresh.header("oncely-status"), "fresh");
+    let replayed = post(&gw.url("/a"), "x", &[("authorization", "Bearer a")]).await;
+    assert_eq!(replayed.header("oncely-status"), "replayed");
+    let bypassed = post(&gw.url("/a"), "x", &[]).await;
+    assert_eq!(bypassed.header("oncely-status"), "bypassed");
+
+    let mut events = Vec::new();
+    for _ in 0..50 {
+        let lines = gw.lines.lock().unwrap().clone();
+        events = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == "guarded request")
+            .collect();
+        if events.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(events.len(), 3, "{events:#?}");
+    for e in &events {
+        for field in [
+            "record",
+            "route",
+            "principal",
+            "status",
+            "attempt",
+            "workflow_id",
+            "upstream_status",
+            "provider_request_id",
+            "duration_ms",
+        ] {
+            assert!(e.get(field).is_some(), "{field} missing: {e}");
+        }
+    }
+    assert_eq!(events[0]["status"], "fresh");
+    assert_eq!(events[0]["workflow_id"], serde_json::Value::Null);
+    assert_eq!(events[0]["provider_request_id"], serde_json::Value::Null);
+    assert_eq!(events[0]["upstream_status"], 200);
+    assert_eq!(events[2]["status"], "bypassed");
+    assert_eq!(events[2]["record"], serde_json::Value::Null);
+}
