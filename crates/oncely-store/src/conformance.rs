@@ -1426,8 +1426,9 @@ async fn run_job_task(store: &Arc<dyn Store>, record: &oncely_core::Record) {
 
 /// A failed (released) job is retried through the queue: the next identical
 /// claim-with-task reclaims the record (same id, attempt + 1, so the same downstream key)
-/// and queues its work again, once, even when 20 instances' claims race; a different body
-/// under the key gets the record, and a completed record past its window is renewed.
+/// and queues its work again, once, even when 20 instances' claims race, replacing the
+/// task its failed run's worker left unfinished; a different body under the key gets the
+/// record, and a completed record past its window is renewed.
 pub async fn queue_released_record_is_reclaimed_with_a_new_task(h: &dyn Harness) {
     let a = h.store().await;
     let b = h.second().await;
@@ -1437,13 +1438,16 @@ pub async fn queue_released_record_is_reclaimed_with_a_new_task(h: &dyn Harness)
             .await
             .unwrap(),
     );
-    run_job_task(&a, &first).await;
+    // The worker records the release and stops before finishing its task.
+    let leased = a.lease_tasks("job:render", "w", 10, LEASE).await.unwrap();
+    assert_eq!(leased.len(), 1);
+    let stale = leased[0].fence().unwrap();
     let released = a
         .release(&first.fence().unwrap(), Some("upstream 502".into()))
         .await
         .unwrap();
     assert_eq!(released.state, State::Released);
-    assert!(a.list_tasks("job:render", None).await.unwrap().is_empty());
+    assert_eq!(a.list_tasks("job:render", None).await.unwrap().len(), 1);
 
     // A different body under the released key is refused (the caller answers 422).
     let other = existing(
@@ -1453,7 +1457,7 @@ pub async fn queue_released_record_is_reclaimed_with_a_new_task(h: &dyn Harness)
     );
     assert_eq!(other.id, first.id);
     assert_eq!(other.state, State::Released);
-    assert!(a.list_tasks("job:render", None).await.unwrap().is_empty());
+    assert_eq!(a.list_tasks("job:render", None).await.unwrap().len(), 1);
 
     // 20 identical retries over two instances: one reclaims, the rest get its record.
     let mut joins = Vec::new();
@@ -1493,7 +1497,17 @@ pub async fn queue_released_record_is_reclaimed_with_a_new_task(h: &dyn Harness)
     let tasks = a.list_tasks("job:render", None).await.unwrap();
     assert_eq!(tasks.len(), 1, "the retry is queued once: {tasks:?}");
     assert_eq!(tasks[0].record.as_ref(), Some(&first.id));
-    assert_eq!(tasks[0].state, TaskState::Pending);
+    assert_eq!(
+        tasks[0].state,
+        TaskState::Pending,
+        "the new task, not the stale one"
+    );
+    assert_ne!(tasks[0].id, stale.id);
+    let err = a.finish_task(&stale, TaskOutcome::Done).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::Fenced { .. })),
+        "{err:?}"
+    );
     assert_eq!(tasks[0].body, body.as_bytes());
     assert_eq!(a.get(&first.id).await.unwrap().unwrap().attempt, 2);
     // The first run's fence is stale.

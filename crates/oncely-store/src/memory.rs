@@ -263,6 +263,11 @@ impl Store for MemoryStore {
         for (old, record) in &records {
             if let Some(old) = old {
                 data.records.remove(old);
+                if *old == record.id {
+                    // Reclaimed: an earlier task of its kind is stale (see plan_claims).
+                    data.tasks
+                        .retain(|_, t| t.record.as_ref() != Some(old) || t.kind != task.kind);
+                }
             }
             data.by_key.insert(
                 (record.scope.clone(), record.key.clone()),
@@ -410,7 +415,9 @@ pub(crate) type ClaimPlan = Result<Vec<(Option<RecordId>, Record)>, Record>;
 /// existing record that refuses it. A key no row holds gets a new record; a completed
 /// row past its window is replaced by a new intention (new id, attempt 1); a released
 /// row with the same fingerprint is reclaimed (same id, attempt + 1, so the same
-/// downstream key) and its work queued again. With `completion`, every granted record is
+/// downstream key) and its work queued again; a task of the same kind still held for it
+/// (its worker recorded the release and stopped before finishing the task) is deleted,
+/// so that only the new task runs it. With `completion`, every granted record is
 /// completed at once. `find` reads the row holding a key. Shared by the memory and
 /// SQLite stores; PostgreSQL mirrors it in SQL.
 pub(crate) fn plan_claims(

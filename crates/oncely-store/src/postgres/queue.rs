@@ -369,6 +369,14 @@ impl PgStore {
                         record.complete(&fence, c.clone(), now)?;
                     }
                     rewrite(&tx, &record).await?;
+                    // A task of this kind still held for the released record is stale
+                    // (its worker stopped before finishing it): only the new one runs.
+                    tx.execute(
+                        "DELETE FROM tasks WHERE record = $1 AND kind = $2",
+                        &[&record.id.0, &task.kind],
+                    )
+                    .await
+                    .map_err(unavailable)?;
                     first.get_or_insert(record);
                     continue;
                 }

@@ -186,6 +186,14 @@ impl SqliteStore {
                             conn.prepare_cached("DELETE FROM records WHERE id = ?1")
                                 .and_then(|mut st| st.execute([&old.0]))
                                 .map_err(sql_error)?;
+                            if *old == record.id {
+                                // Reclaimed: its stale task goes (see plan_claims).
+                                conn.prepare_cached(
+                                    "DELETE FROM tasks WHERE record = ?1 AND kind = ?2",
+                                )
+                                .and_then(|mut st| st.execute(params![old.0, task.kind]))
+                                .map_err(sql_error)?;
+                            }
                         }
                         rows::insert(conn, record)?;
                     }
