@@ -27,13 +27,29 @@ pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
                 Some(p) => Some(principal_filter(&ledger.store, &p).await?),
                 None => None,
             };
+            // `--route R` is a route's name ("POST /v1/render"), or its path pattern
+            // alone ("/v1/render"), which matches the pattern under every method.
+            let (route, pattern) = match route {
+                Some(r) if !r.trim().contains(' ') => (None, Some(r.trim().to_owned())),
+                other => (other, None),
+            };
             let filter = ListFilter {
                 state: status.map(Into::into),
                 principal,
                 route,
-                limit,
+                limit: if pattern.is_some() { None } else { limit },
             };
-            let list = ledger.store.list(&filter).await.map_err(store_failure)?;
+            let mut list = ledger.store.list(&filter).await.map_err(store_failure)?;
+            if let Some(pattern) = &pattern {
+                list.retain(|r| {
+                    r.route
+                        .split_once(' ')
+                        .map_or(r.route == *pattern, |(_, p)| p == pattern)
+                });
+                if let Some(n) = limit {
+                    list.truncate(n);
+                }
+            }
             if json {
                 let all: Vec<_> = list.iter().map(records::summary).collect();
                 println!("{}", serde_json::Value::Array(all));

@@ -152,7 +152,8 @@ pub enum LedgerCommand {
         /// Only this principal: its hash, or its raw value (hashed with the store's key).
         #[arg(long, value_name = "P")]
         principal: Option<String>,
-        /// Only this route (e.g. "POST /v1/render").
+        /// Only this route: its name ("POST /v1/render") or its path pattern alone
+        /// ("/v1/render", any method).
         #[arg(long, value_name = "R")]
         route: Option<String>,
         /// At most this many.

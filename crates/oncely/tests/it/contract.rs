@@ -206,3 +206,31 @@ async fn every_request_log_line_has_every_contract_field() {
     assert_eq!(events[2]["status"], "bypassed");
     assert_eq!(events[2]["record"], serde_json::Value::Null);
 }
+
+/// "`oncely ledger list [--route R]`": `R` as the record's `route` shows it
+/// ("POST /act"), or as the config file writes the route's `path` ("/act").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_list_route_takes_the_route_name_or_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway_with_unknown_outcomes(dir.path()).await;
+    for body in ["one", "two"] {
+        let res = post(&gw.url("/act"), body, &[("authorization", "Bearer a")]).await;
+        assert_eq!(res.status, 500, "{}", res.text());
+    }
+    let store = format!("sqlite://{}", dir.path().join("l.db").display());
+    let count = |route: &str, extra: &[&str]| {
+        let mut args = vec![
+            "ledger", "list", "--json", "--store", &store, "--route", route,
+        ];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array().unwrap().len()
+    };
+    assert_eq!(count("POST /act", &[]), 2);
+    assert_eq!(count("/act", &[]), 2);
+    assert_eq!(count("/act", &["--limit", "1"]), 1);
+    assert_eq!(count("/other", &[]), 0);
+    assert_eq!(count("GET /act", &[]), 0);
+}
