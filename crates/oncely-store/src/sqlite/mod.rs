@@ -439,7 +439,9 @@ impl Store for SqliteStore {
             conn.query_row("SELECT 1", [], |_| Ok(()))
                 .map_err(sql_error)
         })
-        .await
+        .await?;
+        // The writer too: a ledger that can be read but not written is not healthy.
+        self.writer.run(|_, _| Ok(((), None))).await
     }
 
     async fn secret(&self, name: &str) -> Result<Vec<u8>> {

@@ -54,7 +54,21 @@ where
 {
     fn apply(&mut self, conn: &Connection, now: Timestamp) -> Result<Option<RecordId>, String> {
         let work = self.work.take().expect("a command runs once");
-        match work(conn, now) {
+        // A panic in one command must not take the writer (and every later write) down
+        // with it: it becomes that command's error, like a refused transition.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(conn, now)))
+            .unwrap_or_else(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(error = %why, "a ledger write panicked; the writer carries on");
+                Err(StoreError::Unavailable(format!(
+                    "the ledger write failed: {why}"
+                )))
+            });
+        match outcome {
             Ok((value, wake)) => {
                 self.result = Some(Ok(value));
                 Ok(wake)
@@ -230,5 +244,58 @@ fn commit_group(
             }
             Some(why)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SystemClock;
+
+    fn writer() -> Writer {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (n INTEGER)").unwrap();
+        Writer::start(
+            conn,
+            Shared {
+                clock: Arc::new(SystemClock),
+                waiters: Arc::default(),
+                cache: Arc::default(),
+                group_size: 16,
+                watch_interval: Duration::from_millis(50),
+            },
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panicking_command_does_not_stop_the_writer() {
+        let w = writer();
+        let err = w
+            .run(|_, _| -> Result<Applied<()>> { panic!("boom") })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Unavailable(m) if m.contains("boom")),
+            "{err:?}"
+        );
+        // The writer still commits what comes next.
+        w.run(|conn, _| {
+            conn.execute("INSERT INTO t VALUES (1)", [])
+                .map_err(sql_error)?;
+            Ok(((), None))
+        })
+        .await
+        .unwrap();
+        let n: i64 = w
+            .run(|conn, _| {
+                let n = conn
+                    .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                    .map_err(sql_error)?;
+                Ok((n, None))
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
     }
 }
