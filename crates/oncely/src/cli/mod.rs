@@ -293,8 +293,12 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             // One line, whatever the error chain held.
+            // (A failure that already said everything, e.g. check-config's problem
+            // lines, has no message of its own.)
             let line = f.message.replace(['\n', '\r'], " ");
-            eprintln!("oncely: {line}");
+            if !line.is_empty() {
+                eprintln!("oncely: {line}");
+            }
             ExitCode::from(f.code)
         }
     }
@@ -397,17 +401,14 @@ fn check_config(file: &std::path::Path) -> Outcome {
             Ok(())
         }
         Err(crate::config::ConfigError::Invalid(problems)) => {
+            // Each problem on its own line, and nothing else: the line count is the
+            // problem count.
             for p in &problems {
                 eprintln!("{}", p.to_string().replace(['\n', '\r'], " "));
             }
             Err(Failure {
                 code: 2,
-                message: format!(
-                    "{}: {} problem{}",
-                    file.display(),
-                    problems.len(),
-                    if problems.len() == 1 { "" } else { "s" }
-                ),
+                message: String::new(),
             })
         }
         Err(e) => Err(Failure::usage(e)),

@@ -80,7 +80,10 @@ pub(crate) async fn migrate(args: &StoreArgs) -> Outcome {
         .ping()
         .await
         .map_err(|e| Failure::usage(format!("store {}: {e}", redact(&ledger.url))))?;
-    println!("store {} is up to date", redact(&ledger.url));
+    println!(
+        "store {}: schema created or upgraded, up to date",
+        redact(&ledger.url)
+    );
     Ok(())
 }
 
