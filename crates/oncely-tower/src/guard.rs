@@ -2,16 +2,21 @@
 //! MCP mode) translates from and to. [`Guard::execute`] claims a record, and either runs
 //! the upstream call as its owner on a task of its own, or answers from the ledger
 //! (replay, join, refusal).
+//!
+//! Repeats (replays and joins) are counted in memory per record and written to the ledger
+//! in sums, one `add_repeats` per record every [`REPEAT_FLUSH`] and on [`Guard::drain`],
+//! so that a replay never waits on, nor queues behind, a ledger write.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, StatusCode};
 use oncely_core::{
-    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, Scope, State, StoredResponse,
+    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, RecordId, Scope, State, StoredResponse,
     TakeOverOutcome,
 };
 use oncely_store::{Claim, Store, StoreError};
@@ -224,6 +229,7 @@ pub struct Guard {
     next_owner: AtomicU64,
     pub(crate) tasks: TaskCount,
     pub(crate) jobs: crate::jobs::JobBoard,
+    repeats: Arc<RepeatTally>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -238,6 +244,7 @@ impl std::fmt::Debug for Guard {
 impl Guard {
     /// A guard on `store`, hashing principals with `principal_key` (HMAC-SHA256).
     pub fn new(store: Arc<dyn Store>, principal_key: Vec<u8>) -> Guard {
+        let store_for_tally = store.clone();
         Guard {
             store,
             principal_key,
@@ -245,6 +252,7 @@ impl Guard {
             next_owner: AtomicU64::new(1),
             tasks: TaskCount::default(),
             jobs: crate::jobs::JobBoard::default(),
+            repeats: Arc::new(RepeatTally::new(store_for_tally)),
         }
     }
 
@@ -280,7 +288,15 @@ impl Guard {
     /// Waits until every owned upstream call has finished and been recorded, and every
     /// repeat has been counted. The binary calls it on shutdown after it stops accepting.
     pub async fn drain(&self) {
-        self.tasks.wait_idle().await
+        self.tasks.wait_idle().await;
+        self.flush_repeats().await;
+    }
+
+    /// Writes the repeats counted in memory so far to the ledger (one `add_repeats` per
+    /// record), and returns once they are written. A background task does this every
+    /// [`REPEAT_FLUSH`]; [`Guard::drain`] does it last.
+    pub async fn flush_repeats(&self) {
+        self.repeats.flush().await
     }
 
     pub(crate) fn new_owner(&self) -> String {
@@ -403,16 +419,7 @@ impl Guard {
     }
 
     fn count_repeat(&self, record: &Record) {
-        let store = self.store.clone();
-        let id = record.id.clone();
-        let units = record.units;
-        let token = self.tasks.start();
-        tokio::spawn(async move {
-            let _token = token;
-            if let Err(e) = store.add_repeats(&id, 1, units).await {
-                tracing::warn!(target: "oncely::store", record = %id, error = %e, "could not count a repeat");
-            }
-        });
+        self.repeats.add(&record.id, record.units);
     }
 
     /// This call owns `record`: run the upstream call on a task of its own and answer
@@ -467,8 +474,88 @@ pub(crate) fn retry_after(wait: Duration) -> Duration {
     (wait / 2).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
-/// Counts background tasks (owned upstream calls, repeat counting); `wait_idle` returns
-/// when none runs.
+/// How often the repeats counted in memory are written to the ledger.
+pub const REPEAT_FLUSH: Duration = Duration::from_millis(200);
+
+/// Repeats per record not yet written: `(count, units)`.
+type Pending = HashMap<RecordId, (u64, u64)>;
+
+/// Repeats counted in memory until the next flush. The flushing task holds only a weak
+/// reference, so it ends with the guard.
+struct RepeatTally {
+    store: Arc<dyn Store>,
+    pending: Mutex<Pending>,
+    /// Held while a flush writes, so that [`RepeatTally::flush`] returns only once every
+    /// repeat taken before it (by the background task too) is in the ledger.
+    writing: tokio::sync::Mutex<()>,
+    flusher: AtomicBool,
+}
+
+impl RepeatTally {
+    fn new(store: Arc<dyn Store>) -> RepeatTally {
+        RepeatTally {
+            store,
+            pending: Mutex::new(HashMap::new()),
+            writing: tokio::sync::Mutex::new(()),
+            flusher: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts one repeat of `id` worth `units`, and starts the flushing task on first use
+    /// (on the caller's runtime).
+    fn add(self: &Arc<Self>, id: &RecordId, units: u64) {
+        {
+            let mut pending = self.pending.lock().expect("repeat tally lock");
+            match pending.get_mut(id) {
+                Some((n, u)) => {
+                    *n += 1;
+                    *u += units;
+                }
+                None => {
+                    pending.insert(id.clone(), (1, units));
+                }
+            }
+        }
+        if !self.flusher.load(Ordering::Relaxed) && !self.flusher.swap(true, Ordering::AcqRel) {
+            let tally = Arc::downgrade(self);
+            tokio::spawn(flush_every(tally, REPEAT_FLUSH));
+        }
+    }
+
+    async fn flush(&self) {
+        let _writing = self.writing.lock().await;
+        let taken = std::mem::take(&mut *self.pending.lock().expect("repeat tally lock"));
+        for (id, (count, units)) in taken {
+            match self.store.add_repeats(&id, count, units).await {
+                Ok(()) => {}
+                // The record is gone (purged): nothing left to count on.
+                Err(StoreError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(target: "oncely::store", record = %id, repeats = count, error = %e, "could not count repeats; will retry");
+                    let mut pending = self.pending.lock().expect("repeat tally lock");
+                    let entry = pending.entry(id).or_insert((0, 0));
+                    entry.0 += count;
+                    entry.1 += units;
+                }
+            }
+        }
+    }
+}
+
+async fn flush_every(tally: Weak<RepeatTally>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(tally) = tally.upgrade() else { return };
+        let idle = tally.pending.lock().expect("repeat tally lock").is_empty();
+        if !idle {
+            tally.flush().await;
+        }
+    }
+}
+
+/// Counts background tasks (owned upstream calls); `wait_idle` returns when none runs.
 #[derive(Debug)]
 pub(crate) struct TaskCount(watch::Sender<usize>);
 
@@ -644,5 +731,93 @@ mod tests {
                 .await,
             Execution::TooLarge(_)
         ));
+    }
+
+    async fn completed(guard: &Guard, key: &str) -> Record {
+        let execution = guard
+            .execute(call(key), |_| {
+                async {
+                    Ok(UpstreamAnswer::new(
+                        StatusCode::OK,
+                        HeaderMap::new(),
+                        crate::body::full("done"),
+                    ))
+                }
+                .boxed()
+            })
+            .await;
+        let Execution::Fresh(fresh) = execution else {
+            panic!("expected a fresh execution, got {execution:?}");
+        };
+        fresh.body.collect().await.unwrap();
+        guard.drain().await;
+        fresh.record
+    }
+
+    async fn replay_n(guard: &Guard, key: &str, n: usize) {
+        for _ in 0..n {
+            match guard.execute(call(key), |_| panic!("no second run")).await {
+                Execution::Replayed(_) => {}
+                other => panic!("expected a replay, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn replays_are_counted_in_memory_and_written_in_one_sum_per_record() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Guard::new(store.clone(), b"k".to_vec());
+        let a = completed(&guard, "a").await;
+        let b = completed(&guard, "b").await;
+        replay_n(&guard, "a", 37).await;
+        replay_n(&guard, "b", 5).await;
+        guard.flush_repeats().await;
+        let a = store.get(&a.id).await.unwrap().unwrap();
+        let b = store.get(&b.id).await.unwrap().unwrap();
+        assert_eq!((a.repeats, a.repeat_units), (37, 37 * 3));
+        assert_eq!((b.repeats, b.repeat_units), (5, 5 * 3));
+        // A second flush with nothing new adds nothing.
+        guard.flush_repeats().await;
+        let a = store.get(&a.id).await.unwrap().unwrap();
+        assert_eq!(a.repeats, 37);
+    }
+
+    #[tokio::test]
+    async fn drain_writes_every_counted_repeat() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Guard::new(store.clone(), b"k".to_vec());
+        let a = completed(&guard, "a").await;
+        replay_n(&guard, "a", 12).await;
+        guard.drain().await;
+        let a = store.get(&a.id).await.unwrap().unwrap();
+        assert_eq!((a.repeats, a.repeat_units), (12, 36));
+    }
+
+    #[tokio::test]
+    async fn the_background_task_writes_repeats_without_a_drain() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Guard::new(store.clone(), b"k".to_vec());
+        let a = completed(&guard, "a").await;
+        replay_n(&guard, "a", 4).await;
+        let deadline = tokio::time::Instant::now() + REPEAT_FLUSH * 10;
+        loop {
+            let r = store.get(&a.id).await.unwrap().unwrap();
+            if r.repeats == 4 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "repeats not written within {:?}: {}",
+                REPEAT_FLUSH * 10,
+                r.repeats
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
