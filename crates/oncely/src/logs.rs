@@ -6,6 +6,11 @@
 //! In JSON, the one line per guarded request (target `oncely::request`) carries every one
 //! of those keys, `null` when the request has no such value (tracing leaves an absent
 //! `Option` out), so a reader can rely on each key being there.
+//!
+//! Lines are written by a background thread (`tracing-appender`'s non-blocking writer,
+//! not lossy: a full buffer makes the logging call wait rather than drop the line), so a
+//! request never waits on standard error. [`init`] returns the [`LogGuard`] that flushes
+//! every buffered line when dropped; keep it for the life of the process.
 
 use std::fmt;
 
@@ -33,13 +38,29 @@ pub const REQUEST_FIELDS: [&str; 9] = [
     "duration_ms",
 ];
 
-/// Installs the global subscriber; a second call (tests) is a no-op.
-pub fn init(format: LogFormat) {
+/// Flushes the buffered log lines when dropped (see [`init`]).
+#[must_use = "dropping the guard stops the log writer"]
+pub struct LogGuard(#[allow(dead_code)] Option<tracing_appender::non_blocking::WorkerGuard>);
+
+impl fmt::Debug for LogGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogGuard").finish_non_exhaustive()
+    }
+}
+
+/// Installs the global subscriber, writing through a non-blocking buffer; a second call
+/// (tests) is a no-op. Keep the returned guard until the process ends: dropping it writes
+/// every line still buffered.
+pub fn init(format: LogFormat) -> LogGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, worker) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("oncely-log")
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
+        .with_writer(writer);
+    let installed = match format {
         LogFormat::Text => builder.with_ansi(false).try_init(),
         LogFormat::Json => builder
             .fmt_fields(JsonFields::new())
@@ -52,6 +73,7 @@ pub fn init(format: LogFormat) {
             ))
             .try_init(),
     };
+    LogGuard(installed.is_ok().then_some(worker))
 }
 
 /// A JSON event format that completes request lines with `null` for their absent keys.
@@ -83,15 +105,45 @@ where
 
 /// The JSON object on `line` with every [`REQUEST_FIELDS`] key (absent ones `null`), or
 /// `None` when the line is not a JSON object.
+///
+/// Done on the text, without parsing: in the formatter's output a `"key":` can only be a
+/// key (a quote inside a string value is escaped), and the event's fields are at the top
+/// level, so the absent keys are appended before the closing brace.
 fn complete(line: &str) -> Option<String> {
-    let mut object: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(line.trim_end()).ok()?;
+    let object = line.trim_end();
+    let inner = object.strip_prefix('{')?.strip_suffix('}')?;
+    let mut done = String::with_capacity(object.len() + 64);
+    done.push('{');
+    done.push_str(inner);
+    let mut empty = inner.trim().is_empty();
     for key in REQUEST_FIELDS {
-        object
-            .entry(key.to_owned())
-            .or_insert(serde_json::Value::Null);
+        let present = {
+            let mut pattern = [0u8; 32];
+            let needle = format_key(key, &mut pattern);
+            inner.contains(needle)
+        };
+        if !present {
+            if !empty {
+                done.push(',');
+            }
+            done.push('"');
+            done.push_str(key);
+            done.push_str("\":null");
+            empty = false;
+        }
     }
-    Some(serde_json::Value::Object(object).to_string())
+    done.push('}');
+    Some(done)
+}
+
+/// `"key":` in `buf`, without allocating.
+fn format_key<'a>(key: &str, buf: &'a mut [u8; 32]) -> &'a str {
+    let n = key.len();
+    buf[0] = b'"';
+    buf[1..=n].copy_from_slice(key.as_bytes());
+    buf[n + 1] = b'"';
+    buf[n + 2] = b':';
+    std::str::from_utf8(&buf[..n + 3]).expect("ASCII keys")
 }
 
 #[cfg(test)]
@@ -110,5 +162,16 @@ mod tests {
         }
         assert_eq!(done["workflow_id"], serde_json::Value::Null);
         assert!(complete("not json\n").is_none());
+
+        // A value that spells a key does not count as the key.
+        let tricky = r#"{"route":"a\"record\":b","record":"rec_1"}"#;
+        let done: serde_json::Value = serde_json::from_str(&complete(tricky).unwrap()).unwrap();
+        assert_eq!(done["record"], "rec_1");
+        assert_eq!(done["route"], "a\"record\":b");
+        assert_eq!(done["attempt"], serde_json::Value::Null);
+        let tricky = r#"{"route":"a\"attempt\":1"}"#;
+        let done: serde_json::Value = serde_json::from_str(&complete(tricky).unwrap()).unwrap();
+        assert_eq!(done["attempt"], serde_json::Value::Null);
+        assert_eq!(done.as_object().unwrap().len(), REQUEST_FIELDS.len());
     }
 }

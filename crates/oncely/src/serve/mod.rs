@@ -50,7 +50,8 @@ const GAUGE_EVERY: Duration = Duration::from_secs(15);
 
 /// `oncely serve ARGS`: reads the config, binds, runs until SIGINT/SIGTERM.
 pub(crate) async fn cli(args: ServeArgs) -> Outcome {
-    crate::logs::init(args.log_format);
+    // Dropped when `serve` returns, after the last line ("stopped"): flushes the log.
+    let _logs = crate::logs::init(args.log_format);
     let overrides = Overrides {
         upstream: args.upstream.clone(),
         listen: args.listen.clone(),
