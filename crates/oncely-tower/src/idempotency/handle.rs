@@ -311,8 +311,8 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
             log.provider_request_id = provider_request_id(res.headers());
             finish(res, "fresh", &record, false, log)
         }
-        Execution::Replayed(record) => replay(&record, "replayed", log),
-        Execution::Joined(record) => replay(&record, "joined", log),
+        Execution::Replayed(record) => replay(record, "replayed", log),
+        Execution::Joined(record) => replay(record, "joined", log),
         Execution::InFlight {
             record,
             retry_after,
@@ -408,8 +408,9 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
     }
 }
 
-fn replay(record: &Record, status: &'static str, log: &mut RequestLog<'_>) -> Response<BoxBody> {
-    let stored = record.response.clone().unwrap_or_default();
+fn replay(mut record: Record, status: &'static str, log: &mut RequestLog<'_>) -> Response<BoxBody> {
+    // Moved out, not copied: the body becomes the answer's `Bytes` as it is.
+    let stored = record.response.take().unwrap_or_default();
     let mut res = Response::new(full(stored.body.unwrap_or_default()));
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let headers = res.headers_mut();
@@ -422,8 +423,8 @@ fn replay(record: &Record, status: &'static str, log: &mut RequestLog<'_>) -> Re
         }
     }
     log.upstream_status = Some(stored.status);
-    log.provider_request_id = record.provider_request_id.clone();
-    finish(res, status, record, true, log)
+    log.provider_request_id = record.provider_request_id.take();
+    finish(res, status, &record, true, log)
 }
 
 fn refuse(problem: Problem, log: &mut RequestLog<'_>) -> Response<BoxBody> {
@@ -478,7 +479,7 @@ pub(crate) struct RequestLog<'a> {
     pub(crate) record: Option<String>,
     pub(crate) route: &'a str,
     pub(crate) principal: Option<&'a str>,
-    pub(crate) status: &'a str,
+    pub(crate) status: &'static str,
     pub(crate) attempt: Option<u32>,
     pub(crate) workflow_id: Option<&'a str>,
     pub(crate) upstream_status: Option<u16>,
@@ -512,12 +513,41 @@ fn log_line(log: &RequestLog<'_>, message: &'static str) {
         duration_ms,
         "{message}"
     );
-    metrics::counter!(
+    request_counter(log.route, log.status).increment(1);
+}
+
+/// Handles of `oncely_requests_total` by route and status, so that counting a request
+/// allocates no label strings and looks nothing up in the recorder's registry. A handle
+/// comes from the recorder installed when its (route, status) is first counted: install
+/// the recorder before serving.
+type Counters =
+    std::collections::HashMap<String, std::collections::HashMap<&'static str, metrics::Counter>>;
+
+static COUNTERS: std::sync::OnceLock<std::sync::RwLock<Counters>> = std::sync::OnceLock::new();
+
+fn request_counter(route: &str, status: &'static str) -> metrics::Counter {
+    let counters = COUNTERS.get_or_init(Default::default);
+    if let Some(c) = counters
+        .read()
+        .expect("request counters lock")
+        .get(route)
+        .and_then(|by_status| by_status.get(status))
+    {
+        return c.clone();
+    }
+    let counter = metrics::counter!(
         "oncely_requests_total",
-        "route" => log.route.to_string(),
-        "status" => log.status.to_string()
-    )
-    .increment(1);
+        "route" => route.to_string(),
+        "status" => status
+    );
+    counters
+        .write()
+        .expect("request counters lock")
+        .entry(route.to_string())
+        .or_default()
+        .entry(status)
+        .or_insert(counter)
+        .clone()
 }
 
 #[cfg(test)]
