@@ -5,10 +5,20 @@
 //! a bearer token whose signature and expiry verify, so that a refreshed OAuth token (a
 //! new string) is still the same account; a token that does not verify is never trusted
 //! for a replay.
+//!
+//! Tokens are verified with one shared HS256 secret (`jwt_secret_env`) or with the keys of a
+//! JWKS document (`jwks_file`): `oct` keys verify `HS256`, `RSA` keys verify `RS256`
+//! (RSASSA-PKCS1-v1_5 with SHA-256, 2048 to 8192 bits) and `EC` keys on `P-256` verify
+//! `ES256`. The token header's `alg` must match the key's type, so an RSA public key is
+//! never used as an HMAC secret (the algorithm-confusion attack); `none` and every other
+//! algorithm are refused.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
+use ring::signature::{
+    RsaPublicKeyComponents, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, RSA_PKCS1_2048_8192_SHA256,
+};
 use serde_json::Value;
 use sha2::Sha256;
 
@@ -16,18 +26,57 @@ use crate::McpError;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// One key a token may be signed with.
+/// What a key verifies with; each kind verifies exactly one `alg`.
 #[derive(Clone)]
-struct HsKey {
-    kid: Option<String>,
-    secret: Vec<u8>,
+enum KeyMaterial {
+    /// An HS256 secret.
+    Hmac(Vec<u8>),
+    /// An RS256 public key: big-endian modulus and exponent, without leading zeros.
+    Rsa { n: Vec<u8>, e: Vec<u8> },
+    /// An ES256 public key: the uncompressed point `0x04 || x || y` (65 bytes).
+    EcP256(Vec<u8>),
 }
 
-/// Verifies HS256 bearer tokens and reads one claim.
+impl KeyMaterial {
+    /// The one JWS `alg` this key verifies.
+    fn alg(&self) -> &'static str {
+        match self {
+            KeyMaterial::Hmac(_) => "HS256",
+            KeyMaterial::Rsa { .. } => "RS256",
+            KeyMaterial::EcP256(_) => "ES256",
+        }
+    }
+
+    /// Whether `signature` is this key's signature of `signed`.
+    fn verifies(&self, signed: &[u8], signature: &[u8]) -> bool {
+        match self {
+            KeyMaterial::Hmac(secret) => {
+                let mut mac = HmacSha256::new_from_slice(secret).expect("hmac takes any key");
+                mac.update(signed);
+                mac.verify_slice(signature).is_ok()
+            }
+            KeyMaterial::Rsa { n, e } => RsaPublicKeyComponents { n, e }
+                .verify(&RSA_PKCS1_2048_8192_SHA256, signed, signature)
+                .is_ok(),
+            KeyMaterial::EcP256(point) => UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, point)
+                .verify(signed, signature)
+                .is_ok(),
+        }
+    }
+}
+
+/// One key a token may be signed with.
+#[derive(Clone)]
+struct Key {
+    kid: Option<String>,
+    material: KeyMaterial,
+}
+
+/// Verifies HS256, RS256 and ES256 bearer tokens and reads one claim.
 #[derive(Clone)]
 pub struct JwtVerifier {
     claim: String,
-    keys: Vec<HsKey>,
+    keys: Vec<Key>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -48,9 +97,12 @@ pub enum TokenError {
     /// Not three base64url parts of JSON.
     #[error("malformed token")]
     Malformed,
-    /// An algorithm other than HS256 (`none` included).
+    /// An algorithm other than HS256, RS256 and ES256 (`none` included).
     #[error("unsupported algorithm {0:?}")]
     Algorithm(String),
+    /// The header's `kid` names no key of the JWKS that verifies its `alg`.
+    #[error("no key with kid {0:?} for this algorithm")]
+    UnknownKey(String),
     /// No key verifies the signature.
     #[error("bad signature")]
     Signature,
@@ -62,6 +114,90 @@ pub enum TokenError {
     Claim(String),
 }
 
+/// Decodes the base64url member `name` of a JWK (padding tolerated).
+fn jwk_bytes(k: &Value, kty: &str, name: &str) -> Result<Vec<u8>, McpError> {
+    let s = k
+        .get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| McpError::Config(format!("jwks_file: an {kty} key lacks {name}")))?;
+    URL_SAFE_NO_PAD
+        .decode(s.trim_end_matches('='))
+        .map_err(|_| McpError::Config(format!("jwks_file: {kty} key {name} is not base64url")))
+}
+
+/// Big-endian integer bytes without leading zeros (ring wants minimal encodings).
+fn strip_leading_zeros(mut b: Vec<u8>) -> Vec<u8> {
+    let zeros = b.iter().take_while(|&&x| x == 0).count();
+    b.drain(..zeros);
+    b
+}
+
+/// Reads one JWK; `Ok(None)` for an encryption key (`"use": "enc"`), which never signs.
+fn parse_jwk(k: &Value) -> Result<Option<Key>, McpError> {
+    if k.get("use").and_then(Value::as_str) == Some("enc") {
+        return Ok(None);
+    }
+    let kty = k.get("kty").and_then(Value::as_str);
+    let material = match kty {
+        Some("oct") => {
+            let secret = jwk_bytes(k, "oct", "k")?;
+            if secret.is_empty() {
+                return Err(McpError::Config("jwks_file: an oct key has an empty k".into()));
+            }
+            KeyMaterial::Hmac(secret)
+        }
+        Some("RSA") => {
+            let n = strip_leading_zeros(jwk_bytes(k, "RSA", "n")?);
+            let e = strip_leading_zeros(jwk_bytes(k, "RSA", "e")?);
+            if n.len() * 8 < 2048 || n.len() * 8 > 8192 || e.is_empty() {
+                return Err(McpError::Config(format!(
+                    "jwks_file: an RSA key must have a 2048 to 8192 bit modulus (this one has {} bytes) and an exponent",
+                    n.len()
+                )));
+            }
+            KeyMaterial::Rsa { n, e }
+        }
+        Some("EC") => {
+            let crv = k.get("crv").and_then(Value::as_str);
+            if crv != Some("P-256") {
+                return Err(McpError::Config(format!(
+                    "jwks_file: EC curve {crv:?} is not supported (only \"P-256\" for ES256)"
+                )));
+            }
+            let x = jwk_bytes(k, "EC", "x")?;
+            let y = jwk_bytes(k, "EC", "y")?;
+            if x.len() != 32 || y.len() != 32 {
+                return Err(McpError::Config(
+                    "jwks_file: a P-256 key needs 32-byte x and y".into(),
+                ));
+            }
+            let mut point = Vec::with_capacity(65);
+            point.push(0x04);
+            point.extend_from_slice(&x);
+            point.extend_from_slice(&y);
+            KeyMaterial::EcP256(point)
+        }
+        other => {
+            return Err(McpError::Config(format!(
+                "jwks_file: key type {other:?} is not supported (\"oct\" for HS256, \"RSA\" for RS256, \"EC\" P-256 for ES256)"
+            )))
+        }
+    };
+    if let Some(alg) = k.get("alg").and_then(Value::as_str) {
+        if alg != material.alg() {
+            return Err(McpError::Config(format!(
+                "jwks_file: a {} key with alg {alg:?} is not supported (it verifies {} only)",
+                kty.unwrap_or_default(),
+                material.alg()
+            )));
+        }
+    }
+    Ok(Some(Key {
+        kid: k.get("kid").and_then(Value::as_str).map(str::to_string),
+        material,
+    }))
+}
+
 impl JwtVerifier {
     /// Verifies with one shared HS256 secret (`jwt_secret_env`).
     pub fn hs256(claim: &str, secret: &[u8]) -> Result<JwtVerifier, McpError> {
@@ -70,16 +206,19 @@ impl JwtVerifier {
         }
         Ok(JwtVerifier {
             claim: claim.to_string(),
-            keys: vec![HsKey {
+            keys: vec![Key {
                 kid: None,
-                secret: secret.to_vec(),
+                material: KeyMaterial::Hmac(secret.to_vec()),
             }],
         })
     }
 
-    /// Verifies with the symmetric keys of a JWKS document (`jwks_file`): `{"keys": [{"kty":
-    /// "oct", "k": BASE64URL, "kid": ...}]}`. Asymmetric keys (RSA, EC) are refused with a
-    /// clear error: they are not supported yet.
+    /// Verifies with the keys of a JWKS document (`jwks_file`), `{"keys": [...]}` with
+    /// members base64url-encoded: `{"kty": "oct", "k"}` (HS256), `{"kty": "RSA", "n", "e"}`
+    /// (RS256) and `{"kty": "EC", "crv": "P-256", "x", "y"}` (ES256), each with an optional
+    /// `kid` and `alg` (which must be the one the key type verifies). Encryption keys
+    /// (`"use": "enc"`) are skipped; any other key type, curve or algorithm is refused with
+    /// a clear error.
     pub fn from_jwks(claim: &str, jwks: &str) -> Result<JwtVerifier, McpError> {
         let doc: Value = serde_json::from_str(jwks)
             .map_err(|e| McpError::Config(format!("jwks_file: not JSON: {e}")))?;
@@ -90,27 +229,10 @@ impl JwtVerifier {
             .into_iter()
             .flatten()
         {
-            match k.get("kty").and_then(Value::as_str) {
-                Some("oct") => {
-                    let secret = k
-                        .get("k")
-                        .and_then(Value::as_str)
-                        .and_then(|s| URL_SAFE_NO_PAD.decode(s.trim_end_matches('=')).ok())
-                        .ok_or_else(|| McpError::Config("jwks_file: an oct key lacks k".into()))?;
-                    keys.push(HsKey {
-                        kid: k.get("kid").and_then(Value::as_str).map(str::to_string),
-                        secret,
-                    });
-                }
-                other => {
-                    return Err(McpError::Config(format!(
-                        "jwks_file: key type {other:?} is not supported (only HS256 \"oct\" keys)"
-                    )))
-                }
-            }
+            keys.extend(parse_jwk(k)?);
         }
         if keys.is_empty() {
-            return Err(McpError::Config("jwks_file: no keys".into()));
+            return Err(McpError::Config("jwks_file: no signing keys".into()));
         }
         Ok(JwtVerifier {
             claim: claim.to_string(),
@@ -124,6 +246,10 @@ impl JwtVerifier {
     }
 
     /// Verifies `token` at `now_secs` (Unix seconds) and returns the claim's value.
+    ///
+    /// Only keys of the type the header's `alg` names are tried. When the header has a
+    /// `kid`, the keys with that `kid` are tried (keys without a `kid` only if none has it);
+    /// without one, every key of the type is tried.
     pub fn verify(&self, token: &str, now_secs: i64) -> Result<String, TokenError> {
         let mut parts = token.split('.');
         let (Some(h), Some(p), Some(s), None) =
@@ -135,22 +261,33 @@ impl JwtVerifier {
         let header: Value =
             serde_json::from_slice(&decode(h)?).map_err(|_| TokenError::Malformed)?;
         let alg = header.get("alg").and_then(Value::as_str).unwrap_or("");
-        if alg != "HS256" {
+        if !matches!(alg, "HS256" | "RS256" | "ES256") {
             return Err(TokenError::Algorithm(alg.to_string()));
         }
-        let kid = header.get("kid").and_then(Value::as_str);
-        let signature = decode(s)?;
-        let signed = &token[..h.len() + 1 + p.len()];
-        let ok = self
-            .keys
-            .iter()
-            .filter(|k| kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid)
-            .any(|k| {
-                let mut mac = HmacSha256::new_from_slice(&k.secret).expect("hmac takes any key");
-                mac.update(signed.as_bytes());
-                mac.verify_slice(&signature).is_ok()
+        let typed = || self.keys.iter().filter(|k| k.material.alg() == alg);
+        let candidates: Vec<&Key> = match header.get("kid").and_then(Value::as_str) {
+            None => typed().collect(),
+            Some(kid) => {
+                let named: Vec<&Key> = typed().filter(|k| k.kid.as_deref() == Some(kid)).collect();
+                if named.is_empty() {
+                    typed().filter(|k| k.kid.is_none()).collect()
+                } else {
+                    named
+                }
+            }
+        };
+        if candidates.is_empty() {
+            return Err(match header.get("kid").and_then(Value::as_str) {
+                Some(kid) => TokenError::UnknownKey(kid.to_string()),
+                None => TokenError::Signature,
             });
-        if !ok {
+        }
+        let signature = decode(s)?;
+        let signed = &token.as_bytes()[..h.len() + 1 + p.len()];
+        if !candidates
+            .iter()
+            .any(|k| k.material.verifies(signed, &signature))
+        {
             return Err(TokenError::Signature);
         }
         let payload: Value =
@@ -220,15 +357,210 @@ mod tests {
     }
 
     #[test]
-    fn jwks_oct_keys_verify_and_asymmetric_keys_are_refused_clearly() {
+    fn jwks_oct_keys_verify_and_unknown_key_types_are_refused_clearly() {
         let k = URL_SAFE_NO_PAD.encode(b"jwks-secret");
         let v =
             JwtVerifier::from_jwks("sub", &format!(r#"{{"keys":[{{"kty":"oct","k":"{k}"}}]}}"#))
                 .unwrap();
         let t = sign_hs256(&json!({"sub": "u"}), b"jwks-secret");
         assert_eq!(v.verify(&t, 0).unwrap(), "u");
-        let err = JwtVerifier::from_jwks("sub", r#"{"keys":[{"kty":"RSA","n":"x","e":"AQAB"}]}"#)
+        let err = JwtVerifier::from_jwks("sub", r#"{"keys":[{"kty":"OKP","crv":"Ed25519"}]}"#)
             .unwrap_err();
         assert!(err.to_string().contains("not supported"), "{err}");
+        let err =
+            JwtVerifier::from_jwks("sub", r#"{"keys":[{"kty":"EC","crv":"P-384"}]}"#).unwrap_err();
+        assert!(err.to_string().contains("P-384"), "{err}");
+        let err = JwtVerifier::from_jwks(
+            "sub",
+            &format!(r#"{{"keys":[{{"kty":"oct","k":"{k}","alg":"RS256"}}]}}"#),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("RS256"), "{err}");
+        // An encryption key is skipped, not used to verify.
+        let err = JwtVerifier::from_jwks(
+            "sub",
+            &format!(r#"{{"keys":[{{"kty":"oct","k":"{k}","use":"enc"}}]}}"#),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("no signing keys"), "{err}");
+    }
+
+    use ring::rand::SystemRandom;
+    use ring::signature::{
+        EcdsaKeyPair, KeyPair as _, RsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING, RSA_PKCS1_SHA256,
+    };
+
+    /// `header.payload` in base64url.
+    fn signing_input(header: &Value, claims: &Value) -> String {
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header.to_string()),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        )
+    }
+
+    /// A fresh P-256 key and its public JWK.
+    fn ec_key(kid: &str) -> (EcdsaKeyPair, Value) {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
+        let point = pair.public_key().as_ref();
+        assert_eq!((point.len(), point[0]), (65, 0x04));
+        let jwk = json!({
+            "kty": "EC", "crv": "P-256", "kid": kid, "use": "sig",
+            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
+            "y": URL_SAFE_NO_PAD.encode(&point[33..]),
+        });
+        (pair, jwk)
+    }
+
+    fn sign_es256(pair: &EcdsaKeyPair, kid: Option<&str>, claims: &Value) -> String {
+        let mut header = json!({"alg": "ES256", "typ": "JWT"});
+        if let Some(kid) = kid {
+            header["kid"] = json!(kid);
+        }
+        let input = signing_input(&header, claims);
+        let sig = pair.sign(&SystemRandom::new(), input.as_bytes()).unwrap();
+        assert_eq!(sig.as_ref().len(), 64, "JWS ES256 is r||s");
+        format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+    }
+
+    #[test]
+    fn es256_tokens_verify_with_an_ec_p256_jwk() {
+        let (pair, jwk) = ec_key("ec-1");
+        let (other, _) = ec_key("ec-1");
+        let v = JwtVerifier::from_jwks("sub", &json!({ "keys": [jwk] }).to_string()).unwrap();
+        let claims = json!({"sub": "acct_ec", "exp": 2000});
+        let token = sign_es256(&pair, Some("ec-1"), &claims);
+        assert_eq!(v.verify(&token, 1000).unwrap(), "acct_ec");
+        // No kid: every EC key is tried.
+        let bare = sign_es256(&pair, None, &claims);
+        assert_eq!(v.verify(&bare, 1000).unwrap(), "acct_ec");
+        // A tampered payload keeps the old signature, which no longer matches.
+        let parts: Vec<&str> = token.split('.').collect();
+        let forged_payload =
+            URL_SAFE_NO_PAD.encode(json!({"sub": "admin", "exp": 2000}).to_string());
+        let tampered = format!("{}.{forged_payload}.{}", parts[0], parts[2]);
+        assert_eq!(v.verify(&tampered, 1000), Err(TokenError::Signature));
+        // Signed by another P-256 key under the same kid.
+        let wrong = sign_es256(&other, Some("ec-1"), &claims);
+        assert_eq!(v.verify(&wrong, 1000), Err(TokenError::Signature));
+        assert_eq!(v.verify(&token, 2000), Err(TokenError::Expired));
+        let early = sign_es256(&pair, Some("ec-1"), &json!({"sub": "acct_ec", "nbf": 500}));
+        assert_eq!(v.verify(&early, 499), Err(TokenError::Expired));
+        // An HS256 token is never checked against the EC key.
+        let hs = sign_hs256(&claims, &URL_SAFE_NO_PAD.decode(jwk_x(&v)).unwrap());
+        assert_eq!(v.verify(&hs, 1000), Err(TokenError::Signature));
+    }
+
+    /// The x coordinate of the verifier's only EC key, base64url (for the confusion check).
+    fn jwk_x(v: &JwtVerifier) -> String {
+        match &v.keys[0].material {
+            KeyMaterial::EcP256(point) => URL_SAFE_NO_PAD.encode(&point[1..33]),
+            _ => panic!("not an EC key"),
+        }
+    }
+
+    /// A fresh 2048-bit RSA key made by `openssl` (ring cannot generate RSA keys).
+    fn rsa_key() -> RsaKeyPair {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rsa.der");
+        let out = std::process::Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ])
+            .args(["-outform", "DER", "-out"])
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("the RS256 tests need the openssl command to make an RSA key: {e}")
+            });
+        assert!(
+            out.status.success(),
+            "openssl genpkey failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // OpenSSL 3 writes a DER key as PKCS#1 RSAPrivateKey (ring's `from_der`), not PKCS#8.
+        RsaKeyPair::from_der(&std::fs::read(&path).unwrap()).unwrap()
+    }
+
+    fn sign_rs256(pair: &RsaKeyPair, kid: Option<&str>, claims: &Value) -> String {
+        let mut header = json!({"alg": "RS256", "typ": "JWT"});
+        if let Some(kid) = kid {
+            header["kid"] = json!(kid);
+        }
+        let input = signing_input(&header, claims);
+        let mut sig = vec![0; pair.public().modulus_len()];
+        pair.sign(
+            &RSA_PKCS1_SHA256,
+            &SystemRandom::new(),
+            input.as_bytes(),
+            &mut sig,
+        )
+        .unwrap();
+        format!("{input}.{}", URL_SAFE_NO_PAD.encode(&sig))
+    }
+
+    #[test]
+    fn rs256_tokens_verify_with_an_rsa_jwk_and_alg_confusion_is_refused() {
+        let pair = rsa_key();
+        let public = RsaPublicKeyComponents::<Vec<u8>>::from(pair.public());
+        let jwks = json!({"keys": [{
+            "kty": "RSA", "alg": "RS256", "use": "sig", "kid": "rsa-1",
+            "n": URL_SAFE_NO_PAD.encode(&public.n),
+            "e": URL_SAFE_NO_PAD.encode(&public.e),
+        }]});
+        let v = JwtVerifier::from_jwks("sub", &jwks.to_string()).unwrap();
+        let claims = json!({"sub": "acct_rsa", "exp": 2000});
+        let token = sign_rs256(&pair, Some("rsa-1"), &claims);
+        assert_eq!(v.verify(&token, 1000).unwrap(), "acct_rsa");
+        assert_eq!(
+            v.verify(&sign_rs256(&pair, None, &claims), 1000).unwrap(),
+            "acct_rsa"
+        );
+        assert_eq!(v.verify(&token, 2001), Err(TokenError::Expired));
+        // The classic attack: HS256 with the public key's bytes as the HMAC secret.
+        let confused = sign_hs256(&claims, &public.n);
+        assert_eq!(v.verify(&confused, 1000), Err(TokenError::Signature));
+        let confused_jwks = sign_hs256(&claims, jwks.to_string().as_bytes());
+        assert_eq!(v.verify(&confused_jwks, 1000), Err(TokenError::Signature));
+        // A kid that names no key.
+        let unknown = sign_rs256(&pair, Some("rsa-2"), &claims);
+        assert_eq!(
+            v.verify(&unknown, 1000),
+            Err(TokenError::UnknownKey("rsa-2".into()))
+        );
+        // Tampered payload.
+        let parts: Vec<&str> = token.split('.').collect();
+        let forged = URL_SAFE_NO_PAD.encode(json!({"sub": "admin", "exp": 2000}).to_string());
+        let tampered = format!("{}.{forged}.{}", parts[0], parts[2]);
+        assert_eq!(v.verify(&tampered, 1000), Err(TokenError::Signature));
+        // An RS256 header over an ES256 key set, and RS384, are refused.
+        let (_, ec) = ec_key("rsa-1");
+        let ec_only = JwtVerifier::from_jwks("sub", &json!({ "keys": [ec] }).to_string()).unwrap();
+        assert_eq!(
+            ec_only.verify(&token, 1000),
+            Err(TokenError::UnknownKey("rsa-1".into()))
+        );
+        let rs384 = format!(
+            "{}.{}.{}",
+            URL_SAFE_NO_PAD.encode(br#"{"alg":"RS384"}"#),
+            parts[1],
+            parts[2]
+        );
+        assert_eq!(
+            v.verify(&rs384, 1000),
+            Err(TokenError::Algorithm("RS384".into()))
+        );
+        // A modulus too short for RS256 is refused when the JWKS is read.
+        let err =
+            JwtVerifier::from_jwks("sub", r#"{"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]}"#)
+                .unwrap_err();
+        assert!(err.to_string().contains("2048"), "{err}");
     }
 }
