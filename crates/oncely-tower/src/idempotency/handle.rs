@@ -211,7 +211,16 @@ where
 }
 
 fn client_key(mode: KeyMode, headers: &HeaderMap) -> Result<Option<ClientKey>, Problem> {
-    let raw = headers.get(IDEMPOTENCY_KEY);
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let raw = values.next();
+    // Idempotency-Key is one structured-field Item: two header lines name two keys, and
+    // no single intention. Refuse rather than pick one.
+    if mode != KeyMode::Fingerprint && values.next().is_some() {
+        return Err(Problem::new(
+            ProblemCode::KeyInvalid,
+            "the request carries more than one Idempotency-Key header",
+        ));
+    }
     match (mode, raw) {
         (KeyMode::Fingerprint, _) => Ok(None),
         (KeyMode::Header, None) => Err(Problem::new(

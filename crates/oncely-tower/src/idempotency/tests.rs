@@ -276,6 +276,13 @@ async fn key_missing_and_key_invalid() {
         assert_eq!(st, 400, "{bad:?}");
         assert_eq!(code(&body), "key_invalid");
     }
+    // Two Idempotency-Key lines name no single intention.
+    let mut two = req("x", Some("k1"), ALICE);
+    two.headers_mut()
+        .append("idempotency-key", http::HeaderValue::from_static("k2"));
+    let (st, _, body) = send(&svc, two).await;
+    assert_eq!(st, 400);
+    assert_eq!(code(&body), "key_invalid");
     assert_eq!(up.calls(), 0);
 }
 
