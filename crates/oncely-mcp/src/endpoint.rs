@@ -735,9 +735,10 @@ impl Inner {
         let text = format!(
             "The original call of `{tool}` with these arguments is still running (it started at \
              {at}). It will not run twice. Call `{tool}` again with the same arguments after \
-             {after} seconds to receive its result.",
+             {after} second{s} to receive its result.",
             tool = call.tool,
             at = record.created_at.to_rfc3339(),
+            s = if after == 1 { "" } else { "s" },
         );
         self.observe(call, record, "in_flight", None, started);
         let mut resp = tool_error(

@@ -186,7 +186,7 @@ async fn a_repeat_after_wait_is_told_the_original_still_runs() {
     assert!(
         t.contains("still running")
             && t.contains("will not run twice")
-            && t.contains("after 1 seconds"),
+            && t.contains("after 1 second to receive"),
         "{t}"
     );
     assert_eq!(replay_status(&out["steps"][1]).as_deref(), Some("replayed"));

@@ -331,7 +331,8 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
                 ProblemCode::InFlight,
                 format!(
                     "an identical request is still running; it will not run twice. \
-                     Send this request again in {secs} seconds to receive its result"
+                     Send this request again in {secs} second{} to receive its result",
+                    if secs == 1 { "" } else { "s" }
                 ),
             )
             .with_retry_after(secs)
