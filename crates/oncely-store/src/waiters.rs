@@ -49,7 +49,6 @@ impl Waiters {
     }
 
     /// Wakes every waiter (e.g. after another instance wrote to a shared file).
-    #[allow(dead_code)]
     pub(crate) fn wake_all(&self) {
         let all: Vec<Arc<Notify>> = self
             .map
@@ -63,27 +62,9 @@ impl Waiters {
         }
     }
 
-    /// Whether anyone waits on `id` in this process.
-    #[allow(dead_code)]
-    pub(crate) fn has_waiter(&self, id: &RecordId) -> bool {
-        self.map.lock().expect("waiters lock").contains_key(id)
-    }
-
     /// Whether nobody waits in this process.
-    #[allow(dead_code)]
     pub(crate) fn is_empty(&self) -> bool {
         self.map.lock().expect("waiters lock").is_empty()
-    }
-
-    /// The ids someone waits for.
-    #[allow(dead_code)]
-    pub(crate) fn awaited(&self) -> Vec<RecordId> {
-        self.map
-            .lock()
-            .expect("waiters lock")
-            .keys()
-            .cloned()
-            .collect()
     }
 }
 
