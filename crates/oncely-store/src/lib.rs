@@ -31,6 +31,8 @@ pub mod memory;
 pub mod postgres;
 pub mod queue;
 pub mod sqlite;
+#[cfg(feature = "conformance")]
+pub mod testing;
 mod waiters;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -5,141 +5,16 @@
 //! its own server with `scripts/pg-env serve` and stops it when it exits. Every store gets
 //! a fresh schema (`search_path` in the URL), so tests run in parallel on one database.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oncely_core::{Class, State, TransitionError};
 use oncely_store::conformance::{completion, spec, Harness, LEASE};
 use oncely_store::postgres::{migrations::MIGRATIONS, PgStore};
+use oncely_store::testing::{fresh_pg_schema, shared_pg_url, PgServer};
 use oncely_store::{Claim, ManualClock, Store, StoreError, StoreOptions};
 use tokio_postgres::{AsyncMessage, NoTls};
-
-/// A throwaway server started by `scripts/pg-env serve`; stopped when its stdin closes.
-struct Server {
-    url: String,
-    data: String,
-    bin: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-env");
-        let mut child = Command::new("bash")
-            .arg(script)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            // Not inherited: the server outlives the test's own output streams.
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run scripts/pg-env serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the server's URL");
-        let mut parts = line.split_whitespace().map(str::to_string);
-        let (Some(url), Some(data), Some(bin)) = (parts.next(), parts.next(), parts.next()) else {
-            let mut why = String::new();
-            if let Some(mut err) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut err, &mut why);
-            }
-            panic!("scripts/pg-env serve did not start PostgreSQL: {why}");
-        };
-        let stdin = child.stdin.take();
-        Server {
-            url,
-            data,
-            bin,
-            child,
-            stdin,
-        }
-    }
-
-    /// Runs `pg_ctl ARGS` on this server's data directory as the server's user.
-    fn pg_ctl(&self, args: &[&str]) {
-        let pg_ctl = format!("{}/pg_ctl", self.bin);
-        let mut cmd = if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", &pg_ctl]);
-            c
-        } else {
-            Command::new(&pg_ctl)
-        };
-        let log = format!("{}/../server.log", self.data);
-        let status = cmd
-            .args(["-D", &self.data, "-l", &log, "-w"])
-            .args(args)
-            .stdout(Stdio::null())
-            .status()
-            .expect("run pg_ctl");
-        assert!(status.success(), "pg_ctl {args:?} failed");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Closing stdin makes the script stop the server and remove its directory.
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// The shared test server's URL.
-fn base_url() -> String {
-    static SHARED: OnceLock<Mutex<Option<Server>>> = OnceLock::new();
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Some(url) = std::env::var("ONCELY_TEST_PG_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-        {
-            return url;
-        }
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "ONCELY_TEST_PG_URL is unset on CI: run the tests with scripts/test, which starts \
-             PostgreSQL and sets it"
-        );
-        let server = Server::start();
-        let url = server.url.clone();
-        // Kept for the life of the process: its stdin closes when the process exits.
-        SHARED
-            .get_or_init(|| Mutex::new(None))
-            .lock()
-            .unwrap()
-            .replace(server);
-        url
-    })
-    .clone()
-}
-
-/// A URL on a new, empty schema of the server at `base`.
-async fn fresh_schema(base: &str) -> String {
-    let (client, connection) = tokio_postgres::connect(base, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
-    tokio::spawn(connection);
-    let schema = format!("t_{}", uuid::Uuid::now_v7().simple());
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{sep}options=-csearch_path%3D{schema}")
-}
 
 fn options(clock: &ManualClock) -> StoreOptions {
     StoreOptions {
@@ -157,7 +32,7 @@ struct PgHarness {
 #[async_trait]
 impl Harness for PgHarness {
     async fn store(&self) -> Arc<dyn Store> {
-        let url = fresh_schema(&base_url()).await;
+        let url = fresh_pg_schema(&shared_pg_url()).await;
         *self.url.lock().unwrap() = Some(url.clone());
         Arc::new(PgStore::connect(&url, options(&self.clock)).await.unwrap())
     }
@@ -184,7 +59,7 @@ fn owned(c: Claim) -> oncely_core::Record {
 /// `oncely_store::open` routes `postgres://` here and migrates.
 #[tokio::test]
 async fn open_by_url_migrates_and_works() {
-    let url = fresh_schema(&base_url()).await;
+    let url = fresh_pg_schema(&shared_pg_url()).await;
     let store = oncely_store::open(&url, StoreOptions::default())
         .await
         .unwrap();
@@ -200,7 +75,7 @@ async fn open_by_url_migrates_and_works() {
 /// Every migration is applied once, even when several instances start together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn migrations_run_once_under_concurrent_starts() {
-    let url = fresh_schema(&base_url()).await;
+    let url = fresh_pg_schema(&shared_pg_url()).await;
     let starts: Vec<_> = (0..6)
         .map(|_| {
             let url = url.clone();
@@ -244,7 +119,7 @@ async fn migrations_run_once_under_concurrent_starts() {
 /// Times come from the database's clock plus the injected offset.
 #[tokio::test]
 async fn times_come_from_the_database_clock() {
-    let url = fresh_schema(&base_url()).await;
+    let url = fresh_pg_schema(&shared_pg_url()).await;
     let clock = ManualClock::new();
     let store = PgStore::connect(&url, options(&clock)).await.unwrap();
     let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
@@ -279,7 +154,7 @@ async fn times_come_from_the_database_clock() {
 /// NOTIFY is sent only for records somebody waits for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn notify_only_for_waited_records() {
-    let url = fresh_schema(&base_url()).await;
+    let url = fresh_pg_schema(&shared_pg_url()).await;
     let store = Arc::new(
         PgStore::connect(&url, StoreOptions::default())
             .await
@@ -383,7 +258,7 @@ async fn unreachable_server_is_unavailable_quickly() {
 /// same store works again and cross-instance wake-ups resume (the listener reconnects).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn recovers_when_the_server_returns() {
-    let server = tokio::task::spawn_blocking(Server::start).await.unwrap();
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
     let url = server.url.clone();
     let a = Arc::new(
         PgStore::connect(&url, StoreOptions::default())
@@ -402,7 +277,7 @@ async fn recovers_when_the_server_returns() {
     );
 
     let server = tokio::task::spawn_blocking(move || {
-        server.pg_ctl(&["-m", "fast", "stop"]);
+        server.stop();
         server
     })
     .await
@@ -421,7 +296,7 @@ async fn recovers_when_the_server_returns() {
     );
 
     let server = tokio::task::spawn_blocking(move || {
-        server.pg_ctl(&["start"]);
+        server.start_again();
         server
     })
     .await
@@ -476,7 +351,7 @@ async fn recovers_when_the_server_returns() {
 /// key reclaimed once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn grouped_claims_answer_each_claim_alone() {
-    let url = fresh_schema(&base_url()).await;
+    let url = fresh_pg_schema(&shared_pg_url()).await;
     let store = Arc::new(
         PgStore::connect(
             &url,

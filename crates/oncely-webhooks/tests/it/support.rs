@@ -3,10 +3,8 @@
 //! deliveries.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
@@ -18,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use oncely_store::testing::{fresh_pg_schema, shared_pg_url};
 use oncely_store::{Store, StoreOptions};
 use oncely_webhooks::{
     sign, DeliveryWorker, Scheme, Secrets, Verifier, WebhookConfig, WebhookEndpoint, WorkerOptions,
@@ -37,7 +36,7 @@ impl Backend {
     }
 
     pub(crate) async fn postgres() -> Backend {
-        Backend::Postgres(fresh_schema(&pg_base_url()).await)
+        Backend::Postgres(fresh_pg_schema(&shared_pg_url()).await)
     }
 
     /// Drops the ledger's schema (PostgreSQL only): every later statement fails.
@@ -335,70 +334,4 @@ pub(crate) fn worker(store: Arc<dyn Store>, name: &str, lease: Duration) -> Deli
             drain_timeout: Duration::from_secs(5),
         },
     )
-}
-
-// PostgreSQL: ONCELY_TEST_PG_URL (set by scripts/test); on CI its absence fails the
-// test; elsewhere a throwaway server is started with scripts/pg-env serve.
-
-struct Server {
-    _child: Child,
-    _stdin: Option<ChildStdin>,
-}
-
-fn pg_base_url() -> String {
-    static URL: OnceLock<String> = OnceLock::new();
-    static SERVER: OnceLock<Mutex<Option<Server>>> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Some(url) = std::env::var("ONCELY_TEST_PG_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-        {
-            return url;
-        }
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "ONCELY_TEST_PG_URL is unset on CI: run the tests with scripts/test"
-        );
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-env");
-        let mut child = Command::new("bash")
-            .arg(script)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run scripts/pg-env serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the server's URL");
-        let url = line
-            .split_whitespace()
-            .next()
-            .expect("scripts/pg-env serve printed a URL")
-            .to_string();
-        let stdin = child.stdin.take();
-        SERVER.get_or_init(|| {
-            Mutex::new(Some(Server {
-                _child: child,
-                _stdin: stdin,
-            }))
-        });
-        url
-    })
-    .clone()
-}
-
-async fn fresh_schema(base: &str) -> String {
-    let (client, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
-    tokio::spawn(connection);
-    let schema = format!("wh_{:016x}", rand::random::<u64>());
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{sep}options=-csearch_path%3D{schema}")
 }

@@ -8,144 +8,18 @@
 //! fails the tests, elsewhere a throwaway server is started with `scripts/pg-env serve`.
 //! The store_unavailable test always starts a server of its own, since it stops it.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::routing::{get, post};
 
 use crate::common::{get as http_get, post as http_post, upstream, Answer, Gateway};
 
-/// A throwaway PostgreSQL server (`scripts/pg-env serve`), stopped and removed when
-/// dropped.
-pub(crate) struct PgServer {
-    pub(crate) url: String,
-    data: String,
-    bin: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-}
-
-impl PgServer {
-    pub(crate) fn start() -> PgServer {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-env");
-        let mut child = Command::new("bash")
-            .arg(script)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run scripts/pg-env serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the server's URL");
-        let mut parts = line.split_whitespace().map(str::to_string);
-        let (Some(url), Some(data), Some(bin)) = (parts.next(), parts.next(), parts.next()) else {
-            panic!("scripts/pg-env serve did not start PostgreSQL (output {line:?})");
-        };
-        let stdin = child.stdin.take();
-        PgServer {
-            url,
-            data,
-            bin,
-            child,
-            stdin,
-        }
-    }
-
-    /// `pg_ctl ARGS` on this server's data directory, as the server's user.
-    fn pg_ctl(&self, args: &[&str]) {
-        let pg_ctl = format!("{}/pg_ctl", self.bin);
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        let mut cmd = if root {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", &pg_ctl]);
-            c
-        } else {
-            Command::new(&pg_ctl)
-        };
-        let log = format!("{}/../server.log", self.data);
-        let status = cmd
-            .args(["-D", &self.data, "-l", &log, "-w"])
-            .args(args)
-            .stdout(Stdio::null())
-            .status()
-            .expect("run pg_ctl");
-        assert!(status.success(), "pg_ctl {args:?} failed");
-    }
-
-    pub(crate) fn stop(&self) {
-        self.pg_ctl(&["-m", "fast", "stop"]);
-    }
-
-    pub(crate) fn start_again(&self) {
-        self.pg_ctl(&["start"]);
-    }
-}
-
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        // Closing stdin makes the script stop the server and remove its directory.
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
-/// The shared test server's URL.
-pub(crate) fn shared_url() -> String {
-    static URL: OnceLock<String> = OnceLock::new();
-    static SERVER: OnceLock<Mutex<Option<PgServer>>> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Some(url) = std::env::var("ONCELY_TEST_PG_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-        {
-            return url;
-        }
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "ONCELY_TEST_PG_URL is unset on CI: run the tests with scripts/test, which starts \
-             PostgreSQL and sets it"
-        );
-        let server = PgServer::start();
-        let url = server.url.clone();
-        // Kept for the life of the process: its stdin closes when the process exits.
-        SERVER
-            .get_or_init(|| Mutex::new(None))
-            .lock()
-            .unwrap()
-            .replace(server);
-        url
-    })
-    .clone()
-}
-
-/// A URL on a new, empty schema of the server at `base`.
-pub(crate) async fn fresh_schema(base: &str) -> String {
-    let (client, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
-    tokio::spawn(connection);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let schema = format!("gw_{}_{nanos}", std::process::id());
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{sep}options=-csearch_path%3D{schema}")
-}
+use oncely_store::testing::PgServer;
+pub(crate) use oncely_store::testing::{
+    fresh_pg_schema as fresh_schema, shared_pg_url as shared_url,
+};
 
 /// An upstream whose `POST /v1/render` takes `delay` and counts its executions.
 async fn counting_upstream(delay: Duration) -> (String, Arc<AtomicUsize>) {

@@ -1,0 +1,149 @@
+//! Test support shared by every crate's integration tests (feature `conformance`): a real
+//! PostgreSQL server for the tests, and a fresh schema per test on it.
+//!
+//! The shared server is `ONCELY_TEST_PG_URL` (set by `scripts/test`, which starts a
+//! throwaway one). Without it, on CI (`CI` set) asking for it fails the test; elsewhere
+//! the test process starts its own server with `scripts/pg-env serve` and stops it when
+//! it exits.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+/// A throwaway PostgreSQL server started by `scripts/pg-env serve`; stopped and removed
+/// when dropped (the script stops it when its standard input closes).
+#[derive(Debug)]
+pub struct PgServer {
+    /// `postgres://...` of its database.
+    pub url: String,
+    data: String,
+    bin: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl PgServer {
+    /// Starts one (installing PostgreSQL with apt when it is missing, as the script does).
+    pub fn start() -> PgServer {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-env");
+        let mut child = Command::new("bash")
+            .arg(script)
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            // Not inherited: the server outlives the test's own output streams.
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run scripts/pg-env serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the server's URL");
+        let mut parts = line.split_whitespace().map(str::to_string);
+        let (Some(url), Some(data), Some(bin)) = (parts.next(), parts.next(), parts.next()) else {
+            let mut why = String::new();
+            if let Some(mut err) = child.stderr.take() {
+                let _ = err.read_to_string(&mut why);
+            }
+            panic!("scripts/pg-env serve did not start PostgreSQL: {why}");
+        };
+        let stdin = child.stdin.take();
+        PgServer {
+            url,
+            data,
+            bin,
+            child,
+            stdin,
+        }
+    }
+
+    /// Stops the server (its data stays), as an outage would.
+    pub fn stop(&self) {
+        self.pg_ctl(&["-m", "fast", "stop"]);
+    }
+
+    /// Starts it again on the same data and port.
+    pub fn start_again(&self) {
+        self.pg_ctl(&["start"]);
+    }
+
+    /// Runs `pg_ctl ARGS` on this server's data directory as the server's user.
+    fn pg_ctl(&self, args: &[&str]) {
+        let pg_ctl = format!("{}/pg_ctl", self.bin);
+        let mut cmd = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", &pg_ctl]);
+            c
+        } else {
+            Command::new(&pg_ctl)
+        };
+        let log = format!("{}/../server.log", self.data);
+        let status = cmd
+            .args(["-D", &self.data, "-l", &log, "-w"])
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run pg_ctl");
+        assert!(status.success(), "pg_ctl {args:?} failed");
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The shared test server's URL (see the module docs).
+pub fn shared_pg_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    static SERVER: OnceLock<Mutex<Option<PgServer>>> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Some(url) = std::env::var("ONCELY_TEST_PG_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
+            return url;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ONCELY_TEST_PG_URL is unset on CI: run the tests with scripts/test, which starts \
+             PostgreSQL and sets it"
+        );
+        let server = PgServer::start();
+        let url = server.url.clone();
+        // Kept for the life of the process: its stdin closes when the process exits.
+        SERVER
+            .get_or_init(|| Mutex::new(None))
+            .lock()
+            .expect("server lock")
+            .replace(server);
+        url
+    })
+    .clone()
+}
+
+/// A URL on a new, empty schema of the server at `base` (`search_path` in the URL), so
+/// tests run in parallel on one database without seeing each other's rows.
+pub async fn fresh_pg_schema(base: &str) -> String {
+    let (client, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
+    tokio::spawn(connection);
+    let schema = format!("t_{}", uuid::Uuid::now_v7().simple());
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .expect("create a test schema");
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}options=-csearch_path%3D{schema}")
+}
