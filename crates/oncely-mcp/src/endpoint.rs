@@ -45,7 +45,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_core::{Class, FingerprintBuilder, Record, Scope, StoredResponse};
+use oncely_core::{DownstreamKey, FingerprintBuilder, Record, Scope, State, StoredResponse};
 use oncely_tower::{
     Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
     UpstreamFailure,
@@ -56,7 +56,7 @@ use tokio::time::Instant;
 use crate::body::{full, McpBody, Tap};
 use crate::catalog::ToolCatalog;
 use crate::config::{McpConfig, PrincipalSource};
-use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, REPLAY_META_KEY};
+use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
 use crate::sse;
 use crate::{BoxError, McpError};
 
@@ -112,6 +112,11 @@ struct Inner {
     /// Guarded calls this endpoint is answering or running now, by (session, request id):
     /// their cancellations are dropped.
     guarded: Mutex<HashMap<(Option<String>, String), usize>>,
+    /// Upstream calls this endpoint owns now, by the client session they were sent on: the
+    /// session's end (`DELETE`) is held back from the upstream until they are done.
+    owned: Mutex<HashMap<String, usize>>,
+    /// Woken whenever an owned call ends.
+    owned_ended: tokio::sync::Notify,
 }
 
 impl McpEndpoint {
@@ -196,6 +201,8 @@ impl McpEndpoint {
                 client,
                 catalog: ToolCatalog::new(),
                 guarded: Mutex::new(HashMap::new()),
+                owned: Mutex::new(HashMap::new()),
+                owned_ended: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -239,10 +246,12 @@ where
     }
 }
 
-/// Removes a guarded call from the cancellation filter when dropped.
+/// Removes a guarded call from the cancellation filter when dropped (and, for the owner's
+/// upstream call, from its session's count of owned calls).
 struct Tracked {
     inner: Arc<Inner>,
     key: (Option<String>, String),
+    owner: bool,
 }
 
 impl Drop for Tracked {
@@ -254,6 +263,18 @@ impl Drop for Tracked {
                 map.remove(&self.key);
             }
         }
+        drop(map);
+        if let (true, Some(session)) = (self.owner, &self.key.0) {
+            let mut owned = self.inner.owned.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = owned.get_mut(session) {
+                *n -= 1;
+                if *n == 0 {
+                    owned.remove(session);
+                }
+            }
+            drop(owned);
+            self.inner.owned_ended.notify_waiters();
+        }
     }
 }
 
@@ -262,6 +283,8 @@ struct Call {
     id: Value,
     tool: String,
     guarded: GuardedCall,
+    /// The session negotiated 2026-07-28 (or later): results carry `resultType`.
+    modern: bool,
 }
 
 impl Inner {
@@ -292,10 +315,15 @@ impl Inner {
                 };
             }
         };
+        let session = header_str(&parts.headers, "mcp-session-id").map(str::to_string);
+        if parts.method == Method::DELETE {
+            if let Some(session) = session.clone().filter(|s| self.owns_calls_on(s)) {
+                return self.end_session_later(parts, bytes, session);
+            }
+        }
         if parts.method != Method::POST {
             return self.forward(parts, bytes, false).await;
         }
-        let session = header_str(&parts.headers, "mcp-session-id").map(str::to_string);
         let mut learn = false;
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(message @ Value::Object(_)) => {
@@ -405,12 +433,48 @@ impl Inner {
         json_response(StatusCode::OK, &Value::Array(answers))
     }
 
+    fn owns_calls_on(&self, session: &str) -> bool {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned.contains_key(session)
+    }
+
+    /// A client ends its session (`DELETE`) while upstream calls this endpoint owns run on
+    /// it: the upstream would abort them (and a retry would pay again). The client's
+    /// session ends now (answered 200); the upstream session ends once those calls are
+    /// done and recorded (or after `timeout`, when they cannot still be running).
+    fn end_session_later(
+        self: Arc<Self>,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        session: String,
+    ) -> Response<McpBody> {
+        tracing::info!(route = %self.config.path, session = %session,
+            "session end held back until its guarded tools/call calls are done");
+        let me = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + me.config.timeout + Duration::from_secs(5);
+            loop {
+                let ended = me.owned_ended.notified();
+                if !me.owns_calls_on(&session) {
+                    break;
+                }
+                if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                    break;
+                }
+            }
+            let resp = me.clone().forward(parts, bytes, false).await;
+            tracing::info!(route = %me.config.path, session = %session,
+                status = resp.status().as_u16(), "held session end forwarded");
+        });
+        empty(StatusCode::OK)
+    }
+
     fn is_guarded_in_flight(&self, session: &Option<String>, id: &str) -> bool {
         let map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
         map.contains_key(&(session.clone(), id.to_string()))
     }
 
-    fn track(self: &Arc<Self>, session: &Option<String>, id: &Value) -> Tracked {
+    fn track(self: &Arc<Self>, session: &Option<String>, id: &Value, owner: bool) -> Tracked {
         let key = (session.clone(), jsonrpc::id_text(id));
         *self
             .guarded
@@ -418,9 +482,18 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .entry(key.clone())
             .or_insert(0) += 1;
+        if let (true, Some(s)) = (owner, session) {
+            *self
+                .owned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(s.clone())
+                .or_insert(0) += 1;
+        }
         Tracked {
             inner: self.clone(),
             key,
+            owner,
         }
     }
 
@@ -536,11 +609,12 @@ impl Inner {
         Some(Call {
             id: request.id.clone(),
             tool: tool.to_string(),
+            modern: is_modern(&parts.headers),
             guarded: GuardedCall {
                 scope: Scope::new(&principal, &route),
                 key: fingerprint.to_hex(),
                 fingerprint,
-                class: Class::Write,
+                class: self.config.class_of(tool),
                 route,
                 principal,
                 window: self.config.window,
@@ -565,12 +639,16 @@ impl Inner {
         let started = Instant::now();
         // While this caller waits or runs, its cancellation is dropped; the owner's call
         // keeps its own entry until the owner task has recorded it.
-        let _tracked = self.track(session, &call.id);
-        let owner_tracked = self.track(session, &call.id);
-        let req = self.upstream_request(parts, bytes);
+        let _tracked = self.track(session, &call.id, false);
+        let owner_tracked = self.track(session, &call.id, true);
+        let me = self.clone();
+        let parts = parts.clone();
         let client = self.client.clone();
         let id = call.id.clone();
-        let run = move |_downstream| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+        let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+            // The derived downstream key reaches the server, so that it can deduplicate too.
+            let bytes = with_idempotency_key(&bytes, downstream.as_str());
+            let req = me.upstream_request(&parts, bytes);
             async move {
                 let resp = client.request(req).await.map_err(|e| {
                     let text = error_chain(&e);
@@ -624,26 +702,15 @@ impl Inner {
                 );
                 self.observe(&call, &record, "too_large", None, started);
                 tool_error(
-                    &call.id,
+                    &call,
                     &text,
                     json!({"status": "result_too_large", "original_at": record.created_at.to_rfc3339()}),
                     &record,
                 )
             }
             Execution::OutcomeUnknown(record) => {
-                let text = format!(
-                    "An earlier call of `{}` with these arguments may or may not have completed; \
-                     it is awaiting reconciliation (ledger record {}). It will not be run again \
-                     automatically.",
-                    call.tool, record.id
-                );
                 self.observe(&call, &record, "outcome_unknown", None, started);
-                tool_error(
-                    &call.id,
-                    &text,
-                    json!({"status": "outcome_unknown", "original_at": record.created_at.to_rfc3339()}),
-                    &record,
-                )
+                self.outcome_unknown(&call, &record, false)
             }
             Execution::StoreUnavailable(why) => {
                 tracing::error!(route = %call.guarded.route, error = %why,
@@ -656,6 +723,11 @@ impl Inner {
             }
             Execution::UpstreamFailed { record, failure } => {
                 self.observe(&call, &record, "fresh", None, started);
+                if record.state == State::OutcomeUnknown {
+                    tracing::warn!(route = %call.guarded.route, record = %record.id, failure = ?failure,
+                        "action failed ambiguously: outcome_unknown");
+                    return self.outcome_unknown(&call, &record, true);
+                }
                 match failure {
                     UpstreamFailure::Unreachable(e) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream unreachable");
@@ -716,12 +788,45 @@ impl Inner {
             REPLAY_META_KEY,
             json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
         );
+        for_revision(&mut result, call.modern);
         self.observe(call, record, kind, None, started);
         let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
         mark(resp.headers_mut(), kind, record);
         resp.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
         resp
+    }
+
+    /// The `isError` result for a call whose record awaits reconciliation: `first` when
+    /// this caller's own call just failed ambiguously, else a duplicate of such a call.
+    fn outcome_unknown(&self, call: &Call, record: &Record, first: bool) -> Response<McpBody> {
+        let what = if first {
+            format!(
+                "The call of `{tool}` was sent, but its answer was lost (the connection failed \
+                 or it timed out), so it is unknown whether it took effect.",
+                tool = call.tool
+            )
+        } else {
+            format!(
+                "An earlier call of `{tool}` with these arguments (started at {at}) was sent, \
+                 but its answer was lost, so it is unknown whether it took effect.",
+                tool = call.tool,
+                at = record.created_at.to_rfc3339()
+            )
+        };
+        let text = format!(
+            "{what} It will not be run again automatically: do not retry it. Tell the user the \
+             outcome must be checked; an operator reconciles it with `oncely ledger resolve {id} \
+             --released` if it did not happen (then the same call runs again), or `oncely ledger \
+             resolve {id} --completed --status 200 --body-file RESULT.json` if it did.",
+            id = record.id
+        );
+        tool_error(
+            call,
+            &text,
+            json!({"status": "outcome_unknown", "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+            record,
+        )
     }
 
     fn in_flight(
@@ -742,7 +847,7 @@ impl Inner {
         );
         self.observe(call, record, "in_flight", None, started);
         let mut resp = tool_error(
-            &call.id,
+            call,
             &text,
             json!({"status": "in_flight", "original_at": record.created_at.to_rfc3339(), "retry_after": after}),
             record,
@@ -799,7 +904,11 @@ fn classifier(id: Value, tracked: Tracked) -> Classifier {
             Some(Outcome::Error(e)) => {
                 Classified::Release(format!("JSON-RPC error (not stored): {e}"))
             }
-            None => Classified::Release("no JSON-RPC response to the call in the answer".into()),
+            // The call was sent and the answer ended without its response: it may have run
+            // (a server that ended its session aborts it mid-way). Never released.
+            None => Classified::Unknown(
+                "the answer ended without the call's JSON-RPC response: it may have run".into(),
+            ),
         }
     })
 }
@@ -868,6 +977,41 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// Whether a request is of the stateless era (2026-07-28 or later): its
+/// `MCP-Protocol-Version` names a revision without the initialize handshake.
+fn is_modern(headers: &HeaderMap) -> bool {
+    header_str(headers, "mcp-protocol-version").is_some_and(|v| !HANDSHAKE_VERSIONS.contains(&v))
+}
+
+/// Makes a complete result oncely writes (or replays) valid for the revision: 2026-07-28
+/// results carry `resultType` (`"complete"`); earlier revisions have no such member.
+fn for_revision(result: &mut Value, modern: bool) {
+    let Some(obj) = result.as_object_mut() else {
+        return;
+    };
+    if modern {
+        obj.entry("resultType")
+            .or_insert_with(|| Value::String("complete".into()));
+    } else if obj.get("resultType").and_then(Value::as_str) == Some("complete") {
+        obj.remove("resultType");
+    }
+}
+
+/// The request body with `params._meta["dev.oncely/idempotency-key"] = key`; the body as
+/// it came when it is not a JSON-RPC request with object params.
+fn with_idempotency_key(body: &Bytes, key: &str) -> Bytes {
+    let Ok(mut message) = serde_json::from_slice::<Value>(body) else {
+        return body.clone();
+    };
+    let Some(params) = message.get_mut("params").filter(|p| p.is_object()) else {
+        return body.clone();
+    };
+    jsonrpc::set_meta(params, IDEMPOTENCY_KEY_META, Value::String(key.to_string()));
+    serde_json::to_vec(&message)
+        .map(Bytes::from)
+        .unwrap_or_else(|_| body.clone())
 }
 
 /// For the stateless era: the routing headers of a tools/call must match its body.
@@ -952,11 +1096,13 @@ fn json_response(status: StatusCode, value: &Value) -> Response<McpBody> {
     resp
 }
 
-/// A tool result with `isError: true` and one text, marked with `_meta`.
-fn tool_error(id: &Value, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
+/// A tool result with `isError: true` and one text, marked with `_meta`, as the call's
+/// protocol revision writes it.
+fn tool_error(call: &Call, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
     let mut result = json!({"content": [{"type": "text", "text": text}], "isError": true});
     jsonrpc::set_meta(&mut result, REPLAY_META_KEY, meta);
-    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(id, result));
+    for_revision(&mut result, call.modern);
+    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
         resp.headers_mut()
             .insert(HeaderName::from_static("oncely-record"), v);

@@ -240,3 +240,46 @@ async fn principals_are_kept_apart() {
     expected.sort();
     assert_eq!(principals, expected);
 }
+
+/// Issue 12 (1): a 2025-11-25 client whose call times out (read timeout 0.5 s on a 2 s
+/// paid tool) cancels it and ends its session (`DELETE` with `Mcp-Session-Id`); another
+/// session retries. The session's end never reaches the upstream while the guarded call
+/// runs on it, so the tool runs once, to its end, and the retry gets its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_times_out_and_ends_its_session_pays_once() {
+    let Some(py) = python() else { return };
+    let give_up = json!([{"call": "render", "args": {"text": "chapter two"}, "timeout": 0.5}]);
+    let retry = json!([{"call": "render", "args": {"text": "chapter two"}}]);
+
+    let direct = PaidServer::start(&py, 2.0);
+    let out = py_client(&py, &direct.url, "legacy", AUTH, give_up.clone()).await;
+    assert_eq!(out["steps"][0]["error"]["kind"], "timeout", "{out}");
+    py_client(&py, &direct.url, "legacy", AUTH, retry.clone()).await;
+    assert_eq!(
+        direct.executions("render").0,
+        2,
+        "direct: the session's end aborts the paid work and the retry pays again"
+    );
+
+    let server = PaidServer::start(&py, 2.0);
+    let gw = Gateway::start(config(&server.url)).await;
+    let out = py_client(&py, &gw.url, "legacy", AUTH, give_up).await;
+    assert_eq!(out["steps"][0]["error"]["kind"], "timeout", "{out}");
+    let out = py_client(&py, &gw.url, "legacy", AUTH, retry).await;
+    let step = &out["steps"][0];
+    assert!(text(step).contains("render #1"), "{step}");
+    assert!(
+        matches!(replay_status(step).as_deref(), Some("joined" | "replayed")),
+        "the retry gets the replay _meta: {step}"
+    );
+    // The held session end reaches the server once the call is recorded.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        server.executions("render"),
+        (1, 1, 0),
+        "started once, ran to its end, never cancelled"
+    );
+    let records = gw.store.list(&Default::default()).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].state, oncely_core::State::Completed);
+}
