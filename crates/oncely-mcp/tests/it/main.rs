@@ -4,6 +4,7 @@
 //! TypeScript SDK and server-everything in tests/node). Without them a test says so and
 //! passes, except under `CI`, where it fails loudly.
 
+mod actions;
 mod bench;
 mod edges;
 mod harness;
