@@ -77,7 +77,8 @@ async fn write_response(stream: &mut tokio::net::TcpStream, content_type: &str, 
 }
 
 /// Starts the upstream; a `tools/call` behaves as its `arguments.mode` says: `ok` (a
-/// result), `hang` (no answer for a minute), `reset` (the connection closes after the call
+/// result), `slow` (a result after `ms` milliseconds), `big` (a result of 5000 characters),
+/// `hang` (no answer for a minute), `reset` (the connection closes after the call
 /// was read), `sse_end` (an event stream with a progress notification, then its end
 /// without the response).
 pub(crate) async fn failing_upstream(received: Received) -> String {
@@ -105,8 +106,18 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                     all.push(message.clone());
                     all.len()
                 };
-                match message["params"]["arguments"]["mode"].as_str() {
-                    Some("hang") => tokio::time::sleep(Duration::from_secs(60)).await,
+                let arguments = &message["params"]["arguments"];
+                let mut text = format!("done (call #{n})");
+                match arguments["mode"].as_str() {
+                    Some("hang") => return tokio::time::sleep(Duration::from_secs(60)).await,
+                    Some("slow") => {
+                        let ms = arguments["ms"].as_u64().unwrap_or(500);
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                    Some("big") => text = format!("{} (call #{n})", "x".repeat(5000)),
+                    _ => {}
+                }
+                match arguments["mode"].as_str() {
                     Some("reset") => drop(stream),
                     Some("sse_end") => {
                         let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
@@ -115,7 +126,7 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                         write_response(&mut stream, "text/event-stream", &body).await;
                     }
                     _ => {
-                        let result = json!({"content": [{"type": "text", "text": format!("done (call #{n})")}]});
+                        let result = json!({"content": [{"type": "text", "text": text}]});
                         let answer = json!({"jsonrpc": "2.0", "id": id, "result": result});
                         write_response(&mut stream, "application/json", &answer.to_string()).await;
                     }

@@ -10,3 +10,4 @@ mod edges;
 mod harness;
 mod node;
 mod stories;
+mod synthesised;

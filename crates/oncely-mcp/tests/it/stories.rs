@@ -162,8 +162,7 @@ async fn a_concurrent_repeat_joins_the_original() {
 
 /// (d) a repeat that outwaits `wait` gets an isError result telling the model to call
 /// again after N seconds; calling again then gets the result.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_repeat_after_wait_is_told_the_original_still_runs() {
+async fn repeat_after_wait(mode: &str) {
     let Some(py) = python() else { return };
     let server = PaidServer::start(&py, 3.0);
     let config = config(&server.url).with_duration("wait", "1s").unwrap();
@@ -175,7 +174,7 @@ async fn a_repeat_after_wait_is_told_the_original_still_runs() {
         ]},
         {"call": "render", "args": {"text": "long"}}
     ]);
-    let out = py_client(&py, &gw.url, "legacy", AUTH, plan).await;
+    let out = py_client(&py, &gw.url, mode, AUTH, plan).await;
     let both = out["steps"][0]["parallel"].as_array().unwrap();
     let waiting = both
         .iter()
@@ -191,6 +190,18 @@ async fn a_repeat_after_wait_is_told_the_original_still_runs() {
     );
     assert_eq!(replay_status(&out["steps"][1]).as_deref(), Some("replayed"));
     assert_eq!(server.executions("render").0, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_wait_is_told_the_original_still_runs() {
+    repeat_after_wait("legacy").await;
+}
+
+/// Issue 12 (2): the official 2026-07-28 client accepts the still-running answer (it
+/// carries `resultType`) and shows the model its text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_wait_is_told_the_original_still_runs_stateless_era() {
+    repeat_after_wait("2026-07-28").await;
 }
 
 /// (f) a JSON-RPC error is not stored: the next identical call runs again.
