@@ -45,7 +45,9 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_core::{DownstreamKey, FingerprintBuilder, Record, Scope, State, StoredResponse};
+use oncely_core::{
+    DownstreamKey, FingerprintBuilder, Record, RecordId, Scope, State, StoredResponse,
+};
 use oncely_tower::{
     Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
     UpstreamFailure,
@@ -58,6 +60,7 @@ use crate::catalog::ToolCatalog;
 use crate::config::{McpConfig, PrincipalSource};
 use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
 use crate::sse;
+use crate::tasks;
 use crate::{BoxError, McpError};
 
 /// The pooled HTTP/HTTPS client the endpoint forwards with.
@@ -117,6 +120,8 @@ struct Inner {
     owned: Mutex<HashMap<String, usize>>,
     /// Woken whenever an owned call ends.
     owned_ended: tokio::sync::Notify,
+    /// Tasks (record ids) a principal detached from with `tasks/cancel`.
+    detached: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl McpEndpoint {
@@ -203,6 +208,7 @@ impl McpEndpoint {
                 guarded: Mutex::new(HashMap::new()),
                 owned: Mutex::new(HashMap::new()),
                 owned_ended: tokio::sync::Notify::new(),
+                detached: Mutex::new(Default::default()),
             }),
         }
     }
@@ -285,6 +291,9 @@ struct Call {
     guarded: GuardedCall,
     /// The session negotiated 2026-07-28 (or later): results carry `resultType`.
     modern: bool,
+    /// The request declared the tasks extension (2026-07-28): a call that outlives
+    /// `wait` is answered with a task.
+    tasks: bool,
 }
 
 impl Inner {
@@ -348,6 +357,11 @@ impl Inner {
                             }
                         }
                         "tools/list" => learn = true,
+                        "tasks/get" | "tasks/cancel" | "tasks/update" => {
+                            if let Some(resp) = self.task_request(&parts, &request).await {
+                                return resp;
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -610,6 +624,7 @@ impl Inner {
             id: request.id.clone(),
             tool: tool.to_string(),
             modern: is_modern(&parts.headers),
+            tasks: is_modern(&parts.headers) && tasks::declares_tasks(params),
             guarded: GuardedCall {
                 scope: Scope::new(&principal, &route),
                 key: fingerprint.to_hex(),
@@ -666,11 +681,19 @@ impl Inner {
             }
             .boxed()
         };
+        if call.tasks {
+            return self.guard_as_task(call, run, started).await;
+        }
         let execution = self.guard.execute(call.guarded.clone(), run).await;
+        self.answer(execution, &call, started)
+    }
+
+    /// Maps what the engine did to an MCP answer.
+    fn answer(&self, execution: Execution, call: &Call, started: Instant) -> Response<McpBody> {
         match execution {
             Execution::Fresh(fresh) => {
                 self.observe(
-                    &call,
+                    call,
                     &fresh.record,
                     "fresh",
                     Some(fresh.status.as_u16()),
@@ -682,35 +705,19 @@ impl Inner {
                 mark(resp.headers_mut(), "fresh", &fresh.record);
                 resp
             }
-            Execution::Replayed(record) => self.replay(&record, "replayed", &call, started),
-            Execution::Joined(record) => self.replay(&record, "joined", &call, started),
+            Execution::Replayed(record) => self.replay(&record, "replayed", call, started),
+            Execution::Joined(record) => self.replay(&record, "joined", call, started),
             Execution::InFlight {
                 record,
                 retry_after,
-            } => self.in_flight(&record, retry_after, &call, started),
+            } => self.in_flight(&record, retry_after, call, started),
             Execution::TooLarge(record) => {
-                let text =
-                    format!(
-                    "The earlier call of `{tool}` with these arguments completed at {at}, but its \
-                     result was larger than the gateway keeps, so it cannot be shown again. The \
-                     tool ran once and will not run again for these arguments until its replay \
-                     window ends ({until}). Do not retry it; tell the user the result was too \
-                     large to return twice.",
-                    tool = call.tool,
-                    at = record.completed_at.unwrap_or(record.created_at).to_rfc3339(),
-                    until = record.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                );
-                self.observe(&call, &record, "too_large", None, started);
-                tool_error(
-                    &call,
-                    &text,
-                    json!({"status": "result_too_large", "original_at": record.created_at.to_rfc3339()}),
-                    &record,
-                )
+                self.observe(call, &record, "too_large", None, started);
+                respond(call, too_large_result(&call.tool, &record), &record)
             }
             Execution::OutcomeUnknown(record) => {
-                self.observe(&call, &record, "outcome_unknown", None, started);
-                self.outcome_unknown(&call, &record, false)
+                self.observe(call, &record, "outcome_unknown", None, started);
+                self.outcome_unknown(call, &record, false)
             }
             Execution::StoreUnavailable(why) => {
                 tracing::error!(route = %call.guarded.route, error = %why,
@@ -722,11 +729,11 @@ impl Inner {
                 )
             }
             Execution::UpstreamFailed { record, failure } => {
-                self.observe(&call, &record, "fresh", None, started);
+                self.observe(call, &record, "fresh", None, started);
                 if record.state == State::OutcomeUnknown {
                     tracing::warn!(route = %call.guarded.route, record = %record.id, failure = ?failure,
                         "action failed ambiguously: outcome_unknown");
-                    return self.outcome_unknown(&call, &record, true);
+                    return self.outcome_unknown(call, &record, true);
                 }
                 match failure {
                     UpstreamFailure::Unreachable(e) => {
@@ -764,6 +771,245 @@ impl Inner {
         }
     }
 
+    /// A guarded call of a client that declared the tasks extension: answered as usual
+    /// when it ends within `wait`, else with a task whose id is the record's (the owner task
+    /// runs on and records the call; duplicates get the same task).
+    async fn guard_as_task<F>(
+        self: Arc<Self>,
+        call: Call,
+        run: F,
+        started: Instant,
+    ) -> Response<McpBody>
+    where
+        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            + Send
+            + 'static,
+    {
+        let deadline = Instant::now() + call.guarded.wait;
+        let guard = self.guard.clone();
+        let guarded = call.guarded.clone();
+        // On a task of its own, so that giving up on it after `wait` abandons nothing.
+        let mut execution = tokio::spawn(async move { guard.execute(guarded, run).await });
+        let execution = match tokio::time::timeout_at(deadline, &mut execution).await {
+            Ok(done) => done,
+            Err(_) => {
+                let store = self.guard.store();
+                match store.lookup(&call.guarded.scope, &call.guarded.key).await {
+                    Ok(Some(record)) if record.state == State::Processing => {
+                        return self.task_created(&call, &record, started);
+                    }
+                    _ => execution.await,
+                }
+            }
+        };
+        let execution = match execution {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(route = %call.guarded.route, error = %e, "guarded call task failed");
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                );
+            }
+        };
+        match execution {
+            Execution::Fresh(fresh) => {
+                // The whole answer within `wait`, or a task (dropping the body abandons
+                // nothing: the owner task reads and records it all the same).
+                match tokio::time::timeout_at(deadline, fresh.body.collect()).await {
+                    Ok(Ok(collected)) => {
+                        self.observe(
+                            &call,
+                            &fresh.record,
+                            "fresh",
+                            Some(fresh.status.as_u16()),
+                            started,
+                        );
+                        let mut resp = Response::new(full(collected.to_bytes()));
+                        *resp.status_mut() = fresh.status;
+                        *resp.headers_mut() = fresh.headers;
+                        mark(resp.headers_mut(), "fresh", &fresh.record);
+                        resp
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
+                        problem(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_failed",
+                            "the MCP server's answer broke off",
+                        )
+                    }
+                    Err(_) => self.task_created(&call, &fresh.record, started),
+                }
+            }
+            Execution::InFlight { record, .. } => self.task_created(&call, &record, started),
+            other => self.answer(other, &call, started),
+        }
+    }
+
+    /// How long a task of this endpoint can be read: while its call may run, then for the
+    /// replay window.
+    fn task_ttl_ms(&self) -> u64 {
+        (self.config.timeout + self.config.window).as_millis() as u64
+    }
+
+    /// How often a client is asked to poll a task.
+    fn task_poll_ms(&self) -> u64 {
+        (self.config.wait / 4)
+            .clamp(Duration::from_millis(250), Duration::from_secs(5))
+            .as_millis() as u64
+    }
+
+    /// The `CreateTaskResult` for a guarded call still running after `wait`.
+    fn task_created(&self, call: &Call, record: &Record, started: Instant) -> Response<McpBody> {
+        self.observe(call, record, "in_flight", None, started);
+        let message = format!(
+            "The call of `{tool}` is running (started at {at}). oncely runs it once for every \
+             caller with these arguments: poll tasks/get for its result. tasks/cancel detaches \
+             this client only; it never cancels the shared execution.",
+            tool = call.tool,
+            at = record.created_at.to_rfc3339(),
+        );
+        let mut working = record.clone();
+        working.state = State::Processing;
+        let task = tasks::task(&working, &message, self.task_ttl_ms(), self.task_poll_ms());
+        let mut resp = json_response(
+            StatusCode::OK,
+            &jsonrpc::result_message(&call.id, tasks::create_task_result(task)),
+        );
+        mark(resp.headers_mut(), "in_flight", record);
+        resp
+    }
+
+    /// `tasks/get`, `tasks/cancel` or `tasks/update` of a task that is one of this
+    /// endpoint's records, asked by its principal; `None` (forwarded) for any other task,
+    /// such as the upstream server's own.
+    async fn task_request(
+        &self,
+        parts: &http::request::Parts,
+        request: &jsonrpc::RequestView<'_>,
+    ) -> Option<Response<McpBody>> {
+        if !is_modern(&parts.headers) {
+            return None;
+        }
+        let task_id = request.params?.get("taskId")?.as_str()?;
+        if !task_id.starts_with("rec_") {
+            return None;
+        }
+        let principal = self.principal(&parts.headers)?;
+        let record = match self.guard.store().get(&RecordId(task_id.to_string())).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: tasks/get");
+                return Some(json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(request.id, -32603, "the ledger cannot be reached"),
+                ));
+            }
+        };
+        let tool = record
+            .route
+            .strip_prefix(self.config.path.as_str())
+            .and_then(|r| r.strip_prefix('#'))?
+            .to_string();
+        if record.principal != principal {
+            return None;
+        }
+        let key = (principal, task_id.to_string());
+        let result =
+            match request.method {
+                "tasks/cancel" => {
+                    tracing::info!(route = %record.route, record = %record.id,
+                    "tasks/cancel: the client is detached; the shared execution runs on");
+                    self.detached
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key);
+                    tasks::acknowledgement()
+                }
+                "tasks/update" => return Some(json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(
+                        request.id,
+                        -32602,
+                        "this task asks for no input: it is a guarded tool call oncely runs once",
+                    ),
+                )),
+                _ => {
+                    let detached = self
+                        .detached
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&key);
+                    self.task_state(&record, &tool, detached)
+                }
+            };
+        Some(json_response(
+            StatusCode::OK,
+            &jsonrpc::result_message(request.id, result),
+        ))
+    }
+
+    /// The `GetTaskResult` of a record.
+    fn task_state(&self, record: &Record, tool: &str, detached: bool) -> Value {
+        let (message, payload) = match record.state {
+            State::Processing => (
+                format!(
+                    "The call of `{tool}` is running (started at {}); oncely runs it once for \
+                     every caller with these arguments.",
+                    record.created_at.to_rfc3339()
+                ),
+                None,
+            ),
+            State::Completed => {
+                let stored = record
+                    .response
+                    .as_ref()
+                    .and_then(|r| r.body.as_deref())
+                    .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                let mut result = match stored {
+                    Some(result) => result,
+                    None => too_large_result(tool, record),
+                };
+                for_revision(&mut result, true);
+                (
+                    format!("The call of `{tool}` completed."),
+                    Some(("result", result)),
+                )
+            }
+            State::OutcomeUnknown => {
+                let mut result = outcome_unknown_result(tool, record, false);
+                for_revision(&mut result, true);
+                (
+                    format!("The call of `{tool}` awaits reconciliation: its outcome is unknown."),
+                    Some(("result", result)),
+                )
+            }
+            State::Released => {
+                let why = record.last_error.as_deref().unwrap_or("no result");
+                let text = format!(
+                    "The call of `{tool}` ended without a result ({why}); nothing was stored, \
+                     so calling it again runs it again."
+                );
+                (
+                    text.clone(),
+                    Some(("error", json!({"code": -32603, "message": text}))),
+                )
+            }
+        };
+        let message = if detached {
+            format!(
+                "{message} This client cancelled the task (tasks/cancel): that detached it \
+                 only; the shared execution was not cancelled and runs to its end."
+            )
+        } else {
+            message
+        };
+        let task = tasks::task(record, &message, self.task_ttl_ms(), self.task_poll_ms());
+        tasks::get_task_result(task, payload)
+    }
+
     fn replay(
         &self,
         record: &Record,
@@ -783,6 +1029,26 @@ impl Inner {
                 &jsonrpc::error_message(&call.id, -32603, "the stored tool result is unreadable"),
             );
         };
+        if result.get("resultType").and_then(Value::as_str) == Some("task") && !call.tasks {
+            // The original became a task on the server; this client did not declare the
+            // extension, so it must not get a task (and the tool does not run again).
+            let text = format!(
+                "The earlier call of `{tool}` with these arguments is a task on the server (task \
+                 {task}), which this client cannot follow: it did not declare the \
+                 io.modelcontextprotocol/tasks extension. The tool will not run again for these \
+                 arguments until the replay window ends; call it from a client that supports \
+                 tasks to follow it.",
+                tool = call.tool,
+                task = result.get("taskId").and_then(Value::as_str).unwrap_or("?"),
+            );
+            self.observe(call, record, kind, None, started);
+            return tool_error(
+                call,
+                &text,
+                json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+                record,
+            );
+        }
         jsonrpc::set_meta(
             &mut result,
             REPLAY_META_KEY,
@@ -800,31 +1066,9 @@ impl Inner {
     /// The `isError` result for a call whose record awaits reconciliation: `first` when
     /// this caller's own call just failed ambiguously, else a duplicate of such a call.
     fn outcome_unknown(&self, call: &Call, record: &Record, first: bool) -> Response<McpBody> {
-        let what = if first {
-            format!(
-                "The call of `{tool}` was sent, but its answer was lost (the connection failed \
-                 or it timed out), so it is unknown whether it took effect.",
-                tool = call.tool
-            )
-        } else {
-            format!(
-                "An earlier call of `{tool}` with these arguments (started at {at}) was sent, \
-                 but its answer was lost, so it is unknown whether it took effect.",
-                tool = call.tool,
-                at = record.created_at.to_rfc3339()
-            )
-        };
-        let text = format!(
-            "{what} It will not be run again automatically: do not retry it. Tell the user the \
-             outcome must be checked; an operator reconciles it with `oncely ledger resolve {id} \
-             --released` if it did not happen (then the same call runs again), or `oncely ledger \
-             resolve {id} --completed --status 200 --body-file RESULT.json` if it did.",
-            id = record.id
-        );
-        tool_error(
+        respond(
             call,
-            &text,
-            json!({"status": "outcome_unknown", "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+            outcome_unknown_result(&call.tool, record, first),
             record,
         )
     }
@@ -1096,11 +1340,71 @@ fn json_response(status: StatusCode, value: &Value) -> Response<McpBody> {
     resp
 }
 
+/// A tool result with `isError: true` and one text, marked with `_meta`.
+fn error_result(text: &str, meta: Value) -> Value {
+    let mut result = json!({"content": [{"type": "text", "text": text}], "isError": true});
+    jsonrpc::set_meta(&mut result, REPLAY_META_KEY, meta);
+    result
+}
+
+/// The result for a duplicate of a call whose result was too large to keep.
+fn too_large_result(tool: &str, record: &Record) -> Value {
+    let text = format!(
+        "The earlier call of `{tool}` with these arguments completed at {at}, but its result \
+         was larger than the gateway keeps, so it cannot be shown again. The tool ran once and \
+         will not run again for these arguments until its replay window ends ({until}). Do not \
+         retry it; tell the user the result was too large to return twice.",
+        at = record
+            .completed_at
+            .unwrap_or(record.created_at)
+            .to_rfc3339(),
+        until = record
+            .expires_at
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_default(),
+    );
+    error_result(
+        &text,
+        json!({"status": "result_too_large", "original_at": record.created_at.to_rfc3339()}),
+    )
+}
+
+/// The result for a call whose record awaits reconciliation: `first` when this caller's
+/// own call just failed ambiguously, else a duplicate of such a call.
+fn outcome_unknown_result(tool: &str, record: &Record, first: bool) -> Value {
+    let what = if first {
+        format!(
+            "The call of `{tool}` was sent, but its answer was lost (the connection failed or \
+             it timed out), so it is unknown whether it took effect."
+        )
+    } else {
+        format!(
+            "An earlier call of `{tool}` with these arguments (started at {at}) was sent, but \
+             its answer was lost, so it is unknown whether it took effect.",
+            at = record.created_at.to_rfc3339()
+        )
+    };
+    let text = format!(
+        "{what} It will not be run again automatically: do not retry it. Tell the user the \
+         outcome must be checked; an operator reconciles it with `oncely ledger resolve {id} \
+         --released` if it did not happen (then the same call runs again), or `oncely ledger \
+         resolve {id} --completed --status 200 --body-file RESULT.json` if it did.",
+        id = record.id
+    );
+    error_result(
+        &text,
+        json!({"status": "outcome_unknown", "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+    )
+}
+
 /// A tool result with `isError: true` and one text, marked with `_meta`, as the call's
 /// protocol revision writes it.
 fn tool_error(call: &Call, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
-    let mut result = json!({"content": [{"type": "text", "text": text}], "isError": true});
-    jsonrpc::set_meta(&mut result, REPLAY_META_KEY, meta);
+    respond(call, error_result(text, meta), record)
+}
+
+/// Answers `call` with `result`, as the call's protocol revision writes it.
+fn respond(call: &Call, mut result: Value, record: &Record) -> Response<McpBody> {
     for_revision(&mut result, call.modern);
     let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {

@@ -49,6 +49,7 @@ pub mod endpoint;
 pub mod jsonrpc;
 pub mod principal;
 pub mod sse;
+pub mod tasks;
 
 mod body;
 

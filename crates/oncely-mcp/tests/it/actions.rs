@@ -78,7 +78,8 @@ async fn write_response(stream: &mut tokio::net::TcpStream, content_type: &str, 
 
 /// Starts the upstream; a `tools/call` behaves as its `arguments.mode` says: `ok` (a
 /// result), `slow` (a result after `ms` milliseconds), `big` (a result of 5000 characters),
-/// `hang` (no answer for a minute), `reset` (the connection closes after the call
+/// `task` (a task of the server's own, `upstream-task-N`), `hang` (no answer for a
+/// minute), `reset` (the connection closes after the call
 /// was read), `sse_end` (an event stream with a progress notification, then its end
 /// without the response).
 pub(crate) async fn failing_upstream(received: Received) -> String {
@@ -97,7 +98,9 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                 let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let id = message["id"].clone();
                 if message["method"] != "tools/call" {
-                    let answer = json!({"jsonrpc": "2.0", "id": id, "result": {}});
+                    // Anything else is answered with what the server was asked.
+                    let result = json!({"resultType": "complete", "method": message["method"], "params": message["params"]});
+                    let answer = json!({"jsonrpc": "2.0", "id": id, "result": result});
                     write_response(&mut stream, "application/json", &answer.to_string()).await;
                     return;
                 }
@@ -119,6 +122,13 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                 }
                 match arguments["mode"].as_str() {
                     Some("reset") => drop(stream),
+                    Some("task") => {
+                        let task = json!({"resultType": "task", "taskId": format!("upstream-task-{n}"),
+                            "status": "working", "createdAt": "2026-12-01T00:00:00Z",
+                            "lastUpdatedAt": "2026-12-01T00:00:00Z", "ttlMs": 60000});
+                        let answer = json!({"jsonrpc": "2.0", "id": id, "result": task});
+                        write_response(&mut stream, "application/json", &answer.to_string()).await;
+                    }
                     Some("sse_end") => {
                         let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
                             "params": {"progressToken": 1, "progress": 1}});
@@ -142,8 +152,10 @@ pub(crate) async fn post(url: &str, headers: &[(&str, &str)], body: Value) -> Va
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
     let mut req = Request::post(url)
         .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("authorization", "Bearer sk_actions");
+        .header("accept", "application/json, text/event-stream");
+    if !headers.iter().any(|(k, _)| *k == "authorization") {
+        req = req.header("authorization", "Bearer sk_actions");
+    }
     for (k, v) in headers {
         req = req.header(*k, *v);
     }

@@ -11,3 +11,4 @@ mod harness;
 mod node;
 mod stories;
 mod synthesised;
+mod tasks;

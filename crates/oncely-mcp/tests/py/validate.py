@@ -4,15 +4,33 @@
 Run: validate.py FILE
   FILE: a JSON list of {"name": ..., "era": "2025-11-25"|"2026-07-28", "message": {...},
   "kind": "tool_result"|"error"|"task"|"get_task"|"cancel_task"}.
+Task results (kinds task, get_task, cancel_task) are also checked against the published
+JSON Schema of the tasks extension (../schema/ext-tasks.schema.json: CreateTaskResult,
+GetTaskResult, CancelTaskResult), and a completed task's `result` as a CallToolResult.
 Prints a JSON list of {"name", "era", "ok", "error"}.
 """
 
 import json
+import pathlib
 import sys
+
+import jsonschema
 
 import pydantic
 from mcp_types import _v2025_11_25 as v2025
 from mcp_types import _v2026_07_28 as v2026
+
+
+TASKS_SCHEMA = json.loads(
+    (pathlib.Path(__file__).parent.parent / "schema" / "ext-tasks.schema.json").read_text(encoding="utf-8")
+)
+TASK_DEFS = {"task": "CreateTaskResult", "get_task": "GetTaskResult", "cancel_task": "CancelTaskResult"}
+
+
+def check_task(kind: str, result: dict) -> None:
+    schema = dict(TASKS_SCHEMA)
+    schema["$ref"] = "#/$defs/" + TASK_DEFS[kind]
+    jsonschema.Draft202012Validator(schema).validate(result)
 
 
 def check(item: dict) -> None:
@@ -28,8 +46,10 @@ def check(item: dict) -> None:
         if types is v2026:
             types.CallToolResultResponse.model_validate(message)
     else:
-        # Tasks-extension results: at least a valid Result of the revision.
         types.Result.model_validate(message["result"])
+        check_task(kind, message["result"])
+        if kind == "get_task" and "result" in message["result"]:
+            types.CallToolResult.model_validate(message["result"]["result"])
 
 
 def main() -> None:
@@ -39,7 +59,7 @@ def main() -> None:
         try:
             check(item)
             out.append({"name": item["name"], "era": item["era"], "ok": True})
-        except (pydantic.ValidationError, KeyError, TypeError) as e:
+        except (pydantic.ValidationError, jsonschema.ValidationError, KeyError, TypeError) as e:
             out.append({"name": item["name"], "era": item["era"], "ok": False, "error": str(e)})
     print(json.dumps(out))
 
