@@ -10,15 +10,24 @@
 //!   `isError` result that says the original still runs);
 //! - a `notifications/cancelled` naming a guarded call in flight: acknowledged with 202 and
 //!   dropped, so the client's timeout never abandons the paid work upstream;
+//! - a session's end (`DELETE`) while calls this endpoint owns run on that session:
+//!   answered 200 at once, and forwarded once those calls are recorded (the server would
+//!   abort them);
 //! - a `tools/list` answer: passed through, and read on the way to learn which tools are
-//!   read-only.
+//!   read-only;
+//! - `tasks/get`, `tasks/cancel` of a task that is one of this endpoint's records (see
+//!   [`crate::tasks`]): answered from the ledger.
 //!
+//! The forwarded guarded call carries the derived downstream key in
+//! `_meta["dev.oncely/idempotency-key"]`; tools listed in `actions` are class `action`.
 //! What is stored is decided by a [`Classifier`] once the owner task has read the whole
 //! answer: the JSON-RPC `result` for the call's id (found in a JSON body, a batch, or an
-//! event stream) is stored; a JSON-RPC `error`, an HTTP error, or an answer without a
-//! response releases the record, so the next identical call runs again. An answer over
+//! event stream) is stored; a JSON-RPC `error` or an HTTP error releases the record, so
+//! the next identical call runs again; an answer that ends without the call's response
+//! marks it `outcome_unknown` (it was sent and may have run). An answer over
 //! `max_response` is stored without its body: repeats get an `isError` result saying the
 //! result was too large to keep, and the tool does not run again within the window.
+//! Every result oncely writes is shaped for the request's revision (`for_revision`).
 //!
 //! A `tools/call` inside a JSON-RPC batch (protocol 2025-03-26 only; batching was removed
 //! in 2025-06-18) is guarded too: the batch is split, each guarded call goes through the
@@ -76,6 +85,9 @@ pub const HEADER_MISMATCH: i64 = -32020;
 /// Protocol revisions that use the initialize handshake and sessions; any later one is
 /// the stateless era (2026-07-28), whose routing headers must match the body.
 const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Most (principal, task) pairs remembered as detached by `tasks/cancel`.
+const MAX_DETACHED: usize = 10_000;
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -922,10 +934,12 @@ impl Inner {
                 "tasks/cancel" => {
                     tracing::info!(route = %record.route, record = %record.id,
                     "tasks/cancel: the client is detached; the shared execution runs on");
-                    self.detached
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(key);
+                    let mut detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
+                    // Only a status message depends on it: bounded, oldest knowledge dropped.
+                    if detached.len() >= MAX_DETACHED {
+                        detached.clear();
+                    }
+                    detached.insert(key);
                     tasks::acknowledgement()
                 }
                 "tasks/update" => return Some(json_response(
