@@ -9,7 +9,8 @@
 //!   [`Execution`] to an MCP answer (a replayed result under the repeat's own id, or an
 //!   `isError` result that says the original still runs);
 //! - a `notifications/cancelled` naming a guarded call in flight: acknowledged with 202 and
-//!   dropped, so the client's timeout never abandons the paid work upstream;
+//!   never forwarded, so the client's timeout never abandons the paid work upstream; in a
+//!   session it is honoured towards the client, whose request gets no (more) answer;
 //! - a session's end (`DELETE`) while calls this endpoint owns run on that session:
 //!   answered 200 at once, and forwarded once those calls are recorded (the server would
 //!   abort them);
@@ -64,7 +65,7 @@ use oncely_tower::{
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::body::{full, McpBody, Tap};
+use crate::body::{full, McpBody, Tap, UntilCancelled};
 use crate::catalog::ToolCatalog;
 use crate::config::{McpConfig, PrincipalSource};
 use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
@@ -126,7 +127,7 @@ struct Inner {
     catalog: ToolCatalog,
     /// Guarded calls this endpoint is answering or running now, by (session, request id):
     /// their cancellations are dropped.
-    guarded: Mutex<HashMap<(Option<String>, String), usize>>,
+    guarded: Mutex<HashMap<(Option<String>, String), Guarded>>,
     /// Upstream calls this endpoint owns now, by the client session they were sent on: the
     /// session's end (`DELETE`) is held back from the upstream until they are done.
     owned: Mutex<HashMap<String, usize>>,
@@ -264,6 +265,13 @@ where
     }
 }
 
+/// A guarded call's entry in the cancellation filter: how many hold it (its callers, its
+/// owner's upstream call), and whether its client has cancelled it.
+struct Guarded {
+    count: usize,
+    cancelled: tokio::sync::watch::Sender<bool>,
+}
+
 /// Removes a guarded call from the cancellation filter when dropped (and, for the owner's
 /// upstream call, from its session's count of owned calls).
 struct Tracked {
@@ -275,9 +283,9 @@ struct Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         let mut map = self.inner.guarded.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(entry) = map.get_mut(&self.key) {
+            entry.count -= 1;
+            if entry.count == 0 {
                 map.remove(&self.key);
             }
         }
@@ -495,19 +503,55 @@ impl Inner {
         empty(StatusCode::OK)
     }
 
+    /// Whether `id` names a guarded call in flight (its cancellation is then dropped). In
+    /// a session, the cancellation is honoured towards the client: its request gets no
+    /// more of the answer. Without a session, ids are not one client's, so nothing more.
     fn is_guarded_in_flight(&self, session: &Option<String>, id: &str) -> bool {
         let map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
-        map.contains_key(&(session.clone(), id.to_string()))
+        match map.get(&(session.clone(), id.to_string())) {
+            Some(entry) => {
+                if session.is_some() {
+                    entry.cancelled.send_replace(true);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Resolves when the client cancels its call `id` of `session` (never without a
+    /// session); `None` then.
+    fn cancellation(&self, session: &Option<String>, id: &Value) -> Option<BoxFuture<'static, ()>> {
+        session.as_ref()?;
+        let map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx = map
+            .get(&(session.clone(), jsonrpc::id_text(id)))?
+            .cancelled
+            .subscribe();
+        Some(
+            async move {
+                if rx.wait_for(|c| *c).await.is_err() {
+                    futures::future::pending::<()>().await;
+                }
+            }
+            .boxed(),
+        )
     }
 
     fn track(self: &Arc<Self>, session: &Option<String>, id: &Value, owner: bool) -> Tracked {
         let key = (session.clone(), jsonrpc::id_text(id));
-        *self
-            .guarded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_insert(0) += 1;
+        {
+            let mut map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = map.entry(key.clone()).or_insert_with(|| Guarded {
+                count: 0,
+                cancelled: tokio::sync::watch::channel(false).0,
+            });
+            entry.count += 1;
+            if !owner {
+                // A new request under this id: not cancelled (yet).
+                entry.cancelled.send_replace(false);
+            }
+        }
         if let (true, Some(s)) = (owner, session) {
             *self
                 .owned
@@ -696,8 +740,37 @@ impl Inner {
         if call.tasks {
             return self.guard_as_task(call, run, started).await;
         }
-        let execution = self.guard.execute(call.guarded.clone(), run).await;
-        self.answer(execution, &call, started)
+        let Some(cancel) = self.cancellation(session, &call.id) else {
+            let execution = self.guard.execute(call.guarded.clone(), run).await;
+            return self.answer(execution, &call, started);
+        };
+        // The client may cancel its request: then it gets no answer (the revision's rule),
+        // and the call, on a task of its own, runs on for the retry.
+        let guard = self.guard.clone();
+        let guarded = call.guarded.clone();
+        let mut execution = tokio::spawn(async move { guard.execute(guarded, run).await });
+        let execution = tokio::select! {
+            done = &mut execution => done,
+            () = cancel => {
+                tracing::info!(route = %call.guarded.route, request_id = %jsonrpc::id_text(&call.id),
+                    "the client cancelled its request: not answered; the call runs on");
+                return cancelled_answer();
+            }
+        };
+        let resp = match execution {
+            Ok(execution) => self.answer(execution, &call, started),
+            Err(e) => {
+                tracing::error!(route = %call.guarded.route, error = %e, "guarded call task failed");
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                );
+            }
+        };
+        match self.cancellation(session, &call.id) {
+            Some(cancel) => resp.map(|body| UntilCancelled::new(body, cancel).boxed()),
+            None => resp,
+        }
     }
 
     /// Maps what the engine did to an MCP answer.
@@ -1436,6 +1509,14 @@ fn problem(status: StatusCode, code: &str, detail: &str) -> Response<McpBody> {
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
+    resp
+}
+
+/// The answer to a request its client cancelled: an event stream without the response.
+fn cancelled_answer() -> Response<McpBody> {
+    let mut resp = Response::new(full(Bytes::new()));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     resp
 }
 

@@ -23,9 +23,14 @@ use crate::harness::Gateway;
 
 /// The `tools/call` messages the upstream received, as it read them.
 #[derive(Clone, Default)]
-pub(crate) struct Received(Arc<Mutex<Vec<Value>>>);
+pub(crate) struct Received(Arc<Mutex<Vec<Value>>>, Arc<Mutex<Vec<String>>>);
 
 impl Received {
+    /// The methods of every message the upstream received, in order.
+    pub(crate) fn methods(&self) -> Vec<String> {
+        self.1.lock().unwrap().clone()
+    }
+
     pub(crate) fn calls(&self, tool: &str, arguments: &Value) -> Vec<Value> {
         self.0
             .lock()
@@ -97,6 +102,11 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                 };
                 let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let id = message["id"].clone();
+                received
+                    .1
+                    .lock()
+                    .unwrap()
+                    .push(message["method"].as_str().unwrap_or("").to_string());
                 if message["method"] != "tools/call" {
                     // Anything else is answered with what the server was asked.
                     let result = json!({"resultType": "complete", "method": message["method"], "params": message["params"]});
@@ -324,4 +334,74 @@ async fn the_downstream_key_reaches_the_server_in_meta() {
         .unwrap();
     let expected = oncely_core::DownstreamKey::derive(&record.scope, &record.key);
     assert_eq!(key(other_call), expected.as_str());
+}
+
+/// Issue 12 (5): a client's cancellation is honoured towards it (its request gets no
+/// answer, as the revision says) and never reaches the guarded call, which runs to its end
+/// and answers the retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_request_gets_no_answer_and_the_call_runs_on() {
+    let received = Received::default();
+    let config = config(&failing_upstream(received.clone()).await)
+        .with_duration("timeout", "10s")
+        .unwrap()
+        .with_duration("wait", "10s")
+        .unwrap();
+    let gw = Gateway::start(config).await;
+    let session = [
+        ("mcp-session-id", "session-1"),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let slow = json!({"mode": "slow", "ms": 1500});
+    let cancel = |id: i64| {
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "timed out"}})
+    };
+    let first = tokio::spawn({
+        let url = gw.url.clone();
+        let slow = slow.clone();
+        async move { post(&url, &session, call(1, "render", &slow)).await }
+    });
+    // Wait until the call reached the server, then a duplicate joins it.
+    while received.calls("render", &slow).is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = tokio::spawn({
+        let url = gw.url.clone();
+        let slow = slow.clone();
+        async move { post(&url, &session, call(2, "render", &slow)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for id in [2, 1] {
+        let ack = post(&gw.url, &session, cancel(id)).await;
+        assert_eq!(ack["http_status"], 202, "{ack}");
+    }
+    // Both requests end without a response: the client cancelled them.
+    for (id, request) in [(1, first), (2, second)] {
+        let answer = request.await.unwrap();
+        assert_eq!(answer["http_status"], 200, "{id}: {answer}");
+        assert_eq!(
+            answer["text"], "",
+            "{id}: no response to a cancelled request"
+        );
+    }
+    // The call ran on, once, and the retry gets its result.
+    let retry = post(&gw.url, &session, call(3, "render", &slow)).await;
+    assert_eq!(
+        retry["result"]["content"][0]["text"], "done (call #1)",
+        "{retry}"
+    );
+    assert!(
+        matches!(replay_status(&retry), Some("joined" | "replayed")),
+        "{retry}"
+    );
+    assert_eq!(received.calls("render", &slow).len(), 1);
+    assert!(
+        !received
+            .methods()
+            .iter()
+            .any(|m| m == "notifications/cancelled"),
+        "no cancellation reached the server: {:?}",
+        received.methods()
+    );
 }
