@@ -24,8 +24,8 @@
 //! What is stored is decided by a [`Classifier`] once the owner task has read the whole
 //! answer: the JSON-RPC `result` for the call's id (found in a JSON body, a batch, or an
 //! event stream) is stored; a JSON-RPC `error` or an HTTP error releases the record, so
-//! the next identical call runs again; an answer that ends without the call's response
-//! marks it `outcome_unknown` (it was sent and may have run). An answer over
+//! the next identical call runs again; an answer that ends (or breaks off) without the
+//! call's response marks it `outcome_unknown` (it was sent and may have run). An answer over
 //! `max_response` is stored without its body: repeats get an `isError` result saying the
 //! result was too large to keep, and the tool does not run again within the window.
 //! Every result oncely writes is shaped for the request's revision (`for_revision`).
@@ -65,7 +65,7 @@ use oncely_tower::{
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::body::{full, McpBody, Tap, UntilCancelled};
+use crate::body::{full, BreakAsEnd, McpBody, Tap, UntilCancelled};
 use crate::catalog::ToolCatalog;
 use crate::config::{McpConfig, PrincipalSource};
 use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
@@ -731,7 +731,8 @@ impl Inner {
                 })?;
                 let (parts, body) = resp.into_parts();
                 let headers = strip_response_hop_by_hop(&parts.headers);
-                let body = body.map_err(BoxError::from).boxed();
+                // A break-off after the answer began is a stream end: never a release.
+                let body = BreakAsEnd::new(body).map_err(BoxError::from).boxed();
                 Ok(UpstreamAnswer::new(parts.status, headers, body)
                     .with_classifier(classifier(id, owner_tracked)))
             }

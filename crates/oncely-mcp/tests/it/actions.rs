@@ -139,6 +139,19 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                         let answer = json!({"jsonrpc": "2.0", "id": id, "result": task});
                         write_response(&mut stream, "application/json", &answer.to_string()).await;
                     }
+                    Some("sse_break") => {
+                        // Chunked, and the connection is dropped before the last chunk.
+                        let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                            "params": {"progressToken": 1, "progress": 1}});
+                        let event = format!("event: message\ndata: {progress}\n\n");
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+                            event.len()
+                        );
+                        let _ = stream.write_all(head.as_bytes()).await;
+                        let _ = stream.flush().await;
+                        drop(stream);
+                    }
                     Some("sse_end") => {
                         let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
                             "params": {"progressToken": 1, "progress": 1}});
@@ -281,12 +294,23 @@ async fn a_write_tool_is_released_after_a_reset_but_never_after_a_stream_end() {
     assert_eq!(first["code"], "upstream_failed", "{first}");
     post(&gw.url, &[], call(2, "render", &reset)).await;
     assert_eq!(received.calls("render", &reset).len(), 2);
-    // A stream that ends without the response: the call was sent and may have run.
-    let ended = json!({"mode": "sse_end"});
-    post(&gw.url, &[], call(3, "render", &ended)).await;
-    let again = post(&gw.url, &[], call(4, "render", &ended)).await;
-    assert_eq!(replay_status(&again), Some("outcome_unknown"), "{again}");
-    assert_eq!(received.calls("render", &ended).len(), 1, "never run twice");
+    // A stream that ends (or breaks off) without the response: the call was sent and may
+    // have run.
+    for mode in ["sse_end", "sse_break"] {
+        let ended = json!({ "mode": mode });
+        post(&gw.url, &[], call(3, "render", &ended)).await;
+        let again = post(&gw.url, &[], call(4, "render", &ended)).await;
+        assert_eq!(
+            replay_status(&again),
+            Some("outcome_unknown"),
+            "{mode}: {again}"
+        );
+        assert_eq!(
+            received.calls("render", &ended).len(),
+            1,
+            "{mode}: never run twice"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
