@@ -121,6 +121,10 @@ pub struct McpConfig {
     /// Largest tool result stored; a larger one reaches its caller and is not kept.
     /// Default 32 MiB.
     pub max_response: usize,
+    /// Guarded tools of class `action` (names, `*` matches any run of characters): an
+    /// ambiguous failure of one becomes `outcome_unknown` instead of being released.
+    /// Default none (every guarded tool is `write`).
+    pub actions: Vec<String>,
 }
 
 impl McpConfig {
@@ -149,7 +153,26 @@ impl McpConfig {
             units: UnitsRule::Call,
             max_body: 10 << 20,
             max_response: 32 << 20,
+            actions: Vec::new(),
         })
+    }
+
+    /// Sets the tools of class `action` from the config list (names with `*` wildcards).
+    pub fn with_actions(mut self, actions: &[String]) -> Result<McpConfig, McpError> {
+        if let Some(i) = actions.iter().position(|a| a.is_empty()) {
+            return Err(McpError::Config(format!("actions[{i}]: empty tool name")));
+        }
+        self.actions = actions.to_vec();
+        Ok(self)
+    }
+
+    /// The class of a guarded tool: `action` when `actions` names it, else `write`.
+    pub fn class_of(&self, tool: &str) -> oncely_core::Class {
+        if self.actions.iter().any(|p| wildcard_match(p, tool)) {
+            oncely_core::Class::Action
+        } else {
+            oncely_core::Class::Write
+        }
     }
 
     /// Sets the tools from the config list (`["*"]` or names).
@@ -192,6 +215,26 @@ impl McpConfig {
     }
 }
 
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (none too).
+fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +270,26 @@ mod tests {
             Duration::from_secs(2)
         );
         assert!(PrincipalSource::parse("cookie:x").is_err());
+    }
+
+    #[test]
+    fn actions_match_names_and_wildcards() {
+        use oncely_core::Class;
+        let c = McpConfig::new("/mcp", "http://127.0.0.1:1/mcp")
+            .unwrap()
+            .with_actions(&["place_order".into(), "send_*".into(), "*_refund".into()])
+            .unwrap();
+        assert_eq!(c.class_of("place_order"), Class::Action);
+        assert_eq!(c.class_of("place_order2"), Class::Write);
+        assert_eq!(c.class_of("send_"), Class::Action);
+        assert_eq!(c.class_of("send_email"), Class::Action);
+        assert_eq!(c.class_of("resend_email"), Class::Write);
+        assert_eq!(c.class_of("issue_refund"), Class::Action);
+        assert_eq!(c.class_of("render"), Class::Write);
+        assert!(wildcard_match("a*b*c", "aXbYc"));
+        assert!(!wildcard_match("a*b*c", "aXcYb"));
+        assert!(!wildcard_match("ab*ba", "aba"));
+        assert!(wildcard_match("*", ""));
+        assert!(c.with_actions(&["".into()]).is_err());
     }
 }

@@ -9,16 +9,26 @@
 //!   [`Execution`] to an MCP answer (a replayed result under the repeat's own id, or an
 //!   `isError` result that says the original still runs);
 //! - a `notifications/cancelled` naming a guarded call in flight: acknowledged with 202 and
-//!   dropped, so the client's timeout never abandons the paid work upstream;
+//!   never forwarded, so the client's timeout never abandons the paid work upstream; in a
+//!   session it is honoured towards the client, whose request gets no (more) answer;
+//! - a session's end (`DELETE`) while calls this endpoint owns run on that session:
+//!   answered 200 at once, and forwarded once those calls are recorded (the server would
+//!   abort them);
 //! - a `tools/list` answer: passed through, and read on the way to learn which tools are
-//!   read-only.
+//!   read-only;
+//! - `tasks/get`, `tasks/cancel` of a task that is one of this endpoint's records (see
+//!   [`crate::tasks`]): answered from the ledger.
 //!
+//! The forwarded guarded call carries the derived downstream key in
+//! `_meta["dev.oncely/idempotency-key"]`; tools listed in `actions` are class `action`.
 //! What is stored is decided by a [`Classifier`] once the owner task has read the whole
 //! answer: the JSON-RPC `result` for the call's id (found in a JSON body, a batch, or an
-//! event stream) is stored; a JSON-RPC `error`, an HTTP error, or an answer without a
-//! response releases the record, so the next identical call runs again. An answer over
+//! event stream) is stored; a JSON-RPC `error` or an HTTP error releases the record, so
+//! the next identical call runs again; an answer that ends (or breaks off) without the
+//! call's response marks it `outcome_unknown` (it was sent and may have run). An answer over
 //! `max_response` is stored without its body: repeats get an `isError` result saying the
 //! result was too large to keep, and the tool does not run again within the window.
+//! Every result oncely writes is shaped for the request's revision (`for_revision`).
 //!
 //! A `tools/call` inside a JSON-RPC batch (protocol 2025-03-26 only; batching was removed
 //! in 2025-06-18) is guarded too: the batch is split, each guarded call goes through the
@@ -45,7 +55,9 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_core::{Class, FingerprintBuilder, Record, Scope, StoredResponse};
+use oncely_core::{
+    DownstreamKey, FingerprintBuilder, Record, RecordId, Scope, State, StoredResponse,
+};
 use oncely_tower::{
     Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
     UpstreamFailure,
@@ -53,11 +65,12 @@ use oncely_tower::{
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::body::{full, McpBody, Tap};
+use crate::body::{full, BreakAsEnd, McpBody, Tap, UntilCancelled};
 use crate::catalog::ToolCatalog;
 use crate::config::{McpConfig, PrincipalSource};
-use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, REPLAY_META_KEY};
+use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
 use crate::sse;
+use crate::tasks;
 use crate::{BoxError, McpError};
 
 /// The pooled HTTP/HTTPS client the endpoint forwards with.
@@ -73,6 +86,9 @@ pub const HEADER_MISMATCH: i64 = -32020;
 /// Protocol revisions that use the initialize handshake and sessions; any later one is
 /// the stateless era (2026-07-28), whose routing headers must match the body.
 const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Most (principal, task) pairs remembered as detached by `tasks/cancel`.
+const MAX_DETACHED: usize = 10_000;
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -111,7 +127,14 @@ struct Inner {
     catalog: ToolCatalog,
     /// Guarded calls this endpoint is answering or running now, by (session, request id):
     /// their cancellations are dropped.
-    guarded: Mutex<HashMap<(Option<String>, String), usize>>,
+    guarded: Mutex<HashMap<(Option<String>, String), Guarded>>,
+    /// Upstream calls this endpoint owns now, by the client session they were sent on: the
+    /// session's end (`DELETE`) is held back from the upstream until they are done.
+    owned: Mutex<HashMap<String, usize>>,
+    /// Woken whenever an owned call ends.
+    owned_ended: tokio::sync::Notify,
+    /// Tasks (record ids) a principal detached from with `tasks/cancel`.
+    detached: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl McpEndpoint {
@@ -196,6 +219,9 @@ impl McpEndpoint {
                 client,
                 catalog: ToolCatalog::new(),
                 guarded: Mutex::new(HashMap::new()),
+                owned: Mutex::new(HashMap::new()),
+                owned_ended: tokio::sync::Notify::new(),
+                detached: Mutex::new(Default::default()),
             }),
         }
     }
@@ -239,20 +265,41 @@ where
     }
 }
 
-/// Removes a guarded call from the cancellation filter when dropped.
+/// A guarded call's entry in the cancellation filter: how many hold it (its callers, its
+/// owner's upstream call), and whether its client has cancelled it.
+struct Guarded {
+    count: usize,
+    cancelled: tokio::sync::watch::Sender<bool>,
+}
+
+/// Removes a guarded call from the cancellation filter when dropped (and, for the owner's
+/// upstream call, from its session's count of owned calls).
 struct Tracked {
     inner: Arc<Inner>,
     key: (Option<String>, String),
+    owner: bool,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
         let mut map = self.inner.guarded.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(entry) = map.get_mut(&self.key) {
+            entry.count -= 1;
+            if entry.count == 0 {
                 map.remove(&self.key);
             }
+        }
+        drop(map);
+        if let (true, Some(session)) = (self.owner, &self.key.0) {
+            let mut owned = self.inner.owned.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = owned.get_mut(session) {
+                *n -= 1;
+                if *n == 0 {
+                    owned.remove(session);
+                }
+            }
+            drop(owned);
+            self.inner.owned_ended.notify_waiters();
         }
     }
 }
@@ -262,6 +309,11 @@ struct Call {
     id: Value,
     tool: String,
     guarded: GuardedCall,
+    /// The session negotiated 2026-07-28 (or later): results carry `resultType`.
+    modern: bool,
+    /// The request declared the tasks extension (2026-07-28): a call that outlives
+    /// `wait` is answered with a task.
+    tasks: bool,
 }
 
 impl Inner {
@@ -292,10 +344,15 @@ impl Inner {
                 };
             }
         };
+        let session = header_str(&parts.headers, "mcp-session-id").map(str::to_string);
+        if parts.method == Method::DELETE {
+            if let Some(session) = session.clone().filter(|s| self.owns_calls_on(s)) {
+                return self.end_session_later(parts, bytes, session);
+            }
+        }
         if parts.method != Method::POST {
             return self.forward(parts, bytes, false).await;
         }
-        let session = header_str(&parts.headers, "mcp-session-id").map(str::to_string);
         let mut learn = false;
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(message @ Value::Object(_)) => {
@@ -320,6 +377,11 @@ impl Inner {
                             }
                         }
                         "tools/list" => learn = true,
+                        "tasks/get" | "tasks/cancel" | "tasks/update" => {
+                            if let Some(resp) = self.task_request(&parts, &request).await {
+                                return resp;
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -405,22 +467,103 @@ impl Inner {
         json_response(StatusCode::OK, &Value::Array(answers))
     }
 
-    fn is_guarded_in_flight(&self, session: &Option<String>, id: &str) -> bool {
-        let map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
-        map.contains_key(&(session.clone(), id.to_string()))
+    fn owns_calls_on(&self, session: &str) -> bool {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned.contains_key(session)
     }
 
-    fn track(self: &Arc<Self>, session: &Option<String>, id: &Value) -> Tracked {
+    /// A client ends its session (`DELETE`) while upstream calls this endpoint owns run on
+    /// it: the upstream would abort them (and a retry would pay again). The client's
+    /// session ends now (answered 200); the upstream session ends once those calls are
+    /// done and recorded (or after `timeout`, when they cannot still be running).
+    fn end_session_later(
+        self: Arc<Self>,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        session: String,
+    ) -> Response<McpBody> {
+        tracing::info!(route = %self.config.path, session = %session,
+            "session end held back until its guarded tools/call calls are done");
+        let me = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + me.config.timeout + Duration::from_secs(5);
+            loop {
+                let ended = me.owned_ended.notified();
+                if !me.owns_calls_on(&session) {
+                    break;
+                }
+                if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                    break;
+                }
+            }
+            let resp = me.clone().forward(parts, bytes, false).await;
+            tracing::info!(route = %me.config.path, session = %session,
+                status = resp.status().as_u16(), "held session end forwarded");
+        });
+        empty(StatusCode::OK)
+    }
+
+    /// Whether `id` names a guarded call in flight (its cancellation is then dropped). In
+    /// a session, the cancellation is honoured towards the client: its request gets no
+    /// more of the answer. Without a session, ids are not one client's, so nothing more.
+    fn is_guarded_in_flight(&self, session: &Option<String>, id: &str) -> bool {
+        let map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&(session.clone(), id.to_string())) {
+            Some(entry) => {
+                if session.is_some() {
+                    entry.cancelled.send_replace(true);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Resolves when the client cancels its call `id` of `session` (never without a
+    /// session); `None` then.
+    fn cancellation(&self, session: &Option<String>, id: &Value) -> Option<BoxFuture<'static, ()>> {
+        session.as_ref()?;
+        let map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx = map
+            .get(&(session.clone(), jsonrpc::id_text(id)))?
+            .cancelled
+            .subscribe();
+        Some(
+            async move {
+                if rx.wait_for(|c| *c).await.is_err() {
+                    futures::future::pending::<()>().await;
+                }
+            }
+            .boxed(),
+        )
+    }
+
+    fn track(self: &Arc<Self>, session: &Option<String>, id: &Value, owner: bool) -> Tracked {
         let key = (session.clone(), jsonrpc::id_text(id));
-        *self
-            .guarded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_insert(0) += 1;
+        {
+            let mut map = self.guarded.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = map.entry(key.clone()).or_insert_with(|| Guarded {
+                count: 0,
+                cancelled: tokio::sync::watch::channel(false).0,
+            });
+            entry.count += 1;
+            if !owner {
+                // A new request under this id: not cancelled (yet).
+                entry.cancelled.send_replace(false);
+            }
+        }
+        if let (true, Some(s)) = (owner, session) {
+            *self
+                .owned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(s.clone())
+                .or_insert(0) += 1;
+        }
         Tracked {
             inner: self.clone(),
             key,
+            owner,
         }
     }
 
@@ -536,11 +679,13 @@ impl Inner {
         Some(Call {
             id: request.id.clone(),
             tool: tool.to_string(),
+            modern: is_modern(&parts.headers),
+            tasks: is_modern(&parts.headers) && tasks::declares_tasks(params),
             guarded: GuardedCall {
                 scope: Scope::new(&principal, &route),
                 key: fingerprint.to_hex(),
                 fingerprint,
-                class: Class::Write,
+                class: self.config.class_of(tool),
                 route,
                 principal,
                 window: self.config.window,
@@ -565,12 +710,16 @@ impl Inner {
         let started = Instant::now();
         // While this caller waits or runs, its cancellation is dropped; the owner's call
         // keeps its own entry until the owner task has recorded it.
-        let _tracked = self.track(session, &call.id);
-        let owner_tracked = self.track(session, &call.id);
-        let req = self.upstream_request(parts, bytes);
+        let _tracked = self.track(session, &call.id, false);
+        let owner_tracked = self.track(session, &call.id, true);
+        let me = self.clone();
+        let parts = parts.clone();
         let client = self.client.clone();
         let id = call.id.clone();
-        let run = move |_downstream| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+        let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+            // The derived downstream key reaches the server, so that it can deduplicate too.
+            let bytes = with_idempotency_key(&bytes, downstream.as_str());
+            let req = me.upstream_request(&parts, bytes);
             async move {
                 let resp = client.request(req).await.map_err(|e| {
                     let text = error_chain(&e);
@@ -582,17 +731,55 @@ impl Inner {
                 })?;
                 let (parts, body) = resp.into_parts();
                 let headers = strip_response_hop_by_hop(&parts.headers);
-                let body = body.map_err(BoxError::from).boxed();
+                // A break-off after the answer began is a stream end: never a release.
+                let body = BreakAsEnd::new(body).map_err(BoxError::from).boxed();
                 Ok(UpstreamAnswer::new(parts.status, headers, body)
                     .with_classifier(classifier(id, owner_tracked)))
             }
             .boxed()
         };
-        let execution = self.guard.execute(call.guarded.clone(), run).await;
+        if call.tasks {
+            return self.guard_as_task(call, run, started).await;
+        }
+        let Some(cancel) = self.cancellation(session, &call.id) else {
+            let execution = self.guard.execute(call.guarded.clone(), run).await;
+            return self.answer(execution, &call, started);
+        };
+        // The client may cancel its request: then it gets no answer (the revision's rule),
+        // and the call, on a task of its own, runs on for the retry.
+        let guard = self.guard.clone();
+        let guarded = call.guarded.clone();
+        let mut execution = tokio::spawn(async move { guard.execute(guarded, run).await });
+        let execution = tokio::select! {
+            done = &mut execution => done,
+            () = cancel => {
+                tracing::info!(route = %call.guarded.route, request_id = %jsonrpc::id_text(&call.id),
+                    "the client cancelled its request: not answered; the call runs on");
+                return cancelled_answer();
+            }
+        };
+        let resp = match execution {
+            Ok(execution) => self.answer(execution, &call, started),
+            Err(e) => {
+                tracing::error!(route = %call.guarded.route, error = %e, "guarded call task failed");
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                );
+            }
+        };
+        match self.cancellation(session, &call.id) {
+            Some(cancel) => resp.map(|body| UntilCancelled::new(body, cancel).boxed()),
+            None => resp,
+        }
+    }
+
+    /// Maps what the engine did to an MCP answer.
+    fn answer(&self, execution: Execution, call: &Call, started: Instant) -> Response<McpBody> {
         match execution {
             Execution::Fresh(fresh) => {
                 self.observe(
-                    &call,
+                    call,
                     &fresh.record,
                     "fresh",
                     Some(fresh.status.as_u16()),
@@ -604,46 +791,19 @@ impl Inner {
                 mark(resp.headers_mut(), "fresh", &fresh.record);
                 resp
             }
-            Execution::Replayed(record) => self.replay(&record, "replayed", &call, started),
-            Execution::Joined(record) => self.replay(&record, "joined", &call, started),
+            Execution::Replayed(record) => self.replay(&record, "replayed", call, started),
+            Execution::Joined(record) => self.replay(&record, "joined", call, started),
             Execution::InFlight {
                 record,
                 retry_after,
-            } => self.in_flight(&record, retry_after, &call, started),
+            } => self.in_flight(&record, retry_after, call, started),
             Execution::TooLarge(record) => {
-                let text =
-                    format!(
-                    "The earlier call of `{tool}` with these arguments completed at {at}, but its \
-                     result was larger than the gateway keeps, so it cannot be shown again. The \
-                     tool ran once and will not run again for these arguments until its replay \
-                     window ends ({until}). Do not retry it; tell the user the result was too \
-                     large to return twice.",
-                    tool = call.tool,
-                    at = record.completed_at.unwrap_or(record.created_at).to_rfc3339(),
-                    until = record.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                );
-                self.observe(&call, &record, "too_large", None, started);
-                tool_error(
-                    &call.id,
-                    &text,
-                    json!({"status": "result_too_large", "original_at": record.created_at.to_rfc3339()}),
-                    &record,
-                )
+                self.observe(call, &record, "too_large", None, started);
+                respond(call, too_large_result(&call.tool, &record), &record)
             }
             Execution::OutcomeUnknown(record) => {
-                let text = format!(
-                    "An earlier call of `{}` with these arguments may or may not have completed; \
-                     it is awaiting reconciliation (ledger record {}). It will not be run again \
-                     automatically.",
-                    call.tool, record.id
-                );
-                self.observe(&call, &record, "outcome_unknown", None, started);
-                tool_error(
-                    &call.id,
-                    &text,
-                    json!({"status": "outcome_unknown", "original_at": record.created_at.to_rfc3339()}),
-                    &record,
-                )
+                self.observe(call, &record, "outcome_unknown", None, started);
+                self.outcome_unknown(call, &record, false)
             }
             Execution::StoreUnavailable(why) => {
                 tracing::error!(route = %call.guarded.route, error = %why,
@@ -655,7 +815,12 @@ impl Inner {
                 )
             }
             Execution::UpstreamFailed { record, failure } => {
-                self.observe(&call, &record, "fresh", None, started);
+                self.observe(call, &record, "fresh", None, started);
+                if record.state == State::OutcomeUnknown {
+                    tracing::warn!(route = %call.guarded.route, record = %record.id, failure = ?failure,
+                        "action failed ambiguously: outcome_unknown");
+                    return self.outcome_unknown(call, &record, true);
+                }
                 match failure {
                     UpstreamFailure::Unreachable(e) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream unreachable");
@@ -692,6 +857,247 @@ impl Inner {
         }
     }
 
+    /// A guarded call of a client that declared the tasks extension: answered as usual
+    /// when it ends within `wait`, else with a task whose id is the record's (the owner task
+    /// runs on and records the call; duplicates get the same task).
+    async fn guard_as_task<F>(
+        self: Arc<Self>,
+        call: Call,
+        run: F,
+        started: Instant,
+    ) -> Response<McpBody>
+    where
+        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            + Send
+            + 'static,
+    {
+        let deadline = Instant::now() + call.guarded.wait;
+        let guard = self.guard.clone();
+        let guarded = call.guarded.clone();
+        // On a task of its own, so that giving up on it after `wait` abandons nothing.
+        let mut execution = tokio::spawn(async move { guard.execute(guarded, run).await });
+        let execution = match tokio::time::timeout_at(deadline, &mut execution).await {
+            Ok(done) => done,
+            Err(_) => {
+                let store = self.guard.store();
+                match store.lookup(&call.guarded.scope, &call.guarded.key).await {
+                    Ok(Some(record)) if record.state == State::Processing => {
+                        return self.task_created(&call, &record, started);
+                    }
+                    _ => execution.await,
+                }
+            }
+        };
+        let execution = match execution {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(route = %call.guarded.route, error = %e, "guarded call task failed");
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                );
+            }
+        };
+        match execution {
+            Execution::Fresh(fresh) => {
+                // The whole answer within `wait`, or a task (dropping the body abandons
+                // nothing: the owner task reads and records it all the same).
+                match tokio::time::timeout_at(deadline, fresh.body.collect()).await {
+                    Ok(Ok(collected)) => {
+                        self.observe(
+                            &call,
+                            &fresh.record,
+                            "fresh",
+                            Some(fresh.status.as_u16()),
+                            started,
+                        );
+                        let mut resp = Response::new(full(collected.to_bytes()));
+                        *resp.status_mut() = fresh.status;
+                        *resp.headers_mut() = fresh.headers;
+                        mark(resp.headers_mut(), "fresh", &fresh.record);
+                        resp
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
+                        problem(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_failed",
+                            "the MCP server's answer broke off",
+                        )
+                    }
+                    Err(_) => self.task_created(&call, &fresh.record, started),
+                }
+            }
+            Execution::InFlight { record, .. } => self.task_created(&call, &record, started),
+            other => self.answer(other, &call, started),
+        }
+    }
+
+    /// How long a task of this endpoint can be read: while its call may run, then for the
+    /// replay window.
+    fn task_ttl_ms(&self) -> u64 {
+        (self.config.timeout + self.config.window).as_millis() as u64
+    }
+
+    /// How often a client is asked to poll a task.
+    fn task_poll_ms(&self) -> u64 {
+        (self.config.wait / 4)
+            .clamp(Duration::from_millis(250), Duration::from_secs(5))
+            .as_millis() as u64
+    }
+
+    /// The `CreateTaskResult` for a guarded call still running after `wait`.
+    fn task_created(&self, call: &Call, record: &Record, started: Instant) -> Response<McpBody> {
+        self.observe(call, record, "in_flight", None, started);
+        let message = format!(
+            "The call of `{tool}` is running (started at {at}). oncely runs it once for every \
+             caller with these arguments: poll tasks/get for its result. tasks/cancel detaches \
+             this client only; it never cancels the shared execution.",
+            tool = call.tool,
+            at = record.created_at.to_rfc3339(),
+        );
+        let mut working = record.clone();
+        working.state = State::Processing;
+        let task = tasks::task(&working, &message, self.task_ttl_ms(), self.task_poll_ms());
+        let mut resp = json_response(
+            StatusCode::OK,
+            &jsonrpc::result_message(&call.id, tasks::create_task_result(task)),
+        );
+        mark(resp.headers_mut(), "in_flight", record);
+        resp
+    }
+
+    /// `tasks/get`, `tasks/cancel` or `tasks/update` of a task that is one of this
+    /// endpoint's records, asked by its principal; `None` (forwarded) for any other task,
+    /// such as the upstream server's own.
+    async fn task_request(
+        &self,
+        parts: &http::request::Parts,
+        request: &jsonrpc::RequestView<'_>,
+    ) -> Option<Response<McpBody>> {
+        if !is_modern(&parts.headers) {
+            return None;
+        }
+        let task_id = request.params?.get("taskId")?.as_str()?;
+        if !task_id.starts_with("rec_") {
+            return None;
+        }
+        let principal = self.principal(&parts.headers)?;
+        let record = match self.guard.store().get(&RecordId(task_id.to_string())).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: tasks/get");
+                return Some(json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(request.id, -32603, "the ledger cannot be reached"),
+                ));
+            }
+        };
+        let tool = record
+            .route
+            .strip_prefix(self.config.path.as_str())
+            .and_then(|r| r.strip_prefix('#'))?
+            .to_string();
+        if record.principal != principal {
+            return None;
+        }
+        let key = (principal, task_id.to_string());
+        let result =
+            match request.method {
+                "tasks/cancel" => {
+                    tracing::info!(route = %record.route, record = %record.id,
+                    "tasks/cancel: the client is detached; the shared execution runs on");
+                    let mut detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
+                    // Only a status message depends on it: bounded, oldest knowledge dropped.
+                    if detached.len() >= MAX_DETACHED {
+                        detached.clear();
+                    }
+                    detached.insert(key);
+                    tasks::acknowledgement()
+                }
+                "tasks/update" => return Some(json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(
+                        request.id,
+                        -32602,
+                        "this task asks for no input: it is a guarded tool call oncely runs once",
+                    ),
+                )),
+                _ => {
+                    let detached = self
+                        .detached
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&key);
+                    self.task_state(&record, &tool, detached)
+                }
+            };
+        Some(json_response(
+            StatusCode::OK,
+            &jsonrpc::result_message(request.id, result),
+        ))
+    }
+
+    /// The `GetTaskResult` of a record.
+    fn task_state(&self, record: &Record, tool: &str, detached: bool) -> Value {
+        let (message, payload) = match record.state {
+            State::Processing => (
+                format!(
+                    "The call of `{tool}` is running (started at {}); oncely runs it once for \
+                     every caller with these arguments.",
+                    record.created_at.to_rfc3339()
+                ),
+                None,
+            ),
+            State::Completed => {
+                let stored = record
+                    .response
+                    .as_ref()
+                    .and_then(|r| r.body.as_deref())
+                    .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                let mut result = match stored {
+                    Some(result) => result,
+                    None => too_large_result(tool, record),
+                };
+                for_revision(&mut result, true);
+                (
+                    format!("The call of `{tool}` completed."),
+                    Some(("result", result)),
+                )
+            }
+            State::OutcomeUnknown => {
+                let mut result = outcome_unknown_result(tool, record, false);
+                for_revision(&mut result, true);
+                (
+                    format!("The call of `{tool}` awaits reconciliation: its outcome is unknown."),
+                    Some(("result", result)),
+                )
+            }
+            State::Released => {
+                let why = record.last_error.as_deref().unwrap_or("no result");
+                let text = format!(
+                    "The call of `{tool}` ended without a result ({why}); nothing was stored, \
+                     so calling it again runs it again."
+                );
+                (
+                    text.clone(),
+                    Some(("error", json!({"code": -32603, "message": text}))),
+                )
+            }
+        };
+        let message = if detached {
+            format!(
+                "{message} This client cancelled the task (tasks/cancel): that detached it \
+                 only; the shared execution was not cancelled and runs to its end."
+            )
+        } else {
+            message
+        };
+        let task = tasks::task(record, &message, self.task_ttl_ms(), self.task_poll_ms());
+        tasks::get_task_result(task, payload)
+    }
+
     fn replay(
         &self,
         record: &Record,
@@ -711,17 +1117,48 @@ impl Inner {
                 &jsonrpc::error_message(&call.id, -32603, "the stored tool result is unreadable"),
             );
         };
+        if result.get("resultType").and_then(Value::as_str) == Some("task") && !call.tasks {
+            // The original became a task on the server; this client did not declare the
+            // extension, so it must not get a task (and the tool does not run again).
+            let text = format!(
+                "The earlier call of `{tool}` with these arguments is a task on the server (task \
+                 {task}), which this client cannot follow: it did not declare the \
+                 io.modelcontextprotocol/tasks extension. The tool will not run again for these \
+                 arguments until the replay window ends; call it from a client that supports \
+                 tasks to follow it.",
+                tool = call.tool,
+                task = result.get("taskId").and_then(Value::as_str).unwrap_or("?"),
+            );
+            self.observe(call, record, kind, None, started);
+            return tool_error(
+                call,
+                &text,
+                json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+                record,
+            );
+        }
         jsonrpc::set_meta(
             &mut result,
             REPLAY_META_KEY,
             json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
         );
+        for_revision(&mut result, call.modern);
         self.observe(call, record, kind, None, started);
         let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
         mark(resp.headers_mut(), kind, record);
         resp.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
         resp
+    }
+
+    /// The `isError` result for a call whose record awaits reconciliation: `first` when
+    /// this caller's own call just failed ambiguously, else a duplicate of such a call.
+    fn outcome_unknown(&self, call: &Call, record: &Record, first: bool) -> Response<McpBody> {
+        respond(
+            call,
+            outcome_unknown_result(&call.tool, record, first),
+            record,
+        )
     }
 
     fn in_flight(
@@ -742,7 +1179,7 @@ impl Inner {
         );
         self.observe(call, record, "in_flight", None, started);
         let mut resp = tool_error(
-            &call.id,
+            call,
             &text,
             json!({"status": "in_flight", "original_at": record.created_at.to_rfc3339(), "retry_after": after}),
             record,
@@ -799,7 +1236,11 @@ fn classifier(id: Value, tracked: Tracked) -> Classifier {
             Some(Outcome::Error(e)) => {
                 Classified::Release(format!("JSON-RPC error (not stored): {e}"))
             }
-            None => Classified::Release("no JSON-RPC response to the call in the answer".into()),
+            // The call was sent and the answer ended without its response: it may have run
+            // (a server that ended its session aborts it mid-way). Never released.
+            None => Classified::Unknown(
+                "the answer ended without the call's JSON-RPC response: it may have run".into(),
+            ),
         }
     })
 }
@@ -868,6 +1309,41 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// Whether a request is of the stateless era (2026-07-28 or later): its
+/// `MCP-Protocol-Version` names a revision without the initialize handshake.
+fn is_modern(headers: &HeaderMap) -> bool {
+    header_str(headers, "mcp-protocol-version").is_some_and(|v| !HANDSHAKE_VERSIONS.contains(&v))
+}
+
+/// Makes a complete result oncely writes (or replays) valid for the revision: 2026-07-28
+/// results carry `resultType` (`"complete"`); earlier revisions have no such member.
+fn for_revision(result: &mut Value, modern: bool) {
+    let Some(obj) = result.as_object_mut() else {
+        return;
+    };
+    if modern {
+        obj.entry("resultType")
+            .or_insert_with(|| Value::String("complete".into()));
+    } else if obj.get("resultType").and_then(Value::as_str) == Some("complete") {
+        obj.remove("resultType");
+    }
+}
+
+/// The request body with `params._meta["dev.oncely/idempotency-key"] = key`; the body as
+/// it came when it is not a JSON-RPC request with object params.
+fn with_idempotency_key(body: &Bytes, key: &str) -> Bytes {
+    let Ok(mut message) = serde_json::from_slice::<Value>(body) else {
+        return body.clone();
+    };
+    let Some(params) = message.get_mut("params").filter(|p| p.is_object()) else {
+        return body.clone();
+    };
+    jsonrpc::set_meta(params, IDEMPOTENCY_KEY_META, Value::String(key.to_string()));
+    serde_json::to_vec(&message)
+        .map(Bytes::from)
+        .unwrap_or_else(|_| body.clone())
 }
 
 /// For the stateless era: the routing headers of a tools/call must match its body.
@@ -953,10 +1429,72 @@ fn json_response(status: StatusCode, value: &Value) -> Response<McpBody> {
 }
 
 /// A tool result with `isError: true` and one text, marked with `_meta`.
-fn tool_error(id: &Value, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
+fn error_result(text: &str, meta: Value) -> Value {
     let mut result = json!({"content": [{"type": "text", "text": text}], "isError": true});
     jsonrpc::set_meta(&mut result, REPLAY_META_KEY, meta);
-    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(id, result));
+    result
+}
+
+/// The result for a duplicate of a call whose result was too large to keep.
+fn too_large_result(tool: &str, record: &Record) -> Value {
+    let text = format!(
+        "The earlier call of `{tool}` with these arguments completed at {at}, but its result \
+         was larger than the gateway keeps, so it cannot be shown again. The tool ran once and \
+         will not run again for these arguments until its replay window ends ({until}). Do not \
+         retry it; tell the user the result was too large to return twice.",
+        at = record
+            .completed_at
+            .unwrap_or(record.created_at)
+            .to_rfc3339(),
+        until = record
+            .expires_at
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_default(),
+    );
+    error_result(
+        &text,
+        json!({"status": "result_too_large", "original_at": record.created_at.to_rfc3339()}),
+    )
+}
+
+/// The result for a call whose record awaits reconciliation: `first` when this caller's
+/// own call just failed ambiguously, else a duplicate of such a call.
+fn outcome_unknown_result(tool: &str, record: &Record, first: bool) -> Value {
+    let what = if first {
+        format!(
+            "The call of `{tool}` was sent, but its answer was lost (the connection failed or \
+             it timed out), so it is unknown whether it took effect."
+        )
+    } else {
+        format!(
+            "An earlier call of `{tool}` with these arguments (started at {at}) was sent, but \
+             its answer was lost, so it is unknown whether it took effect.",
+            at = record.created_at.to_rfc3339()
+        )
+    };
+    let text = format!(
+        "{what} It will not be run again automatically: do not retry it. Tell the user the \
+         outcome must be checked; an operator reconciles it with `oncely ledger resolve {id} \
+         --released` if it did not happen (then the same call runs again), or `oncely ledger \
+         resolve {id} --completed --status 200 --body-file RESULT.json` if it did.",
+        id = record.id
+    );
+    error_result(
+        &text,
+        json!({"status": "outcome_unknown", "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+    )
+}
+
+/// A tool result with `isError: true` and one text, marked with `_meta`, as the call's
+/// protocol revision writes it.
+fn tool_error(call: &Call, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
+    respond(call, error_result(text, meta), record)
+}
+
+/// Answers `call` with `result`, as the call's protocol revision writes it.
+fn respond(call: &Call, mut result: Value, record: &Record) -> Response<McpBody> {
+    for_revision(&mut result, call.modern);
+    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
         resp.headers_mut()
             .insert(HeaderName::from_static("oncely-record"), v);
@@ -972,6 +1510,14 @@ fn problem(status: StatusCode, code: &str, detail: &str) -> Response<McpBody> {
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
+    resp
+}
+
+/// The answer to a request its client cancelled: an event stream without the response.
+fn cancelled_answer() -> Response<McpBody> {
+    let mut resp = Response::new(full(Bytes::new()));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     resp
 }
 

@@ -8,6 +8,10 @@ use serde_json::Value;
 /// The `_meta` key oncely adds to a replayed or joined tool result.
 pub const REPLAY_META_KEY: &str = "dev.oncely/replay";
 
+/// The `_meta` key of a forwarded guarded `tools/call` that carries the derived downstream
+/// idempotency key, for servers that deduplicate too.
+pub const IDEMPOTENCY_KEY_META: &str = "dev.oncely/idempotency-key";
+
 /// Members of a `tools/call` request's `params` that continue an earlier exchange
 /// (task-augmented calls, multi-round-trip input): never deduplicated.
 pub const CONTINUATION_PARAMS: &[&str] = &["task", "inputResponses", "requestState"];

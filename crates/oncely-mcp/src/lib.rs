@@ -25,6 +25,7 @@
 //! - [`sse`]: an incremental Server-Sent Events parser, to find a response in a stream.
 //! - [`catalog`]: which tools are read-only, learned from the upstream's `tools/list`.
 //! - [`principal`]: who the caller is: a hashed header or a verified JWT claim.
+//! - [`tasks`]: the `io.modelcontextprotocol/tasks` shapes oncely answers slow calls with.
 //! - [`endpoint`]: the HTTP service itself, on the gateway's one engine
 //!   ([`oncely_tower::Guard`]): claim, owner task, wait, replay.
 //!
@@ -49,6 +50,7 @@ pub mod endpoint;
 pub mod jsonrpc;
 pub mod principal;
 pub mod sse;
+pub mod tasks;
 
 mod body;
 

@@ -101,6 +101,11 @@ pub enum Classified {
     /// Store nothing: release the record with this reason, so a repeat executes again
     /// (e.g. a JSON-RPC error inside an HTTP 200).
     Release(String),
+    /// Store nothing and mark the record `outcome_unknown` with this reason, whatever the
+    /// class: the call was sent and may have taken effect, but the answer does not say
+    /// (e.g. an MCP event stream that ended without the call's response). Duplicates are
+    /// refused until the record is reconciled.
+    Unknown(String),
 }
 
 /// Reads an answer's status, headers and whole body after the owner task has streamed

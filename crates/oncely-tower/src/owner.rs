@@ -264,6 +264,11 @@ pub(crate) async fn run(task: OwnerTask) {
                         drop(tx);
                         return;
                     }
+                    Classified::Unknown(why) => {
+                        settle(&*store, &record, &fence, Disposition::OutcomeUnknown, why).await;
+                        drop(tx);
+                        return;
+                    }
                 };
                 let replay_until = replay_until(&*store, &headers).await;
                 let completion = Completion {

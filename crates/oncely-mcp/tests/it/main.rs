@@ -4,8 +4,11 @@
 //! TypeScript SDK and server-everything in tests/node). Without them a test says so and
 //! passes, except under `CI`, where it fails loudly.
 
+mod actions;
 mod bench;
 mod edges;
 mod harness;
 mod node;
 mod stories;
+mod synthesised;
+mod tasks;

@@ -16,12 +16,12 @@ use crate::harness::{python, Gateway, PaidServer};
 
 const AUTH: &str = "Bearer sk_test_alice";
 
-fn node_dir() -> PathBuf {
+pub(crate) fn node_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/node")
 }
 
 /// True when `node` runs and the npm packages are installed.
-fn node() -> bool {
+pub(crate) fn node() -> bool {
     let ok = node_dir()
         .join("node_modules/@modelcontextprotocol/server-everything")
         .exists()

@@ -162,8 +162,7 @@ async fn a_concurrent_repeat_joins_the_original() {
 
 /// (d) a repeat that outwaits `wait` gets an isError result telling the model to call
 /// again after N seconds; calling again then gets the result.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_repeat_after_wait_is_told_the_original_still_runs() {
+async fn repeat_after_wait(mode: &str) {
     let Some(py) = python() else { return };
     let server = PaidServer::start(&py, 3.0);
     let config = config(&server.url).with_duration("wait", "1s").unwrap();
@@ -175,7 +174,7 @@ async fn a_repeat_after_wait_is_told_the_original_still_runs() {
         ]},
         {"call": "render", "args": {"text": "long"}}
     ]);
-    let out = py_client(&py, &gw.url, "legacy", AUTH, plan).await;
+    let out = py_client(&py, &gw.url, mode, AUTH, plan).await;
     let both = out["steps"][0]["parallel"].as_array().unwrap();
     let waiting = both
         .iter()
@@ -191,6 +190,18 @@ async fn a_repeat_after_wait_is_told_the_original_still_runs() {
     );
     assert_eq!(replay_status(&out["steps"][1]).as_deref(), Some("replayed"));
     assert_eq!(server.executions("render").0, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_wait_is_told_the_original_still_runs() {
+    repeat_after_wait("legacy").await;
+}
+
+/// Issue 12 (2): the official 2026-07-28 client accepts the still-running answer (it
+/// carries `resultType`) and shows the model its text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_wait_is_told_the_original_still_runs_stateless_era() {
+    repeat_after_wait("2026-07-28").await;
 }
 
 /// (f) a JSON-RPC error is not stored: the next identical call runs again.
@@ -239,4 +250,47 @@ async fn principals_are_kept_apart() {
     ];
     expected.sort();
     assert_eq!(principals, expected);
+}
+
+/// Issue 12 (1): a 2025-11-25 client whose call times out (read timeout 0.5 s on a 2 s
+/// paid tool) cancels it and ends its session (`DELETE` with `Mcp-Session-Id`); another
+/// session retries. The session's end never reaches the upstream while the guarded call
+/// runs on it, so the tool runs once, to its end, and the retry gets its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_times_out_and_ends_its_session_pays_once() {
+    let Some(py) = python() else { return };
+    let give_up = json!([{"call": "render", "args": {"text": "chapter two"}, "timeout": 0.5}]);
+    let retry = json!([{"call": "render", "args": {"text": "chapter two"}}]);
+
+    let direct = PaidServer::start(&py, 2.0);
+    let out = py_client(&py, &direct.url, "legacy", AUTH, give_up.clone()).await;
+    assert_eq!(out["steps"][0]["error"]["kind"], "timeout", "{out}");
+    py_client(&py, &direct.url, "legacy", AUTH, retry.clone()).await;
+    assert_eq!(
+        direct.executions("render").0,
+        2,
+        "direct: the session's end aborts the paid work and the retry pays again"
+    );
+
+    let server = PaidServer::start(&py, 2.0);
+    let gw = Gateway::start(config(&server.url)).await;
+    let out = py_client(&py, &gw.url, "legacy", AUTH, give_up).await;
+    assert_eq!(out["steps"][0]["error"]["kind"], "timeout", "{out}");
+    let out = py_client(&py, &gw.url, "legacy", AUTH, retry).await;
+    let step = &out["steps"][0];
+    assert!(text(step).contains("render #1"), "{step}");
+    assert!(
+        matches!(replay_status(step).as_deref(), Some("joined" | "replayed")),
+        "the retry gets the replay _meta: {step}"
+    );
+    // The held session end reaches the server once the call is recorded.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        server.executions("render"),
+        (1, 1, 0),
+        "started once, ran to its end, never cancelled"
+    );
+    let records = gw.store.list(&Default::default()).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].state, oncely_core::State::Completed);
 }

@@ -327,6 +327,8 @@ pub struct McpEndpoint {
     pub principal: PrincipalRule,
     /// Tools to guard (`*` = every tool not marked readOnlyHint).
     pub tools: Vec<String>,
+    /// Guarded tools of class `action` (names, `*` wildcards); the rest are `write`.
+    pub actions: Vec<String>,
     /// Replay window.
     pub window: Duration,
     /// How long a duplicate waits.
@@ -448,6 +450,7 @@ const MCP_KEYS: &[&str] = &[
     "jwt_secret_env",
     "jwks_file",
     "tools",
+    "actions",
     "window",
     "wait",
     "units",
@@ -1064,6 +1067,12 @@ fn mcp_endpoint(
             p.add(format!("{}[{i}]", at(loc, "tools")), "empty tool name");
         }
     }
+    let actions = read::strings(t, loc, "actions", p).unwrap_or_default();
+    for (i, tool) in actions.iter().enumerate() {
+        if tool.is_empty() {
+            p.add(format!("{}[{i}]", at(loc, "actions")), "empty tool name");
+        }
+    }
     let duration = |key: &str, default: Option<Duration>, builtin: u64, p: &mut Problems| {
         read::duration(t, loc, key, p)
             .or(default)
@@ -1087,6 +1096,7 @@ fn mcp_endpoint(
         upstream: upstream?,
         principal: principal?,
         tools,
+        actions,
         window,
         wait,
         units: units?,
@@ -1441,11 +1451,13 @@ upstream = "http://127.0.0.1:1/mcp"
 units = "json:/text"
 timeout = "90s"
 lease = "10s"
+actions = ["place_order", "send_*"]
 "#,
             None,
             &Overrides::default(),
         )
         .unwrap();
+        assert_eq!(c.mcp[0].actions, vec!["place_order", "send_*"]);
         assert_eq!(c.mcp[0].units, oncely_mcp::UnitsRule::Json("/text".into()));
         assert_eq!(c.mcp[0].timeout, Duration::from_secs(90));
         assert_eq!(c.mcp[0].lease, Duration::from_secs(10));
@@ -1455,9 +1467,17 @@ lease = "10s"
 path = "/mcp"
 upstream = "http://127.0.0.1:1/mcp"
 units = "characters"
+actions = [""]
 "#,
         );
-        assert_eq!(ps.len(), 1, "{ps:#?}");
-        assert!(ps[0].starts_with("mcp[0].units: "), "{ps:#?}");
+        assert_eq!(ps.len(), 2, "{ps:#?}");
+        assert!(
+            ps.iter().any(|p| p.starts_with("mcp[0].units: ")),
+            "{ps:#?}"
+        );
+        assert!(
+            ps.iter().any(|p| p.starts_with("mcp[0].actions[0]: ")),
+            "{ps:#?}"
+        );
     }
 }

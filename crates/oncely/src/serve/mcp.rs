@@ -56,8 +56,9 @@ impl McpEndpoints {
 }
 
 fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
-    let mut mcp =
-        McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?.with_tools(&entry.tools)?;
+    let mut mcp = McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?
+        .with_tools(&entry.tools)?
+        .with_actions(&entry.actions)?;
     mcp.window = entry.window;
     mcp.wait = entry.wait;
     mcp.timeout = entry.timeout;

@@ -295,3 +295,79 @@ wait = "10s"
         "{usage}"
     );
 }
+
+/// Runs the official Python MCP client (tests/py/client.py of oncely-mcp) with `plan`.
+async fn py_client(python: &PathBuf, url: &str, plan: Value) -> Value {
+    let out = tokio::process::Command::new(python)
+        .arg(mcp_tests_dir().join("py/client.py"))
+        .arg(url)
+        .arg("legacy")
+        .arg(plan.to_string())
+        .env("MCP_AUTH", "Bearer sk_alice")
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .expect("run client.py");
+    assert!(out.status.success(), "client.py failed: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Issue 12 (1), through the binary: a 2025-11-25 client gives up on a 2 s paid call after
+/// 0.5 s, cancels it and ends its session; a new session retries. The paid tool runs once,
+/// the retry gets its result with the replay `_meta`, and the ledger shows it completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_mid_call_neither_aborts_it_nor_pays_twice() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = PaidServer::start(&py, dir.path(), 2.0);
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let config = dir.path().join("oncely.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"store = "{store}"
+
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:{port}/mcp"
+wait = "10s"
+timeout = "20s"
+"#,
+            port = server.port
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", config.to_str().unwrap()], &[]);
+    let url = gw.url("/mcp");
+    let args = json!({"text": "chapter three"});
+    let gave_up = py_client(
+        &py,
+        &url,
+        json!([{"call": "render", "args": args, "timeout": 0.5}]),
+    )
+    .await;
+    assert_eq!(gave_up["steps"][0]["error"]["kind"], "timeout", "{gave_up}");
+    let retry = py_client(&py, &url, json!([{"call": "render", "args": args}])).await;
+    let step = &retry["steps"][0]["result"];
+    assert!(
+        step["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("render #1")),
+        "{retry}"
+    );
+    let replay = step["_meta"]["dev.oncely/replay"]["status"].as_str();
+    assert!(
+        matches!(replay, Some("joined" | "replayed")),
+        "the retry gets the replay _meta: {retry}"
+    );
+    assert_eq!(gw.terminate().code(), Some(0));
+    assert_eq!(server.starts("render"), 1, "the paid tool ran once");
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(!log.contains("\"cancelled\""), "never aborted: {log}");
+
+    let list = run(&["ledger", "list", "--json", "--store", &store]);
+    let list: Value = serde_json::from_str(&stdout(&list)).unwrap();
+    let records = list.as_array().unwrap();
+    assert_eq!(records.len(), 1, "{list}");
+    assert_eq!(records[0]["state"], "completed", "{list}");
+}
