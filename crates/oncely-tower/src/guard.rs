@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt};
+use futures::future::{BoxFuture, FutureExt, Shared};
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, StatusCode};
 use oncely_core::{
@@ -235,6 +235,7 @@ pub struct Guard {
     pub(crate) jobs: crate::jobs::JobBoard,
     repeats: Arc<RepeatTally>,
     pub(crate) budget: Arc<Budget>,
+    waits: Mutex<HashMap<RecordId, SharedWait>>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -259,6 +260,7 @@ impl Guard {
             jobs: crate::jobs::JobBoard::default(),
             repeats: Arc::new(RepeatTally::new(store_for_tally)),
             budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
+            waits: Mutex::new(HashMap::new()),
         }
     }
 
@@ -435,8 +437,7 @@ impl Guard {
                     .unwrap_or(remaining);
                 waited = true;
                 record = match self
-                    .store
-                    .wait_for(&record.id, remaining.min(until_lapse))
+                    .wait_shared(&record.id, remaining.min(until_lapse))
                     .await
                 {
                     Ok(r) => r,
@@ -462,6 +463,50 @@ impl Guard {
 
     fn count_repeat(&self, record: &Record) {
         self.repeats.add(&record.id, record.units);
+    }
+
+    /// [`Store::wait_for`], shared by every request of this instance waiting on the same
+    /// record: they are woken by one read of it, and share the answer it holds (one
+    /// copy, however many joiners). A request whose own `timeout` ends first reads the
+    /// record as it is then.
+    async fn wait_shared(&self, id: &RecordId, timeout: Duration) -> Result<Record, StoreError> {
+        let shared = {
+            let mut waits = self.waits.lock().expect("waits lock");
+            match waits.get(id) {
+                Some(w) => w.clone(),
+                None => {
+                    let store = self.store.clone();
+                    let key = id.clone();
+                    let w = async move {
+                        store.wait_for(&key, timeout).await.map_err(|e| match e {
+                            StoreError::NotFound(id) => WaitError::NotFound(id),
+                            other => WaitError::Store(other.to_string()),
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    waits.insert(id.clone(), w.clone());
+                    w
+                }
+            }
+        };
+        // Forgotten by whoever leaves it (woken, timed out or cancelled), so that the
+        // next wait reads afresh; the others keep their clones.
+        let _forget = ForgetWait {
+            waits: &self.waits,
+            id,
+            shared: shared.clone(),
+        };
+        match tokio::time::timeout(timeout, shared).await {
+            Ok(Ok(record)) => Ok(record),
+            Ok(Err(WaitError::NotFound(id))) => Err(StoreError::NotFound(id)),
+            Ok(Err(WaitError::Store(e))) => Err(StoreError::Unavailable(e)),
+            Err(_) => self
+                .store
+                .get(id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(id.clone())),
+        }
     }
 
     /// Runs `op` (a claim, or a take-over of a lapsed lease) and, when it makes this call
@@ -543,6 +588,33 @@ async fn owner_answer(record: Record, head: oneshot::Receiver<owner::Head>) -> E
 
 /// The default bound of what answers in flight may hold in memory (512 MiB).
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 512 << 20;
+
+/// One `wait_for` shared by the requests of this instance waiting on one record.
+type SharedWait = Shared<BoxFuture<'static, Result<Record, WaitError>>>;
+
+/// A shared wait's error (a [`StoreError`] is not `Clone`).
+#[derive(Debug, Clone)]
+enum WaitError {
+    NotFound(RecordId),
+    Store(String),
+}
+
+/// Removes a shared wait from the map when one of its waiters leaves, unless the map
+/// already holds a newer one.
+struct ForgetWait<'a> {
+    waits: &'a Mutex<HashMap<RecordId, SharedWait>>,
+    id: &'a RecordId,
+    shared: SharedWait,
+}
+
+impl Drop for ForgetWait<'_> {
+    fn drop(&mut self) {
+        let mut waits = self.waits.lock().expect("waits lock");
+        if waits.get(self.id).is_some_and(|w| w.ptr_eq(&self.shared)) {
+            waits.remove(self.id);
+        }
+    }
+}
 
 /// What a claim or a take-over found.
 enum Step {

@@ -51,6 +51,8 @@
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
+//! - `owner` (private): the owner task; `budget` (private): what answers in flight may
+//!   hold; [`wait_for_slot`]: how a sender tells the owner it waits for a slot.
 
 pub mod body;
 mod budget;

@@ -412,6 +412,128 @@ async fn callers_that_vanish_after_sending_leave_no_record_without_an_owner() {
     );
 }
 
+/// Peak resident memory of a process (`VmHWM`), in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024
+}
+
+// Item 7: many joiners of one large answer share it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_joiners_of_an_8_mb_answer_share_one_copy() {
+    const JOINERS: usize = 200;
+    const SIZE: usize = 8 << 20;
+    fn big(_: &str) -> Bytes {
+        Bytes::from(vec![b'y'; SIZE])
+    }
+    crate::process::raise_fd_limit();
+    let (up, calls) = recording(Duration::from_secs(3), big).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path());
+    let cfg = config(
+        dir.path(),
+        &store,
+        &up,
+        "",
+        "class = \"write\"\nwait = \"30s\"",
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let before = peak_rss_mib(gw.pid());
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(JOINERS + 1)
+        .build_http();
+    let send = |client: Client<_, Full<Bytes>>, url: String| async move {
+        let mut b = Request::post(url);
+        for (n, v) in AUTH {
+            b = b.header(n, v);
+        }
+        let res = client
+            .request(b.body(Full::new(Bytes::from_static(b"render"))).unwrap())
+            .await
+            .expect("answered");
+        let status = res.headers()["oncely-status"].to_str().unwrap().to_owned();
+        // Counted, not kept: the test's own memory is not the point.
+        let mut body = res.into_body();
+        let mut n = 0usize;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                n += data.len();
+            }
+        }
+        (status, n)
+    };
+    let url = gw.url("/v1/call");
+    let original = tokio::spawn(send(client.clone(), url.clone()));
+    calls.wait_for("render").await;
+    let joiners: Vec<_> = (0..JOINERS)
+        .map(|_| tokio::spawn(send(client.clone(), url.clone())))
+        .collect();
+    let (status, n) = original.await.unwrap();
+    assert_eq!((status.as_str(), n), ("fresh", SIZE));
+    let mut joined = 0;
+    for j in joiners {
+        let (status, n) = j.await.unwrap();
+        assert_eq!(n, SIZE);
+        assert!(status == "joined" || status == "replayed", "{status}");
+        joined += usize::from(status == "joined");
+    }
+    assert_eq!(calls.of("render"), 1);
+    let peak = peak_rss_mib(gw.pid());
+    eprintln!(
+        "peak RSS of the gateway: {peak} MiB (at start {before} MiB), \
+         {joined} of {JOINERS} joined an 8 MiB answer"
+    );
+    assert!(joined > JOINERS / 2, "most duplicates joined: {joined}");
+    // One copy per joiner would be 1600 MiB.
+    assert!(peak < before + 200, "peak RSS {peak} MiB");
+}
+
+// Item 7: the budget bounds what answers in flight hold; an answer that would overrun
+// it is recorded without its body (duplicates are refused, never executed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_in_flight_budget_is_recorded_without_its_body() {
+    fn big(_: &str) -> Bytes {
+        Bytes::from(vec![b'z'; 4 << 20])
+    }
+    let (up, calls) = recording(Duration::ZERO, big).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path());
+    let cfg = config(
+        dir.path(),
+        &store,
+        &up,
+        r#"max_inflight_bytes = "1MiB""#,
+        "class = \"write\"",
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let url = gw.url("/v1/call");
+    // Its caller may be cut off if it lags a whole budget behind; not asserted.
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut b = Request::post(url.clone());
+    for (n, v) in AUTH {
+        b = b.header(n, v);
+    }
+    let res = client
+        .request(b.body(Full::new(Bytes::from_static(b"big"))).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["oncely-status"], "fresh");
+    let _ = res.into_body().collect().await;
+    let record = settled(&store).await;
+    assert_eq!(record["state"], "completed", "{record}");
+    let dup = http_post(&url, "big", &AUTH).await;
+    assert_eq!(dup.status, 409, "{}", dup.text());
+    assert_eq!(dup.json()["code"], "result_too_large");
+    assert_eq!(calls.of("big"), 1);
+    let log = gw.lines.lock().unwrap().join("\n");
+    assert!(log.contains("max_inflight_bytes"), "{log}");
+}
+
 // Item 8: SIGTERM with a stream still open ends within the drain deadline, and the
 // repeats counted before are in the ledger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
