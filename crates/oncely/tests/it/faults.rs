@@ -514,7 +514,8 @@ async fn an_answer_over_the_in_flight_budget_is_recorded_without_its_body() {
     );
     let gw = Gateway::start(&["--config", &cfg], &[]);
     let url = gw.url("/v1/call");
-    // Its caller may be cut off if it lags a whole budget behind; not asserted.
+    // Its caller may be cut off (even before the head) if it lags a whole budget
+    // behind; not asserted.
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut b = Request::post(url.clone());
     for (n, v) in AUTH {
@@ -522,10 +523,11 @@ async fn an_answer_over_the_in_flight_budget_is_recorded_without_its_body() {
     }
     let res = client
         .request(b.body(Full::new(Bytes::from_static(b"big"))).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(res.headers()["oncely-status"], "fresh");
-    let _ = res.into_body().collect().await;
+        .await;
+    if let Ok(res) = res {
+        assert_eq!(res.headers()["oncely-status"], "fresh");
+        let _ = res.into_body().collect().await;
+    }
     let record = settled(&store).await;
     assert_eq!(record["state"], "completed", "{record}");
     let dup = http_post(&url, "big", &AUTH).await;
