@@ -19,6 +19,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::fingerprint::Fingerprint;
 use crate::key::Scope;
 use crate::policy::Class;
@@ -97,7 +99,8 @@ pub struct StoredResponse {
     /// The headers worth replaying, in order.
     pub headers: Vec<(String, String)>,
     /// The body; `None` when it was larger than `max_response` and was not kept.
-    pub body: Option<Vec<u8>>,
+    /// `Bytes`, so that every replay and join of one answer shares one copy of it.
+    pub body: Option<Bytes>,
 }
 
 /// One ledger record. See the module docs for its states.
@@ -569,7 +572,7 @@ mod tests {
             response: StoredResponse {
                 status: 201,
                 headers: vec![("content-type".into(), "application/json".into())],
-                body: Some(b"{}".to_vec()),
+                body: Some(Bytes::from_static(b"{}")),
             },
             units: 7,
             window: WINDOW,
@@ -828,7 +831,7 @@ mod tests {
                     response: StoredResponse {
                         status: 200,
                         headers: vec![],
-                        body: Some(b"ok".to_vec()),
+                        body: Some(Bytes::from_static(b"ok")),
                     },
                     window: WINDOW,
                     reason: "reconciled".into(),

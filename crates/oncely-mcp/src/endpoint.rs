@@ -843,6 +843,11 @@ impl Inner {
                         "upstream_timeout",
                         "the MCP server did not answer within timeout",
                     ),
+                    UpstreamFailure::Busy => problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "upstream_busy",
+                        "the MCP server's every slot stayed taken; the call was not sent",
+                    ),
                 }
             }
             // The key is the fingerprint, so a key is never reused with another one; and
@@ -1231,7 +1236,7 @@ fn classifier(id: Value, tracked: Tracked) -> Classifier {
             Some(Outcome::Result(result)) => Classified::Store(StoredResponse {
                 status: 200,
                 headers: vec![("content-type".into(), "application/json".into())],
-                body: Some(serde_json::to_vec(&result).unwrap_or_default()),
+                body: Some(serde_json::to_vec(&result).unwrap_or_default().into()),
             }),
             Some(Outcome::Error(e)) => {
                 Classified::Release(format!("JSON-RPC error (not stored): {e}"))

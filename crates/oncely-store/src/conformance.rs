@@ -67,7 +67,7 @@ pub fn completion(body: &str, units: u64) -> Completion {
                 ("content-type".into(), "application/json".into()),
                 ("x-render-id".into(), "r-9".into()),
             ],
-            body: Some(body.as_bytes().to_vec()),
+            body: Some(bytes::Bytes::copy_from_slice(body.as_bytes())),
         },
         units,
         window: WINDOW,
@@ -581,7 +581,7 @@ pub async fn resolve_out_of_outcome_unknown(h: &dyn Harness) {
                 response: StoredResponse {
                     status: 200,
                     headers: vec![],
-                    body: Some(b"{\"order\":7}".to_vec()),
+                    body: Some(bytes::Bytes::from_static(b"{\"order\":7}")),
                 },
                 window: WINDOW,
                 reason: "supplier confirms order 7".into(),

@@ -886,7 +886,7 @@ impl ResponseColumns {
                     serde_json::to_string(&r.headers)
                         .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?,
                 ),
-                body: r.body.clone(),
+                body: r.body.as_ref().map(|b| b.to_vec()),
             },
         })
     }
@@ -919,7 +919,10 @@ fn record_from_row(row: &Row) -> Result<Record> {
                     Some(h) => serde_json::from_str(&h)
                         .map_err(|e| StoreError::Corrupt(format!("response headers: {e}")))?,
                 },
-                body: row.try_get("response_body").map_err(corrupt)?,
+                body: row
+                    .try_get::<_, Option<Vec<u8>>>("response_body")
+                    .map_err(corrupt)?
+                    .map(bytes::Bytes::from),
             })
         }
     };

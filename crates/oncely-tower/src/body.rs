@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
+use crate::budget::Reservation;
 use crate::{BoxBody, BoxError};
 
 /// Boxes any body with `Bytes` chunks into a [`BoxBody`]. Bodies that are not `Sync`
@@ -67,19 +68,28 @@ impl<B: Body> Body for SyncBody<B> {
     }
 }
 
+/// One chunk on its way to an owner's caller, with the share of the in-flight budget
+/// it holds until the caller has read it.
+pub(crate) struct FedChunk {
+    pub(crate) bytes: Bytes,
+    pub(crate) _charge: Option<Reservation>,
+}
+
+/// The owner's end of its caller's body. It never waits: the owner reads the upstream
+/// at the upstream's pace whatever its caller does, and what the caller has not read yet
+/// waits here (bounded by the in-flight budget, see [`crate::budget`]).
+pub(crate) type Feed = mpsc::UnboundedSender<Result<FedChunk, BoxError>>;
+
 /// The receiving end of an owner task's answer: chunks as the owner reads them, an
 /// error if the upstream broke off, and the end once the owner has recorded the answer.
 pub(crate) struct ChannelBody {
-    rx: mpsc::Receiver<Result<Bytes, BoxError>>,
+    rx: mpsc::UnboundedReceiver<Result<FedChunk, BoxError>>,
     hint: SizeHint,
 }
 
 impl ChannelBody {
-    pub(crate) fn new(
-        capacity: usize,
-        length: Option<u64>,
-    ) -> (mpsc::Sender<Result<Bytes, BoxError>>, ChannelBody) {
-        let (tx, rx) = mpsc::channel(capacity);
+    pub(crate) fn new(length: Option<u64>) -> (Feed, ChannelBody) {
+        let (tx, rx) = mpsc::unbounded_channel();
         let hint = match length {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
@@ -97,7 +107,8 @@ impl Body for ChannelBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+            // The chunk's charge is given back here: it is the caller's now.
+            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(Frame::data(chunk.bytes)))),
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
@@ -122,10 +133,15 @@ mod tests {
 
     #[tokio::test]
     async fn channel_body_ends_when_the_sender_is_dropped() {
-        let (tx, body) = ChannelBody::new(2, None);
+        let (tx, body) = ChannelBody::new(None);
         tokio::spawn(async move {
-            tx.send(Ok(Bytes::from_static(b"a"))).await.unwrap();
-            tx.send(Ok(Bytes::from_static(b"b"))).await.unwrap();
+            for b in [&b"a"[..], b"b"] {
+                let chunk = FedChunk {
+                    bytes: Bytes::from_static(b),
+                    _charge: None,
+                };
+                tx.send(Ok(chunk)).unwrap();
+            }
         });
         assert_eq!(body.collect().await.unwrap().to_bytes(), "ab");
     }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt, Shared};
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, StatusCode};
 use oncely_core::{
@@ -23,6 +23,7 @@ use oncely_store::{Claim, Store, StoreError};
 use sha2::Sha256;
 use tokio::sync::{oneshot, watch};
 
+use crate::budget::Budget;
 use crate::owner;
 use crate::BoxBody;
 
@@ -178,6 +179,9 @@ pub enum UpstreamFailure {
     Lost(String),
     /// No answer within `timeout`: released (write, job) or outcome_unknown (action).
     Timeout,
+    /// The call waited for one of its route's upstream slots (`concurrency`) for all of
+    /// `timeout` and was never sent: the record was released.
+    Busy,
 }
 
 /// What [`Guard::execute`] did. The HTTP layer is a thin translation of this.
@@ -235,6 +239,8 @@ pub struct Guard {
     pub(crate) tasks: TaskCount,
     pub(crate) jobs: crate::jobs::JobBoard,
     repeats: Arc<RepeatTally>,
+    pub(crate) budget: Arc<Budget>,
+    waits: Mutex<HashMap<RecordId, SharedWait>>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -258,7 +264,17 @@ impl Guard {
             tasks: TaskCount::default(),
             jobs: crate::jobs::JobBoard::default(),
             repeats: Arc::new(RepeatTally::new(store_for_tally)),
+            budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
+            waits: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Bounds what answers in flight may hold in memory, over every route: what owners
+    /// keep of the answers they record and what their callers have not read yet (default
+    /// [`DEFAULT_MAX_INFLIGHT_BYTES`]). See the `budget` module.
+    pub fn with_max_inflight_bytes(mut self, bytes: u64) -> Guard {
+        self.budget = Budget::new(bytes);
+        self
     }
 
     /// The ledger.
@@ -334,13 +350,30 @@ impl Guard {
             workflow_id: call.workflow_id.clone(),
         };
         let mut waited = false;
+        let mut run = Some(run);
         // Each turn either returns or waits (bounded by `deadline`); the cap only guards
         // against a store that keeps contradicting itself.
         for _ in 0..64 {
-            let mut record = match self.store.claim(&spec).await {
-                Ok(Claim::Owned(record)) => return self.own(record, call, run).await,
-                Ok(Claim::Existing(record)) => record,
-                Err(e) => return Execution::StoreUnavailable(e.to_string()),
+            let claim = {
+                let store = self.store.clone();
+                let spec = spec.clone();
+                async move {
+                    match store.claim(&spec).await? {
+                        Claim::Owned(r) => Ok(Step::Owned(r)),
+                        Claim::Existing(r) => Ok(Step::Other(r)),
+                    }
+                }
+                .boxed()
+            };
+            let f = run.take().expect("run is given back unless owned");
+            let mut record = match self.claim_detached(&call, f, claim).await {
+                Detached::Owner(record, head) => return owner_answer(record, head).await,
+                Detached::Other(record, f) => {
+                    run = Some(f);
+                    record
+                }
+                Detached::Failed(e, _) => return Execution::StoreUnavailable(e.to_string()),
+                Detached::Broken(why) => return Execution::StoreUnavailable(why),
             };
             loop {
                 if record.fingerprint != call.fingerprint {
@@ -359,27 +392,38 @@ impl Guard {
                     Err(e) => return Execution::StoreUnavailable(e.to_string()),
                 };
                 if record.lease_lapsed(now) {
-                    match self
-                        .store
-                        .take_over(&record.id, record.attempt, &spec.owner, call.lease)
-                        .await
-                    {
-                        Ok(TakeOverOutcome::Owned(record)) => {
-                            return self.own(record, call, run).await
-                        }
-                        Ok(TakeOverOutcome::OutcomeUnknown(record)) => {
-                            return Execution::OutcomeUnknown(record)
-                        }
-                        // Someone else moved it first: look again.
-                        Err(StoreError::Transition(_)) => match self.store.get(&record.id).await {
-                            Ok(Some(r)) => {
-                                record = r;
-                                continue;
+                    let take_over = {
+                        let store = self.store.clone();
+                        let (id, attempt) = (record.id.clone(), record.attempt);
+                        let (owner, lease) = (spec.owner.clone(), call.lease);
+                        async move {
+                            match store.take_over(&id, attempt, &owner, lease).await? {
+                                TakeOverOutcome::Owned(r) => Ok(Step::Owned(r)),
+                                TakeOverOutcome::OutcomeUnknown(r) => Ok(Step::Other(r)),
                             }
-                            Ok(None) => break,
-                            Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                        },
-                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                        }
+                        .boxed()
+                    };
+                    let f = run.take().expect("run is given back unless owned");
+                    match self.claim_detached(&call, f, take_over).await {
+                        Detached::Owner(record, head) => return owner_answer(record, head).await,
+                        Detached::Other(record, _) => return Execution::OutcomeUnknown(record),
+                        // Someone else moved it first: look again.
+                        Detached::Failed(StoreError::Transition(_), f) => {
+                            run = Some(f);
+                            match self.store.get(&record.id).await {
+                                Ok(Some(r)) => {
+                                    record = r;
+                                    continue;
+                                }
+                                Ok(None) => break,
+                                Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                            }
+                        }
+                        Detached::Failed(e, _) => {
+                            return Execution::StoreUnavailable(e.to_string())
+                        }
+                        Detached::Broken(why) => return Execution::StoreUnavailable(why),
                     }
                 }
                 let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -398,8 +442,7 @@ impl Guard {
                     .unwrap_or(remaining);
                 waited = true;
                 record = match self
-                    .store
-                    .wait_for(&record.id, remaining.min(until_lapse))
+                    .wait_shared(&record.id, remaining.min(until_lapse))
                     .await
                 {
                     Ok(r) => r,
@@ -427,50 +470,175 @@ impl Guard {
         self.repeats.add(&record.id, record.units);
     }
 
-    /// This call owns `record`: run the upstream call on a task of its own and answer
-    /// with its head (or its failure). Jobs do not come here: their calls are queued
-    /// durably and run by the [`JobWorker`](crate::jobs::JobWorker) (see
-    /// [`Guard::submit_job`]).
-    async fn own<F>(&self, record: Record, call: GuardedCall, run: F) -> Execution
-    where
-        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
-    {
-        let Some(fence) = record.fence() else {
-            return Execution::StoreUnavailable(format!("owned record {} has no owner", record.id));
+    /// [`Store::wait_for`], shared by every request of this instance waiting on the same
+    /// record: they are woken by one read of it, and share the answer it holds (one
+    /// copy, however many joiners). A request whose own `timeout` ends first reads the
+    /// record as it is then.
+    async fn wait_shared(&self, id: &RecordId, timeout: Duration) -> Result<Record, StoreError> {
+        let shared = {
+            let mut waits = self.waits.lock().expect("waits lock");
+            match waits.get(id) {
+                Some(w) => w.clone(),
+                None => {
+                    let store = self.store.clone();
+                    let key = id.clone();
+                    let w = async move {
+                        store.wait_for(&key, timeout).await.map_err(|e| match e {
+                            StoreError::NotFound(id) => WaitError::NotFound(id),
+                            other => WaitError::Store(other.to_string()),
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    waits.insert(id.clone(), w.clone());
+                    w
+                }
+            }
         };
-        let upstream = run(DownstreamKey::derive(&call.scope, &call.key));
-        let (head_tx, head_rx) = oneshot::channel();
-        tokio::spawn(owner::run(owner::OwnerTask {
-            store: self.store.clone(),
-            record: record.clone(),
-            fence,
-            call,
-            upstream,
-            head: head_tx,
-            token: self.tasks.start(),
-        }));
-        match head_rx.await {
-            Ok(owner::Head::Answer {
-                status,
-                headers,
-                body,
-            }) => Execution::Fresh(FreshAnswer {
-                record,
-                status,
-                headers,
-                body,
-            }),
-            Ok(owner::Head::Failed { record, failure }) => Execution::UpstreamFailed {
-                record: *record,
-                failure,
-            },
-            // The owner task panicked: the record stays processing until its lease lapses.
-            Err(_) => Execution::UpstreamFailed {
-                record,
-                failure: UpstreamFailure::Lost("the owner task ended without an answer".into()),
-            },
+        // Forgotten by whoever leaves it (woken, timed out or cancelled), so that the
+        // next wait reads afresh; the others keep their clones.
+        let _forget = ForgetWait {
+            waits: &self.waits,
+            id,
+            shared: shared.clone(),
+        };
+        match tokio::time::timeout(timeout, shared).await {
+            Ok(Ok(record)) => Ok(record),
+            Ok(Err(WaitError::NotFound(id))) => Err(StoreError::NotFound(id)),
+            Ok(Err(WaitError::Store(e))) => Err(StoreError::Unavailable(e)),
+            Err(_) => self
+                .store
+                .get(id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(id.clone())),
         }
     }
+
+    /// Runs `op` (a claim, or a take-over of a lapsed lease) and, when it makes this call
+    /// the owner, starts the owner task with `run`, all on a task the caller does not
+    /// own: a caller that goes away between a committed claim and the owner's start
+    /// would otherwise leave the record processing with nobody running it. Jobs do not
+    /// come here: their calls are queued durably with their claim and run by the
+    /// [`JobWorker`](crate::jobs::JobWorker) (see [`Guard::submit_job`]).
+    async fn claim_detached<F>(
+        &self,
+        call: &GuardedCall,
+        run: F,
+        op: BoxFuture<'static, Result<Step, StoreError>>,
+    ) -> Detached<F>
+    where
+        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            + Send
+            + 'static,
+    {
+        // Counted from before the claim, so that a drain waits for a claim in flight.
+        let token = self.tasks.start();
+        let store = self.store.clone();
+        let budget = self.budget.clone();
+        let call = call.clone();
+        let task = tokio::spawn(async move {
+            let record = match op.await {
+                Ok(Step::Owned(record)) => record,
+                Ok(Step::Other(record)) => return Detached::Other(record, run),
+                Err(e) => return Detached::Failed(e, run),
+            };
+            let Some(fence) = record.fence() else {
+                return Detached::Broken(format!("owned record {} has no owner", record.id));
+            };
+            let upstream = run(DownstreamKey::derive(&call.scope, &call.key));
+            let (head_tx, head_rx) = oneshot::channel();
+            tokio::spawn(owner::run(owner::OwnerTask {
+                store,
+                record: record.clone(),
+                fence,
+                call,
+                upstream,
+                head: head_tx,
+                token,
+                budget,
+            }));
+            Detached::Owner(record, head_rx)
+        });
+        match task.await {
+            Ok(d) => d,
+            Err(e) => Detached::Broken(format!("the claim task ended: {e}")),
+        }
+    }
+}
+
+/// The answer of a call this request owns: the owner task's head (or its failure).
+async fn owner_answer(record: Record, head: oneshot::Receiver<owner::Head>) -> Execution {
+    match head.await {
+        Ok(owner::Head::Answer {
+            status,
+            headers,
+            body,
+        }) => Execution::Fresh(FreshAnswer {
+            record,
+            status,
+            headers,
+            body,
+        }),
+        Ok(owner::Head::Failed { record, failure }) => Execution::UpstreamFailed {
+            record: *record,
+            failure,
+        },
+        // The owner task panicked: the record stays processing until its lease lapses.
+        Err(_) => Execution::UpstreamFailed {
+            record,
+            failure: UpstreamFailure::Lost("the owner task ended without an answer".into()),
+        },
+    }
+}
+
+/// The default bound of what answers in flight may hold in memory (512 MiB).
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 512 << 20;
+
+/// One `wait_for` shared by the requests of this instance waiting on one record.
+type SharedWait = Shared<BoxFuture<'static, Result<Record, WaitError>>>;
+
+/// A shared wait's error (a [`StoreError`] is not `Clone`).
+#[derive(Debug, Clone)]
+enum WaitError {
+    NotFound(RecordId),
+    Store(String),
+}
+
+/// Removes a shared wait from the map when one of its waiters leaves, unless the map
+/// already holds a newer one.
+struct ForgetWait<'a> {
+    waits: &'a Mutex<HashMap<RecordId, SharedWait>>,
+    id: &'a RecordId,
+    shared: SharedWait,
+}
+
+impl Drop for ForgetWait<'_> {
+    fn drop(&mut self) {
+        let mut waits = self.waits.lock().expect("waits lock");
+        if waits.get(self.id).is_some_and(|w| w.ptr_eq(&self.shared)) {
+            waits.remove(self.id);
+        }
+    }
+}
+
+/// What a claim or a take-over found.
+enum Step {
+    /// This call owns the record now.
+    Owned(Record),
+    /// Someone else's record (an existing one; for a take-over, an `outcome_unknown`).
+    Other(Record),
+}
+
+/// A claim run on a task of its own, with `run` given back when it did not own.
+enum Detached<F> {
+    /// Owned, and the owner task runs: its head comes through the receiver.
+    Owner(Record, oneshot::Receiver<owner::Head>),
+    /// Not owned.
+    Other(Record, F),
+    /// The store failed.
+    Failed(StoreError, F),
+    /// Owned, but the record came back without an owner (a store bug), or the task died.
+    Broken(String),
 }
 
 /// When a duplicate refused with `in_flight` should ask again: half the route's `wait`,
@@ -662,7 +830,7 @@ mod tests {
                 Classified::Store(StoredResponse {
                     status: 200,
                     headers: vec![("content-type".into(), "application/json".into())],
-                    body: Some(b"{\"result\":1}".to_vec()),
+                    body: Some(bytes::Bytes::from_static(b"{\"result\":1}")),
                 })
             }),
         )

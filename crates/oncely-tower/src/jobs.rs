@@ -825,6 +825,7 @@ where
             upstream,
             head,
             token: guard.tasks.start(),
+            budget: guard.budget.clone(),
         }),
         relay
     );

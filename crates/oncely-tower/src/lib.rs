@@ -51,14 +51,18 @@
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
+//! - `owner` (private): the owner task; `budget` (private): what answers in flight may
+//!   hold; [`wait_for_slot`]: how a sender tells the owner it waits for a slot.
 
 pub mod body;
+mod budget;
 pub mod guard;
 pub mod idempotency;
 pub mod jobs;
 mod owner;
 pub mod policy;
 pub mod problem;
+mod slot;
 
 pub use guard::{
     Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,
@@ -68,6 +72,7 @@ pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use jobs::{JobBoard, JobRequest, JobWorker, JobWorkerOptions};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
+pub use slot::wait_for_slot;
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

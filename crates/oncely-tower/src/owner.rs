@@ -1,11 +1,16 @@
 //! The owner task: runs one upstream call on a task of its own (a client that goes away
-//! cancels nothing), renews the lease every third of it while the call runs, streams the
-//! answer to its caller while buffering up to `max_response`, and records the outcome
-//! with the fencing token it claimed with.
+//! cancels nothing), keeps its lease renewed on another task while it owns the record,
+//! reads the whole answer at the upstream's pace (a caller that stops reading holds up
+//! neither the recording nor the lease: the caller is fed from what was read), keeps up
+//! to `max_response` of it, and records the outcome with the fencing token it claimed
+//! with. A ledger write that fails is retried with backoff for as long as this owner
+//! still owns the record (each retry counted in `oncely_ledger_write_retries_total{op}`
+//! and logged).
 //!
 //! The caller's body ends only after the record is written, so a client that has read
 //! the whole answer and retries finds the record completed (`replayed`, not `joined`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,20 +22,29 @@ use oncely_core::{
     Completion, Disposition, Fence, Record, StoredResponse, Timestamp, UpstreamResult,
 };
 use oncely_store::{Store, StoreError};
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::{interval_at, timeout_at, MissedTickBehavior};
+use tokio::sync::oneshot;
+use tokio::time::timeout_at;
 
-use crate::body::ChannelBody;
+use crate::body::{ChannelBody, FedChunk, Feed};
+use crate::budget::{Budget, Reservation};
 use crate::guard::{
     Classified, GuardedCall, TaskToken, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
 use crate::problem::{
     IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS, REPLAY_SECONDS, REPLAY_UNTIL,
 };
+use crate::slot::{self, Phase, SendGate};
 use crate::{BoxBody, BoxError};
 
-/// Chunks in flight between the owner task and its caller.
-const CHANNEL_CHUNKS: usize = 16;
+/// The first pause before a failed ledger write is tried again; it doubles up to
+/// [`WRITE_RETRY_MAX`].
+const WRITE_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a ledger write.
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long an owner keeps trying to write its outcome. Its ownership has no end of its
+/// own (a late write lands unless another owner took the record over, which fencing
+/// tells), so this only bounds the life of a task whose ledger never comes back.
+const WRITE_RETRY_FOR: Duration = Duration::from_secs(3600);
 
 /// What the owner tells its caller first.
 pub(crate) enum Head {
@@ -56,35 +70,89 @@ pub(crate) struct OwnerTask {
     pub(crate) upstream: BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
     pub(crate) head: oneshot::Sender<Head>,
     pub(crate) token: TaskToken,
+    pub(crate) budget: Arc<Budget>,
 }
 
-/// Keeps the lease alive: renews every third of it.
-struct Lease {
-    store: Arc<dyn Store>,
-    fence: Fence,
-    lease: Duration,
-    ticks: tokio::time::Interval,
-}
+/// Keeps the lease alive from a task of its own, renewing every third of it (sooner,
+/// with backoff, after a failed renewal), until dropped or until the store says another
+/// owner took the record over.
+struct Lease(tokio::task::JoinHandle<()>);
 
 impl Lease {
-    fn new(store: Arc<dyn Store>, fence: Fence, lease: Duration) -> Lease {
-        let every = (lease / 3).max(Duration::from_millis(10));
-        let mut ticks = interval_at(tokio::time::Instant::now() + every, every);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        Lease {
-            store,
-            fence,
-            lease,
-            ticks,
+    fn start(store: Arc<dyn Store>, fence: Fence, lease: Duration) -> Lease {
+        Lease(tokio::spawn(renew_loop(store, fence, lease)))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn renew_loop(store: Arc<dyn Store>, fence: Fence, lease: Duration) {
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let mut next = tokio::time::Instant::now() + every;
+    let mut backoff = WRITE_RETRY_FIRST;
+    loop {
+        tokio::time::sleep_until(next).await;
+        match store.renew(&fence, lease).await {
+            Ok(()) => {
+                backoff = WRITE_RETRY_FIRST;
+                next = tokio::time::Instant::now() + every;
+            }
+            Err(e) if retryable(&e) => {
+                count_retry("renew", &fence, &e, backoff);
+                next = tokio::time::Instant::now() + backoff.min(every);
+                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
+            }
+            Err(e) => {
+                // Another owner took the record over (or it is gone): this call runs on,
+                // but its result will be refused by the store.
+                tracing::warn!(record = %fence.id, attempt = fence.attempt, error = %e, "lease renewal refused");
+                return;
+            }
         }
     }
+}
 
-    async fn tick(&mut self) {
-        self.ticks.tick().await;
-        if let Err(e) = self.store.renew(&self.fence, self.lease).await {
-            // A fenced renewal means another owner took over: this call runs on, but its
-            // result will be refused by the store.
-            tracing::warn!(record = %self.fence.id, attempt = self.fence.attempt, error = %e, "lease renewal failed");
+/// A write worth trying again: the store could not be reached or refused for a reason
+/// of its own (busy, pool timeout, failed commit). A refused transition (another owner,
+/// another state) or a missing record is final.
+fn retryable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(_))
+}
+
+fn count_retry(op: &'static str, fence: &Fence, e: &StoreError, pause: Duration) {
+    metrics::counter!("oncely_ledger_write_retries_total", "op" => op).increment(1);
+    tracing::warn!(
+        target: "oncely::store",
+        record = %fence.id,
+        attempt = fence.attempt,
+        op,
+        error = %e,
+        retry_in_ms = pause.as_millis() as u64,
+        "ledger write failed; retrying while this owner owns the record"
+    );
+}
+
+/// Runs one owner's ledger write until it lands, the store refuses it for good, or
+/// [`WRITE_RETRY_FOR`] has passed.
+async fn write<T, F, Fut>(op: &'static str, fence: &Fence, mut attempt: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let give_up = Instant::now() + WRITE_RETRY_FOR;
+    let mut backoff = WRITE_RETRY_FIRST;
+    loop {
+        match attempt().await {
+            Err(e) if retryable(&e) && Instant::now() < give_up => {
+                count_retry(op, fence, &e, backoff);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
+            }
+            other => return other,
         }
     }
 }
@@ -104,28 +172,48 @@ impl Drop for InFlightGauge {
     }
 }
 
+/// What is kept of an answer for the record: its chunks as read (shared with the
+/// caller's feed, not copied), charged to the in-flight budget.
+struct Kept {
+    chunks: Vec<Bytes>,
+    len: u64,
+    charge: Reservation,
+}
+
 pub(crate) async fn run(task: OwnerTask) {
     let OwnerTask {
         store,
         record,
         fence,
         call,
-        mut upstream,
+        upstream,
         head,
         token,
+        budget,
     } = task;
     let _token = token;
     let _gauge = InFlightGauge::start();
+    // Renewed from its own task until the outcome is written (or the record is lost).
+    let lease = Lease::start(store.clone(), fence.clone(), call.lease);
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + call.timeout;
-    let mut lease = Lease::new(store.clone(), fence.clone(), call.lease);
+    let mut deadline = tokio::time::Instant::now() + call.timeout;
+    let gate = SendGate::new();
+    let mut phase = gate.subscribe();
+    let mut upstream = Box::pin(slot::scope(gate.clone(), upstream));
+    let mut restarted = false;
 
     let answer = loop {
         tokio::select! {
             r = timeout_at(deadline, &mut upstream) => break r,
-            _ = lease.tick() => {}
+            // The wait for a slot is over: the upstream gets its whole timeout from now.
+            _ = phase.wait_for(|p| *p == Phase::Sending), if !restarted => {
+                restarted = true;
+                deadline = tokio::time::Instant::now() + call.timeout;
+            }
         }
     };
+    let queued = gate.phase() == Phase::Queued;
+    drop(upstream);
     let answer = match answer {
         Ok(Ok(answer)) => answer,
         Ok(Err(UpstreamError::BeforeSend(msg))) => {
@@ -155,6 +243,19 @@ pub(crate) async fn run(task: OwnerTask) {
             });
             return;
         }
+        Err(_elapsed) if queued => {
+            // Still waiting for one of the route's slots: nothing was sent.
+            let why = format!(
+                "no upstream slot of the route came free within {:?}; nothing was sent",
+                call.timeout
+            );
+            let record = settle(&*store, &record, &fence, Disposition::Release, why).await;
+            let _ = head.send(Head::Failed {
+                record: Box::new(record),
+                failure: UpstreamFailure::Busy,
+            });
+            return;
+        }
         Err(_elapsed) => {
             let why = format!("upstream did not answer within {:?}", call.timeout);
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
@@ -179,7 +280,7 @@ pub(crate) async fn run(task: OwnerTask) {
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let (tx, caller_body) = ChannelBody::new(CHANNEL_CHUNKS, length);
+    let (tx, caller_body) = ChannelBody::new(length);
     let mut tx = Some(tx);
     if head
         .send(Head::Answer {
@@ -193,16 +294,17 @@ pub(crate) async fn run(task: OwnerTask) {
         tx = None;
     }
 
-    // Stream the body to the caller while keeping up to `max_response` of it.
-    let mut kept: Option<Vec<u8>> = Some(Vec::new());
+    // Read the whole body at the upstream's pace, keeping up to `max_response` of it and
+    // feeding the caller from what was read.
+    let mut kept = Some(Kept {
+        chunks: Vec::new(),
+        len: 0,
+        charge: budget.empty(),
+    });
     let mut lost: Option<String> = None;
     let mut body = body;
     loop {
-        let frame = tokio::select! {
-            f = timeout_at(deadline, body.frame()) => f,
-            _ = lease.tick() => continue,
-        };
-        let chunk: Bytes = match frame {
+        let chunk: Bytes = match timeout_at(deadline, body.frame()).await {
             Ok(None) => break,
             Ok(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => data,
@@ -220,26 +322,36 @@ pub(crate) async fn run(task: OwnerTask) {
                 break;
             }
         };
-        if let Some(buf) = &mut kept {
-            if (buf.len() + chunk.len()) as u64 <= call.max_response {
-                buf.extend_from_slice(&chunk);
-            } else {
+        if let Some(k) = &mut kept {
+            let n = chunk.len() as u64;
+            if k.len + n > call.max_response {
                 kept = None;
+            } else if !k.charge.grow(n) {
+                tracing::warn!(
+                    record = %record.id,
+                    in_flight_bytes = budget.used(),
+                    "answers in flight hold max_inflight_bytes: this answer is recorded without its body"
+                );
+                kept = None;
+            } else {
+                k.len += n;
+                k.chunks.push(chunk.clone());
             }
         }
         if let Some(sender) = &tx {
-            if !forward(sender, chunk, deadline).await {
+            if !feed(sender, &budget, chunk) {
                 tx = None;
             }
         }
     }
+    drop(body);
     observe(started);
 
     match lost {
         Some(why) => {
             if let Some(sender) = &tx {
                 let e: BoxError = why.clone().into();
-                let _ = sender.try_send(Err(e));
+                let _ = sender.send(Err(e));
             }
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
             settle(&*store, &record, &fence, d, why).await;
@@ -249,6 +361,16 @@ pub(crate) async fn run(task: OwnerTask) {
             .dispose(UpstreamResult::Answered(status.as_u16()))
         {
             Disposition::Store => {
+                let kept = kept.map(|k| match k.chunks.as_slice() {
+                    [one] => one.clone(),
+                    chunks => {
+                        let mut whole = Vec::with_capacity(k.len as usize);
+                        for c in chunks {
+                            whole.extend_from_slice(c);
+                        }
+                        Bytes::from(whole)
+                    }
+                });
                 let response = match (classify, kept) {
                     (Some(classify), Some(kept)) => classify(status, &headers, &kept),
                     (_, kept) => Classified::Store(StoredResponse {
@@ -278,7 +400,11 @@ pub(crate) async fn run(task: OwnerTask) {
                     replay_until,
                     provider_request_id: provider_request_id(&headers),
                 };
-                if let Err(e) = store.complete(&fence, completion).await {
+                let written = write("complete", &fence, || {
+                    store.complete(&fence, completion.clone())
+                })
+                .await;
+                if let Err(e) = written {
                     log_write_failure(&record, "complete", &e);
                 }
             }
@@ -288,27 +414,36 @@ pub(crate) async fn run(task: OwnerTask) {
             }
         },
     }
+    drop(lease);
     // Dropping the sender ends the caller's body, after the record was written.
     drop(tx);
 }
 
-/// Sends one chunk to the caller; false when the caller is gone or stopped reading
-/// until the deadline (then the answer is only recorded).
-async fn forward(
-    sender: &mpsc::Sender<Result<Bytes, BoxError>>,
-    chunk: Bytes,
-    deadline: tokio::time::Instant,
-) -> bool {
-    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-    sender.send_timeout(Ok(chunk), wait).await.is_ok()
+/// Hands one chunk to the caller without waiting for it; false when the caller is gone,
+/// or lags so far behind that what it has not read would overrun the in-flight budget
+/// (then its body ends with an error and the answer is only recorded).
+fn feed(sender: &Feed, budget: &Arc<Budget>, chunk: Bytes) -> bool {
+    let Some(charge) = budget.reserve(chunk.len() as u64) else {
+        let e: BoxError = "the caller read too slowly: its unread answer outgrew the gateway's \
+                           max_inflight_bytes"
+            .into();
+        let _ = sender.send(Err(e));
+        return false;
+    };
+    sender
+        .send(Ok(FedChunk {
+            bytes: chunk,
+            _charge: Some(charge),
+        }))
+        .is_ok()
 }
 
 fn observe(started: Instant) {
     metrics::histogram!("oncely_upstream_seconds").record(started.elapsed().as_secs_f64());
 }
 
-/// Releases or marks unknown (never stores); returns the record as written, or as it was
-/// when the store refused.
+/// Releases or marks unknown (never stores), retrying while the store fails; returns the
+/// record as written, or as it was when the store refused.
 async fn settle(
     store: &dyn Store,
     record: &Record,
@@ -317,8 +452,15 @@ async fn settle(
     why: String,
 ) -> Record {
     let result = match disposition {
-        Disposition::OutcomeUnknown => store.mark_unknown(fence, why).await,
-        Disposition::Release | Disposition::Store => store.release(fence, Some(why)).await,
+        Disposition::OutcomeUnknown => {
+            write("mark_unknown", fence, || {
+                store.mark_unknown(fence, why.clone())
+            })
+            .await
+        }
+        Disposition::Release | Disposition::Store => {
+            write("release", fence, || store.release(fence, Some(why.clone()))).await
+        }
     };
     match result {
         Ok(r) => r,
@@ -330,7 +472,8 @@ async fn settle(
 }
 
 fn log_write_failure(record: &Record, what: &str, e: &StoreError) {
-    // The record stays processing; its lease lapses and another owner takes it over.
+    // Another owner took the record over, or the ledger stayed away for good: the record
+    // is as that owner (or a later take-over) leaves it.
     tracing::error!(
         target: "oncely::store",
         record = %record.id,

@@ -50,6 +50,10 @@ pub enum ProblemCode {
     StoreUnavailable,
     /// 504: the upstream did not answer within `timeout`.
     UpstreamTimeout,
+    /// 503: every upstream slot of the route (`concurrency`) stayed taken for all of
+    /// `timeout`; the request was never sent and its record was released. Carries
+    /// `Retry-After`. Not in the contract's table; an extension.
+    UpstreamBusy,
     /// 404: no job with this id for this principal (`/_oncely/jobs/ID`). Not in the
     /// contract's table; an extension.
     NotFound,
@@ -73,6 +77,7 @@ impl ProblemCode {
             ProblemCode::UpstreamUnreachable => "upstream_unreachable",
             ProblemCode::StoreUnavailable => "store_unavailable",
             ProblemCode::UpstreamTimeout => "upstream_timeout",
+            ProblemCode::UpstreamBusy => "upstream_busy",
             ProblemCode::NotFound => "not_found",
             ProblemCode::JobFailed => "job_failed",
         }
@@ -92,7 +97,9 @@ impl ProblemCode {
             ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
-            ProblemCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemCode::StoreUnavailable | ProblemCode::UpstreamBusy => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProblemCode::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -111,6 +118,7 @@ impl ProblemCode {
             ProblemCode::UpstreamUnreachable => "Upstream unreachable",
             ProblemCode::StoreUnavailable => "Ledger unavailable",
             ProblemCode::UpstreamTimeout => "Upstream timeout",
+            ProblemCode::UpstreamBusy => "Upstream busy",
             ProblemCode::NotFound => "Not found",
             ProblemCode::JobFailed => "Job failed",
         }

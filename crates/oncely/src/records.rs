@@ -114,7 +114,7 @@ mod tests {
         let text = response(&StoredResponse {
             status: 200,
             headers: vec![("content-type".into(), "text/plain".into())],
-            body: Some(b"hello".to_vec()),
+            body: Some(bytes::Bytes::from_static(b"hello")),
         });
         assert_eq!(text["body"], "hello");
         assert_eq!(text["body_encoding"], "utf8");
@@ -122,7 +122,7 @@ mod tests {
         let binary = response(&StoredResponse {
             status: 200,
             headers: vec![],
-            body: Some(vec![0xff, 0x00]),
+            body: Some(bytes::Bytes::from_static(&[0xff, 0x00])),
         });
         assert_eq!(binary["body"], "/wA=");
         assert_eq!(binary["body_encoding"], "base64");

@@ -127,7 +127,7 @@ mod tests {
             response: StoredResponse {
                 status: 200,
                 headers: vec![],
-                body: Some(vec![b'x'; body]),
+                body: Some(vec![b'x'; body].into()),
             },
             units: 1,
             window: Duration::from_secs(10),

@@ -41,7 +41,7 @@ pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
                 status: u16::try_from(status)
                     .map_err(|_| corrupt(15, format!("stored status {status}")))?,
                 headers,
-                body: row.get(17)?,
+                body: row.get::<_, Option<Vec<u8>>>(17)?.map(bytes::Bytes::from),
             })
         }
     };
@@ -97,7 +97,9 @@ fn values(r: &Record) -> Result<[Value; 24]> {
             Value::Text(serde_json::to_string(&resp.headers).map_err(|e| {
                 StoreError::Unavailable(format!("cannot encode response headers: {e}"))
             })?),
-            resp.body.clone().map_or(Value::Null, Value::Blob),
+            resp.body
+                .as_ref()
+                .map_or(Value::Null, |b| Value::Blob(b.to_vec())),
         ),
     };
     let text = |s: &Option<String>| s.clone().map_or(Value::Null, Value::Text);

@@ -409,10 +409,20 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
                         record.state
                     ),
                 ),
+                UpstreamFailure::Busy => (
+                    ProblemCode::UpstreamBusy,
+                    format!(
+                        "every upstream slot of this route stayed taken; the request was not \
+                         sent and the record is {}: send it again later",
+                        record.state
+                    ),
+                ),
             };
-            let res = Problem::new(code, detail)
-                .with_record(&record.id)
-                .into_response();
+            let mut problem = Problem::new(code, detail).with_record(&record.id);
+            if failure == UpstreamFailure::Busy {
+                problem = problem.with_retry_after(1);
+            }
+            let res = problem.into_response();
             finish(res, "fresh", &record, false, log)
         }
     }

@@ -201,7 +201,7 @@ async fn resolve(args: ResolveArgs) -> Outcome {
                     .status
                     .expect("clap requires --status with --completed"),
                 headers: args.headers.clone(),
-                body: Some(body),
+                body: Some(body.into()),
             },
             window: window_for(ledger.config.as_ref(), &record.route),
             reason: "resolved as completed by an operator (oncely ledger resolve)".into(),

@@ -289,7 +289,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // A task still blocked at the end (a connection held past `drain_timeout`, a store
+    // call that hangs) must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             // One line, whatever the error chain held.

@@ -388,6 +388,12 @@ pub struct Config {
     pub max_body: u64,
     /// Largest answer that is stored.
     pub max_response: u64,
+    /// Most bytes that answers in flight (being recorded, or not yet read by their
+    /// caller) may hold in memory at once, over every route (extension; default 512MiB).
+    pub max_inflight_bytes: u64,
+    /// How long `SIGTERM` waits for requests in flight before the process exits anyway
+    /// (extension; default 30s).
+    pub drain_timeout: Duration,
     /// Guarded routes, first match wins.
     pub routes: Vec<Route>,
     /// MCP endpoints.
@@ -409,6 +415,11 @@ pub struct Overrides {
     pub store: Option<String>,
 }
 
+/// The default `max_inflight_bytes`.
+pub const DEFAULT_MAX_INFLIGHT: u64 = 512 << 20;
+/// The default `drain_timeout`.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 const TOP_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
@@ -419,6 +430,8 @@ const TOP_KEYS: &[&str] = &[
     "tls",
     "max_body",
     "max_response",
+    "max_inflight_bytes",
+    "drain_timeout",
     "defaults",
     "routes",
     "mcp",
@@ -807,6 +820,10 @@ impl Config {
 
         let max_body = read::size(&table, "", "max_body", p).unwrap_or(10 << 20);
         let max_response = read::size(&table, "", "max_response", p).unwrap_or(32 << 20);
+        let max_inflight_bytes =
+            read::size(&table, "", "max_inflight_bytes", p).unwrap_or(DEFAULT_MAX_INFLIGHT);
+        let drain_timeout =
+            read::duration(&table, "", "drain_timeout", p).unwrap_or(DEFAULT_DRAIN_TIMEOUT);
 
         let defaults = match read::table(&table, "", "defaults", p) {
             Some(d) => {
@@ -905,6 +922,8 @@ impl Config {
             tls,
             max_body,
             max_response,
+            max_inflight_bytes,
+            drain_timeout,
             routes,
             mcp,
             webhooks,

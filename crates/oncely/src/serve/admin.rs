@@ -354,7 +354,7 @@ async fn resolve(
                 response: StoredResponse {
                     status,
                     headers,
-                    body: Some(body),
+                    body: Some(body.into()),
                 },
                 window,
                 reason: "resolved as completed by an operator (admin API)".into(),

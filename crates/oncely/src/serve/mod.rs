@@ -8,9 +8,9 @@
 //! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
 //! `JobWorker` runs the queued jobs of `job` routes through the same proxy.
 //!
-//! On shutdown it stops accepting, lets every open connection finish its in-flight
-//! requests, waits for every owned upstream call to be recorded (`Guard::drain`), then
-//! returns.
+//! On shutdown it stops accepting, writes the repeat counts held in memory, lets every
+//! open connection finish its in-flight requests and waits for every owned upstream call
+//! to be recorded (`Guard::drain`), for at most `drain_timeout`, then returns.
 
 pub mod admin;
 pub mod mcp;
@@ -45,6 +45,8 @@ use routes::RouteTable;
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How long the last chores of a shutdown (a final repeat flush, the admin API) may take.
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// How often the `oncely_outcome_unknown` gauge is refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(15);
 
@@ -110,7 +112,9 @@ pub async fn run(
     let principal_key = crate::cli::principal_key(&*store)
         .await
         .context("reading the principal key from the store")?;
-    let guard = Arc::new(Guard::new(store.clone(), principal_key));
+    let guard = Arc::new(
+        Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes),
+    );
     let metrics = prometheus::handle();
     let routes = RouteTable::new(&config);
     let mcp = mcp::McpEndpoints::new(&config, &guard)?;
@@ -245,19 +249,38 @@ pub async fn run(
         }
     }
     drop(listener);
+    let deadline = tokio::time::Instant::now() + config.drain_timeout;
     tracing::info!(
         connections = graceful.count(),
+        drain_timeout = ?config.drain_timeout,
         "shutting down: finishing in-flight requests"
     );
-    graceful.shutdown().await;
-    // Queued jobs that have not started stay queued for the next start.
-    jobs.stop().await;
-    webhooks.stop().await;
-    guard.drain().await;
+    // The repeat counts live only in memory: write them before anything that may wait.
+    let _ = tokio::time::timeout_at(deadline, guard.flush_repeats()).await;
+    let drained = tokio::time::timeout_at(deadline, async {
+        graceful.shutdown().await;
+        // Queued jobs that have not started stay queued for the next start.
+        jobs.stop().await;
+        webhooks.stop().await;
+        guard.drain().await;
+    })
+    .await;
+    if drained.is_err() {
+        // What is still running stays `processing` in the ledger; its lease lapses and
+        // another instance (or this one restarted) takes it over, as after a crash.
+        tracing::warn!(
+            in_flight = guard.in_flight(),
+            "drain deadline passed; exiting with requests still in flight"
+        );
+        let _ = tokio::time::timeout(DRAIN_GRACE, guard.flush_repeats()).await;
+    }
     let _ = stop_tx.send(true);
-    let _ = admin_task.await;
-    let _ = chores.await;
-    let _ = reconciler.await;
+    let _ = tokio::time::timeout(DRAIN_GRACE, async {
+        let _ = admin_task.await;
+        let _ = chores.await;
+        let _ = reconciler.await;
+    })
+    .await;
     tracing::info!("stopped");
     Ok(())
 }

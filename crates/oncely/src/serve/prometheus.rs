@@ -78,6 +78,13 @@ pub fn describe<'a>(routes: impl Iterator<Item = &'a str>) {
     for result in DELIVERY_RESULTS {
         metrics::counter!("oncely_webhook_deliveries_total", "result" => result).increment(0);
     }
+    metrics::describe_counter!(
+        "oncely_ledger_write_retries_total",
+        "Ledger writes of an owner (renew, complete, release, mark_unknown) tried again"
+    );
+    for op in ["renew", "complete", "release", "mark_unknown"] {
+        metrics::counter!("oncely_ledger_write_retries_total", "op" => op).increment(0);
+    }
     metrics::gauge!("oncely_in_flight").increment(0.0);
     metrics::gauge!("oncely_outcome_unknown").set(0.0);
     // A histogram is rendered once it has a handle; registering it is enough.

@@ -268,9 +268,16 @@ impl tower::Service<Request<BoxBody>> for Proxy {
                 .map_err(|e| UpstreamError::BeforeSend(format!("bad upstream URI: {e}")))?;
             parts.version = Version::HTTP_11;
             let permit = match limit {
-                Some(sem) => Some(sem.acquire_owned().await.map_err(|_| {
-                    UpstreamError::BeforeSend("the route's concurrency limit is closed".into())
-                })?),
+                // A wait, not an upstream call: the guard's owner does not time it as one.
+                Some(sem) => Some(
+                    oncely_tower::wait_for_slot(sem.acquire_owned())
+                        .await
+                        .map_err(|_| {
+                            UpstreamError::BeforeSend(
+                                "the route's concurrency limit is closed".into(),
+                            )
+                        })?,
+                ),
                 None => None,
             };
             // `oncely_in_flight` and `oncely_upstream_seconds` are counted by the guard's

@@ -93,7 +93,7 @@ pub async fn ask(
             response: StoredResponse {
                 status,
                 headers,
-                body: Some(body.to_vec()),
+                body: Some(body),
             },
             window: Duration::ZERO,
             reason: format!("reconciled: {} {uri} answered {status}", spec.method),

@@ -129,7 +129,7 @@ async fn seed(path: &Path) -> (Record, Record, Record) {
                 response: StoredResponse {
                     status: 201,
                     headers: vec![("content-type".into(), "text/plain".into())],
-                    body: Some(b"rendered".to_vec()),
+                    body: Some(bytes::Bytes::from_static(b"rendered")),
                 },
                 units: 12,
                 window: Duration::from_secs(3600),

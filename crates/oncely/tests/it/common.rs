@@ -140,6 +140,11 @@ impl Gateway {
         panic!("serve did not stop within 15s of SIGTERM");
     }
 
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The URL of a path on the gateway.
     pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)

@@ -316,7 +316,7 @@ fn assert_outcome_unknown(a: &Answer) {
 
 /// Raises this process's soft file-descriptor limit to its hard limit (children
 /// inherit it), so that 1,000 client sockets plus the gateway's fit.
-fn raise_fd_limit() {
+pub(crate) fn raise_fd_limit() {
     let pid = std::process::id().to_string();
     let hard = std::process::Command::new("prlimit")
         .args([
