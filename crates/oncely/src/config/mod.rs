@@ -363,6 +363,9 @@ pub struct WebhookEndpoint {
     pub max_attempts: u32,
     /// First retry delay (default 1s).
     pub retry_backoff: Duration,
+    /// The delivery worker's lease on a delivery, renewed while it runs: a delivery cut
+    /// off by a crash is sent again about this long after (an extension; default 30s).
+    pub lease: Duration,
 }
 
 /// The whole validated configuration.
@@ -466,6 +469,7 @@ const WEBHOOK_KEYS: &[&str] = &[
     "deliver_timeout",
     "max_attempts",
     "retry_backoff",
+    "lease",
     "signature_header",
     "signature_encoding",
     "signature_prefix",
@@ -1204,6 +1208,7 @@ fn webhook_endpoint(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEnd
     };
     let retry_backoff =
         read::duration(t, loc, "retry_backoff", p).unwrap_or(Duration::from_secs(1));
+    let lease = read::duration(t, loc, "lease", p).unwrap_or(Duration::from_secs(30));
     Some(WebhookEndpoint {
         path: path?,
         verify: verify?,
@@ -1215,6 +1220,7 @@ fn webhook_endpoint(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEnd
         deliver_timeout,
         max_attempts,
         retry_backoff,
+        lease,
     })
 }
 

@@ -1,0 +1,101 @@
+//! Leases on SQLite, measured on the monotonic clock.
+//!
+//! A lease is stored as `lease_until` with the wall-clock time of its last renewal
+//! (`updated_at`), but a step of the wall clock (NTP, an operator) must neither let a
+//! live owner be taken over nor hold a dead one's work. So this process decides that a
+//! lease lapsed only by what it observed: the lease's token (attempt and `lease_until`,
+//! which every renewal changes) unchanged for its whole length (`lease_until -
+//! updated_at`) of monotonic time since this process first saw it. A live owner renews
+//! every third of its lease, so whoever watches sees the token change before that; an
+//! owner that died is taken over one lease after it was first seen without renewals
+//! (after a restart: one lease after the restart).
+//!
+//! The observations are the process's own, shared by every store it opens (record and
+//! task ids are unique), and written ones count: a claim, renewal or take-over made here
+//! starts its lease's watch at once.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use oncely_core::{Record, State, Timestamp};
+
+use crate::{Task, TaskState};
+
+/// When this process first saw one lease token.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    token: (u32, i64),
+    since: Duration,
+    length: Duration,
+}
+
+/// Past this many watched leases, those lapsed long ago are forgotten.
+const PRUNE_ABOVE: usize = 10_000;
+
+fn watched() -> &'static Mutex<HashMap<String, Seen>> {
+    static WATCHED: OnceLock<Mutex<HashMap<String, Seen>>> = OnceLock::new();
+    WATCHED.get_or_init(Mutex::default)
+}
+
+/// How long the lease `(attempt, until)` of `id`, renewed at `renewed`, still holds as
+/// this process observed it at monotonic time `mono` (zero: it lapsed).
+fn remaining(
+    id: &str,
+    attempt: u32,
+    until: Timestamp,
+    renewed: Timestamp,
+    mono: Duration,
+) -> Duration {
+    let token = (attempt, until.0);
+    let length = Duration::from_millis(until.0.saturating_sub(renewed.0).max(0) as u64);
+    let mut seen = watched().lock().expect("lease watch lock");
+    if seen.len() > PRUNE_ABOVE {
+        seen.retain(|_, s| mono.saturating_sub(s.since) < s.length + Duration::from_secs(600));
+    }
+    let entry = seen.entry(id.to_string()).or_insert(Seen {
+        token,
+        since: mono,
+        length,
+    });
+    if entry.token != token {
+        *entry = Seen {
+            token,
+            since: mono,
+            length,
+        };
+    }
+    entry
+        .length
+        .saturating_sub(mono.saturating_sub(entry.since))
+}
+
+/// What is left of a processing record's lease (zero for any other record, or no lease).
+pub(super) fn record_remaining(r: &Record, mono: Duration) -> Duration {
+    match (r.state, r.lease_until) {
+        (State::Processing, Some(until)) => {
+            remaining(r.id.as_str(), r.attempt, until, r.updated_at, mono)
+        }
+        _ => Duration::ZERO,
+    }
+}
+
+/// What is left of a running task's lease (zero for any other task, or no lease).
+pub(super) fn task_remaining(t: &Task, mono: Duration) -> Duration {
+    match (t.state, t.lease_until) {
+        (TaskState::Running, Some(until)) => {
+            remaining(t.id.as_str(), t.attempts, until, t.updated_at, mono)
+        }
+        _ => Duration::ZERO,
+    }
+}
+
+/// A record as this process sees it: a processing record's `lease_until` is where its
+/// lease ends by this process's observation, on the wall clock of `now`, so that callers
+/// comparing it with `now` decide as the store does.
+pub(super) fn as_observed(mut r: Record, now: Timestamp, mono: Duration) -> Record {
+    if r.state == State::Processing && r.lease_until.is_some() {
+        r.lease_until = Some(now.plus(record_remaining(&r, mono)));
+    }
+    r
+}
