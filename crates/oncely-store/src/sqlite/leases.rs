@@ -30,12 +30,34 @@ struct Seen {
     length: Duration,
 }
 
-/// Past this many watched leases, those lapsed long ago are forgotten.
-const PRUNE_ABOVE: usize = 10_000;
+/// The watched leases, and the size at which those lapsed a while ago are forgotten.
+struct Watched {
+    seen: HashMap<String, Seen>,
+    prune_at: usize,
+}
 
-fn watched() -> &'static Mutex<HashMap<String, Seen>> {
-    static WATCHED: OnceLock<Mutex<HashMap<String, Seen>>> = OnceLock::new();
-    WATCHED.get_or_init(Mutex::default)
+/// The first size at which lapsed leases are forgotten (it doubles while more are live).
+const PRUNE_AT: usize = 10_000;
+/// How long past its end a lapsed lease's watch is kept.
+const KEEP_LAPSED: Duration = Duration::from_secs(60);
+
+fn watched() -> std::sync::MutexGuard<'static, Watched> {
+    static WATCHED: OnceLock<Mutex<Watched>> = OnceLock::new();
+    WATCHED
+        .get_or_init(|| {
+            Mutex::new(Watched {
+                seen: HashMap::new(),
+                prune_at: PRUNE_AT,
+            })
+        })
+        .lock()
+        .expect("lease watch lock")
+}
+
+/// Stops watching `id` (its lease ended here: completed, released, finished). Forgetting
+/// too early only makes the next look start the watch again, later.
+pub(super) fn forget(id: &str) {
+    watched().seen.remove(id);
 }
 
 /// How long the lease `(attempt, until)` of `id`, renewed at `renewed`, still holds as
@@ -49,11 +71,14 @@ fn remaining(
 ) -> Duration {
     let token = (attempt, until.0);
     let length = Duration::from_millis(until.0.saturating_sub(renewed.0).max(0) as u64);
-    let mut seen = watched().lock().expect("lease watch lock");
-    if seen.len() > PRUNE_ABOVE {
-        seen.retain(|_, s| mono.saturating_sub(s.since) < s.length + Duration::from_secs(600));
+    let mut watched = watched();
+    if watched.seen.len() >= watched.prune_at {
+        watched
+            .seen
+            .retain(|_, s| mono.saturating_sub(s.since) < s.length + KEEP_LAPSED);
+        watched.prune_at = (watched.seen.len() * 2).max(PRUNE_AT);
     }
-    let entry = seen.entry(id.to_string()).or_insert(Seen {
+    let entry = watched.seen.entry(id.to_string()).or_insert(Seen {
         token,
         since: mono,
         length,

@@ -315,26 +315,33 @@ impl Store for SqliteStore {
                 Ok(r.clone())
             })
             .await?;
+        leases::forget(done.id.as_str());
         self.cache.offer(epoch, &done, self.clock.now());
         Ok(done)
     }
 
     async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
         let fence = fence.clone();
-        self.transition(&fence.id.clone(), move |r, now| {
-            r.release(&fence, error, now)?;
-            Ok(r.clone())
-        })
-        .await
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.release(&fence, error, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        Ok(done)
     }
 
     async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
         let fence = fence.clone();
-        self.transition(&fence.id.clone(), move |r, now| {
-            r.mark_unknown(&fence, error, now)?;
-            Ok(r.clone())
-        })
-        .await
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.mark_unknown(&fence, error, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        Ok(done)
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {

@@ -321,6 +321,7 @@ impl SqliteStore {
                     attempt: fence.attempt,
                 })?;
                 let finished = t.finish(&fence, outcome, now)?;
+                leases::forget(t.id.as_str());
                 if finished == Finished::Done {
                     conn.prepare_cached("DELETE FROM tasks WHERE id = ?1")
                         .and_then(|mut st| st.execute([&t.id.0]))
