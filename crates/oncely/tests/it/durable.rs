@@ -56,12 +56,16 @@ impl Seen {
 }
 
 /// `POST /v1/render` with `{"text": T}`: the first execution of a T that starts with
-/// `cut` hangs for a minute (it is cut off by the crash); everything else answers 201 at
-/// once. `POST /internal/events`: the same per event id.
+/// `cut` hangs for a minute (it is cut off by the crash), a T that starts with `slow`
+/// takes 4 s; everything else answers 201 at once. `POST /internal/events`: the same per
+/// event id.
 fn service(seen: Seen) -> axum::Router {
     async fn hang_first(seen: &Seen, text: &str, headers: &HeaderMap) {
         if seen.note(text, headers) && text.starts_with("cut") {
             tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        if text.starts_with("slow") {
+            tokio::time::sleep(Duration::from_secs(4)).await;
         }
     }
     axum::Router::new()
@@ -358,15 +362,7 @@ wait = "10s"
         ),
     )
     .unwrap();
-    let gw = Gateway::start(
-        &["--config", cfg.to_str().unwrap()],
-        &[
-            ("LD_PRELOAD", libfaketime().as_str()),
-            ("FAKETIME_TIMESTAMP_FILE", clock.to_str().unwrap()),
-            ("FAKETIME_NO_CACHE", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
+    let gw = under_faketime(cfg.to_str().unwrap(), &clock);
     let gw = Arc::new(gw);
     let headers = [ALICE, ("idempotency-key", "charge-1")];
     let first = {
@@ -399,4 +395,48 @@ wait = "10s"
         1,
         "the live owner was not taken over"
     );
+}
+
+/// `oncely serve --config CFG` with its wall clock read from the file `clock`
+/// (libfaketime; the monotonic clock is left alone).
+fn under_faketime(cfg: &str, clock: &std::path::Path) -> Gateway {
+    Gateway::start(
+        &["--config", cfg],
+        &[
+            ("LD_PRELOAD", libfaketime().as_str()),
+            ("FAKETIME_TIMESTAMP_FILE", clock.to_str().unwrap()),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("TEST_WEBHOOK_SECRET", WEBHOOK_SECRET),
+        ],
+    )
+}
+
+/// The same step while a queued job runs on SQLite (route lease 1s): its task is not
+/// leased again and its record not taken over, so the job runs once and completes at
+/// attempt 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_clock_step_does_not_run_a_live_job_again() {
+    let seen = Seen::default();
+    let up = upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    std::fs::write(&clock, "+0\n").unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let cfg = config(dir.path(), &store, up);
+    let gw = under_faketime(&cfg, &clock);
+    let job = render(&gw, "slow-job").await;
+    assert_eq!(job.status, 202, "{}", job.text());
+    assert_eq!(
+        seen.until("slow-job", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
+    std::fs::write(&clock, "+1h\n").unwrap();
+    let done = until_done(&gw, job.header("location"), Duration::from_secs(15)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["attempt"], 1, "{done}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(seen.of("slow-job").len(), 1, "the live job ran once");
 }
