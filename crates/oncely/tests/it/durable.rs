@@ -4,6 +4,10 @@
 //! frees its route's `concurrency` slot for the queued job behind it; a webhook delivery
 //! cut off mid-flight is sent again; on PostgreSQL another instance takes the work up.
 //! Before, a job waited `timeout + 2 x lease` and a delivery a fixed 120 s.
+//!
+//! And the other way round: a forward step of the wall clock (libfaketime) larger than
+//! the lease takes nothing from a live owner on SQLite (leases are measured on the
+//! monotonic clock).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
