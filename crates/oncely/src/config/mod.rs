@@ -1208,7 +1208,14 @@ fn webhook_endpoint(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEnd
     };
     let retry_backoff =
         read::duration(t, loc, "retry_backoff", p).unwrap_or(Duration::from_secs(1));
-    let lease = read::duration(t, loc, "lease", p).unwrap_or(Duration::from_secs(30));
+    let lease = match read::duration(t, loc, "lease", p) {
+        Some(d) if d.is_zero() => {
+            p.add(at(loc, "lease"), "must be longer than 0");
+            Duration::from_secs(30)
+        }
+        Some(d) => d,
+        None => Duration::from_secs(30),
+    };
     Some(WebhookEndpoint {
         path: path?,
         verify: verify?,
@@ -1412,6 +1419,7 @@ verify = "hmac-sha256"
 secret_env = "X SECRET"
 deliver_to = "http://127.0.0.1:1/x"
 max_attempts = 0
+lease = "0s"
 dedupe_fields = ["type"]
 [[webhooks]]
 path = "/hooks/s"
@@ -1427,6 +1435,7 @@ signature_header = "x-sig"
             "mcp[1].path: \"/mcp\" is already used by mcp[0]",
             "webhooks[0].secret_env: ",
             "webhooks[0].max_attempts: must be at least 1",
+            "webhooks[0].lease: must be longer than 0",
             "webhooks[0].dedupe_fields[0]: ",
             "webhooks[0].event_id: verify = \"hmac-sha256\" has no default event id",
             "webhooks[1].verify: unknown webhook verification scheme",
