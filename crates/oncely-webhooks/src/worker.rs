@@ -1,8 +1,9 @@
 //! The delivery worker: leases queued webhook deliveries and posts them to `deliver_to`.
 //!
 //! Each delivery is a `POST` of the original body with the original `Content-Type` and
-//! `Idempotency-Key: EVENT_ID`, bounded by the webhook's `deliver_timeout`. A 2xx answer finishes it (the task and its body are deleted); any other answer,
-//! a connection failure or a timeout schedules a retry at a random time in
+//! `Idempotency-Key: EVENT_ID`, bounded by the webhook's `deliver_timeout`. A 2xx answer
+//! finishes it (the task and its body are deleted); any other answer, a connection
+//! failure or a timeout schedules a retry at a random time in
 //! `[0, retry_backoff * 2^(attempt-1)]` (full jitter, the ceiling capped at one hour), and
 //! after `max_attempts` the delivery is dead-lettered (see [`crate::ops`]).
 //!
