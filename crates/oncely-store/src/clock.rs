@@ -17,6 +17,19 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn offset(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// Time on a clock that never steps (`CLOCK_MONOTONIC`), from an arbitrary origin
+    /// fixed per process. The SQLite store measures leases with it, so that a step of
+    /// the wall clock neither lapses a live lease nor holds a dead one.
+    fn monotonic(&self) -> Duration {
+        monotonic_now()
+    }
+}
+
+/// Time elapsed on the monotonic clock since this process first asked.
+pub fn monotonic_now() -> Duration {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
 }
 
 /// The system clock.
@@ -42,6 +55,7 @@ pub fn system_now() -> Timestamp {
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {
     ahead_ms: Arc<AtomicI64>,
+    stepped_ms: Arc<AtomicI64>,
 }
 
 impl ManualClock {
@@ -50,19 +64,35 @@ impl ManualClock {
         ManualClock::default()
     }
 
-    /// Moves the clock forward.
+    /// Moves the clock forward: time passes (the wall clock and the monotonic clock).
     pub fn advance(&self, by: Duration) {
         self.ahead_ms
+            .fetch_add(by.as_millis() as i64, Ordering::SeqCst);
+    }
+
+    /// Steps the wall clock forward without time passing (the monotonic clock stays), as
+    /// an operator or NTP stepping the system clock would.
+    pub fn step_wall(&self, by: Duration) {
+        self.stepped_ms
             .fetch_add(by.as_millis() as i64, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        Timestamp(system_now().0 + self.ahead_ms.load(Ordering::SeqCst))
+        Timestamp(
+            system_now().0
+                + self.ahead_ms.load(Ordering::SeqCst)
+                + self.stepped_ms.load(Ordering::SeqCst),
+        )
     }
 
     fn offset(&self) -> Duration {
-        Duration::from_millis(self.ahead_ms.load(Ordering::SeqCst).max(0) as u64)
+        let ms = self.ahead_ms.load(Ordering::SeqCst) + self.stepped_ms.load(Ordering::SeqCst);
+        Duration::from_millis(ms.max(0) as u64)
+    }
+
+    fn monotonic(&self) -> Duration {
+        monotonic_now() + Duration::from_millis(self.ahead_ms.load(Ordering::SeqCst).max(0) as u64)
     }
 }

@@ -1195,6 +1195,161 @@ pub async fn queue_lapsed_lease_is_leased_again_and_fenced(h: &dyn Harness) {
     );
 }
 
+/// The reconciliation schedule of an outcome_unknown record is kept in the ledger and
+/// shared by instances: a compare and set, so that of two instances racing for one
+/// attempt exactly one wins; it is `None` outside outcome_unknown, and a record that
+/// leaves the state and comes back starts afresh.
+pub async fn reconcile_schedule_is_shared_and_compared(h: &dyn Harness) {
+    use crate::ReconcileSchedule;
+    let store = h.store().await;
+    let second = h.second().await;
+    let a = owned(
+        store
+            .claim(&spec("alice", "rs", "{}", Class::Action, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.reconcile_schedule(&a.id).await.unwrap(), None);
+    let fresh = ReconcileSchedule::default();
+    let held = |n: u32, at: i64| ReconcileSchedule {
+        attempts: n,
+        next_at: Some(oncely_core::Timestamp(at)),
+    };
+    assert!(
+        !store
+            .schedule_reconcile(&a.id, fresh, held(1, 10))
+            .await
+            .unwrap(),
+        "no schedule while processing"
+    );
+    store
+        .mark_unknown(&a.fence().unwrap(), "timeout after send".into())
+        .await
+        .unwrap();
+    assert_eq!(store.reconcile_schedule(&a.id).await.unwrap(), Some(fresh));
+    // Ten instances race for attempt 1: one wins.
+    let racers: Vec<_> = (0..10)
+        .map(|i| {
+            let s = if i % 2 == 0 {
+                store.clone()
+            } else {
+                second.clone()
+            };
+            let id = a.id.clone();
+            tokio::spawn(async move {
+                s.schedule_reconcile(&id, fresh, held(1, 1_000 + i))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for r in racers {
+        won += usize::from(r.await.unwrap());
+    }
+    assert_eq!(won, 1, "one instance takes the attempt");
+    let now = second.reconcile_schedule(&a.id).await.unwrap().unwrap();
+    assert_eq!(now.attempts, 1, "the other instance sees it");
+    assert!(
+        !store
+            .schedule_reconcile(&a.id, fresh, held(1, 5))
+            .await
+            .unwrap(),
+        "a stale view is refused"
+    );
+    assert!(second
+        .schedule_reconcile(&a.id, now, held(1, 99_000))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.reconcile_schedule(&a.id).await.unwrap(),
+        Some(held(1, 99_000))
+    );
+    // Released by reconciliation, reclaimed, unknown again: a new schedule.
+    store
+        .resolve(
+            &a.id,
+            Resolution::Released {
+                reason: "404".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.reconcile_schedule(&a.id).await.unwrap(), None);
+    h.advance(Duration::from_millis(5));
+    let again = owned(
+        store
+            .claim(&spec("alice", "rs", "{}", Class::Action, "o2"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.id, a.id);
+    h.advance(Duration::from_millis(5));
+    store
+        .mark_unknown(&again.fence().unwrap(), "reset".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        second.reconcile_schedule(&a.id).await.unwrap(),
+        Some(fresh),
+        "a new stay in outcome_unknown starts afresh"
+    );
+}
+
+/// A renewed task lease holds past its first term, on every instance and under the
+/// shared cap; once renewals stop it lapses one lease later. A stale leaseholder cannot
+/// renew.
+pub async fn queue_renewed_lease_holds_then_lapses(h: &dyn Harness) {
+    let store = h.store().await;
+    let second = h.second().await;
+    let t = enqueue(&store, "long", 5).await;
+    let first = store.lease_tasks("webhook", "w1", 10, LEASE).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let fence = first[0].fence().unwrap();
+    for _ in 0..3 {
+        h.advance(LEASE / 2);
+        store.renew_task(&fence, LEASE).await.unwrap();
+        assert!(
+            second
+                .lease_tasks("webhook", "w2", 10, LEASE)
+                .await
+                .unwrap()
+                .is_empty(),
+            "a renewed lease is not leased again"
+        );
+        assert!(
+            second
+                .lease_tasks_capped("webhook", "w2", 1, LEASE)
+                .await
+                .unwrap()
+                .is_empty(),
+            "a renewed lease holds its slot"
+        );
+    }
+    let held = second.get_task(&t.id).await.unwrap().unwrap();
+    assert_eq!((held.state, held.attempts), (TaskState::Running, 1));
+    h.advance(LEASE + Duration::from_secs(1));
+    let again = second
+        .lease_tasks("webhook", "w2", 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "without renewals the lease lapses");
+    assert_eq!(again[0].attempts, 2);
+    let err = store.renew_task(&fence, LEASE).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::Fenced { attempt: 1, .. })),
+        "{err:?}"
+    );
+    let fence = again[0].fence().unwrap();
+    second.renew_task(&fence, LEASE).await.unwrap();
+    second.finish_task(&fence, TaskOutcome::Done).await.unwrap();
+    let err = second.renew_task(&fence, LEASE).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Task(TaskError::Fenced { .. })),
+        "a finished task cannot be renewed: {err:?}"
+    );
+}
+
 /// A retry waits for its time, then is leased with attempt + 1.
 pub async fn queue_retry_schedules_next_at(h: &dyn Harness) {
     let store = h.store().await;
@@ -1570,6 +1725,7 @@ macro_rules! conformance_tests {
             renew_keeps_the_lease,
             lapsed_action_becomes_outcome_unknown,
             resolve_out_of_outcome_unknown,
+            reconcile_schedule_is_shared_and_compared,
             wait_for_wakes_and_times_out,
             waiter_on_second_instance_wakes_quickly,
             principals_are_isolated,
@@ -1580,6 +1736,7 @@ macro_rules! conformance_tests {
             queue_concurrent_claims_enqueue_once,
             queue_concurrent_leases_never_share,
             queue_lapsed_lease_is_leased_again_and_fenced,
+            queue_renewed_lease_holds_then_lapses,
             queue_retry_schedules_next_at,
             queue_dead_after_max_attempts_then_requeue,
             queue_released_record_is_reclaimed_with_a_new_task,

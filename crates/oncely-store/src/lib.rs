@@ -127,6 +127,20 @@ pub struct Usage {
     pub by_principal: Vec<UsageRow>,
 }
 
+/// Where the server's own reconciliation of one `outcome_unknown` record stands: kept in
+/// the ledger, so that a restarted server continues it and every instance on the
+/// database shares it. It belongs to one stay in `outcome_unknown` (the record's
+/// `updated_at` when it got there): a record that leaves the state and comes back
+/// starts afresh, at [`ReconcileSchedule::default`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReconcileSchedule {
+    /// Attempts begun so far.
+    pub attempts: u32,
+    /// When the next attempt is due (`None`: not set yet, the route's
+    /// `reconcile_after` from `updated_at` applies).
+    pub next_at: Option<Timestamp>,
+}
+
 /// The ledger. Every method is one round trip to the database, and every state change
 /// follows `oncely_core::record`.
 #[async_trait]
@@ -198,6 +212,31 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// same value.
     async fn secret(&self, name: &str) -> Result<Vec<u8>>;
 
+    /// The reconciliation schedule of an `outcome_unknown` record (`None` for any other
+    /// state, or no such record).
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        let _ = id;
+        Err(StoreError::Unavailable(
+            "this store keeps no reconciliation schedule".into(),
+        ))
+    }
+
+    /// Sets the reconciliation schedule of an `outcome_unknown` record to `next` only if
+    /// it is still `seen` (compare and set); answers whether it did. An instance that
+    /// moves the schedule from what it read to "attempt n + 1, held until ..." is the
+    /// only one to ask the upstream for that attempt.
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        let _ = (id, seen, next);
+        Err(StoreError::Unavailable(
+            "this store keeps no reconciliation schedule".into(),
+        ))
+    }
+
     // The durable task queue ([`queue`]).
 
     /// Claims every spec and enqueues `task`, in one transaction, only if every claim is
@@ -240,6 +279,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         max_running: usize,
         lease: Duration,
     ) -> Result<Vec<Task>>;
+
+    /// The leaseholder extends its lease on a running task to `now + lease`, fenced by
+    /// owner and attempt (refused with [`TaskError::Fenced`] once the task was leased
+    /// again or finished). Workers renew every third of the lease while the work runs.
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        let _ = (fence, lease);
+        Err(StoreError::Unavailable(
+            "this store cannot renew task leases".into(),
+        ))
+    }
 
     /// Ends the leased attempt, fenced by owner and attempt: done (the row and its body
     /// are deleted), retry at a time (dead when it was the last attempt), or dead.

@@ -15,7 +15,10 @@ use oncely_core::{
 use crate::queue::{Finished, NewTask, Task, TaskCounts, TaskError, TaskFence, TaskId};
 use crate::queue::{TaskOutcome, TaskState};
 use crate::waiters::{wait_until_settled, Waiters};
-use crate::{new_record_id, Claim, Clock, ListFilter, Result, Store, StoreError, Usage, UsageRow};
+use crate::{
+    new_record_id, Claim, Clock, ListFilter, ReconcileSchedule, Result, Store, StoreError, Usage,
+    UsageRow,
+};
 
 #[derive(Debug, Default)]
 struct Data {
@@ -23,6 +26,21 @@ struct Data {
     by_key: HashMap<(Scope, String), RecordId>,
     secrets: HashMap<String, Vec<u8>>,
     tasks: BTreeMap<TaskId, Task>,
+    /// Reconciliation schedules, by record, with the `updated_at` they belong to.
+    reconcile: HashMap<RecordId, (Timestamp, ReconcileSchedule)>,
+}
+
+impl Data {
+    fn reconcile_schedule(&self, id: &RecordId) -> Option<ReconcileSchedule> {
+        let record = self.records.get(id)?;
+        if record.state != State::OutcomeUnknown {
+            return None;
+        }
+        Some(match self.reconcile.get(id) {
+            Some((since, schedule)) if *since == record.updated_at => *schedule,
+            _ => ReconcileSchedule::default(),
+        })
+    }
 }
 
 /// The in-memory store. Not durable: for tests only.
@@ -151,6 +169,29 @@ impl Store for MemoryStore {
 
     async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
         wait_until_settled(&self.waiters, id, timeout, || async { self.get(id).await }).await
+    }
+
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        Ok(self
+            .data
+            .lock()
+            .expect("memory store lock")
+            .reconcile_schedule(id))
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        let mut data = self.data.lock().expect("memory store lock");
+        if data.reconcile_schedule(id) != Some(seen) {
+            return Ok(false);
+        }
+        let since = data.records[id].updated_at;
+        data.reconcile.insert(id.clone(), (since, next));
+        Ok(true)
     }
 
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
@@ -309,6 +350,20 @@ impl Store for MemoryStore {
             .count();
         let free = max_running.saturating_sub(live);
         Ok(lease_due(&mut data, kind, owner, free, lease, now))
+    }
+
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let task = data
+            .tasks
+            .get_mut(&fence.id)
+            .ok_or_else(|| TaskError::Fenced {
+                id: fence.id.clone(),
+                attempt: fence.attempt,
+            })?;
+        task.renew(fence, lease, now)?;
+        Ok(())
     }
 
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {

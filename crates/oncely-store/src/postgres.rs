@@ -40,14 +40,16 @@ use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, Result, Store, StoreError,
-    StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage, UsageRow,
+    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Result, Store,
+    StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage,
+    UsageRow,
 };
 
 mod batch;
 mod listener;
 pub mod migrations;
 mod queue;
+mod reconcile;
 
 /// How long an operation waits for a pooled connection, or for a new one, before the
 /// store answers [`StoreError::Unavailable`].
@@ -505,6 +507,19 @@ impl Store for PgStore {
         .await
     }
 
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        self.reconcile_get(id).await
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        self.reconcile_set(id, seen, next).await
+    }
+
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let state = filter.state.map(State::as_str);
         let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
@@ -629,6 +644,10 @@ impl Store for PgStore {
     ) -> Result<Vec<Task>> {
         self.queue_lease_capped(kind, owner, max_running, lease)
             .await
+    }
+
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        self.queue_renew(fence, lease).await
     }
 
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {

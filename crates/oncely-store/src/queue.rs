@@ -18,7 +18,9 @@
 //! - **Due**: `pending` with `next_at <= now`, or `running` whose lease lapsed.
 //! - **Lease**: `attempts + 1`, the worker's name as owner, `lease_until = now + lease`;
 //!   the fence is `(id, owner, attempts)`, so a worker whose lease lapsed and was leased
-//!   again cannot finish the task any more ([`TaskError::Fenced`]).
+//!   again cannot finish the task any more ([`TaskError::Fenced`]). The worker renews
+//!   its lease while the work runs ([`Task::renew`]), so leases are short and the task of
+//!   a worker that died is leased again about one lease later.
 //! - **Bodies** live only while needed: a finished (`Done`) task's row is deleted; a dead
 //!   task keeps its body so that it can be requeued.
 //! - PostgreSQL leases with `FOR UPDATE SKIP LOCKED`, so instances on one database never
@@ -341,6 +343,20 @@ impl Task {
         Ok(())
     }
 
+    /// The leaseholder extends its lease while the work runs (like a record's owner), so
+    /// that a lease can be short and a dead worker's task is leased again soon.
+    pub fn renew(
+        &mut self,
+        fence: &TaskFence,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<(), TaskError> {
+        self.check_fence(fence)?;
+        self.lease_until = Some(now.plus(lease));
+        self.updated_at = now;
+        Ok(())
+    }
+
     /// Ends the current attempt. `Done` leaves the task as it was (the store deletes it).
     pub fn finish(
         &mut self,
@@ -382,6 +398,36 @@ impl Task {
         self.next_at = now;
         self.updated_at = now;
         Ok(())
+    }
+}
+
+/// Runs `work` while keeping the task's lease alive: renews it every third of `lease`
+/// (on the monotonic clock) until `work` ends. A refused renewal (the task was leased
+/// again, so this worker was taken for dead) is logged and the work runs on: what it
+/// records is fenced by the record and the task.
+pub async fn while_leased<F: std::future::Future>(
+    store: &dyn crate::Store,
+    fence: &TaskFence,
+    lease: Duration,
+    work: F,
+) -> F::Output {
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                let renewal = store.renew_task(fence, lease);
+                tokio::select! {
+                    out = &mut work => return out,
+                    r = renewal => if let Err(e) = r {
+                        tracing::warn!(task = %fence.id, attempt = fence.attempt, error = %e, "task lease renewal failed");
+                    },
+                }
+            }
+        }
     }
 }
 

@@ -22,10 +22,11 @@
 //! - A duplicate gets the same job: it waits up to `wait` too, then gets the answer
 //!   (`joined`) or 202 with the same id. Once done, duplicates are `replayed`.
 //! - The gateway may stop at any point: a pending task runs after a restart (or on
-//!   another instance), exactly once per record; a task whose worker died mid-call is
-//!   leased again once its lease (the route's `timeout` plus twice its `lease`) lapses,
-//!   and the record is taken over with attempt + 1 and the same downstream key (jobs are
-//!   write-like).
+//!   another instance), exactly once per record; the worker renews the task's lease
+//!   (the route's `lease`) while the job runs, so a task whose worker died mid-call holds
+//!   its slot no longer than one `lease`: it is leased again, and the record (whose lease
+//!   lapses at the same time) is taken over with attempt + 1 and the same downstream key
+//!   (jobs are write-like).
 //! - A failed job (its record released) runs again when the original request is sent
 //!   again: that retry's `claim_with_task` reclaims the released record (same id,
 //!   attempt + 1, so the same downstream key) and queues the call again, so the retry
@@ -48,6 +49,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use oncely_core::{ClaimSpec, DownstreamKey, Record, RecordId, State, TakeOverOutcome};
+use oncely_store::queue::while_leased;
 use oncely_store::{Claim, NewTask, Task, TaskOutcome};
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinSet;
@@ -73,11 +75,11 @@ pub fn task_kind(route: &str) -> String {
     format!("job:{route}")
 }
 
-/// How long a worker's lease on a job task lasts: the call's whole `timeout`, plus twice
-/// the record's `lease`, so that when a dead worker's task is leased again its record's
-/// lease has lapsed as well (and the record can be taken over).
+/// How long a worker's lease on a job task lasts without renewal: the route's `lease`,
+/// like its record's. The worker renews both while the job runs, so the slot, the task
+/// and the record of a worker that died are taken up again about one `lease` later.
 pub fn task_lease(policy: &RoutePolicy) -> Duration {
-    policy.timeout + policy.lease * 2
+    policy.lease
 }
 
 /// What the layer and the worker share: the first requests waiting for their job's
@@ -664,7 +666,10 @@ async fn work<S, ResBody>(
                 let token = guard.tasks.start();
                 running.spawn(async move {
                     let _token = token;
-                    run_job(&guard, &policy, inner, task).await;
+                    let Some(fence) = task.fence() else { return };
+                    let store = guard.store.clone();
+                    let run = run_job(&guard, &policy, inner, task);
+                    while_leased(&*store, &fence, task_lease(&policy), run).await;
                 });
             }
         }

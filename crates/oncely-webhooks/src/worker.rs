@@ -1,16 +1,17 @@
 //! The delivery worker: leases queued webhook deliveries and posts them to `deliver_to`.
 //!
 //! Each delivery is a `POST` of the original body with the original `Content-Type` and
-//! `Idempotency-Key: EVENT_ID`, bounded by the webhook's `deliver_timeout` (and by the
-//! lease). A 2xx answer finishes it (the task and its body are deleted); any other answer,
-//! a connection failure or a timeout schedules a retry at a random time in
+//! `Idempotency-Key: EVENT_ID`, bounded by the webhook's `deliver_timeout`. A 2xx answer
+//! finishes it (the task and its body are deleted); any other answer, a connection
+//! failure or a timeout schedules a retry at a random time in
 //! `[0, retry_backoff * 2^(attempt-1)]` (full jitter, the ceiling capped at one hour), and
 //! after `max_attempts` the delivery is dead-lettered (see [`crate::ops`]).
 //!
 //! The store's queue makes this safe with many workers: a task is leased to one worker at
-//! a time (PostgreSQL: `FOR UPDATE SKIP LOCKED`), and a worker that dies mid-delivery
-//! leaves its task to be leased again when the lease lapses. The handler may therefore
-//! receive an event more than once, always with the same `Idempotency-Key`.
+//! a time (PostgreSQL: `FOR UPDATE SKIP LOCKED`), the worker renews its lease every third
+//! of it while the delivery runs, and a worker that dies mid-delivery leaves its task to
+//! be leased again about one lease later. The handler may therefore receive an event more
+//! than once, always with the same `Idempotency-Key`.
 //!
 //! The worker wakes at once when this process's ingress queues an event ([`Waker`]) and
 //! polls every `poll_interval` for retries that come due and other instances' tasks.
@@ -24,6 +25,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
@@ -40,8 +42,9 @@ pub struct WorkerOptions {
     pub owner: String,
     /// Deliveries in flight at once.
     pub concurrency: usize,
-    /// How long a lease lasts; a delivery's timeout is capped below it. A worker that
-    /// dies leaves its deliveries to others after this.
+    /// How long a lease lasts without renewal (the worker renews it every third of it
+    /// while a delivery runs). A worker that dies leaves its deliveries to others after
+    /// this.
     pub lease: Duration,
     /// How often to look for due tasks without a wake-up.
     pub poll_interval: Duration,
@@ -54,7 +57,7 @@ impl Default for WorkerOptions {
         WorkerOptions {
             owner: format!("worker-{}-{}", std::process::id(), rand::random::<u32>()),
             concurrency: 16,
-            lease: Duration::from_secs(120),
+            lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(30),
         }
@@ -204,15 +207,15 @@ impl Run {
     async fn deliver(&self, task: Task) {
         let Some(fence) = task.fence() else { return };
         let event_id = task.header("idempotency-key").unwrap_or("").to_string();
-        // Leave a margin so a hung delivery is given up before the lease lapses.
-        let cap = self
-            .options
-            .lease
-            .saturating_sub(Duration::from_millis(500))
-            .max(Duration::from_millis(100));
-        let timeout = task.timeout.min(cap);
+        let timeout = task.timeout;
         let started = Instant::now();
-        let result = tokio::time::timeout(timeout, self.send(&task)).await;
+        let result = while_leased(
+            &*self.store,
+            &fence,
+            self.options.lease,
+            tokio::time::timeout(timeout, self.send(&task)),
+        )
+        .await;
         let error = match result {
             Ok(Ok(status)) if (200..300).contains(&status) => None,
             Ok(Ok(status)) => Some(format!("the handler answered {status}")),

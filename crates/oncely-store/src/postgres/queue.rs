@@ -542,6 +542,34 @@ impl PgStore {
         leased(&rows)
     }
 
+    pub(super) async fn queue_renew(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        let sql = format!(
+            "WITH t AS ({NOW})
+             UPDATE tasks k SET lease_until = t.now + $5, updated_at = t.now
+             FROM t
+             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
+             RETURNING k.id"
+        );
+        self.query_opt(
+            &sql,
+            &[
+                &self.offset(),
+                &fence.id.0,
+                &fence.owner,
+                &i32_of(fence.attempt),
+                &ms(lease),
+            ],
+        )
+        .await?
+        .map(|_| ())
+        .ok_or_else(|| {
+            StoreError::Task(TaskError::Fenced {
+                id: fence.id.clone(),
+                attempt: fence.attempt,
+            })
+        })
+    }
+
     pub(super) async fn queue_finish(
         &self,
         fence: &TaskFence,

@@ -24,20 +24,22 @@ use std::time::Duration;
 use async_trait::async_trait;
 use oncely_core::record::{decide_claim, ClaimDecision};
 use oncely_core::{
-    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, TakeOverOutcome, Timestamp,
-    TransitionError,
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
+    Timestamp, TransitionError,
 };
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 use crate::memory::usage_from_rows;
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, Result, Store, StoreError,
-    StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage,
+    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Result, Store,
+    StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage,
 };
 
+mod leases;
 mod queue;
 mod readers;
+mod reconcile;
 mod replays;
 mod rows;
 pub mod schema;
@@ -241,8 +243,14 @@ fn mutate<T>(
     Ok((out, Some(id.clone())))
 }
 
-/// The atomic claim: the row holding `(scope, key)` decides, inside the writer.
-fn claim_in(conn: &Connection, spec: &ClaimSpec, now: Timestamp) -> Result<Applied<Claim>> {
+/// The atomic claim: the row holding `(scope, key)` decides, inside the writer. A lease
+/// met or made here is watched on the monotonic clock `mono` ([`leases`]).
+fn claim_in(
+    conn: &Connection,
+    spec: &ClaimSpec,
+    now: Timestamp,
+    mono: Duration,
+) -> Result<Applied<Claim>> {
     let existing = rows::by_key(conn, &spec.scope, &spec.key)?;
     let decision = decide_claim(existing.as_ref(), spec, now);
     let claim = match (decision, existing) {
@@ -251,7 +259,9 @@ fn claim_in(conn: &Connection, spec: &ClaimSpec, now: Timestamp) -> Result<Appli
             rows::insert(conn, &record)?;
             Claim::Owned(record)
         }
-        (ClaimDecision::Existing, Some(record)) => Claim::Existing(record),
+        (ClaimDecision::Existing, Some(record)) => {
+            Claim::Existing(leases::as_observed(record, now, mono))
+        }
         (ClaimDecision::Reclaim, Some(mut record)) => {
             record.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
             rows::update_state(conn, &record)?;
@@ -270,6 +280,9 @@ fn claim_in(conn: &Connection, spec: &ClaimSpec, now: Timestamp) -> Result<Appli
             )))
         }
     };
+    if let Claim::Owned(record) = &claim {
+        leases::record_remaining(record, mono);
+    }
     Ok((claim, None))
 }
 
@@ -282,9 +295,10 @@ impl Store for SqliteStore {
         }
         let epoch = self.cache.epoch();
         let spec = spec.clone();
+        let clock = self.clock.clone();
         let claim = self
             .writer
-            .run(move |conn, now| claim_in(conn, &spec, now))
+            .run(move |conn, now| claim_in(conn, &spec, now, clock.monotonic()))
             .await?;
         if let Claim::Existing(r) = &claim {
             self.cache.offer(epoch, r, self.clock.now());
@@ -301,32 +315,44 @@ impl Store for SqliteStore {
                 Ok(r.clone())
             })
             .await?;
+        leases::forget(done.id.as_str());
         self.cache.offer(epoch, &done, self.clock.now());
         Ok(done)
     }
 
     async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
         let fence = fence.clone();
-        self.transition(&fence.id.clone(), move |r, now| {
-            r.release(&fence, error, now)?;
-            Ok(r.clone())
-        })
-        .await
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.release(&fence, error, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        Ok(done)
     }
 
     async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
         let fence = fence.clone();
-        self.transition(&fence.id.clone(), move |r, now| {
-            r.mark_unknown(&fence, error, now)?;
-            Ok(r.clone())
-        })
-        .await
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.mark_unknown(&fence, error, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        Ok(done)
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
         let fence = fence.clone();
-        self.transition(&fence.id.clone(), move |r, now| r.renew(&fence, lease, now))
-            .await
+        let clock = self.clock.clone();
+        self.transition(&fence.id.clone(), move |r, now| {
+            r.renew(&fence, lease, now)?;
+            leases::record_remaining(r, clock.monotonic());
+            Ok(())
+        })
+        .await
     }
 
     async fn take_over(
@@ -337,15 +363,27 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> Result<TakeOverOutcome> {
         let owner = owner.to_string();
+        let clock = self.clock.clone();
         self.transition(id, move |r, now| {
-            r.take_over(expected_attempt, &owner, lease, now)
+            // Lapsed or not is decided on the monotonic clock, not by `now` ([`leases`]).
+            if r.state == State::Processing && r.attempt == expected_attempt {
+                if !leases::record_remaining(r, clock.monotonic()).is_zero() {
+                    return Err(TransitionError::LeaseHeld { id: r.id.clone() });
+                }
+                r.lease_until = Some(now);
+            }
+            let outcome = r.take_over(expected_attempt, &owner, lease, now)?;
+            leases::record_remaining(r, clock.monotonic());
+            Ok(outcome)
         })
         .await
     }
 
     async fn get(&self, id: &RecordId) -> Result<Option<Record>> {
         let id = id.clone();
-        self.read(move |conn| rows::by_id(conn, &id)).await
+        let found = self.read(move |conn| rows::by_id(conn, &id)).await?;
+        let (now, mono) = (self.clock.now(), self.clock.monotonic());
+        Ok(found.map(|r| leases::as_observed(r, now, mono)))
     }
 
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
@@ -384,6 +422,19 @@ impl Store for SqliteStore {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let filter = filter.clone();
         self.read(move |conn| rows::list(conn, &filter)).await
+    }
+
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        self.reconcile_get(id).await
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        self.reconcile_set(id, seen, next).await
     }
 
     async fn purge_expired(&self) -> Result<u64> {
@@ -492,6 +543,10 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Task>> {
         self.queue_lease_capped(kind, owner, max_running, lease)
             .await
+    }
+
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        self.queue_renew(fence, lease).await
     }
 
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {

@@ -4,7 +4,8 @@
 //! read-decide-write that no other writer of the file interleaves with (`BEGIN IMMEDIATE`
 //! orders processes). A claim-with-task writes several rows, so it runs under a
 //! `SAVEPOINT` and rolls back to it on any error, leaving the rest of the group intact.
-//! The moves themselves are the pure ones of [`crate::queue`].
+//! The moves themselves are the pure ones of [`crate::queue`]; whether a running task's
+//! lease lapsed is decided on the monotonic clock ([`super::leases`]).
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use oncely_core::{ClaimSpec, Completion, Timestamp};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{rows, sql_error, SqliteStore};
+use super::{leases, rows, sql_error, SqliteStore};
 use crate::memory::plan_claims;
 use crate::queue::{headers_from_json, headers_to_json};
 use crate::{
@@ -130,7 +131,35 @@ fn atomically<T>(conn: &Connection, work: impl FnOnce() -> Result<T>) -> Result<
     }
 }
 
-/// Leases up to `max` due tasks of `kind` to `owner`, oldest due first.
+/// The running tasks of `kind`, each with what is left of its lease as this process
+/// observes it on the monotonic clock `mono` ([`super::leases`]). Their records' leases
+/// are watched from now on too, so that a dead worker's record lapses with its task.
+fn running(conn: &Connection, kind: &str, mono: Duration) -> Result<Vec<(Task, Duration)>> {
+    let tasks: Vec<Task> = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM tasks WHERE kind = ?1 AND state = 'running'"
+        ))
+        .and_then(|mut st| {
+            st.query_map([kind], from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        if let Some(record) = &t.record {
+            if let Some(r) = rows::by_id(conn, record)? {
+                leases::record_remaining(&r, mono);
+            }
+        }
+        let left = leases::task_remaining(&t, mono);
+        out.push((t, left));
+    }
+    Ok(out)
+}
+
+/// Leases up to `max` due tasks of `kind` to `owner`, oldest due first: pending ones
+/// whose `next_at` came, and running ones whose lease lapsed by this process's
+/// observation.
 fn lease_due(
     conn: &Connection,
     kind: &str,
@@ -138,25 +167,32 @@ fn lease_due(
     max: usize,
     lease: Duration,
     now: Timestamp,
+    mono: Duration,
 ) -> Result<Vec<Task>> {
-    let due: Vec<Task> = conn
+    let mut due: Vec<Task> = conn
         .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM tasks WHERE kind = ?1 AND \
-             ((state = 'pending' AND next_at <= ?2) OR \
-              (state = 'running' AND lease_until <= ?2)) \
-             ORDER BY CASE state WHEN 'running' THEN lease_until ELSE next_at END, id \
-             LIMIT ?3"
+            "SELECT {COLUMNS} FROM tasks WHERE kind = ?1 AND state = 'pending' \
+             AND next_at <= ?2 ORDER BY next_at, id LIMIT ?3"
         ))
         .and_then(|mut st| {
             st.query_map(params![kind, now.0, max as i64], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()
         })
         .map_err(sql_error)?;
+    due.extend(
+        running(conn, kind, mono)?
+            .into_iter()
+            .filter(|(_, left)| left.is_zero())
+            .map(|(t, _)| t),
+    );
+    due.sort_by(|a, b| (a.due_at(), &a.id).cmp(&(b.due_at(), &b.id)));
+    due.truncate(max);
     let mut leased = Vec::with_capacity(due.len());
     for mut t in due {
         let ok = t.lease(owner, lease, now);
         update(conn, &t)?;
         if ok {
+            leases::task_remaining(&t, mono);
             leased.push(t);
         }
     }
@@ -171,6 +207,7 @@ impl SqliteStore {
         task: NewTask,
     ) -> Result<Claim> {
         let specs = specs.to_vec();
+        let clock = self.clock.clone();
         self.writer
             .run(move |conn, now| {
                 atomically(conn, || {
@@ -196,6 +233,7 @@ impl SqliteStore {
                             }
                         }
                         rows::insert(conn, record)?;
+                        leases::record_remaining(record, clock.monotonic());
                     }
                     let first = records[0].1.clone();
                     let task = Task::new(TaskId::new(), Some(first.id.clone()), task, now);
@@ -214,8 +252,12 @@ impl SqliteStore {
         lease: Duration,
     ) -> Result<Vec<Task>> {
         let (kind, owner) = (kind.to_string(), owner.to_string());
+        let clock = self.clock.clone();
         self.writer
-            .run(move |conn, now| Ok((lease_due(conn, &kind, &owner, max, lease, now)?, None)))
+            .run(move |conn, now| {
+                let mono = clock.monotonic();
+                Ok((lease_due(conn, &kind, &owner, max, lease, now, mono)?, None))
+            })
             .await
     }
 
@@ -229,20 +271,39 @@ impl SqliteStore {
         lease: Duration,
     ) -> Result<Vec<Task>> {
         let (kind, owner) = (kind.to_string(), owner.to_string());
+        let clock = self.clock.clone();
         self.writer
             .run(move |conn, now| {
-                let live: i64 = conn
-                    .prepare_cached(
-                        "SELECT count(*) FROM tasks WHERE kind = ?1 AND state = 'running' \
-                         AND lease_until > ?2",
-                    )
-                    .and_then(|mut st| st.query_row(params![kind, now.0], |r| r.get(0)))
-                    .map_err(sql_error)?;
-                let free = max_running.saturating_sub(live.max(0) as usize);
+                let mono = clock.monotonic();
+                let live = running(conn, &kind, mono)?
+                    .iter()
+                    .filter(|(_, left)| !left.is_zero())
+                    .count();
+                let free = max_running.saturating_sub(live);
                 if free == 0 {
                     return Ok((Vec::new(), None));
                 }
-                Ok((lease_due(conn, &kind, &owner, free, lease, now)?, None))
+                Ok((
+                    lease_due(conn, &kind, &owner, free, lease, now, mono)?,
+                    None,
+                ))
+            })
+            .await
+    }
+
+    pub(super) async fn queue_renew(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        let fence = fence.clone();
+        let clock = self.clock.clone();
+        self.writer
+            .run(move |conn, now| {
+                let mut t = by_id(conn, &fence.id)?.ok_or_else(|| TaskError::Fenced {
+                    id: fence.id.clone(),
+                    attempt: fence.attempt,
+                })?;
+                t.renew(&fence, lease, now)?;
+                update(conn, &t)?;
+                leases::task_remaining(&t, clock.monotonic());
+                Ok(((), None))
             })
             .await
     }
@@ -260,6 +321,7 @@ impl SqliteStore {
                     attempt: fence.attempt,
                 })?;
                 let finished = t.finish(&fence, outcome, now)?;
+                leases::forget(t.id.as_str());
                 if finished == Finished::Done {
                     conn.prepare_cached("DELETE FROM tasks WHERE id = ?1")
                         .and_then(|mut st| st.execute([&t.id.0]))

@@ -73,6 +73,11 @@ CREATE TABLE secrets (
         name: "task queue (webhook deliveries, queued jobs)",
         sql: super::queue::MIGRATION_SQL,
     },
+    Migration {
+        version: 3,
+        name: "reconciliation schedule",
+        sql: super::reconcile::MIGRATION_SQL,
+    },
 ];
 
 /// The schema version this build writes.

@@ -377,3 +377,74 @@ async fn cached_replays_follow_other_instances_and_expiry() {
         renewed.id
     );
 }
+
+/// A forward step of the wall clock larger than the lease (the monotonic clock does not
+/// move) lapses neither a record's lease nor a task's: a take-over is refused, the
+/// record reads as still leased, the task is not leased again and keeps its slot. Once
+/// a lease's length has really passed without a renewal, both lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_step_lapses_no_lease() {
+    use oncely_core::{TakeOverOutcome, TransitionError};
+    use oncely_store::conformance::{new_task, LEASE};
+    let h = SqliteHarness::new();
+    let store = h.open().await;
+    let other = h.open().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    other
+        .claim_with_task(
+            &[spec("stripe", "evt", "{}", Class::Webhook, "ingress")],
+            Some(completion("", 0)),
+            new_task("{}", 5),
+        )
+        .await
+        .unwrap();
+    let leased = other
+        .lease_tasks_capped("webhook", "w1", 1, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+
+    h.clock.step_wall(Duration::from_secs(3600));
+    let now = store.now().await.unwrap();
+    let seen = other.get(&r.id).await.unwrap().unwrap();
+    assert!(!seen.lease_lapsed(now), "read as still leased: {seen:?}");
+    let err = other.take_over(&r.id, 1, "b", LEASE).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Transition(TransitionError::LeaseHeld { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(other
+        .lease_tasks("webhook", "w2", 10, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .lease_tasks_capped("webhook", "w2", 1, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    // The owner renews after the step, and nothing changes.
+    store.renew(&r.fence().unwrap(), LEASE).await.unwrap();
+    assert!(other.take_over(&r.id, 1, "b", LEASE).await.is_err());
+
+    h.clock.advance(LEASE + Duration::from_secs(1));
+    assert!(matches!(
+        other.take_over(&r.id, 1, "b", LEASE).await.unwrap(),
+        TakeOverOutcome::Owned(_)
+    ));
+    let again = other.lease_tasks("webhook", "w2", 10, LEASE).await.unwrap();
+    assert_eq!(
+        again.len(),
+        1,
+        "a task whose worker stopped renewing lapses"
+    );
+    assert_eq!(again[0].attempts, 2);
+}

@@ -365,6 +365,9 @@ pub struct WebhookEndpoint {
     pub max_attempts: u32,
     /// First retry delay (default 1s).
     pub retry_backoff: Duration,
+    /// The delivery worker's lease on a delivery, renewed while it runs: a delivery cut
+    /// off by a crash is sent again about this long after (an extension; default 30s).
+    pub lease: Duration,
 }
 
 /// The whole validated configuration.
@@ -482,6 +485,7 @@ const WEBHOOK_KEYS: &[&str] = &[
     "deliver_timeout",
     "max_attempts",
     "retry_backoff",
+    "lease",
     "signature_header",
     "signature_encoding",
     "signature_prefix",
@@ -1233,6 +1237,14 @@ fn webhook_endpoint(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEnd
     };
     let retry_backoff =
         read::duration(t, loc, "retry_backoff", p).unwrap_or(Duration::from_secs(1));
+    let lease = match read::duration(t, loc, "lease", p) {
+        Some(d) if d.is_zero() => {
+            p.add(at(loc, "lease"), "must be longer than 0");
+            Duration::from_secs(30)
+        }
+        Some(d) => d,
+        None => Duration::from_secs(30),
+    };
     Some(WebhookEndpoint {
         path: path?,
         verify: verify?,
@@ -1244,6 +1256,7 @@ fn webhook_endpoint(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEnd
         deliver_timeout,
         max_attempts,
         retry_backoff,
+        lease,
     })
 }
 
@@ -1435,6 +1448,7 @@ verify = "hmac-sha256"
 secret_env = "X SECRET"
 deliver_to = "http://127.0.0.1:1/x"
 max_attempts = 0
+lease = "0s"
 dedupe_fields = ["type"]
 [[webhooks]]
 path = "/hooks/s"
@@ -1450,6 +1464,7 @@ signature_header = "x-sig"
             "mcp[1].path: \"/mcp\" is already used by mcp[0]",
             "webhooks[0].secret_env: ",
             "webhooks[0].max_attempts: must be at least 1",
+            "webhooks[0].lease: must be longer than 0",
             "webhooks[0].dedupe_fields[0]: ",
             "webhooks[0].event_id: verify = \"hmac-sha256\" has no default event id",
             "webhooks[1].verify: unknown webhook verification scheme",

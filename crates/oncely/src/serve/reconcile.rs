@@ -6,16 +6,15 @@
 //! [`reconcile_once`] is one attempt (the CLI's `oncely ledger reconcile ID` and the
 //! server share it); [`run_loop`] is the server's own reconciliation, which waits
 //! `reconcile_after` from the moment a record became unknown and then retries with
-//! doubling delays and a limit.
+//! doubling delays and a limit, on a schedule kept in the ledger.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
-use oncely_core::{DownstreamKey, Record, RecordId, Resolution, State, StoredResponse, Timestamp};
-use oncely_store::{ListFilter, Store};
+use oncely_core::{DownstreamKey, Record, Resolution, State, StoredResponse};
+use oncely_store::{ListFilter, ReconcileSchedule, Store};
 
 use super::proxy::{strip_hop_by_hop, upstream_uri, UpstreamClient};
 use crate::config::{Config, Reconcile, Route, Upstream};
@@ -223,13 +222,6 @@ impl Default for Pace {
     }
 }
 
-/// One record's schedule in the server's loop.
-#[derive(Debug, Clone, Copy)]
-struct Schedule {
-    attempts: u32,
-    next_at: Timestamp,
-}
-
 /// The delay before attempt `n + 1` (after `n` inconclusive ones): `reconcile_after`
 /// doubled `n` times, capped at `max`.
 pub fn backoff(reconcile_after: Duration, n: u32, max: Duration) -> Duration {
@@ -240,11 +232,18 @@ pub fn backoff(reconcile_after: Duration, n: u32, max: Duration) -> Duration {
         .min(max)
 }
 
+/// How long an instance holds an attempt it took beyond the route's `timeout`: if it
+/// dies while asking, another instance asks again after that.
+const HOLD_MARGIN: Duration = Duration::from_secs(5);
+
 /// The server's reconciliation loop: every `scan_every`, each `outcome_unknown` record of
 /// a route with `reconcile` is asked about once `reconcile_after` has passed since it
 /// became unknown (its `updated_at`), so that a call still running upstream is not taken
 /// for one that never happened; inconclusive answers are retried with doubling delays up
-/// to `max_attempts`. The schedule lives in memory: a restarted server starts it afresh.
+/// to `max_attempts`. The schedule (attempts so far, next time) is kept in the ledger
+/// ([`Store::schedule_reconcile`]): a restarted server continues it, and of several
+/// instances on one database only the one that moved the schedule to the next attempt
+/// asks.
 pub async fn run_loop(
     store: Arc<dyn Store>,
     client: UpstreamClient,
@@ -255,7 +254,6 @@ pub async fn run_loop(
     if !config.routes.iter().any(|r| r.reconcile.is_some()) {
         return;
     }
-    let mut schedules: HashMap<RecordId, Schedule> = HashMap::new();
     let mut ticks = tokio::time::interval(pace.scan_every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -267,14 +265,13 @@ pub async fn run_loop(
             state: Some(State::OutcomeUnknown),
             ..ListFilter::default()
         };
-        let (unknown, now) = match (store.list(&filter).await, store.now().await) {
-            (Ok(list), Ok(now)) => (list, now),
-            (Err(e), _) | (_, Err(e)) => {
+        let unknown = match store.list(&filter).await {
+            Ok(list) => list,
+            Err(e) => {
                 tracing::warn!(target: "oncely::reconcile", error = %e, "cannot list outcome_unknown records");
                 continue;
             }
         };
-        schedules.retain(|id, _| unknown.iter().any(|r| &r.id == id));
         for record in unknown {
             let Some(route) = config.route_named(&record.route) else {
                 continue;
@@ -282,34 +279,62 @@ pub async fn run_loop(
             if route.reconcile.is_none() {
                 continue;
             }
-            let schedule = schedules.entry(record.id.clone()).or_insert(Schedule {
-                attempts: 0,
-                next_at: record.updated_at.plus(route.reconcile_after),
-            });
-            if schedule.attempts >= pace.max_attempts || schedule.next_at > now {
-                continue;
-            }
-            schedule.attempts += 1;
-            let attempt = schedule.attempts;
             let outcome = tokio::select! {
                 _ = stop.changed() => return,
-                o = reconcile_once(&*store, &client, route, &record, attempt) => o,
+                o = reconcile_due(&*store, &client, route, &record, &pace) => o,
             };
-            if let Reconciled::Unknown(_) | Reconciled::Error(_) = outcome {
-                let delay = backoff(route.reconcile_after, attempt, pace.max_delay);
-                schedule.next_at = now.plus(delay);
-                if attempt >= pace.max_attempts {
-                    tracing::warn!(
-                        target: "oncely::reconcile",
-                        record = %record.id,
-                        route = %record.route,
-                        attempts = attempt,
-                        "automatic reconciliation gives up; resolve with `oncely ledger reconcile` or `oncely ledger resolve`"
-                    );
-                }
+            if let Err(e) = outcome {
+                tracing::warn!(target: "oncely::reconcile", record = %record.id, error = %e, "cannot keep the reconciliation schedule");
             }
         }
     }
+}
+
+/// Asks about `record` if its next attempt is due and this instance wins it.
+async fn reconcile_due(
+    store: &dyn Store,
+    client: &UpstreamClient,
+    route: &Route,
+    record: &Record,
+    pace: &Pace,
+) -> Result<(), oncely_store::StoreError> {
+    let Some(seen) = store.reconcile_schedule(&record.id).await? else {
+        return Ok(()); // resolved meanwhile
+    };
+    let now = store.now().await?;
+    let due = seen
+        .next_at
+        .unwrap_or_else(|| record.updated_at.plus(route.reconcile_after));
+    if seen.attempts >= pace.max_attempts || due > now {
+        return Ok(());
+    }
+    let attempt = seen.attempts + 1;
+    let held = ReconcileSchedule {
+        attempts: attempt,
+        next_at: Some(now.plus(route.timeout + HOLD_MARGIN)),
+    };
+    if !store.schedule_reconcile(&record.id, seen, held).await? {
+        return Ok(()); // another instance took this attempt
+    }
+    let outcome = reconcile_once(store, client, route, record, attempt).await;
+    if let Reconciled::Unknown(_) | Reconciled::Error(_) = outcome {
+        let delay = backoff(route.reconcile_after, attempt, pace.max_delay);
+        let next = ReconcileSchedule {
+            attempts: attempt,
+            next_at: Some(store.now().await?.plus(delay)),
+        };
+        store.schedule_reconcile(&record.id, held, next).await?;
+        if attempt >= pace.max_attempts {
+            tracing::warn!(
+                target: "oncely::reconcile",
+                record = %record.id,
+                route = %record.route,
+                attempts = attempt,
+                "automatic reconciliation gives up; resolve with `oncely ledger reconcile` or `oncely ledger resolve`"
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -29,7 +29,13 @@ impl Webhooks {
         if config.webhooks.is_empty() {
             return Ok(Webhooks::default());
         }
-        let worker = DeliveryWorker::start(store.clone(), WorkerOptions::default());
+        // One worker delivers for every endpoint: the shortest lease serves them all
+        // (a shorter lease only means more frequent renewals).
+        let mut options = WorkerOptions::default();
+        if let Some(lease) = config.webhooks.iter().map(|w| w.lease).min() {
+            options.lease = lease;
+        }
+        let worker = DeliveryWorker::start(store.clone(), options);
         let mut endpoints = Vec::new();
         for (i, entry) in config.webhooks.iter().enumerate() {
             let resolved = resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;

@@ -9,6 +9,7 @@ mod cluster;
 mod common;
 mod contract;
 mod demo;
+mod durable;
 mod e2e;
 mod faults;
 mod jobs;

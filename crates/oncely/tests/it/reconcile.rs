@@ -28,6 +28,8 @@ enum Order {
 struct Orders {
     by_key: Arc<Mutex<HashMap<String, Order>>>,
     posts: Arc<AtomicUsize>,
+    /// When each lookup (`GET`) came.
+    lookups: Arc<Mutex<Vec<Instant>>>,
 }
 
 /// `POST /v1/orders` with `{"mode": "slow:MS" | "fail" | "opaque"}`; `GET
@@ -67,6 +69,7 @@ fn order_service(orders: Orders) -> axum::Router {
             )
             .get(
                 |State(o): State<Orders>, q: Query<HashMap<String, String>>| async move {
+                    o.lookups.lock().unwrap().push(Instant::now());
                     let key = q.get("reference").cloned().unwrap_or_default();
                     match o.by_key.lock().unwrap().get(&key) {
                         Some(Order::Placed(body)) => (StatusCode::OK, body.clone()),
@@ -90,10 +93,27 @@ struct Setup {
 
 async fn setup(reconcile_after: &str) -> Setup {
     let orders = Orders::default();
-    let up = upstream(order_service(orders.clone())).await;
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
-    let cfg = dir.path().join("oncely.toml");
+    let (cfg, _) = write_config(&orders, dir.path(), &store, reconcile_after).await;
+    let gw = start(&cfg);
+    Setup {
+        orders,
+        gw,
+        store,
+        _dir: dir,
+    }
+}
+
+/// The order service and the config of its `action` route on `store`.
+async fn write_config(
+    orders: &Orders,
+    dir: &std::path::Path,
+    store: &str,
+    reconcile_after: &str,
+) -> (String, std::net::SocketAddr) {
+    let up = upstream(order_service(orders.clone())).await;
+    let cfg = dir.join("oncely.toml");
     std::fs::write(
         &cfg,
         format!(
@@ -111,16 +131,11 @@ reconcile_after = "{reconcile_after}"
         ),
     )
     .unwrap();
-    let gw = Gateway::start(
-        &["--config", cfg.to_str().unwrap(), "--log-format", "json"],
-        &[],
-    );
-    Setup {
-        orders,
-        gw,
-        store,
-        _dir: dir,
-    }
+    (cfg.to_str().unwrap().to_owned(), up)
+}
+
+fn start(cfg: &str) -> Gateway {
+    Gateway::start(&["--config", cfg, "--log-format", "json"], &[])
 }
 
 const ALICE: [(&str, &str); 2] = [
@@ -285,4 +300,84 @@ async fn reconciliation_does_not_release_an_order_still_running_upstream() {
         1,
         "one order, never two"
     );
+}
+
+/// Waits until the upstream got `n` lookups (or `limit` passes).
+async fn lookups(orders: &Orders, n: usize, limit: Duration) -> Vec<Instant> {
+    let start = Instant::now();
+    loop {
+        let got = orders.lookups.lock().unwrap().clone();
+        if got.len() >= n || start.elapsed() > limit {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The schedule is kept in the ledger: a gateway killed after two inconclusive attempts
+/// and started again continues with attempt 3 at its time (2 x 1s after attempt 2), not
+/// with attempt 1 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_continues_the_reconciliation_schedule() {
+    let orders = Orders::default();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (cfg, _) = write_config(&orders, dir.path(), &store, "500ms").await;
+    let gw = start(&cfg);
+    let first = http_post(&gw.url("/v1/orders"), r#"{"mode":"opaque"}"#, &ALICE).await;
+    assert_eq!(first.status, 500);
+    let id = first.header("oncely-record").to_owned();
+    // Attempts at about 0.5s and 1.5s (1s after the first).
+    let asked = lookups(&orders, 2, Duration::from_secs(10)).await;
+    assert_eq!(asked.len(), 2);
+    drop(gw); // SIGKILL
+    let gw = start(&cfg);
+    let asked = lookups(&orders, 3, Duration::from_secs(10)).await;
+    assert_eq!(asked.len(), 3, "the restarted gateway asks again");
+    let gap = asked[2].duration_since(asked[1]);
+    assert!(
+        gap >= Duration::from_millis(1_700),
+        "attempt 3 waited its backoff (2s) across the restart, not {gap:?}"
+    );
+    let lines = log_lines(&gw, "left the record outcome_unknown", &id);
+    assert_eq!(lines.len(), 1, "one attempt since the restart");
+    assert_eq!(lines[0]["attempt"], 3, "the count went on: {}", lines[0]);
+    assert_eq!(state_of(&store, &id).await["state"], "outcome_unknown");
+}
+
+/// PostgreSQL: two instances share one schedule, so each attempt is asked by one of
+/// them: attempts 1, 2, 3 once each, with the backoff between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_ask_each_attempt_once() {
+    let store = crate::cluster::fresh_schema(&crate::cluster::shared_url()).await;
+    let orders = Orders::default();
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = write_config(&orders, dir.path(), &store, "500ms").await;
+    let gws = [start(&cfg), start(&cfg)];
+    let first = http_post(&gws[0].url("/v1/orders"), r#"{"mode":"opaque"}"#, &ALICE).await;
+    assert_eq!(first.status, 500);
+    let id = first.header("oncely-record").to_owned();
+    // Attempts at about 0.5s, 1.5s and 3.5s.
+    lookups(&orders, 3, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = orders.lookups.lock().unwrap().clone();
+    assert_eq!(
+        asked.len(),
+        3,
+        "three attempts in ~4s, not one per instance each"
+    );
+    for pair in asked.windows(2) {
+        assert!(
+            pair[1].duration_since(pair[0]) >= Duration::from_millis(800),
+            "two asks {:?} apart",
+            pair[1].duration_since(pair[0])
+        );
+    }
+    let mut attempts: Vec<u64> = gws
+        .iter()
+        .flat_map(|g| log_lines(g, "left the record outcome_unknown", &id))
+        .map(|l| l["attempt"].as_u64().unwrap())
+        .collect();
+    attempts.sort();
+    assert_eq!(attempts, [1, 2, 3]);
 }

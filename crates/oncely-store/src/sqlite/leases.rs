@@ -1,0 +1,126 @@
+//! Leases on SQLite, measured on the monotonic clock.
+//!
+//! A lease is stored as `lease_until` with the wall-clock time of its last renewal
+//! (`updated_at`), but a step of the wall clock (NTP, an operator) must neither let a
+//! live owner be taken over nor hold a dead one's work. So this process decides that a
+//! lease lapsed only by what it observed: the lease's token (attempt and `lease_until`,
+//! which every renewal changes) unchanged for its whole length (`lease_until -
+//! updated_at`) of monotonic time since this process first saw it. A live owner renews
+//! every third of its lease, so whoever watches sees the token change before that; an
+//! owner that died is taken over one lease after it was first seen without renewals
+//! (after a restart: one lease after the restart).
+//!
+//! The observations are the process's own, shared by every store it opens (record and
+//! task ids are unique), and written ones count: a claim, renewal or take-over made here
+//! starts its lease's watch at once.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use oncely_core::{Record, State, Timestamp};
+
+use crate::{Task, TaskState};
+
+/// When this process first saw one lease token.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    token: (u32, i64),
+    since: Duration,
+    length: Duration,
+}
+
+/// The watched leases, and the size at which those lapsed a while ago are forgotten.
+struct Watched {
+    seen: HashMap<String, Seen>,
+    prune_at: usize,
+}
+
+/// The first size at which lapsed leases are forgotten (it doubles while more are live).
+const PRUNE_AT: usize = 10_000;
+/// How long past its end a lapsed lease's watch is kept.
+const KEEP_LAPSED: Duration = Duration::from_secs(60);
+
+fn watched() -> std::sync::MutexGuard<'static, Watched> {
+    static WATCHED: OnceLock<Mutex<Watched>> = OnceLock::new();
+    WATCHED
+        .get_or_init(|| {
+            Mutex::new(Watched {
+                seen: HashMap::new(),
+                prune_at: PRUNE_AT,
+            })
+        })
+        .lock()
+        .expect("lease watch lock")
+}
+
+/// Stops watching `id` (its lease ended here: completed, released, finished). Forgetting
+/// too early only makes the next look start the watch again, later.
+pub(super) fn forget(id: &str) {
+    watched().seen.remove(id);
+}
+
+/// How long the lease `(attempt, until)` of `id`, renewed at `renewed`, still holds as
+/// this process observed it at monotonic time `mono` (zero: it lapsed).
+fn remaining(
+    id: &str,
+    attempt: u32,
+    until: Timestamp,
+    renewed: Timestamp,
+    mono: Duration,
+) -> Duration {
+    let token = (attempt, until.0);
+    let length = Duration::from_millis(until.0.saturating_sub(renewed.0).max(0) as u64);
+    let mut watched = watched();
+    if watched.seen.len() >= watched.prune_at {
+        watched
+            .seen
+            .retain(|_, s| mono.saturating_sub(s.since) < s.length + KEEP_LAPSED);
+        watched.prune_at = (watched.seen.len() * 2).max(PRUNE_AT);
+    }
+    let entry = watched.seen.entry(id.to_string()).or_insert(Seen {
+        token,
+        since: mono,
+        length,
+    });
+    if entry.token != token {
+        *entry = Seen {
+            token,
+            since: mono,
+            length,
+        };
+    }
+    entry
+        .length
+        .saturating_sub(mono.saturating_sub(entry.since))
+}
+
+/// What is left of a processing record's lease (zero for any other record, or no lease).
+pub(super) fn record_remaining(r: &Record, mono: Duration) -> Duration {
+    match (r.state, r.lease_until) {
+        (State::Processing, Some(until)) => {
+            remaining(r.id.as_str(), r.attempt, until, r.updated_at, mono)
+        }
+        _ => Duration::ZERO,
+    }
+}
+
+/// What is left of a running task's lease (zero for any other task, or no lease).
+pub(super) fn task_remaining(t: &Task, mono: Duration) -> Duration {
+    match (t.state, t.lease_until) {
+        (TaskState::Running, Some(until)) => {
+            remaining(t.id.as_str(), t.attempts, until, t.updated_at, mono)
+        }
+        _ => Duration::ZERO,
+    }
+}
+
+/// A record as this process sees it: a processing record's `lease_until` is where its
+/// lease ends by this process's observation, on the wall clock of `now`, so that callers
+/// comparing it with `now` decide as the store does.
+pub(super) fn as_observed(mut r: Record, now: Timestamp, mono: Duration) -> Record {
+    if r.state == State::Processing && r.lease_until.is_some() {
+        r.lease_until = Some(now.plus(record_remaining(&r, mono)));
+    }
+    r
+}
