@@ -230,6 +230,7 @@ pub struct Guard {
     pub(crate) tasks: TaskCount,
     pub(crate) jobs: crate::jobs::JobBoard,
     repeats: Arc<RepeatTally>,
+    pub(crate) job_key: Option<crate::seal::JobKey>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -253,7 +254,15 @@ impl Guard {
             tasks: TaskCount::default(),
             jobs: crate::jobs::JobBoard::default(),
             repeats: Arc::new(RepeatTally::new(store_for_tally)),
+            job_key: None,
         }
+    }
+
+    /// Seals what queued jobs keep (headers, body, query) with `key` before it reaches
+    /// the store. Without a key, jobs are stored as sent.
+    pub fn with_job_key(mut self, key: crate::seal::JobKey) -> Guard {
+        self.job_key = Some(key);
+        self
     }
 
     /// The ledger.

@@ -49,6 +49,8 @@
 //!   [`GuardedCall`]s and of [`Execution`]s into responses.
 //! - [`jobs`]: `job` routes: the durable queue's side of the guard ([`Guard::submit_job`]),
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
+//! - [`seal`]: what a queued job keeps is encrypted with a [`JobKey`] before the store
+//!   sees it.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
 
@@ -59,6 +61,7 @@ pub mod jobs;
 mod owner;
 pub mod policy;
 pub mod problem;
+pub mod seal;
 
 pub use guard::{
     Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,
@@ -68,6 +71,7 @@ pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use jobs::{JobBoard, JobRequest, JobWorker, JobWorkerOptions};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
+pub use seal::JobKey;
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

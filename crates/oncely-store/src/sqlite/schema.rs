@@ -121,6 +121,10 @@ pub(super) fn configure_common(conn: &Connection, busy_timeout: Duration) -> Res
     conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "temp_store", "MEMORY")
         .map_err(sql_error)?;
+    // Deleted rows (a finished job's sealed payload, a delivered webhook's body, purged
+    // records) are overwritten, not left in free pages.
+    conn.pragma_update(None, "secure_delete", "ON")
+        .map_err(sql_error)?;
     Ok(())
 }
 

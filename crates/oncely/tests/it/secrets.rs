@@ -1,0 +1,286 @@
+//! Secrets at rest, through the real binary: what a queued job keeps (its `Authorization`
+//! header, its body, its query) never appears in the ledger's files, while it waits,
+//! while it runs and after; the job still reaches the upstream intact; the ledger's
+//! files and the job key file are owner-only; the key file is reused after a restart; a
+//! PostgreSQL ledger with a job route and no `ONCELY_SECRET_KEY`, or a bad one, refuses
+//! to start.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{RawQuery, State};
+use axum::routing::post;
+use http::HeaderMap;
+use tokio::sync::watch;
+
+use crate::common::{assert_usage_error, get, oncely, post as http_post, upstream, Gateway};
+
+const SECRET: &str = "Bearer sk_secret_7f3c9a1e5d2b";
+const BODY_MARK: &str = "distinctive-payload-4b8e2f";
+const QUERY_MARK: &str = "qtoken-91ad7c";
+
+/// What the upstream saw of each call: authorization, query and body.
+#[derive(Clone)]
+struct Seen {
+    calls: Arc<Mutex<Vec<(String, String, String)>>>,
+    gate: watch::Receiver<bool>,
+}
+
+/// `POST /v1/render`: notes the call, then answers 201 once the gate is open.
+fn service(seen: Seen) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/v1/render",
+            post(
+                |State(s): State<Seen>, RawQuery(q): RawQuery, headers: HeaderMap, body: String| async move {
+                    let auth = headers
+                        .get("authorization")
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default();
+                    s.calls
+                        .lock()
+                        .unwrap()
+                        .push((auth, q.unwrap_or_default(), body));
+                    let mut gate = s.gate.clone();
+                    let _ = gate.wait_for(|open| *open).await;
+                    (http::StatusCode::CREATED, "{\"audio\":\"done.mp3\"}")
+                },
+            ),
+        )
+        .with_state(seen)
+}
+
+fn config(dir: &Path, store: &str, up: std::net::SocketAddr) -> String {
+    let cfg = dir.join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+store = {store:?}
+upstream = "http://{up}"
+[[routes]]
+method = "POST"
+path = "/v1/render"
+class = "job"
+wait = "200ms"
+timeout = "3s"
+lease = "1s"
+concurrency = 1
+"#
+        ),
+    )
+    .unwrap();
+    cfg.to_str().unwrap().to_owned()
+}
+
+async fn submit(gw: &Gateway, n: usize) -> String {
+    let a = http_post(
+        &gw.url(&format!("/v1/render?token={QUERY_MARK}")),
+        &format!(r#"{{"text":"{BODY_MARK}-{n}"}}"#),
+        &[
+            ("authorization", SECRET),
+            ("content-type", "application/json"),
+        ],
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    a.header("location").to_owned()
+}
+
+async fn until_done(gw: &Gateway, location: &str) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let s = get(&gw.url(location), &[("authorization", SECRET)]).await;
+        assert_eq!(s.status, 200, "{}", s.text());
+        let v = s.json();
+        if v["status"] != "running" || start.elapsed() > Duration::from_secs(20) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn until_calls(seen: &Seen, n: usize) {
+    let start = Instant::now();
+    while seen.calls.lock().unwrap().len() < n && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.calls.lock().unwrap().len(), n, "upstream calls");
+}
+
+fn ledger_files(db: &Path) -> Vec<PathBuf> {
+    ["", "-wal", "-shm"]
+        .iter()
+        .map(|s| PathBuf::from(format!("{}{s}", db.display())))
+        .filter(|p| p.exists())
+        .collect()
+}
+
+/// The raw bytes of the db, -wal and -shm files hold none of the job's secrets.
+#[track_caller]
+fn assert_clean(db: &Path, when: &str) {
+    let files = ledger_files(db);
+    assert!(files.len() >= 2, "db and wal exist: {files:?}");
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        for needle in ["sk_secret_7f3c9a1e5d2b", BODY_MARK, QUERY_MARK] {
+            assert!(
+                !bytes.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                "{needle} found in {} {when}",
+                f.display()
+            );
+        }
+    }
+}
+
+#[cfg(unix)]
+#[track_caller]
+fn assert_owner_only(files: &[PathBuf]) {
+    use std::os::unix::fs::PermissionsExt as _;
+    for f in files {
+        let mode = std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:o}", f.display());
+    }
+}
+
+/// Concurrency 1: job 1 runs (held at the upstream), job 2 waits in the queue. While
+/// both are held and after both ran, the ledger's files hold neither the bearer token,
+/// the body nor the query; the upstream got them intact; every file is 0600.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_jobs_credentials_never_reach_the_ledger_files() {
+    let (open, gate) = watch::channel(false);
+    let seen = Seen {
+        calls: Arc::default(),
+        gate,
+    };
+    let up = upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let cfg = config(dir.path(), &format!("sqlite://{}", db.display()), up);
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+
+    let first = submit(&gw, 1).await;
+    let second = submit(&gw, 2).await;
+    until_calls(&seen, 1).await;
+    assert_clean(&db, "while one job runs and one waits");
+
+    open.send(true).unwrap();
+    for location in [&first, &second] {
+        assert_eq!(until_done(&gw, location).await["status"], "completed");
+    }
+    assert_clean(&db, "after the jobs ran");
+    let calls = seen.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+    for (n, (auth, query, body)) in calls.iter().enumerate() {
+        assert_eq!(auth, SECRET, "the upstream got the credentials");
+        assert_eq!(query, &format!("token={QUERY_MARK}"));
+        assert_eq!(body, &format!(r#"{{"text":"{BODY_MARK}-{}"}}"#, n + 1));
+    }
+    #[cfg(unix)]
+    {
+        let mut files = ledger_files(&db);
+        files.push(dir.path().join("ledger.db.key"));
+        assert_eq!(files.len(), 4, "db, wal, shm and key: {files:?}");
+        assert_owner_only(&files);
+    }
+    drop(gw);
+}
+
+/// The key file is created on the first start and reused after a SIGKILL: a job that
+/// was queued before the restart opens with it and runs with its headers and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_job_survives_a_restart_with_its_key_file() {
+    let (open, gate) = watch::channel(false);
+    let seen = Seen {
+        calls: Arc::default(),
+        gate,
+    };
+    let up = upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let key_file = dir.path().join("ledger.db.key");
+    let cfg = config(dir.path(), &format!("sqlite://{}", db.display()), up);
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let held = submit(&gw, 1).await;
+    let queued = submit(&gw, 2).await;
+    until_calls(&seen, 1).await;
+    let key = std::fs::read(&key_file).unwrap();
+    drop(gw); // SIGKILL: job 1 cut off mid-call, job 2 still queued
+
+    open.send(true).unwrap();
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    for location in [&held, &queued] {
+        assert_eq!(until_done(&gw, location).await["status"], "completed");
+    }
+    assert_eq!(
+        std::fs::read(&key_file).unwrap(),
+        key,
+        "the key file is reused"
+    );
+    let calls = seen.calls.lock().unwrap().clone();
+    let queued_runs: Vec<_> = calls
+        .iter()
+        .filter(|(_, _, body)| body.contains(&format!("{BODY_MARK}-2")))
+        .collect();
+    assert_eq!(queued_runs.len(), 1, "the queued job ran once: {calls:?}");
+    assert_eq!(queued_runs[0].0, SECRET);
+    assert_eq!(queued_runs[0].1, format!("token={QUERY_MARK}"));
+    assert_clean(&db, "after the restart");
+}
+
+/// `oncely serve` on this config and environment, run to its exit.
+fn serve_output(cfg: &str, envs: &[(&str, &str)]) -> std::process::Output {
+    oncely()
+        .args([
+            "serve",
+            "--config",
+            cfg,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_with_a_job_route_and_no_key_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // The database is never reached: the key is checked first.
+    let cfg = config(
+        dir.path(),
+        "postgres://oncely@127.0.0.1:1/none",
+        "127.0.0.1:9".parse().unwrap(),
+    );
+    let out = tokio::task::spawn_blocking(move || serve_output(&cfg, &[]))
+        .await
+        .unwrap();
+    assert_usage_error(&out, "needs ONCELY_SECRET_KEY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_secret_key_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let cfg = config(
+        dir.path(),
+        &format!("sqlite://{}", db.display()),
+        "127.0.0.1:9".parse().unwrap(),
+    );
+    for (bad, why) in [
+        ("not base64 at all!", "not base64"),
+        ("c2hvcnQ=", "5 bytes, not 32"),
+    ] {
+        let cfg = cfg.clone();
+        let out =
+            tokio::task::spawn_blocking(move || serve_output(&cfg, &[("ONCELY_SECRET_KEY", bad)]))
+                .await
+                .unwrap();
+        assert_usage_error(&out, "ONCELY_SECRET_KEY");
+        assert_usage_error(&out, why);
+    }
+    assert!(!db.exists(), "nothing was opened");
+}
