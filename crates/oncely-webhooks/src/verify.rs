@@ -143,6 +143,23 @@ impl Verifier {
         &self.scheme
     }
 
+    /// Whether the event id lies outside what the signature covers: it is read from a
+    /// header, and that header is not Standard Webhooks' signed `webhook-id`. A captured
+    /// delivery can then be sent again under a new id with its signature still valid.
+    pub fn event_id_unsigned(&self) -> bool {
+        let source = self
+            .event_id
+            .clone()
+            .or_else(|| self.scheme.default_event_id());
+        match (source, &self.scheme) {
+            (Some(EventIdSource::Header(name)), Scheme::Standard) => {
+                !name.eq_ignore_ascii_case("webhook-id")
+            }
+            (Some(EventIdSource::Header(_)), _) => true,
+            _ => false,
+        }
+    }
+
     /// The tolerance on signed timestamps.
     pub fn tolerance(&self) -> Duration {
         self.tolerance
