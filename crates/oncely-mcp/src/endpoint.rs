@@ -760,7 +760,9 @@ impl Inner {
         upstream_status: Option<u16>,
         started: Instant,
     ) {
-        metrics::counter!("oncely_requests_total", "route" => call.guarded.route.clone(), "status" => status.to_string(), "tool" => call.tool.clone())
+        // Labels are bounded: a tool no listing or config named counts as `other`.
+        let tool = self.catalog.metric_label(&self.config.tools, &call.tool);
+        metrics::counter!("oncely_requests_total", "route" => self.config.route_of(tool), "status" => status.to_string(), "tool" => tool.to_string())
             .increment(1);
         tracing::info!(
             record = %record.id,

@@ -3,7 +3,7 @@
 //! while it runs and after; the job still reaches the upstream intact; the ledger's
 //! files and the job key file are owner-only; the key file is reused after a restart; a
 //! PostgreSQL ledger with a job route and no `ONCELY_SECRET_KEY`, or a bad one, refuses
-//! to start.
+//! to start. And a metric label taken from client input (an MCP tool name) is bounded.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -283,4 +283,106 @@ async fn a_bad_secret_key_refuses_to_start() {
         assert_usage_error(&out, why);
     }
     assert!(!db.exists(), "nothing was opened");
+}
+
+/// A small MCP server (JSON answers): `tools/list` names `render`; every `tools/call`
+/// answers a text result.
+fn mcp_service() -> axum::Router {
+    axum::Router::new().route(
+        "/mcp",
+        post(|body: axum::Json<serde_json::Value>| async move {
+            let m = body.0;
+            let result = match m["method"].as_str() {
+                Some("tools/list") => {
+                    serde_json::json!({"tools": [{"name": "render", "inputSchema": {"type": "object"}}]})
+                }
+                _ => serde_json::json!({"content": [{"type": "text", "text": "ok"}]}),
+            };
+            axum::Json(serde_json::json!({"jsonrpc": "2.0", "id": m["id"], "result": result}))
+        }),
+    )
+}
+
+async fn mcp_post(gw: &Gateway, id: usize, method: &str, params: serde_json::Value) {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let a = http_post(
+        &gw.url("/mcp"),
+        &body.to_string(),
+        &[
+            ("authorization", "Bearer sk_alice"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
+    )
+    .await;
+    assert!(a.status.is_success(), "{}: {}", a.status, a.text());
+}
+
+/// A client picks the tool names it calls: 1000 distinct unknown names add no series to
+/// `/metrics` beyond one `other`, while a listed tool keeps its own label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_unknown_tool_names_leave_metrics_bounded() {
+    let up = upstream(mcp_service()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+store = "sqlite://{db}"
+upstream = "http://127.0.0.1:9"
+[[mcp]]
+path = "/mcp"
+upstream = "http://{up}/mcp"
+principal = "header:authorization"
+tools = ["*"]
+"#,
+            db = dir.path().join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    let gw = Arc::new(Gateway::start(&["--config", cfg.to_str().unwrap()], &[]));
+    mcp_post(&gw, 1, "tools/list", serde_json::json!({})).await;
+    mcp_post(
+        &gw,
+        2,
+        "tools/call",
+        serde_json::json!({"name": "render", "arguments": {}}),
+    )
+    .await;
+    let callers: Vec<_> = (0..10)
+        .map(|c| {
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                for i in 0..100 {
+                    let n = c * 100 + i;
+                    let params = serde_json::json!({"name": format!("tool-{n}"), "arguments": {}});
+                    mcp_post(&gw, 10 + n, "tools/call", params).await;
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.await.unwrap();
+    }
+    let metrics = get(&gw.admin_url("/metrics"), &[]).await.text();
+    let series: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("oncely_requests_total{") && l.contains("tool="))
+        .collect();
+    assert!(
+        !metrics.contains("tool-"),
+        "an unknown tool name became a label"
+    );
+    assert!(series.len() <= 8, "{series:#?}");
+    let count = |tool: &str| -> u64 {
+        series
+            .iter()
+            .filter(|l| l.contains(&format!("tool=\"{tool}\"")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(count("other"), 1000, "{series:#?}");
+    assert_eq!(count("render"), 1, "{series:#?}");
 }
