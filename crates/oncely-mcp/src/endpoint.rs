@@ -488,8 +488,10 @@ impl Inner {
     fn principal(&self, headers: &HeaderMap) -> Option<String> {
         match &self.config.principal {
             PrincipalSource::None => Some(self.guard.single_tenant_principal()),
+            // An empty header is a missing one: it names no account.
             PrincipalSource::Header(name) => headers
                 .get(name)
+                .filter(|v| !v.is_empty())
                 .map(|v| self.guard.principal_hash(v.as_bytes())),
             PrincipalSource::Jwt(verifier) => {
                 let token = header_str(headers, "authorization")?;

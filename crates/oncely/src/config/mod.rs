@@ -338,6 +338,13 @@ pub struct McpEndpoint {
     pub timeout: Duration,
     /// The owner's lease (an extension; default 30s).
     pub lease: Duration,
+    /// With `jwt:CLAIM`: the audience a token's `aud` must name (`jwt_audience`).
+    pub jwt_audience: Option<String>,
+    /// With `jwt:CLAIM`: the issuer a token's `iss` must be (`jwt_issuer`).
+    pub jwt_issuer: Option<String>,
+    /// With `jwt:CLAIM`: whether a token without `exp` is refused (`jwt_require_exp`,
+    /// default true).
+    pub jwt_require_exp: bool,
 }
 
 /// One `[[webhooks]]` entry.
@@ -447,6 +454,9 @@ const MCP_KEYS: &[&str] = &[
     "principal",
     "jwt_secret_env",
     "jwks_file",
+    "jwt_audience",
+    "jwt_issuer",
+    "jwt_require_exp",
     "tools",
     "window",
     "wait",
@@ -1058,6 +1068,25 @@ fn mcp_endpoint(
             "jwt_secret_env / jwks_file are set but principal is not jwt:CLAIM",
         );
     }
+    let jwt_audience = read::string(t, loc, "jwt_audience", p).map(str::to_owned);
+    let jwt_issuer = read::string(t, loc, "jwt_issuer", p).map(str::to_owned);
+    let jwt_require_exp = match t.get("jwt_require_exp") {
+        None => true,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(_) => {
+            p.add(at(loc, "jwt_require_exp"), "expected true or false");
+            true
+        }
+    };
+    for (key, set) in [
+        ("jwt_audience", jwt_audience.is_some()),
+        ("jwt_issuer", jwt_issuer.is_some()),
+        ("jwt_require_exp", t.contains_key("jwt_require_exp")),
+    ] {
+        if set && !matches!(principal, Some(PrincipalRule::Jwt { .. }) | None) {
+            p.add(at(loc, key), "is set but principal is not jwt:CLAIM");
+        }
+    }
     let tools = read::strings(t, loc, "tools", p).unwrap_or_else(|| vec!["*".into()]);
     for (i, tool) in tools.iter().enumerate() {
         if tool.is_empty() {
@@ -1092,6 +1121,9 @@ fn mcp_endpoint(
         units: units?,
         timeout,
         lease,
+        jwt_audience,
+        jwt_issuer,
+        jwt_require_exp,
     })
 }
 

@@ -3,9 +3,12 @@
 //! while it runs and after; the job still reaches the upstream intact; the ledger's
 //! files and the job key file are owner-only; the key file is reused after a restart; a
 //! PostgreSQL ledger with a job route and no `ONCELY_SECRET_KEY`, or a bad one, refuses
-//! to start. And a metric label taken from client input (an MCP tool name) is bounded.
+//! to start. MCP: a metric label taken from client input (a tool name) is
+//! bounded, an empty principal header is a missing one, and JWT principals check `aud`,
+//! `iss` and `exp`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -286,30 +289,43 @@ async fn a_bad_secret_key_refuses_to_start() {
 }
 
 /// A small MCP server (JSON answers): `tools/list` names `render`; every `tools/call`
-/// answers a text result.
-fn mcp_service() -> axum::Router {
+/// answers a text result and is counted.
+fn mcp_service(calls: Arc<AtomicUsize>) -> axum::Router {
     axum::Router::new().route(
         "/mcp",
-        post(|body: axum::Json<serde_json::Value>| async move {
-            let m = body.0;
-            let result = match m["method"].as_str() {
-                Some("tools/list") => {
-                    serde_json::json!({"tools": [{"name": "render", "inputSchema": {"type": "object"}}]})
-                }
-                _ => serde_json::json!({"content": [{"type": "text", "text": "ok"}]}),
-            };
-            axum::Json(serde_json::json!({"jsonrpc": "2.0", "id": m["id"], "result": result}))
+        post(move |body: axum::Json<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                let m = body.0;
+                let result = match m["method"].as_str() {
+                    Some("tools/list") => {
+                        serde_json::json!({"tools": [{"name": "render", "inputSchema": {"type": "object"}}]})
+                    }
+                    _ => {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        serde_json::json!({"content": [{"type": "text", "text": "ok"}]})
+                    }
+                };
+                axum::Json(serde_json::json!({"jsonrpc": "2.0", "id": m["id"], "result": result}))
+            }
         }),
     )
 }
 
-async fn mcp_post(gw: &Gateway, id: usize, method: &str, params: serde_json::Value) {
+async fn mcp_as(
+    gw: &Gateway,
+    path: &str,
+    auth: &str,
+    id: usize,
+    method: &str,
+    params: serde_json::Value,
+) {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
     let a = http_post(
-        &gw.url("/mcp"),
+        &gw.url(path),
         &body.to_string(),
         &[
-            ("authorization", "Bearer sk_alice"),
+            ("authorization", auth),
             ("content-type", "application/json"),
             ("accept", "application/json, text/event-stream"),
             ("mcp-protocol-version", "2025-11-25"),
@@ -319,30 +335,35 @@ async fn mcp_post(gw: &Gateway, id: usize, method: &str, params: serde_json::Val
     assert!(a.status.is_success(), "{}: {}", a.status, a.text());
 }
 
+async fn mcp_post(gw: &Gateway, id: usize, method: &str, params: serde_json::Value) {
+    mcp_as(gw, "/mcp", "Bearer sk_alice", id, method, params).await
+}
+
+/// A config with `[[mcp]]` entries (their TOML after the store and upstream).
+fn mcp_config(dir: &Path, entries: &str) -> String {
+    let cfg = dir.join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{}\"\nupstream = \"http://127.0.0.1:9\"\n{entries}",
+            dir.join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    cfg.to_str().unwrap().to_owned()
+}
+
 /// A client picks the tool names it calls: 1000 distinct unknown names add no series to
 /// `/metrics` beyond one `other`, while a listed tool keeps its own label.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_unknown_tool_names_leave_metrics_bounded() {
-    let up = upstream(mcp_service()).await;
+    let up = upstream(mcp_service(Arc::default())).await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("oncely.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
-store = "sqlite://{db}"
-upstream = "http://127.0.0.1:9"
-[[mcp]]
-path = "/mcp"
-upstream = "http://{up}/mcp"
-principal = "header:authorization"
-tools = ["*"]
-"#,
-            db = dir.path().join("ledger.db").display()
-        ),
-    )
-    .unwrap();
-    let gw = Arc::new(Gateway::start(&["--config", cfg.to_str().unwrap()], &[]));
+    let cfg = mcp_config(
+        dir.path(),
+        &format!("[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n"),
+    );
+    let gw = Arc::new(Gateway::start(&["--config", &cfg], &[]));
     mcp_post(&gw, 1, "tools/list", serde_json::json!({})).await;
     mcp_post(
         &gw,
@@ -385,4 +406,116 @@ tools = ["*"]
     };
     assert_eq!(count("other"), 1000, "{series:#?}");
     assert_eq!(count("render"), 1, "{series:#?}");
+}
+
+/// An empty principal header names no account: such calls are forwarded unguarded, never
+/// answered with another empty-header caller's stored result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_principal_header_is_a_missing_one() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let up = upstream(mcp_service(calls.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = mcp_config(
+        dir.path(),
+        &format!("[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n"),
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let params = serde_json::json!({"name": "render", "arguments": {"text": "x"}});
+    mcp_as(&gw, "/mcp", "", 1, "tools/call", params.clone()).await;
+    mcp_as(&gw, "/mcp", "", 2, "tools/call", params.clone()).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "both forwarded, none replayed"
+    );
+    // A real principal is guarded: its repeat is replayed.
+    mcp_as(&gw, "/mcp", "Bearer sk_a", 3, "tools/call", params.clone()).await;
+    mcp_as(&gw, "/mcp", "Bearer sk_a", 4, "tools/call", params).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// `jwt:sub` with `jwt_audience` and `jwt_issuer`: only a token with the right `aud`,
+/// `iss` and a numeric `exp` names an account (its repeat is replayed); a wrong `aud`,
+/// a wrong `iss`, no `exp` or a string `exp` is not trusted, and the call is forwarded
+/// unguarded every time. With `jwt_require_exp = false` a token without `exp` is trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_principals_check_audience_issuer_and_expiry() {
+    use oncely_mcp::principal::sign_hs256;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let up = upstream(mcp_service(calls.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |path: &str, extra: &str| {
+        format!(
+            "[[mcp]]\npath = \"{path}\"\nupstream = \"http://{up}/mcp\"\nprincipal = \"jwt:sub\"\n\
+             jwt_secret_env = \"TEST_JWT_SECRET\"\njwt_audience = \"https://api.example\"\n\
+             jwt_issuer = \"https://issuer.example\"\n{extra}\n"
+        )
+    };
+    let cfg = mcp_config(
+        dir.path(),
+        &format!(
+            "{}{}",
+            entry("/mcp", ""),
+            entry("/mcp-lax", "jwt_require_exp = false")
+        ),
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[("TEST_JWT_SECRET", "jwt-s3cret")]);
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let good = serde_json::json!({"sub": "acct_1", "exp": exp, "aud": "https://api.example", "iss": "https://issuer.example"});
+    let with = |change: &dyn Fn(&mut serde_json::Value)| {
+        let mut claims = good.clone();
+        change(&mut claims);
+        format!("Bearer {}", sign_hs256(&claims, b"jwt-s3cret"))
+    };
+    let cases: Vec<(&str, &str, String, usize)> = vec![
+        ("/mcp", "good", with(&|_| {}), 1),
+        (
+            "/mcp",
+            "wrong aud",
+            with(&|c| c["aud"] = "https://other.example".into()),
+            2,
+        ),
+        (
+            "/mcp",
+            "wrong iss",
+            with(&|c| c["iss"] = "https://evil.example".into()),
+            2,
+        ),
+        (
+            "/mcp",
+            "no exp",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("exp");
+            }),
+            2,
+        ),
+        (
+            "/mcp",
+            "string exp",
+            with(&|c| c["exp"] = exp.to_string().into()),
+            2,
+        ),
+        (
+            "/mcp-lax",
+            "no exp, not required",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("exp");
+            }),
+            1,
+        ),
+    ];
+    let mut id = 0;
+    for (path, what, token, runs) in cases {
+        let before = calls.load(Ordering::SeqCst);
+        let params = serde_json::json!({"name": "render", "arguments": {"case": what}});
+        for _ in 0..2 {
+            id += 1;
+            mcp_as(&gw, path, &token, id, "tools/call", params.clone()).await;
+        }
+        assert_eq!(calls.load(Ordering::SeqCst) - before, runs, "{what}");
+    }
 }
