@@ -766,6 +766,28 @@ mod tests {
     }
 
     #[test]
+    fn event_ids_outside_the_signature_are_known() {
+        let v = |scheme: Scheme, source: Option<&str>| {
+            let s = secrets(&scheme, "whsec_c2VjcmV0");
+            let v = Verifier::new(scheme, s, TOL);
+            match source {
+                Some(text) => v.with_event_id(text.parse().unwrap()),
+                None => v,
+            }
+        };
+        assert!(v(Scheme::Github, None).event_id_unsigned());
+        assert!(!v(Scheme::Github, Some("json:/id")).event_id_unsigned());
+        assert!(v(generic(None), Some("header:X-Event-Id")).event_id_unsigned());
+        assert!(!v(generic(None), None).event_id_unsigned(), "no id at all");
+        assert!(
+            !v(Scheme::Standard, None).event_id_unsigned(),
+            "webhook-id is signed"
+        );
+        assert!(v(Scheme::Standard, Some("header:x-other")).event_id_unsigned());
+        assert!(!v(Scheme::Stripe, None).event_id_unsigned());
+    }
+
+    #[test]
     fn http_header_maps_work_as_received() {
         let scheme = Scheme::Standard;
         let s = secrets(&scheme, "whsec_c2VjcmV0");

@@ -203,6 +203,17 @@ mod tests {
     }
 
     #[test]
+    fn connections_overwrite_deleted_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("m.db")).unwrap();
+        configure_common(&conn, DEFAULT_BUSY_TIMEOUT).unwrap();
+        let on: i64 = conn
+            .query_row("PRAGMA secure_delete", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(on, 1);
+    }
+
+    #[test]
     fn synchronous_modes() {
         assert_eq!(synchronous_mode("full").unwrap(), "FULL");
         assert_eq!(synchronous_mode("NORMAL").unwrap(), "NORMAL");
