@@ -1492,4 +1492,54 @@ units = "characters"
         assert_eq!(ps.len(), 1, "{ps:#?}");
         assert!(ps[0].starts_with("mcp[0].units: "), "{ps:#?}");
     }
+
+    #[test]
+    fn mcp_jwt_claim_checks_are_read_and_need_a_jwt_principal() {
+        let c = Config::resolve(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+principal = "jwt:sub"
+jwt_secret_env = "JWT_SECRET"
+jwt_audience = "https://api.example"
+jwt_issuer = "https://issuer.example"
+jwt_require_exp = false
+[[mcp]]
+path = "/mcp2"
+upstream = "http://127.0.0.1:1/mcp"
+"#,
+            None,
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.mcp[0].jwt_audience.as_deref(),
+            Some("https://api.example")
+        );
+        assert_eq!(
+            c.mcp[0].jwt_issuer.as_deref(),
+            Some("https://issuer.example")
+        );
+        assert!(!c.mcp[0].jwt_require_exp);
+        assert!(c.mcp[1].jwt_require_exp, "exp is required by default");
+        let ps = problems(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+jwt_audience = "x"
+jwt_require_exp = "no"
+"#,
+        );
+        let want = [
+            "mcp[0].jwt_require_exp: expected true or false",
+            "mcp[0].jwt_audience: is set but principal is not jwt:CLAIM",
+            "mcp[0].jwt_require_exp: is set but principal is not jwt:CLAIM",
+        ];
+        for w in want {
+            assert!(ps.iter().any(|p| p.starts_with(w)), "{w:?} not in {ps:#?}");
+        }
+        assert_eq!(ps.len(), want.len(), "{ps:#?}");
+    }
 }

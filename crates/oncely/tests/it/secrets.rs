@@ -232,6 +232,78 @@ async fn a_queued_job_survives_a_restart_with_its_key_file() {
     assert_clean(&db, "after the restart");
 }
 
+/// A job queued under one `ONCELY_SECRET_KEY` and found by a gateway with another does
+/// not open: it fails (its record is released, nothing reaches the upstream with a
+/// garbled request), and the client's retry queues it again under the new key and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_sealed_under_an_old_key_fails_and_its_retry_runs() {
+    const OLD: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+    const NEW: &str = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
+    let (open, gate) = watch::channel(false);
+    let seen = Seen {
+        calls: Arc::default(),
+        gate,
+    };
+    let up = upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let cfg = config(dir.path(), &format!("sqlite://{}", db.display()), up);
+    let gw = Gateway::start(&["--config", &cfg], &[("ONCELY_SECRET_KEY", OLD)]);
+    let _held = submit(&gw, 1).await;
+    let queued = submit(&gw, 2).await;
+    until_calls(&seen, 1).await;
+    drop(gw); // SIGKILL with job 2 still queued, sealed under OLD
+    assert!(
+        !dir.path().join("ledger.db.key").exists(),
+        "the env key is used"
+    );
+
+    open.send(true).unwrap();
+    let gw = Gateway::start(&["--config", &cfg], &[("ONCELY_SECRET_KEY", NEW)]);
+    let failed = until_done(&gw, &queued).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let runs_of_2 = |seen: &Seen| {
+        let calls = seen.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|(_, _, b)| b.contains(&format!("{BODY_MARK}-2")))
+            .count()
+    };
+    assert_eq!(
+        runs_of_2(&seen),
+        0,
+        "nothing ran for the job that did not open"
+    );
+    let again = submit_or_done(&gw, 2).await;
+    assert_eq!(until_done(&gw, &again).await["status"], "completed");
+    assert_eq!(runs_of_2(&seen), 1);
+    let calls = seen.calls.lock().unwrap().clone();
+    let run = calls
+        .iter()
+        .find(|(_, _, b)| b.contains(&format!("{BODY_MARK}-2")))
+        .unwrap();
+    assert_eq!(run.0, SECRET);
+}
+
+/// Sends job `n` again: 202 (queued) or, if it ran within `wait`, its answer; either way
+/// its status location.
+async fn submit_or_done(gw: &Gateway, n: usize) -> String {
+    let a = http_post(
+        &gw.url(&format!("/v1/render?token={QUERY_MARK}")),
+        &format!(r#"{{"text":"{BODY_MARK}-{n}"}}"#),
+        &[
+            ("authorization", SECRET),
+            ("content-type", "application/json"),
+        ],
+    )
+    .await;
+    match a.status.as_u16() {
+        202 => a.header("location").to_owned(),
+        201 => format!("/_oncely/jobs/{}", a.header("oncely-record")),
+        other => panic!("unexpected {other}: {}", a.text()),
+    }
+}
+
 /// `oncely serve` on this config and environment, run to its exit.
 fn serve_output(cfg: &str, envs: &[(&str, &str)]) -> std::process::Output {
     oncely()
