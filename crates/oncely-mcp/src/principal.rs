@@ -13,7 +13,8 @@
 //! never used as an HMAC secret (the algorithm-confusion attack); `none` and every other
 //! algorithm are refused.
 //!
-//! Signatures and the `aud`/`iss` checks are `jsonwebtoken`'s (on ring); the times are
+//! Signatures and the `aud`/`iss` checks are `jsonwebtoken`'s (on ring, through
+//! `crate::ring_jws`); the times are
 //! checked here against the caller's clock: `exp` is required unless
 //! [`JwtVerifier::require_exp`] is turned off, and an `exp` or `nbf` that is not a number
 //! refuses the token (a library that reads it as absent would accept it forever).
@@ -269,6 +270,7 @@ impl JwtVerifier {
     }
 
     fn with_keys(claim: &str, keys: Vec<Key>) -> JwtVerifier {
+        crate::ring_jws::install();
         JwtVerifier {
             claim: claim.to_string(),
             keys,
@@ -348,11 +350,14 @@ impl JwtVerifier {
                     ErrorKind::InvalidSignature
                     | ErrorKind::InvalidEcdsaKey
                     | ErrorKind::InvalidRsaKey(_)
-                    | ErrorKind::Crypto(_) => continue,
+                    | ErrorKind::InvalidKeyFormat => continue,
                     ErrorKind::InvalidAudience => return Err(TokenError::Audience),
                     ErrorKind::InvalidIssuer => return Err(TokenError::Issuer),
                     ErrorKind::MissingRequiredClaim(c) => {
                         return Err(TokenError::MissingClaim(c.clone()))
+                    }
+                    ErrorKind::InvalidClaimFormat(c) => {
+                        return Err(TokenError::NotNumeric(c.clone()))
                     }
                     _ => return Err(TokenError::Malformed),
                 },
