@@ -70,6 +70,24 @@ impl ToolCatalog {
         map.get(name).copied().unwrap_or(false)
     }
 
+    /// The value a metric label takes for a call of `name`: the name when a `tools/list`
+    /// answer or the config (`tools = [...]`) named it, else `other`. A client chooses
+    /// the name it calls, and every distinct label value is a series kept for the life of
+    /// the process, so unknown names share one.
+    pub fn metric_label<'a>(&self, selection: &ToolSelection, name: &'a str) -> &'a str {
+        let named =
+            matches!(selection, ToolSelection::Named(names) if names.iter().any(|n| n == name));
+        let listed = || {
+            let map = self.read_only.read().unwrap_or_else(|e| e.into_inner());
+            map.contains_key(name)
+        };
+        if named || listed() {
+            name
+        } else {
+            "other"
+        }
+    }
+
     /// Whether a call of `name` is deduplicated under `selection`.
     pub fn is_guarded(&self, selection: &ToolSelection, name: &str) -> bool {
         let selected = match selection {
@@ -105,5 +123,18 @@ data: {"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"render"},{"name":"bala
         assert!(!c.is_guarded(&ToolSelection::Named(vec![]), "render"));
         c.observe_list(&json!({"tools":[{"name":"balance","annotations":{"readOnlyHint":false}}]}));
         assert!(c.is_guarded(&all, "balance"), "the latest listing counts");
+    }
+
+    #[test]
+    fn metric_labels_are_listed_or_configured_names_else_other() {
+        let c = ToolCatalog::new();
+        let all = ToolSelection::AllButReadOnly;
+        assert_eq!(c.metric_label(&all, "render"), "other");
+        c.observe_list(&json!({"tools":[{"name":"render"}]}));
+        assert_eq!(c.metric_label(&all, "render"), "render");
+        assert_eq!(c.metric_label(&all, "x-1"), "other");
+        let named = ToolSelection::Named(vec!["quote".into()]);
+        assert_eq!(c.metric_label(&named, "quote"), "quote");
+        assert_eq!(c.metric_label(&named, "x-2"), "other");
     }
 }

@@ -631,8 +631,10 @@ impl Inner {
     fn principal(&self, headers: &HeaderMap) -> Option<String> {
         match &self.config.principal {
             PrincipalSource::None => Some(self.guard.single_tenant_principal()),
+            // An empty header is a missing one: it names no account.
             PrincipalSource::Header(name) => headers
                 .get(name)
+                .filter(|v| !v.is_empty())
                 .map(|v| self.guard.principal_hash(v.as_bytes())),
             PrincipalSource::Jwt(verifier) => {
                 let token = header_str(headers, "authorization")?;
@@ -1202,7 +1204,9 @@ impl Inner {
         upstream_status: Option<u16>,
         started: Instant,
     ) {
-        metrics::counter!("oncely_requests_total", "route" => call.guarded.route.clone(), "status" => status.to_string(), "tool" => call.tool.clone())
+        // Labels are bounded: a tool no listing or config named counts as `other`.
+        let tool = self.catalog.metric_label(&self.config.tools, &call.tool);
+        metrics::counter!("oncely_requests_total", "route" => self.config.route_of(tool), "status" => status.to_string(), "tool" => tool.to_string())
             .increment(1);
         tracing::info!(
             record = %record.id,

@@ -49,6 +49,7 @@ pub mod config;
 pub mod endpoint;
 pub mod jsonrpc;
 pub mod principal;
+mod ring_jws;
 pub mod sse;
 pub mod tasks;
 

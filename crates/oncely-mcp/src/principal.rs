@@ -12,13 +12,22 @@
 //! `ES256`. The token header's `alg` must match the key's type, so an RSA public key is
 //! never used as an HMAC secret (the algorithm-confusion attack); `none` and every other
 //! algorithm are refused.
+//!
+//! Signatures and the `aud`/`iss` checks are `jsonwebtoken`'s (on ring, through
+//! `crate::ring_jws`); the times are
+//! checked here against the caller's clock: `exp` is required unless
+//! [`JwtVerifier::require_exp`] is turned off, and an `exp` or `nbf` that is not a number
+//! refuses the token (a library that reads it as absent would accept it forever).
+//! `aud` and `iss`, when configured (`jwt_audience`, `jwt_issuer`), must be present and
+//! match.
+
+use std::collections::HashSet;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
-use ring::signature::{
-    RsaPublicKeyComponents, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, RSA_PKCS1_2048_8192_SHA256,
-};
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 use sha2::Sha256;
 
@@ -47,20 +56,20 @@ impl KeyMaterial {
         }
     }
 
-    /// Whether `signature` is this key's signature of `signed`.
-    fn verifies(&self, signed: &[u8], signature: &[u8]) -> bool {
+    /// The `jsonwebtoken` key that verifies with this material.
+    fn decoding(&self) -> DecodingKey {
         match self {
-            KeyMaterial::Hmac(secret) => {
-                let mut mac = HmacSha256::new_from_slice(secret).expect("hmac takes any key");
-                mac.update(signed);
-                mac.verify_slice(signature).is_ok()
-            }
-            KeyMaterial::Rsa { n, e } => RsaPublicKeyComponents { n, e }
-                .verify(&RSA_PKCS1_2048_8192_SHA256, signed, signature)
-                .is_ok(),
-            KeyMaterial::EcP256(point) => UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, point)
-                .verify(signed, signature)
-                .is_ok(),
+            KeyMaterial::Hmac(secret) => DecodingKey::from_secret(secret),
+            KeyMaterial::Rsa { n, e } => DecodingKey::from_rsa_raw_components(n, e),
+            KeyMaterial::EcP256(point) => DecodingKey::from_ec_der(point),
+        }
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        match self {
+            KeyMaterial::Hmac(_) => Algorithm::HS256,
+            KeyMaterial::Rsa { .. } => Algorithm::RS256,
+            KeyMaterial::EcP256(_) => Algorithm::ES256,
         }
     }
 }
@@ -70,6 +79,17 @@ impl KeyMaterial {
 struct Key {
     kid: Option<String>,
     material: KeyMaterial,
+    decoding: DecodingKey,
+}
+
+impl Key {
+    fn new(kid: Option<String>, material: KeyMaterial) -> Key {
+        Key {
+            kid,
+            decoding: material.decoding(),
+            material,
+        }
+    }
 }
 
 /// Verifies HS256, RS256 and ES256 bearer tokens and reads one claim.
@@ -77,6 +97,9 @@ struct Key {
 pub struct JwtVerifier {
     claim: String,
     keys: Vec<Key>,
+    audience: Option<String>,
+    issuer: Option<String>,
+    require_exp: bool,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -112,6 +135,18 @@ pub enum TokenError {
     /// The claim is missing or not a string.
     #[error("claim {0:?} missing")]
     Claim(String),
+    /// A claim the verifier requires (`exp`, or `aud`/`iss` when configured) is absent.
+    #[error("required claim {0:?} missing")]
+    MissingClaim(String),
+    /// `exp` or `nbf` is not a number.
+    #[error("claim {0:?} is not a number")]
+    NotNumeric(String),
+    /// `aud` names no configured audience.
+    #[error("wrong audience")]
+    Audience,
+    /// `iss` is not the configured issuer.
+    #[error("wrong issuer")]
+    Issuer,
 }
 
 /// Decodes the base64url member `name` of a JWK (padding tolerated).
@@ -192,10 +227,10 @@ fn parse_jwk(k: &Value) -> Result<Option<Key>, McpError> {
             )));
         }
     }
-    Ok(Some(Key {
-        kid: k.get("kid").and_then(Value::as_str).map(str::to_string),
+    Ok(Some(Key::new(
+        k.get("kid").and_then(Value::as_str).map(str::to_string),
         material,
-    }))
+    )))
 }
 
 impl JwtVerifier {
@@ -204,13 +239,10 @@ impl JwtVerifier {
         if secret.is_empty() {
             return Err(McpError::Config("jwt secret is empty".into()));
         }
-        Ok(JwtVerifier {
-            claim: claim.to_string(),
-            keys: vec![Key {
-                kid: None,
-                material: KeyMaterial::Hmac(secret.to_vec()),
-            }],
-        })
+        Ok(JwtVerifier::with_keys(
+            claim,
+            vec![Key::new(None, KeyMaterial::Hmac(secret.to_vec()))],
+        ))
     }
 
     /// Verifies with the keys of a JWKS document (`jwks_file`), `{"keys": [...]}` with
@@ -234,10 +266,37 @@ impl JwtVerifier {
         if keys.is_empty() {
             return Err(McpError::Config("jwks_file: no signing keys".into()));
         }
-        Ok(JwtVerifier {
+        Ok(JwtVerifier::with_keys(claim, keys))
+    }
+
+    fn with_keys(claim: &str, keys: Vec<Key>) -> JwtVerifier {
+        crate::ring_jws::install();
+        JwtVerifier {
             claim: claim.to_string(),
             keys,
-        })
+            audience: None,
+            issuer: None,
+            require_exp: true,
+        }
+    }
+
+    /// Accepts only tokens whose `aud` is (or contains) `audience` (`jwt_audience`).
+    pub fn with_audience(mut self, audience: impl Into<String>) -> JwtVerifier {
+        self.audience = Some(audience.into());
+        self
+    }
+
+    /// Accepts only tokens whose `iss` is `issuer` (`jwt_issuer`).
+    pub fn with_issuer(mut self, issuer: impl Into<String>) -> JwtVerifier {
+        self.issuer = Some(issuer.into());
+        self
+    }
+
+    /// Whether a token without `exp` is refused (the default; `jwt_require_exp = false`
+    /// accepts tokens that never expire).
+    pub fn require_exp(mut self, required: bool) -> JwtVerifier {
+        self.require_exp = required;
+        self
     }
 
     /// The claim's name (`sub`).
@@ -252,7 +311,7 @@ impl JwtVerifier {
     /// without one, every key of the type is tried.
     pub fn verify(&self, token: &str, now_secs: i64) -> Result<String, TokenError> {
         let mut parts = token.split('.');
-        let (Some(h), Some(p), Some(s), None) =
+        let (Some(h), Some(_), Some(_), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(TokenError::Malformed);
@@ -282,25 +341,70 @@ impl JwtVerifier {
                 None => TokenError::Signature,
             });
         }
-        let signature = decode(s)?;
-        let signed = &token.as_bytes()[..h.len() + 1 + p.len()];
-        if !candidates
-            .iter()
-            .any(|k| k.material.verifies(signed, &signature))
-        {
-            return Err(TokenError::Signature);
-        }
-        let payload: Value =
-            serde_json::from_slice(&decode(p)?).map_err(|_| TokenError::Malformed)?;
-        if let Some(exp) = payload.get("exp").and_then(Value::as_i64) {
-            if now_secs >= exp {
-                return Err(TokenError::Expired);
+        let validation = self.validation(candidates[0].material.algorithm());
+        for key in candidates {
+            match jsonwebtoken::decode::<Value>(token, &key.decoding, &validation) {
+                Ok(data) => return self.read_claims(&data.claims, now_secs),
+                Err(e) => match e.kind() {
+                    // Not this key's signature: try the next one.
+                    ErrorKind::InvalidSignature
+                    | ErrorKind::InvalidEcdsaKey
+                    | ErrorKind::InvalidRsaKey(_)
+                    | ErrorKind::InvalidKeyFormat => continue,
+                    ErrorKind::InvalidAudience => return Err(TokenError::Audience),
+                    ErrorKind::InvalidIssuer => return Err(TokenError::Issuer),
+                    ErrorKind::MissingRequiredClaim(c) => {
+                        return Err(TokenError::MissingClaim(c.clone()))
+                    }
+                    ErrorKind::InvalidClaimFormat(c) => {
+                        return Err(TokenError::NotNumeric(c.clone()))
+                    }
+                    _ => return Err(TokenError::Malformed),
+                },
             }
         }
-        if let Some(nbf) = payload.get("nbf").and_then(Value::as_i64) {
-            if now_secs < nbf {
-                return Err(TokenError::Expired);
-            }
+        Err(TokenError::Signature)
+    }
+
+    /// `jsonwebtoken`'s checks: the signature with `alg`, and `aud`/`iss` when configured
+    /// (then required). Times are checked by [`JwtVerifier::read_claims`] against the
+    /// caller's clock.
+    fn validation(&self, alg: Algorithm) -> Validation {
+        let mut v = Validation::new(alg);
+        v.leeway = 0;
+        v.validate_exp = false;
+        v.validate_nbf = false;
+        v.required_spec_claims = HashSet::new();
+        v.validate_aud = self.audience.is_some();
+        if let Some(aud) = &self.audience {
+            v.set_audience(&[aud]);
+            v.required_spec_claims.insert("aud".into());
+        }
+        if let Some(iss) = &self.issuer {
+            v.set_issuer(&[iss]);
+            v.required_spec_claims.insert("iss".into());
+        }
+        v
+    }
+
+    /// Checks `exp` and `nbf` at `now_secs` and reads the principal's claim.
+    fn read_claims(&self, payload: &Value, now_secs: i64) -> Result<String, TokenError> {
+        let time = |name: &str| match payload.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| TokenError::NotNumeric(name.into())),
+            Some(_) => Err(TokenError::NotNumeric(name.into())),
+        };
+        let now = now_secs as f64;
+        match time("exp")? {
+            Some(exp) if now >= exp => return Err(TokenError::Expired),
+            None if self.require_exp => return Err(TokenError::MissingClaim("exp".into())),
+            _ => {}
+        }
+        if matches!(time("nbf")?, Some(nbf) if now < nbf) {
+            return Err(TokenError::Expired);
         }
         match payload.get(&self.claim) {
             Some(Value::String(v)) if !v.is_empty() => Ok(v.clone()),
@@ -352,7 +456,7 @@ mod tests {
             Err(TokenError::Algorithm("none".into()))
         );
         assert_eq!(v.verify("abc", 0), Err(TokenError::Malformed));
-        let nosub = sign_hs256(&json!({"aud": "x"}), b"s3cret");
+        let nosub = sign_hs256(&json!({"aud": "x", "exp": 10}), b"s3cret");
         assert_eq!(v.verify(&nosub, 0), Err(TokenError::Claim("sub".into())));
     }
 
@@ -362,7 +466,7 @@ mod tests {
         let v =
             JwtVerifier::from_jwks("sub", &format!(r#"{{"keys":[{{"kty":"oct","k":"{k}"}}]}}"#))
                 .unwrap();
-        let t = sign_hs256(&json!({"sub": "u"}), b"jwks-secret");
+        let t = sign_hs256(&json!({"sub": "u", "exp": 10}), b"jwks-secret");
         assert_eq!(v.verify(&t, 0).unwrap(), "u");
         let err = JwtVerifier::from_jwks("sub", r#"{"keys":[{"kty":"OKP","crv":"Ed25519"}]}"#)
             .unwrap_err();
@@ -385,9 +489,81 @@ mod tests {
         assert!(err.to_string().contains("no signing keys"), "{err}");
     }
 
+    #[test]
+    fn exp_is_required_unless_told_and_times_must_be_numbers() {
+        let v = JwtVerifier::hs256("sub", b"s3cret").unwrap();
+        let forever = sign_hs256(&json!({"sub": "u"}), b"s3cret");
+        assert_eq!(
+            v.verify(&forever, 0),
+            Err(TokenError::MissingClaim("exp".into()))
+        );
+        let lax = v.clone().require_exp(false);
+        assert_eq!(lax.verify(&forever, 0).unwrap(), "u");
+        for claims in [
+            json!({"sub": "u", "exp": "99999999999"}),
+            json!({"sub": "u", "exp": null}),
+            json!({"sub": "u", "exp": 99999, "nbf": "0"}),
+            json!({"sub": "u", "exp": 99999, "nbf": [1]}),
+        ] {
+            // Refused: as not a number, or (an array the library cannot skip) malformed.
+            let t = sign_hs256(&claims, b"s3cret");
+            for verifier in [&v, &lax] {
+                assert!(
+                    matches!(
+                        verifier.verify(&t, 0),
+                        Err(TokenError::NotNumeric(_) | TokenError::Malformed)
+                    ),
+                    "{claims}"
+                );
+            }
+        }
+        // A fractional NumericDate is a number.
+        let frac = sign_hs256(&json!({"sub": "u", "exp": 100.5}), b"s3cret");
+        assert_eq!(v.verify(&frac, 100).unwrap(), "u");
+        assert_eq!(v.verify(&frac, 101), Err(TokenError::Expired));
+    }
+
+    #[test]
+    fn audience_and_issuer_are_checked_when_configured() {
+        let v = JwtVerifier::hs256("sub", b"s3cret")
+            .unwrap()
+            .with_audience("https://api.example")
+            .with_issuer("https://issuer.example");
+        let t = |claims: Value| sign_hs256(&claims, b"s3cret");
+        let good = json!({"sub": "u", "exp": 10, "aud": "https://api.example", "iss": "https://issuer.example"});
+        assert_eq!(v.verify(&t(good.clone()), 0).unwrap(), "u");
+        let mut many = good.clone();
+        many["aud"] = json!(["other", "https://api.example"]);
+        assert_eq!(v.verify(&t(many), 0).unwrap(), "u");
+        let mut wrong_aud = good.clone();
+        wrong_aud["aud"] = json!("https://other.example");
+        assert_eq!(v.verify(&t(wrong_aud), 0), Err(TokenError::Audience));
+        let mut wrong_iss = good.clone();
+        wrong_iss["iss"] = json!("https://evil.example");
+        assert_eq!(v.verify(&t(wrong_iss), 0), Err(TokenError::Issuer));
+        let mut no_aud = good.clone();
+        no_aud.as_object_mut().unwrap().remove("aud");
+        assert_eq!(
+            v.verify(&t(no_aud), 0),
+            Err(TokenError::MissingClaim("aud".into()))
+        );
+        let mut no_iss = good.clone();
+        no_iss.as_object_mut().unwrap().remove("iss");
+        assert_eq!(
+            v.verify(&t(no_iss), 0),
+            Err(TokenError::MissingClaim("iss".into()))
+        );
+        // Unconfigured, aud and iss are not checked.
+        let plain = JwtVerifier::hs256("sub", b"s3cret").unwrap();
+        let mut any = good;
+        any["aud"] = json!("https://other.example");
+        assert_eq!(plain.verify(&t(any), 0).unwrap(), "u");
+    }
+
     use ring::rand::SystemRandom;
     use ring::signature::{
-        EcdsaKeyPair, KeyPair as _, RsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING, RSA_PKCS1_SHA256,
+        EcdsaKeyPair, KeyPair as _, RsaKeyPair, RsaPublicKeyComponents,
+        ECDSA_P256_SHA256_FIXED_SIGNING, RSA_PKCS1_SHA256,
     };
 
     /// `header.payload` in base64url.
@@ -447,7 +623,11 @@ mod tests {
         let wrong = sign_es256(&other, Some("ec-1"), &claims);
         assert_eq!(v.verify(&wrong, 1000), Err(TokenError::Signature));
         assert_eq!(v.verify(&token, 2000), Err(TokenError::Expired));
-        let early = sign_es256(&pair, Some("ec-1"), &json!({"sub": "acct_ec", "nbf": 500}));
+        let early = sign_es256(
+            &pair,
+            Some("ec-1"),
+            &json!({"sub": "acct_ec", "nbf": 500, "exp": 2000}),
+        );
         assert_eq!(v.verify(&early, 499), Err(TokenError::Expired));
         // An HS256 token is never checked against the EC key.
         let hs = sign_hs256(&claims, &URL_SAFE_NO_PAD.decode(jwk_x(&v)).unwrap());

@@ -241,6 +241,7 @@ pub struct Guard {
     repeats: Arc<RepeatTally>,
     pub(crate) budget: Arc<Budget>,
     waits: Mutex<HashMap<RecordId, SharedWait>>,
+    pub(crate) job_key: Option<crate::seal::JobKey>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -266,6 +267,7 @@ impl Guard {
             repeats: Arc::new(RepeatTally::new(store_for_tally)),
             budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
             waits: Mutex::new(HashMap::new()),
+            job_key: None,
         }
     }
 
@@ -274,6 +276,13 @@ impl Guard {
     /// [`DEFAULT_MAX_INFLIGHT_BYTES`]). See the `budget` module.
     pub fn with_max_inflight_bytes(mut self, bytes: u64) -> Guard {
         self.budget = Budget::new(bytes);
+        self
+    }
+
+    /// Seals what queued jobs keep (headers, body, query) with `key` before it reaches
+    /// the store. Without a key, jobs are stored as sent.
+    pub fn with_job_key(mut self, key: crate::seal::JobKey) -> Guard {
+        self.job_key = Some(key);
         self
     }
 

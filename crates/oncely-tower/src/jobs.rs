@@ -3,7 +3,8 @@
 //! A `job` route's request is claimed **and** queued in one transaction
 //! ([`Store::claim_with_task`](oncely_store::Store::claim_with_task)): the ledger record
 //! (whose id is the job id) and a task of kind `job:ROUTE` holding what the upstream call
-//! needs (method, path and query, the headers worth forwarding, the body). A
+//! needs (method, path and query, the headers worth forwarding, the body; all but the
+//! method and path sealed with the guard's [`JobKey`] when it has one). A
 //! [`JobWorker`] per gateway instance leases due tasks, at most `concurrency` running per
 //! route on all instances together
 //! ([`Store::lease_tasks_capped`](oncely_store::Store::lease_tasks_capped)), and runs
@@ -61,6 +62,7 @@ use crate::idempotency::handle::{log_job, provider_request_id, RequestLog};
 use crate::owner::{self, Head};
 use crate::policy::{PrincipalSource, RoutePolicy, UnitsRule};
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::seal::{self, JobKey};
 use crate::{BoxBody, BoxError};
 
 /// Where job status lives on the gateway's own listener.
@@ -152,6 +154,11 @@ pub struct JobRequest {
     pub body: Bytes,
 }
 
+/// What a sealed job payload is bound to: its task's kind, method and path.
+fn sealed_binding(kind: &str, method: &str, path: &str) -> Vec<u8> {
+    format!("{kind} {method} {path}").into_bytes()
+}
+
 /// Headers a queued job does not keep: they describe one connection or one message
 /// framing, or are set again when the job runs.
 fn keep_for_job(name: &HeaderName) -> bool {
@@ -173,29 +180,66 @@ fn keep_for_job(name: &HeaderName) -> bool {
 }
 
 impl JobRequest {
-    fn task(&self, policy: &RoutePolicy) -> NewTask {
+    /// The task that keeps this request until it runs. With a [`JobKey`] the headers,
+    /// body and query are sealed into the task's body (see [`crate::seal`]); the store
+    /// keeps only the method, the path and an opaque body.
+    fn task(&self, policy: &RoutePolicy, key: Option<&JobKey>) -> NewTask {
+        let headers: Vec<(String, String)> = self
+            .headers
+            .iter()
+            .filter(|(n, _)| keep_for_job(n))
+            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
+        let kind = task_kind(&policy.name);
+        let method = self.method.as_str().to_string();
+        let (target, headers, body) = match key {
+            Some(key) => {
+                let path = self
+                    .target
+                    .split_once('?')
+                    .map_or(self.target.as_str(), |(path, _)| path)
+                    .to_string();
+                let opened = seal::Opened {
+                    target: self.target.clone(),
+                    headers,
+                    body: self.body.to_vec(),
+                };
+                let sealed = key.seal(&sealed_binding(&kind, &method, &path), &opened);
+                (path, Vec::new(), sealed)
+            }
+            None => (self.target.clone(), headers, self.body.to_vec()),
+        };
         NewTask {
-            kind: task_kind(&policy.name),
-            target: self.target.clone(),
-            method: self.method.as_str().to_string(),
-            headers: self
-                .headers
-                .iter()
-                .filter(|(n, _)| keep_for_job(n))
-                .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
-                .collect(),
-            body: self.body.to_vec(),
+            kind,
+            target,
+            method,
+            headers,
+            body,
             max_attempts: JOB_MAX_ATTEMPTS,
             timeout: policy.timeout,
             backoff: policy.lease,
         }
     }
 
-    fn from_task(task: &Task) -> Result<JobRequest, String> {
+    fn from_task(task: &Task, key: Option<&JobKey>) -> Result<JobRequest, String> {
         let method = Method::from_bytes(task.method.as_bytes())
             .map_err(|e| format!("queued job has a bad method: {e}"))?;
+        let opened = if seal::is_sealed(&task.body) {
+            let key = key.ok_or("the queued job is sealed and no job key is set")?;
+            key.open(
+                &sealed_binding(&task.kind, &task.method, &task.target),
+                &task.body,
+            )?
+        } else {
+            // Queued before sealing was on (or by a guard without a key).
+            seal::Opened {
+                target: task.target.clone(),
+                headers: task.headers.clone(),
+                body: task.body.clone(),
+            }
+        };
         let mut headers = HeaderMap::new();
-        for (n, v) in &task.headers {
+        for (n, v) in &opened.headers {
             if let (Ok(n), Ok(v)) = (
                 HeaderName::from_bytes(n.as_bytes()),
                 HeaderValue::from_str(v),
@@ -205,9 +249,9 @@ impl JobRequest {
         }
         Ok(JobRequest {
             method,
-            target: task.target.clone(),
+            target: opened.target,
             headers,
-            body: Bytes::from(task.body.clone()),
+            body: Bytes::from(opened.body),
         })
     }
 
@@ -261,7 +305,11 @@ impl Guard {
         };
         let record = match self
             .store
-            .claim_with_task(std::slice::from_ref(&spec), None, job.task(policy))
+            .claim_with_task(
+                std::slice::from_ref(&spec),
+                None,
+                job.task(policy, self.job_key.as_ref()),
+            )
             .await
         {
             Ok(Claim::Owned(record)) => return self.await_job(record, &call).await,
@@ -772,7 +820,7 @@ where
     let Some(fence) = record.fence() else {
         return finish(TaskOutcome::Done, "no owner").await;
     };
-    let job = match JobRequest::from_task(&task) {
+    let job = match JobRequest::from_task(&task, guard.job_key.as_ref()) {
         Ok(j) => j,
         Err(e) => {
             let _ = store.release(&fence, Some(e.clone())).await;

@@ -49,6 +49,8 @@
 //!   [`GuardedCall`]s and of [`Execution`]s into responses.
 //! - [`jobs`]: `job` routes: the durable queue's side of the guard ([`Guard::submit_job`]),
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
+//! - [`seal`]: what a queued job keeps is encrypted with a [`JobKey`] before the store
+//!   sees it.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
 //! - `owner` (private): the owner task; `budget` (private): what answers in flight may
@@ -62,6 +64,7 @@ pub mod jobs;
 mod owner;
 pub mod policy;
 pub mod problem;
+pub mod seal;
 mod slot;
 
 pub use guard::{
@@ -72,6 +75,7 @@ pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use jobs::{JobBoard, JobRequest, JobWorker, JobWorkerOptions};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
+pub use seal::JobKey;
 pub use slot::wait_for_slot;
 
 /// Any error, boxed.

@@ -17,7 +17,11 @@
 //!    values (`dedupe:` + SHA-256 of their canonical JSON), and queues the delivery. Both
 //!    records are written **completed** at once (the event is acknowledged; the delivery's
 //!    progress lives in the queue task), and they are kept for `dedupe_window`
-//!    (default 7 days) to recognise resends.
+//!    (default 7 days) to recognise resends. When the event id is not covered by the
+//!    signature (`github`'s `X-GitHub-Delivery`, `hmac-sha256` with `event_id =
+//!    "header:..."`) and the scheme has no signed timestamp, a third key is claimed with
+//!    them: `signed:` + SHA-256 of the signed content (the body), so a captured delivery
+//!    replayed under a new id is a duplicate too.
 //! 5. Only after that commit: 200 with `Oncely-Status: fresh` and `Oncely-Record`. A
 //!    delivery whose event id (or dedupe key) was already claimed answers 200
 //!    `Oncely-Status: duplicate` with the id of the record that matched (the event id's,
@@ -252,6 +256,12 @@ impl Inner {
         if let Some(key) = dedupe_key(&self.config.dedupe_fields, body) {
             specs.push(self.spec(&key, &event_id, body));
         }
+        // An id nobody signed, and no signed timestamp to make a capture go stale: the
+        // signed content itself (the body, for these schemes) is claimed too, so a
+        // replay under a fresh id is a duplicate within `dedupe_window`.
+        if verified.timestamp.is_none() && self.config.verifier.event_id_unsigned() {
+            specs.push(self.spec(&signed_content_key(body), &event_id, body));
+        }
         let mut task_headers = vec![("idempotency-key".to_string(), event_id.clone())];
         if let Some(ct) = headers
             .get(header::CONTENT_TYPE)
@@ -373,6 +383,12 @@ pub fn dedupe_key(fields: &[String], body: &[u8]) -> Option<String> {
         "dedupe:{}",
         hex::encode(Sha256::digest(&canonical))
     ))
+}
+
+/// The key of a delivery's signed content when its scheme signs the body alone (`github`,
+/// `hmac-sha256` without a timestamp header): `signed:` + SHA-256 (hex) of the body.
+pub fn signed_content_key(body: &[u8]) -> String {
+    format!("signed:{}", hex::encode(Sha256::digest(body)))
 }
 
 fn acknowledged(status: &'static str, record: &str) -> Response {

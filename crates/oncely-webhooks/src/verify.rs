@@ -143,6 +143,23 @@ impl Verifier {
         &self.scheme
     }
 
+    /// Whether the event id lies outside what the signature covers: it is read from a
+    /// header, and that header is not Standard Webhooks' signed `webhook-id`. A captured
+    /// delivery can then be sent again under a new id with its signature still valid.
+    pub fn event_id_unsigned(&self) -> bool {
+        let source = self
+            .event_id
+            .clone()
+            .or_else(|| self.scheme.default_event_id());
+        match (source, &self.scheme) {
+            (Some(EventIdSource::Header(name)), Scheme::Standard) => {
+                !name.eq_ignore_ascii_case("webhook-id")
+            }
+            (Some(EventIdSource::Header(_)), _) => true,
+            _ => false,
+        }
+    }
+
     /// The tolerance on signed timestamps.
     pub fn tolerance(&self) -> Duration {
         self.tolerance
@@ -746,6 +763,28 @@ mod tests {
             verifier.verify(&headers, b"{}", NOW),
             Err(VerifyError::NoMatchingSignature)
         );
+    }
+
+    #[test]
+    fn event_ids_outside_the_signature_are_known() {
+        let v = |scheme: Scheme, source: Option<&str>| {
+            let s = secrets(&scheme, "whsec_c2VjcmV0");
+            let v = Verifier::new(scheme, s, TOL);
+            match source {
+                Some(text) => v.with_event_id(text.parse().unwrap()),
+                None => v,
+            }
+        };
+        assert!(v(Scheme::Github, None).event_id_unsigned());
+        assert!(!v(Scheme::Github, Some("json:/id")).event_id_unsigned());
+        assert!(v(generic(None), Some("header:X-Event-Id")).event_id_unsigned());
+        assert!(!v(generic(None), None).event_id_unsigned(), "no id at all");
+        assert!(
+            !v(Scheme::Standard, None).event_id_unsigned(),
+            "webhook-id is signed"
+        );
+        assert!(v(Scheme::Standard, Some("header:x-other")).event_id_unsigned());
+        assert!(!v(Scheme::Stripe, None).event_id_unsigned());
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - A **replay cache** ([`replays`]) answers repeats of completed records without a
 //!   blocking thread; only repeat counters can be briefly stale across instances.
 //! - The **schema** is a list of migrations applied on open ([`schema::MIGRATIONS`]).
+//! - The ledger's files are owner-only (0600) and `secure_delete` is on, so a deleted
+//!   row (a finished job's payload, a delivered webhook's body) does not linger.
 //!
 //! Every transition is the pure one of `oncely_core::record`, run inside the writer's
 //! transaction; the single writer (and `BEGIN IMMEDIATE` between processes) makes each
@@ -168,6 +170,7 @@ fn open_blocking(
             path.display()
         ))
     };
+    owner_only(&path).map_err(|e| cannot_open(StoreError::Unavailable(e.to_string())))?;
     let mut conn = Connection::open_with_flags(
         &path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -209,6 +212,37 @@ fn open_blocking(
         clock,
         migrated,
     })
+}
+
+/// Makes the ledger's files owner-only (0600): the database is created so, its `-wal`
+/// and `-shm` files take the database's mode when SQLite creates them, and files left
+/// with a wider mode are narrowed.
+#[cfg(unix)]
+fn owner_only(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let file = Path::new(&name);
+        match std::fs::metadata(file) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn owner_only(_path: &Path) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// Maps a SQLite error: damaged files are corrupt, everything else (busy, locked, I/O,

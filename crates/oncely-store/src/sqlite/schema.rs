@@ -126,6 +126,10 @@ pub(super) fn configure_common(conn: &Connection, busy_timeout: Duration) -> Res
     conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "temp_store", "MEMORY")
         .map_err(sql_error)?;
+    // Deleted rows (a finished job's sealed payload, a delivered webhook's body, purged
+    // records) are overwritten, not left in free pages.
+    conn.pragma_update(None, "secure_delete", "ON")
+        .map_err(sql_error)?;
     Ok(())
 }
 
@@ -201,6 +205,17 @@ mod tests {
             matches!(err, StoreError::Config(ref m) if m.contains("newer")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn connections_overwrite_deleted_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("m.db")).unwrap();
+        configure_common(&conn, DEFAULT_BUSY_TIMEOUT).unwrap();
+        let on: i64 = conn
+            .query_row("PRAGMA secure_delete", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(on, 1);
     }
 
     #[test]

@@ -153,6 +153,39 @@ async fn open_through_the_url() {
     assert_eq!(store.get(&r.id).await.unwrap().unwrap().id, r.id);
 }
 
+/// The ledger's files are owner-only: a new ledger is created so (its `-wal` and `-shm`
+/// take the database's mode), and files left readable by others are narrowed on open.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_files_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let files = |db: &std::path::Path| {
+        ["", "-wal", "-shm"].map(|s| PathBuf::from(format!("{}{s}", db.display())))
+    };
+    let h = SqliteHarness::new();
+    let store = h.open().await;
+    store
+        .claim(&spec("alice", "u", "{}", Class::Write, "a"))
+        .await
+        .unwrap();
+    for f in files(&h.path()) {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+    drop(store);
+    let old = h.dir.path().join("old.db");
+    std::fs::write(&old, b"").unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let store = SqliteStore::open(&old, h.options()).await.unwrap();
+    store
+        .claim(&spec("alice", "u", "{}", Class::Write, "a"))
+        .await
+        .unwrap();
+    for f in files(&old) {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synchronous_normal_works_and_off_is_refused() {
     let h = SqliteHarness::new();

@@ -340,6 +340,13 @@ pub struct McpEndpoint {
     pub timeout: Duration,
     /// The owner's lease (an extension; default 30s).
     pub lease: Duration,
+    /// With `jwt:CLAIM`: the audience a token's `aud` must name (`jwt_audience`).
+    pub jwt_audience: Option<String>,
+    /// With `jwt:CLAIM`: the issuer a token's `iss` must be (`jwt_issuer`).
+    pub jwt_issuer: Option<String>,
+    /// With `jwt:CLAIM`: whether a token without `exp` is refused (`jwt_require_exp`,
+    /// default true).
+    pub jwt_require_exp: bool,
 }
 
 /// One `[[webhooks]]` entry.
@@ -465,6 +472,9 @@ const MCP_KEYS: &[&str] = &[
     "principal",
     "jwt_secret_env",
     "jwks_file",
+    "jwt_audience",
+    "jwt_issuer",
+    "jwt_require_exp",
     "tools",
     "actions",
     "window",
@@ -1084,6 +1094,25 @@ fn mcp_endpoint(
             "jwt_secret_env / jwks_file are set but principal is not jwt:CLAIM",
         );
     }
+    let jwt_audience = read::string(t, loc, "jwt_audience", p).map(str::to_owned);
+    let jwt_issuer = read::string(t, loc, "jwt_issuer", p).map(str::to_owned);
+    let jwt_require_exp = match t.get("jwt_require_exp") {
+        None => true,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(_) => {
+            p.add(at(loc, "jwt_require_exp"), "expected true or false");
+            true
+        }
+    };
+    for (key, set) in [
+        ("jwt_audience", jwt_audience.is_some()),
+        ("jwt_issuer", jwt_issuer.is_some()),
+        ("jwt_require_exp", t.contains_key("jwt_require_exp")),
+    ] {
+        if set && !matches!(principal, Some(PrincipalRule::Jwt { .. }) | None) {
+            p.add(at(loc, key), "is set but principal is not jwt:CLAIM");
+        }
+    }
     let tools = read::strings(t, loc, "tools", p).unwrap_or_else(|| vec!["*".into()]);
     for (i, tool) in tools.iter().enumerate() {
         if tool.is_empty() {
@@ -1125,6 +1154,9 @@ fn mcp_endpoint(
         units: units?,
         timeout,
         lease,
+        jwt_audience,
+        jwt_issuer,
+        jwt_require_exp,
     })
 }
 
@@ -1513,5 +1545,55 @@ actions = [""]
             ps.iter().any(|p| p.starts_with("mcp[0].actions[0]: ")),
             "{ps:#?}"
         );
+    }
+
+    #[test]
+    fn mcp_jwt_claim_checks_are_read_and_need_a_jwt_principal() {
+        let c = Config::resolve(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+principal = "jwt:sub"
+jwt_secret_env = "JWT_SECRET"
+jwt_audience = "https://api.example"
+jwt_issuer = "https://issuer.example"
+jwt_require_exp = false
+[[mcp]]
+path = "/mcp2"
+upstream = "http://127.0.0.1:1/mcp"
+"#,
+            None,
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.mcp[0].jwt_audience.as_deref(),
+            Some("https://api.example")
+        );
+        assert_eq!(
+            c.mcp[0].jwt_issuer.as_deref(),
+            Some("https://issuer.example")
+        );
+        assert!(!c.mcp[0].jwt_require_exp);
+        assert!(c.mcp[1].jwt_require_exp, "exp is required by default");
+        let ps = problems(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+jwt_audience = "x"
+jwt_require_exp = "no"
+"#,
+        );
+        let want = [
+            "mcp[0].jwt_require_exp: expected true or false",
+            "mcp[0].jwt_audience: is set but principal is not jwt:CLAIM",
+            "mcp[0].jwt_require_exp: is set but principal is not jwt:CLAIM",
+        ];
+        for w in want {
+            assert!(ps.iter().any(|p| p.starts_with(w)), "{w:?} not in {ps:#?}");
+        }
+        assert_eq!(ps.len(), want.len(), "{ps:#?}");
     }
 }

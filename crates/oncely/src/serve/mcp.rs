@@ -88,5 +88,15 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
             PrincipalSource::Jwt(JwtVerifier::from_jwks(claim, &jwks)?)
         }
     };
+    if let PrincipalSource::Jwt(verifier) = &mut mcp.principal {
+        let mut v = verifier.clone().require_exp(entry.jwt_require_exp);
+        if let Some(aud) = &entry.jwt_audience {
+            v = v.with_audience(aud);
+        }
+        if let Some(iss) = &entry.jwt_issuer {
+            v = v.with_issuer(iss);
+        }
+        *verifier = v;
+    }
     Ok(mcp)
 }

@@ -6,13 +6,15 @@
 //! `tls` is set) on `listen` and the [`admin`] API on `admin_listen`, purges expired
 //! records every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
 //! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
-//! `JobWorker` runs the queued jobs of `job` routes through the same proxy.
+//! `JobWorker` runs the queued jobs of `job` routes through the same proxy; what they keep
+//! is sealed with the key [`job_key`] resolves.
 //!
 //! On shutdown it stops accepting, writes the repeat counts held in memory, lets every
 //! open connection finish its in-flight requests and waits for every owned upstream call
 //! to be recorded (`Guard::drain`), for at most `drain_timeout`, then returns.
 
 pub mod admin;
+pub mod job_key;
 pub mod mcp;
 pub mod prometheus;
 pub mod proxy;
@@ -106,15 +108,20 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    // Before the store: a missing or bad key refuses to start without touching it.
+    let job_key = job_key::resolve(&config)?;
     let store = oncely_store::open(&config.store, StoreOptions::default())
         .await
         .with_context(|| format!("store {}", crate::cli::redact_store_url(&config.store)))?;
     let principal_key = crate::cli::principal_key(&*store)
         .await
         .context("reading the principal key from the store")?;
-    let guard = Arc::new(
-        Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes),
-    );
+    let mut guard =
+        Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes);
+    if let Some(key) = job_key {
+        guard = guard.with_job_key(key);
+    }
+    let guard = Arc::new(guard);
     let metrics = prometheus::handle();
     let routes = RouteTable::new(&config);
     let mcp = mcp::McpEndpoints::new(&config, &guard)?;

@@ -21,6 +21,7 @@ pub(crate) fn oncely() -> Command {
     c.env_remove("ONCELY_STORE")
         .env_remove("ONCELY_ADMIN_TOKEN")
         .env_remove("ONCELY_PRINCIPAL_KEY")
+        .env_remove("ONCELY_SECRET_KEY")
         .env_remove("ONCELY_EXTRA_CA_FILE");
     c
 }

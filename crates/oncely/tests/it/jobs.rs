@@ -420,9 +420,14 @@ async fn four_jobs_over_two_instances_on_postgres_run_one_at_a_time() {
     let up = upstream(render_service(renders.clone())).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config_on(dir.path(), &store, up, "20s", "concurrency = 1");
+    // Every instance seals and opens jobs with the same key.
+    let key = [(
+        "ONCELY_SECRET_KEY",
+        "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+    )];
     let gws = Arc::new([
-        Gateway::start(&["--config", &cfg, "--log-format", "json"], &[]),
-        Gateway::start(&["--config", &cfg, "--log-format", "json"], &[]),
+        Gateway::start(&["--config", &cfg, "--log-format", "json"], &key),
+        Gateway::start(&["--config", &cfg, "--log-format", "json"], &key),
     ]);
     let submitted: Vec<_> = (0..4)
         .map(|i| {

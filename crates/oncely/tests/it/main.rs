@@ -17,4 +17,5 @@ mod mcp;
 mod process;
 mod proxy;
 mod reconcile;
+mod secrets;
 mod webhooks;

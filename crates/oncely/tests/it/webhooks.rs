@@ -264,3 +264,94 @@ async fn a_failing_handler_is_dead_lettered_and_redelivered() {
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
     assert_eq!(gw.terminate().code(), Some(0));
 }
+
+/// GitHub signs the body only: `X-GitHub-Delivery` is outside the signature and there is
+/// no timestamp. A captured delivery sent again under a new delivery id (or a `hmac-sha256`
+/// one with a header event id) is a duplicate, not delivered again; a different body is
+/// a new event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_under_a_new_unsigned_id_is_a_duplicate() {
+    let handler = Handler::default();
+    let target = upstream(
+        Router::new()
+            .route("/internal/events", post(handle))
+            .with_state(handler.clone()),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("oncely.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+store = "sqlite://{db}"
+upstream = "http://127.0.0.1:9"
+
+[[webhooks]]
+path = "/hooks/github"
+verify = "github"
+secret_env = "TEST_WEBHOOK_SECRET"
+deliver_to = "http://{target}/internal/events"
+
+[[webhooks]]
+path = "/hooks/generic"
+verify = "hmac-sha256"
+event_id = "header:X-Event-Id"
+secret_env = "TEST_WEBHOOK_SECRET"
+deliver_to = "http://{target}/internal/events"
+"#,
+            db = dir.path().join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(
+        &["--config", path.to_str().unwrap()],
+        &[("TEST_WEBHOOK_SECRET", SECRET)],
+    );
+    let post_signed = |scheme: &str, hook: &str, id: &str, body: &str| {
+        let scheme: Scheme = scheme.parse().unwrap();
+        let secrets = Secrets::parse(&scheme, SECRET).unwrap();
+        let mut headers = sign(&scheme, secrets.primary(), id, now(), body.as_bytes());
+        if hook == "/hooks/generic" {
+            headers.push(("X-Event-Id".into(), id.into()));
+        }
+        let url = gw.url(hook);
+        let body = body.to_owned();
+        async move {
+            let h: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            send_post(&url, &body, &h).await
+        }
+    };
+    for (scheme, hook) in [
+        ("github", "/hooks/github"),
+        ("hmac-sha256", "/hooks/generic"),
+    ] {
+        let body = format!(r#"{{"action":"opened","hook":"{hook}"}}"#);
+        let first = post_signed(scheme, hook, "delivery-1", &body).await;
+        assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+        assert_eq!(first.header("oncely-status"), "fresh");
+        let replay = post_signed(scheme, hook, "delivery-2-forged", &body).await;
+        assert_eq!(replay.status, StatusCode::OK, "{}", replay.text());
+        assert_eq!(replay.header("oncely-status"), "duplicate", "{hook}");
+        let other = format!(r#"{{"action":"closed","hook":"{hook}"}}"#);
+        let new = post_signed(scheme, hook, "delivery-3", &other).await;
+        assert_eq!(new.header("oncely-status"), "fresh", "{hook}");
+    }
+    eventually("four deliveries", || {
+        handler.deliveries.load(Ordering::SeqCst) >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let keys: Vec<String> = handler
+        .keys
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, _, _)| k.clone())
+        .collect();
+    assert_eq!(keys.len(), 4, "the replays were not delivered: {keys:?}");
+    assert!(!keys.iter().any(|k| k == "delivery-2-forged"), "{keys:?}");
+}
