@@ -141,10 +141,18 @@ lease = "1s"
     cfg.to_str().unwrap().to_owned()
 }
 
+/// `oncely serve --config CFG`; every instance seals queued jobs with the same key (a
+/// PostgreSQL ledger with a job route refuses to start without one).
 fn start(cfg: &str) -> Gateway {
     Gateway::start(
         &["--config", cfg],
-        &[("TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)],
+        &[
+            ("TEST_WEBHOOK_SECRET", WEBHOOK_SECRET),
+            (
+                "ONCELY_SECRET_KEY",
+                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+            ),
+        ],
     )
 }
 
