@@ -674,8 +674,8 @@ fn replay_of(class: Class, guarded: bool) -> String {
 /// The fix for an unguarded HTTP operation: a route of its own.
 fn route_lines(method: &http::Method, path: &str, class: Class) -> String {
     format!(
-        "[[routes]]\nmethod = \"{method}\"\npath = \"{}\"\nclass = \"{}\"",
-        route_pattern(path),
+        "[[routes]]\nmethod = \"{method}\"\npath = {}\nclass = \"{}\"",
+        toml_string(&route_pattern(path)),
         class.as_str()
     )
 }
@@ -712,14 +712,16 @@ fn assess(f: Found, config: Option<&Config>, durations: &HashMap<String, Vec<Dur
                         ),
                     });
                 }
-                if !guarded && proposed != Class::Read {
+                // A route configured `read` is a read by its owner's word; only a
+                // non-read route that keys nothing leaves its operation unguarded.
+                if !guarded && class != Class::Read {
                     gaps.push(Gap {
                         kind: "unguarded",
-                        detail: format!("{} operation that is not deduplicated", a(proposed)),
-                        fix: format!(
-                            "class = \"{}\"\nkey = \"header-or-fingerprint\"  # {at}",
-                            proposed.as_str()
+                        detail: format!(
+                            "{} route with key = \"none\": a retry executes it again",
+                            a(class)
                         ),
+                        fix: format!("key = \"header-or-fingerprint\"  # {at}"),
                     });
                 }
                 if class != Class::Job && class != Class::Read {
@@ -1062,9 +1064,10 @@ fn starting_config(entries: &[Entry], config: Option<&Config>) -> String {
             continue;
         }
         out.push_str(&format!(
-            "\n# {} {path} ({})\n{}\n",
+            "\n# {} {} ({})\n{}\n",
             method,
-            e.found.source,
+            path.replace(['\n', '\r'], " "),
+            e.found.source.replace(['\n', '\r'], " "),
             route_lines(method, path, e.class)
         ));
         if let Some(s) = server {

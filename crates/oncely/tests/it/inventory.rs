@@ -307,6 +307,11 @@ reconcile_after = "30s"
 method = "PUT"
 path = "/board/{{row}}/{{column}}"
 key = "none"
+
+[[routes]]
+method = "POST"
+path = "/{{dataset}}/{{version}}/records"
+class = "read"
 "#,
             db.display()
         ),
@@ -349,10 +354,12 @@ key = "none"
         .unwrap()
         .contains("key = \"header-or-fingerprint\""));
 
-    // An operation no route matches is still proposed, and unguarded.
+    // A POST its owner configured as a read (a search) is a read: no gap.
     let search = op(&inv, "POST /{dataset}/{version}/records");
-    assert_eq!(search["configured"], false);
-    assert_eq!(gap_kinds(search), ["unguarded"]);
+    assert_eq!(search["configured"], true);
+    assert_eq!(search["class"], "read");
+    assert_eq!(search["key"], Value::Null);
+    assert_eq!(gap_kinds(search), Vec::<&str>::new());
 
     // Another ledger (`--store` wins over the config's) observed nothing slow.
     let empty = dir.path().join("empty.db");
