@@ -6,6 +6,7 @@
 //! input (e.g. `ledger reconcile` whose upstream still cannot tell).
 
 mod audit;
+mod inventory;
 mod ledger;
 mod store;
 mod usage;
@@ -134,6 +135,9 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// The failure-boundary map of OpenAPI operations and MCP tools: classes, keys,
+    /// windows, replays, reconciliation, and the gaps with the config lines that close them.
+    Inventory(inventory::InventoryArgs),
     /// Validates a config file: exit 0 when valid, else 2 with each problem on a line.
     CheckConfig {
         /// The file.
@@ -395,6 +399,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Demo { rest } => crate::demo::cli(rest).await,
         Command::Audit(args) => audit::run(args).await,
         Command::Webhooks(cmd) => webhooks::run(cmd).await,
+        Command::Inventory(args) => inventory::run(args).await,
     }
 }
 

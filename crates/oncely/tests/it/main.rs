@@ -12,6 +12,7 @@ mod demo;
 mod durable;
 mod e2e;
 mod faults;
+mod inventory;
 mod jobs;
 mod mcp;
 mod process;
