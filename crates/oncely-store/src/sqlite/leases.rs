@@ -118,9 +118,21 @@ pub(super) fn task_remaining(t: &Task, mono: Duration) -> Duration {
 /// A record as this process sees it: a processing record's `lease_until` is where its
 /// lease ends by this process's observation, on the wall clock of `now`, so that callers
 /// comparing it with `now` decide as the store does.
+///
+/// Where the observation agrees with the stored `lease_until` to within
+/// [`AGREE_WITHIN`] (no clock step: the two clocks only round differently), the stored
+/// value is kept, so that two reads of one unchanged lease give the same record.
 pub(super) fn as_observed(mut r: Record, now: Timestamp, mono: Duration) -> Record {
-    if r.state == State::Processing && r.lease_until.is_some() {
-        r.lease_until = Some(now.plus(record_remaining(&r, mono)));
+    if let (State::Processing, Some(until)) = (r.state, r.lease_until) {
+        let observed = now.plus(record_remaining(&r, mono));
+        if (observed.0 - until.0).abs() > AGREE_WITHIN.as_millis() as i64 {
+            r.lease_until = Some(observed);
+        }
     }
     r
 }
+
+/// How far the observed end of a lease may lie from the stored one and still be taken
+/// for the same instant (wall and monotonic time are read separately and rounded to
+/// milliseconds; a clock step is far larger).
+const AGREE_WITHIN: Duration = Duration::from_millis(100);
