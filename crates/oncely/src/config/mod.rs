@@ -310,6 +310,10 @@ pub struct Route {
     pub reconcile_after: Duration,
     /// Most upstream calls in flight.
     pub concurrency: Option<usize>,
+    /// How many more times a temporary upstream failure is tried (default 0, at most 10).
+    pub retries: u32,
+    /// The first retry's delay ceiling, doubled per retry, full jitter (default 100ms).
+    pub retry_backoff: Duration,
     /// Replay window (default 3h).
     pub window: Duration,
     /// How long a duplicate waits for the original (default 20s).
@@ -462,6 +466,8 @@ const ROUTE_FIELDS: &[&str] = &[
     "reconcile",
     "reconcile_after",
     "concurrency",
+    "retries",
+    "retry_backoff",
     "window",
     "wait",
 ];
@@ -519,6 +525,8 @@ struct RouteFields {
     reconcile: Option<Reconcile>,
     reconcile_after: Option<Duration>,
     concurrency: Option<usize>,
+    retries: Option<u32>,
+    retry_backoff: Option<Duration>,
     window: Option<Duration>,
     wait: Option<Duration>,
 }
@@ -684,8 +692,25 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
             f.concurrency = Some(n as usize);
         }
     }
+    if let Some(n) = read::integer(t, loc, "retries", problems) {
+        if n > MAX_RETRIES.into() {
+            problems.add(at(loc, "retries"), format!("must be at most {MAX_RETRIES}"));
+        } else {
+            f.retries = Some(n as u32);
+        }
+    }
+    if let Some(d) = read::duration(t, loc, "retry_backoff", problems) {
+        if d.is_zero() {
+            problems.add(at(loc, "retry_backoff"), "must be longer than 0");
+        } else {
+            f.retry_backoff = Some(d);
+        }
+    }
     f
 }
+
+/// The most retries a route may ask for.
+const MAX_RETRIES: u32 = 10;
 
 /// Resolves a path relative to the config file's directory.
 fn relative(base: Option<&Path>, p: &str) -> PathBuf {
@@ -970,6 +995,8 @@ impl Route {
             reconcile: None,
             reconcile_after: Duration::from_secs(60),
             concurrency: None,
+            retries: 0,
+            retry_backoff: Duration::from_millis(100),
             window: Duration::from_secs(3 * 3600),
             wait: Duration::from_secs(20),
         }
@@ -1009,6 +1036,11 @@ impl Route {
                 .or(d.reconcile_after)
                 .unwrap_or(b.reconcile_after),
             concurrency: f.concurrency.or(d.concurrency),
+            retries: f.retries.or(d.retries).unwrap_or(b.retries),
+            retry_backoff: f
+                .retry_backoff
+                .or(d.retry_backoff)
+                .unwrap_or(b.retry_backoff),
             window: f.window.or(d.window).unwrap_or(b.window),
             wait: f.wait.or(d.wait).unwrap_or(b.wait),
         }
@@ -1330,6 +1362,8 @@ mod tests {
             "http://127.0.0.1:3001/"
         );
         assert_eq!(r.concurrency, Some(8));
+        assert_eq!(r.retries, 2);
+        assert_eq!(r.retry_backoff, Duration::from_millis(100));
         assert_eq!(
             r.reconcile.as_ref().unwrap().target_for("k1"),
             "/v1/orders?reference=k1"
@@ -1337,6 +1371,53 @@ mod tests {
         assert_eq!(c.mcp[0].tools, vec!["*".to_string()]);
         assert_eq!(c.webhooks[0].max_attempts, 10);
         assert_eq!(c.webhooks[0].verify, oncely_webhooks::Scheme::Stripe);
+    }
+
+    #[test]
+    fn retries_default_to_none_and_are_bounded() {
+        let c = Config::resolve(
+            r#"
+upstream = "http://127.0.0.1:1"
+[defaults]
+retry_backoff = "50ms"
+[[routes]]
+method = "GET"
+path = "/a"
+class = "read"
+retries = 10
+[[routes]]
+method = "POST"
+path = "/b"
+"#,
+            None,
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.routes[0].retries, 10);
+        assert_eq!(c.routes[0].retry_backoff, Duration::from_millis(50));
+        assert_eq!(c.routes[1].retries, 0);
+        let ps = problems(
+            r#"
+upstream = "http://127.0.0.1:1"
+[[routes]]
+method = "GET"
+path = "/a"
+retries = 11
+retry_backoff = "0s"
+[[routes]]
+method = "GET"
+path = "/b"
+retries = -1
+"#,
+        );
+        assert_eq!(
+            ps,
+            [
+                "routes[0].retries: must be at most 10",
+                "routes[0].retry_backoff: must be longer than 0",
+                "routes[1].retries: -1 is negative",
+            ]
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod mcp;
 pub mod prometheus;
 pub mod proxy;
 pub mod reconcile;
+pub mod retry;
 pub mod routes;
 pub mod tls;
 pub mod webhooks;

@@ -7,6 +7,7 @@
 //! | `oncely_in_flight` | gauge | upstream calls whose answer is not finished |
 //! | `oncely_outcome_unknown` | gauge | records awaiting reconciliation, refreshed from the store |
 //! | `oncely_webhook_deliveries_total` | counter | `result` |
+//! | `oncely_upstream_retries_total` | counter | `route`, `reason` (`connect`, `reset`, `status_502`, `status_503`, `status_504`): temporary upstream failures tried again (a route's `retries`) |
 //!
 //! Every one of them is described and set at start, so each name is in the output
 //! before any traffic.
@@ -68,6 +69,10 @@ pub fn describe<'a>(routes: impl Iterator<Item = &'a str>) {
     metrics::describe_counter!(
         "oncely_webhook_deliveries_total",
         "Webhook delivery attempts, by result"
+    );
+    metrics::describe_counter!(
+        "oncely_upstream_retries_total",
+        "Temporary upstream failures tried again, by route and reason"
     );
     for route in routes {
         for status in STATUSES {

@@ -244,6 +244,7 @@ impl tower::Service<Request<BoxBody>> for Proxy {
     fn call(&mut self, req: Request<BoxBody>) -> Self::Future {
         let client = self.client.clone();
         let target = self.routes.target(req.method(), req.uri().path());
+        let retry = self.routes.retry(req.method(), req.uri().path());
         Box::pin(async move {
             let Some((upstream, limit)) = target else {
                 return Err(UpstreamError::BeforeSend(
@@ -282,7 +283,10 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             };
             // `oncely_in_flight` and `oncely_upstream_seconds` are counted by the guard's
             // owner task (oncely-tower), which times the whole guarded exchange.
-            let res = client.send(Request::from_parts(parts, body)).await?;
+            let res = match retry {
+                Some(policy) => super::retry::send(&client, &policy, parts, body).await?,
+                None => client.send(Request::from_parts(parts, body)).await?,
+            };
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             let body = Held {

@@ -8,6 +8,7 @@ use http::Method;
 use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 use tokio::sync::Semaphore;
 
+use super::retry::RetryPolicy;
 use crate::config::{Config, KeySource, PrincipalRule, Route, UnitsSource, Upstream};
 
 /// One configured route, resolved.
@@ -16,6 +17,7 @@ struct Entry {
     route: Route,
     policy: Arc<RoutePolicy>,
     limit: Option<Arc<Semaphore>>,
+    retry: Option<Arc<RetryPolicy>>,
 }
 
 /// The routes of a config, in order, and the default upstream. Cheap to clone (shared).
@@ -78,6 +80,7 @@ impl RouteTable {
                         route: r.clone(),
                         policy: Arc::new(policy(r, config)),
                         limit: r.concurrency.map(|n| Arc::new(Semaphore::new(n))),
+                        retry: RetryPolicy::of(r, config.max_body).map(Arc::new),
                     })
                     .collect(),
                 default_upstream: config.upstream.clone(),
@@ -108,6 +111,11 @@ impl RouteTable {
                 .map(|u| (u, e.limit.clone())),
             None => self.inner.default_upstream.clone().map(|u| (u, None)),
         }
+    }
+
+    /// How the first matching route retries temporary upstream failures, if it does.
+    pub fn retry(&self, method: &Method, path: &str) -> Option<Arc<RetryPolicy>> {
+        self.find(method, path).and_then(|e| e.retry.clone())
     }
 
     /// The policies of the `job` routes (their queued jobs are run by the job worker).

@@ -18,5 +18,6 @@ mod mcp;
 mod process;
 mod proxy;
 mod reconcile;
+mod retries;
 mod secrets;
 mod webhooks;
