@@ -1,0 +1,466 @@
+//! The history checker. For every intention:
+//!
+//! - all its executions carried one downstream key;
+//! - an `action` executed at most once, ever;
+//! - a `write` or `job` executed again only after a gateway was killed, or after an
+//!   upstream failure on that key (a proxy fault, or a 502/504 the gateway answered);
+//! - every answer was the result of one of its own executions, or a documented refusal
+//!   (409 `in_flight`; 409 `outcome_unknown` for an `action`; 502, 503 `store_unavailable`,
+//!   504; 202 for a job), and callers got one execution's result unless a gateway was
+//!   killed between two;
+//! - after the faults stopped it got a final answer (a result; `outcome_unknown` for an
+//!   action): otherwise its answer is lost;
+//! - a webhook event acknowledged with 200 was delivered, with its id as the key, and again
+//!   only after a kill or a fault on that delivery;
+//!
+//! and once the run settles, `oncely ledger list` shows no record `processing`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use super::journal::{Attempt, Class, Entries, Exec, Intent, Outcome};
+use super::{Fault, StoreKind};
+
+/// One broken promise, with the intention's history.
+#[derive(Debug)]
+pub(crate) struct Violation {
+    pub(crate) intent: String,
+    pub(crate) rule: String,
+    pub(crate) history: Vec<String>,
+}
+
+/// The figures and violations of one store's phase.
+#[derive(Debug, Default)]
+pub(crate) struct PhaseReport {
+    pub(crate) store: &'static str,
+    pub(crate) seconds: u64,
+    pub(crate) settled_in: f64,
+    pub(crate) requests: usize,
+    pub(crate) sweep_requests: usize,
+    pub(crate) outcomes: BTreeMap<String, usize>,
+    pub(crate) faults: BTreeMap<&'static str, usize>,
+    /// Per class: how many intentions had N executions.
+    pub(crate) executions: BTreeMap<&'static str, BTreeMap<usize, usize>>,
+    pub(crate) intents: usize,
+    pub(crate) events_acknowledged: usize,
+    pub(crate) deliveries: usize,
+    pub(crate) processing_left: usize,
+    pub(crate) lost: usize,
+    pub(crate) violations: Vec<Violation>,
+}
+
+impl PhaseReport {
+    /// A phase that could not run.
+    pub(crate) fn failed(store: StoreKind, why: String) -> PhaseReport {
+        PhaseReport {
+            store: store.name(),
+            violations: vec![Violation {
+                intent: "-".into(),
+                rule: format!("the phase could not run: {why}"),
+                history: Vec::new(),
+            }],
+            ..PhaseReport::default()
+        }
+    }
+}
+
+impl fmt::Display for PhaseReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "[{}] {} s under faults, settled in {:.1} s; {} intentions; {} requests ({} in the settling sweep)",
+            self.store, self.seconds, self.settled_in, self.intents, self.requests, self.sweep_requests
+        )?;
+        let join = |m: &BTreeMap<String, usize>| {
+            m.iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(f, "  answers: {}", join(&self.outcomes))?;
+        let faults: BTreeMap<String, usize> = self
+            .faults
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v))
+            .collect();
+        writeln!(f, "  faults injected: {}", join(&faults))?;
+        for (class, hist) in &self.executions {
+            let h: Vec<String> = hist
+                .iter()
+                .map(|(n, count)| format!("{count} x {n}"))
+                .collect();
+            writeln!(f, "  executions per {class} intention: {}", h.join(", "))?;
+        }
+        writeln!(
+            f,
+            "  webhook events acknowledged: {}, deliveries: {}",
+            self.events_acknowledged, self.deliveries
+        )?;
+        writeln!(
+            f,
+            "  records left processing: {}; answers lost: {}; violations: {}",
+            self.processing_left,
+            self.lost,
+            self.violations.len()
+        )?;
+        for v in &self.violations {
+            writeln!(f, "  VIOLATION {} [{}]: {}", v.intent, self.store, v.rule)?;
+            for h in &v.history {
+                writeln!(f, "      {h}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::Answer {
+            status,
+            oncely,
+            code,
+            exec,
+            ..
+        } => {
+            let mut s = status.to_string();
+            if !oncely.is_empty() {
+                s.push(' ');
+                s.push_str(oncely);
+            }
+            if !code.is_empty() {
+                s.push(' ');
+                s.push_str(code);
+            }
+            if let Some(e) = exec {
+                s.push_str(&format!(" exec #{e}"));
+            }
+            s
+        }
+        Outcome::NoAnswer(why) => format!("no answer ({why})"),
+    }
+}
+
+/// A short name for the figures.
+fn bucket(o: &Outcome) -> String {
+    match o {
+        Outcome::Answer {
+            status,
+            oncely,
+            code,
+            ..
+        } => {
+            let what = if code.is_empty() { oncely } else { code };
+            format!("{status} {what}").trim().to_owned()
+        }
+        Outcome::NoAnswer(why) if why.contains("gave up") => "caller gave up".into(),
+        Outcome::NoAnswer(why) if why.contains("down") => "instance down".into(),
+        Outcome::NoAnswer(_) => "connection error".into(),
+    }
+}
+
+/// Whether `o` is allowed for `class`; else why not.
+fn documented(intent: &Intent, o: &Outcome, execs: &[&Exec]) -> Result<(), String> {
+    let Outcome::Answer {
+        status,
+        code,
+        exec,
+        answered,
+        ..
+    } = o
+    else {
+        return Ok(());
+    };
+    let class = intent.class;
+    match (*status, code.as_str()) {
+        (200, _) if class == Class::Event => Ok(()),
+        (202, "") if class == Class::Job => Ok(()),
+        (200..=299, "") if class != Class::Event && *status != 202 => {
+            if answered.as_deref() != Some(intent.id.as_str()) {
+                return Err(format!(
+                    "a {status} answer carried intention {answered:?}, not {}",
+                    intent.id
+                ));
+            }
+            match exec {
+                Some(e) if execs.iter().any(|x| x.id == *e) => Ok(()),
+                _ => Err(format!(
+                    "a {status} answer carried execution {exec:?}, which never ran for it"
+                )),
+            }
+        }
+        (409, "in_flight") if class != Class::Event => Ok(()),
+        (409, "outcome_unknown") if class == Class::Action => Ok(()),
+        (502, _) | (504, _) if class != Class::Event => Ok(()),
+        (503, "store_unavailable") => Ok(()),
+        _ => Err(format!("undocumented answer {}", describe(o))),
+    }
+}
+
+/// What excuses a second execution (or delivery) between `t0` and `t1`: a kill, or an
+/// upstream failure on that key.
+struct Excuses<'a> {
+    kills: Vec<f64>,
+    keyed: BTreeMap<&'a str, Vec<f64>>,
+}
+
+impl Excuses<'_> {
+    fn excused(&self, key: &str, failures: &[(f64, f64)], t0: f64, t1: f64) -> bool {
+        self.kills.iter().any(|t| (t0..=t1).contains(t))
+            || self
+                .keyed
+                .get(key)
+                .is_some_and(|ts| ts.iter().any(|t| (t0 - 0.05..=t1).contains(t)))
+            || failures.iter().any(|(a, e)| *a <= t1 && *e >= t0)
+    }
+}
+
+pub(crate) fn check(
+    store: StoreKind,
+    duration: Duration,
+    settled_in: f64,
+    e: Entries,
+    unresolved: Vec<String>,
+    undelivered: Vec<String>,
+    processing: Vec<String>,
+) -> PhaseReport {
+    let mut r = PhaseReport {
+        store: store.name(),
+        seconds: duration.as_secs(),
+        settled_in,
+        requests: e.attempts.len(),
+        sweep_requests: e.attempts.iter().filter(|a| a.sweep).count(),
+        intents: e.intents.len(),
+        deliveries: e.deliveries.len(),
+        processing_left: processing.len(),
+        ..PhaseReport::default()
+    };
+    for a in &e.attempts {
+        *r.outcomes.entry(bucket(&a.outcome)).or_default() += 1;
+    }
+    for f in &e.faults {
+        if !f.detail.contains("failed") {
+            *r.faults.entry(f.kind.name()).or_default() += 1;
+        }
+    }
+    let excuses = Excuses {
+        kills: e
+            .faults
+            .iter()
+            .filter(|f| f.kind == Fault::Kill)
+            .map(|f| f.at)
+            .collect(),
+        keyed: {
+            let mut m: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+            for f in &e.faults {
+                if let Some(k) = &f.key {
+                    m.entry(k.as_str()).or_default().push(f.at);
+                }
+            }
+            m
+        },
+    };
+    let mut by_intent: BTreeMap<&str, Vec<&Attempt>> = BTreeMap::new();
+    for a in &e.attempts {
+        by_intent.entry(a.intent.as_str()).or_default().push(a);
+    }
+    let unresolved: BTreeSet<String> = unresolved.into_iter().collect();
+    let undelivered: BTreeSet<String> = undelivered.into_iter().collect();
+    for intent in e.intents.values() {
+        let attempts = by_intent.remove(intent.id.as_str()).unwrap_or_default();
+        let mut execs: Vec<&Exec> = e.execs.iter().filter(|x| x.intent == intent.id).collect();
+        execs.sort_by(|a, b| a.at.total_cmp(&b.at));
+        let deliveries: Vec<_> = e
+            .deliveries
+            .iter()
+            .filter(|d| d.intent == intent.id)
+            .collect();
+        if intent.class == Class::Event {
+            *r.executions
+                .entry("webhook event (deliveries)")
+                .or_default()
+                .entry(deliveries.len())
+                .or_default() += 1;
+        } else {
+            *r.executions
+                .entry(intent.class.name())
+                .or_default()
+                .entry(execs.len())
+                .or_default() += 1;
+        }
+        let failures: Vec<(f64, f64)> = attempts
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a.outcome,
+                    Outcome::Answer {
+                        status: 502 | 504,
+                        ..
+                    }
+                )
+            })
+            .map(|a| (a.at, a.end))
+            .collect();
+        let mut broken: Vec<String> = Vec::new();
+        let keys: BTreeSet<&str> = execs.iter().map(|x| x.key.as_str()).collect();
+        if keys.len() > 1 {
+            broken.push(format!(
+                "executions carried {} different downstream keys",
+                keys.len()
+            ));
+        }
+        match intent.class {
+            Class::Action if execs.len() > 1 => {
+                broken.push(format!("action executed {} times", execs.len()));
+            }
+            Class::Write | Class::Job => {
+                for w in execs.windows(2) {
+                    if !excuses.excused(&w[0].key, &failures, w[0].at, w[1].at) {
+                        broken.push(format!(
+                            "executed again (exec #{} after #{}) with no crash and no upstream failure in between",
+                            w[1].id, w[0].id
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+        for a in &attempts {
+            if let Err(why) = documented(intent, &a.outcome, &execs) {
+                broken.push(why);
+            }
+        }
+        // Callers saw one execution's result, unless a gateway died in between.
+        let mut seen: Vec<&Exec> = attempts
+            .iter()
+            .filter_map(|a| match a.outcome {
+                Outcome::Answer { exec: Some(x), .. } => execs.iter().find(|e| e.id == x).copied(),
+                _ => None,
+            })
+            .collect();
+        seen.sort_by(|a, b| a.at.total_cmp(&b.at));
+        seen.dedup_by_key(|x| x.id);
+        for w in seen.windows(2) {
+            if !excuses
+                .kills
+                .iter()
+                .any(|t| (w[0].at..=w[1].at).contains(t))
+            {
+                broken.push(format!(
+                    "callers got the results of two executions (#{} and #{})",
+                    w[0].id, w[1].id
+                ));
+            }
+        }
+        if intent.class == Class::Event {
+            let id = intent.event_id();
+            if deliveries.iter().any(|d| d.key != id) {
+                broken.push("a delivery did not carry the event id as its key".into());
+            }
+            for w in deliveries.windows(2) {
+                if !excuses.excused(&id, &[], w[0].at, w[1].at) {
+                    broken.push(
+                        "delivered again with no crash and no failed delivery in between".into(),
+                    );
+                }
+            }
+            if undelivered.contains(&intent.id) {
+                broken.push("acknowledged with 200 but never delivered".into());
+                r.lost += 1;
+            }
+            if attempts
+                .iter()
+                .any(|a| matches!(a.outcome, Outcome::Answer { status: 200, .. }))
+            {
+                r.events_acknowledged += 1;
+            }
+        }
+        if unresolved.contains(&intent.id) {
+            broken.push(
+                "no final answer after the faults stopped (the settling sweep gave up)".into(),
+            );
+            r.lost += 1;
+        }
+        if !broken.is_empty() {
+            broken.dedup();
+            r.violations.push(Violation {
+                intent: format!(
+                    "{} ({}{})",
+                    intent.id,
+                    intent.class.name(),
+                    if intent.keyed {
+                        ", keyed"
+                    } else {
+                        ", fingerprinted"
+                    }
+                ),
+                rule: broken.join("; "),
+                history: history(intent, &execs, &attempts, &e, &deliveries),
+            });
+        }
+    }
+    for p in processing {
+        r.violations.push(Violation {
+            intent: "ledger".into(),
+            rule: format!("record left processing after the run settled: {p}"),
+            history: Vec::new(),
+        });
+    }
+    r
+}
+
+fn history(
+    intent: &Intent,
+    execs: &[&Exec],
+    attempts: &[&Attempt],
+    e: &Entries,
+    deliveries: &[&super::journal::Delivery],
+) -> Vec<String> {
+    let mut lines: Vec<(f64, String)> = Vec::new();
+    for x in execs {
+        lines.push((x.at, format!("upstream exec #{} key {}", x.id, x.key)));
+    }
+    for d in deliveries {
+        lines.push((d.at, format!("delivered, key {}", d.key)));
+    }
+    for a in attempts {
+        lines.push((
+            a.at,
+            format!(
+                "{}request to instance {} -> {} (after {:.2} s)",
+                if a.sweep { "sweep " } else { "" },
+                a.instance,
+                describe(&a.outcome),
+                a.end - a.at
+            ),
+        ));
+    }
+    let keys: BTreeSet<&str> = execs.iter().map(|x| x.key.as_str()).collect();
+    let (first, last) = (
+        lines.iter().map(|l| l.0).fold(f64::MAX, f64::min),
+        lines.iter().map(|l| l.0).fold(0.0, f64::max),
+    );
+    let event_id = intent.event_id();
+    for f in &e.faults {
+        let on_key = f
+            .key
+            .as_deref()
+            .is_some_and(|k| keys.contains(k) || (intent.class == Class::Event && k == event_id));
+        let global = f.key.is_none() && (first - 1.0..=last).contains(&f.at);
+        let mentions = f.detail.contains(&format!("{}:", intent.id));
+        if on_key || (global && f.kind != Fault::StalledCaller) || mentions {
+            lines.push((f.at, format!("FAULT {}: {}", f.kind.name(), f.detail)));
+        }
+    }
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let n = lines.len();
+    let mut out: Vec<String> = lines
+        .into_iter()
+        .map(|(t, s)| format!("t={t:7.2}s {s}"))
+        .collect();
+    if n > 40 {
+        out.drain(20..n - 20);
+        out.insert(20, format!("... {} lines left out ...", n - 40));
+    }
+    out
+}
