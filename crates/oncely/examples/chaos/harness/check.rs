@@ -464,3 +464,226 @@ fn history(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    //! The checker on made-up histories: it must flag each broken promise, and only those.
+
+    use super::super::journal::{Delivery, FaultEvent};
+    use super::*;
+
+    fn history(intents: &[&Intent]) -> Entries {
+        let mut e = Entries::default();
+        for i in intents {
+            e.intents.insert(i.id.clone(), (*i).clone());
+        }
+        e
+    }
+
+    fn exec(e: &mut Entries, intent: &Intent, key: &str, id: u64, at: f64) {
+        e.execs.push(Exec {
+            intent: intent.id.clone(),
+            key: key.into(),
+            id,
+            at,
+        });
+    }
+
+    fn answer(
+        e: &mut Entries,
+        intent: &Intent,
+        at: f64,
+        status: u16,
+        code: &str,
+        exec: Option<u64>,
+    ) {
+        e.attempts.push(Attempt {
+            intent: intent.id.clone(),
+            instance: 0,
+            at,
+            end: at + 0.1,
+            outcome: Outcome::Answer {
+                status,
+                oncely: String::new(),
+                code: code.into(),
+                exec,
+                answered: exec.map(|_| intent.id.clone()),
+            },
+            sweep: false,
+        });
+    }
+
+    fn fault(e: &mut Entries, kind: Fault, at: f64, key: Option<&str>) {
+        e.faults.push(FaultEvent {
+            kind,
+            at,
+            key: key.map(str::to_owned),
+            detail: String::new(),
+        });
+    }
+
+    fn run(e: Entries) -> PhaseReport {
+        check(
+            StoreKind::Sqlite,
+            Duration::from_secs(1),
+            0.0,
+            e,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        )
+    }
+
+    #[test]
+    fn an_action_that_ran_twice_is_a_violation_even_after_a_kill() {
+        let a = Intent::new(1, Class::Action, 0, 1);
+        let mut e = history(&[&a]);
+        exec(&mut e, &a, "k", 1, 1.0);
+        fault(&mut e, Fault::Kill, 1.5, None);
+        exec(&mut e, &a, "k", 2, 2.0);
+        let r = run(e);
+        assert_eq!(r.violations.len(), 1);
+        assert!(
+            r.violations[0].rule.contains("action executed 2 times"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_write_may_run_again_after_a_kill_or_a_fault_on_its_key_but_not_otherwise() {
+        let (killed, faulted, quiet) = (
+            Intent::new(1, Class::Write, 0, 1),
+            Intent::new(1, Class::Write, 0, 2),
+            Intent::new(1, Class::Write, 0, 3),
+        );
+        let mut e = history(&[&killed, &faulted, &quiet]);
+        exec(&mut e, &killed, "k1", 1, 1.0);
+        fault(&mut e, Fault::Kill, 1.5, None);
+        exec(&mut e, &killed, "k1", 2, 2.0);
+        exec(&mut e, &faulted, "k2", 3, 3.0);
+        fault(&mut e, Fault::ProxyResetAfter, 3.0, Some("k2"));
+        exec(&mut e, &faulted, "k2", 4, 4.0);
+        exec(&mut e, &quiet, "k3", 5, 5.0);
+        fault(&mut e, Fault::ProxyResetAfter, 5.2, Some("other"));
+        exec(&mut e, &quiet, "k3", 6, 6.0);
+        let r = run(e);
+        assert_eq!(r.violations.len(), 1, "{r}");
+        assert!(r.violations[0].intent.starts_with(&quiet.id), "{r}");
+        assert!(r.violations[0].rule.contains("executed again"), "{r}");
+    }
+
+    #[test]
+    fn a_second_execution_with_another_downstream_key_is_a_violation() {
+        let w = Intent::new(1, Class::Write, 0, 1);
+        let mut e = history(&[&w]);
+        exec(&mut e, &w, "k1", 1, 1.0);
+        fault(&mut e, Fault::Kill, 1.5, None);
+        exec(&mut e, &w, "k2", 2, 2.0);
+        let r = run(e);
+        assert!(
+            r.violations[0].rule.contains("different downstream keys"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn answers_are_the_intentions_own_result_or_a_documented_refusal() {
+        let (w, a) = (
+            Intent::new(1, Class::Write, 0, 1),
+            Intent::new(1, Class::Action, 0, 1),
+        );
+        let mut e = history(&[&w, &a]);
+        exec(&mut e, &w, "k", 1, 1.0);
+        answer(&mut e, &w, 1.0, 201, "", Some(1));
+        answer(&mut e, &w, 1.1, 409, "in_flight", None);
+        answer(&mut e, &w, 1.2, 503, "store_unavailable", None);
+        answer(&mut e, &a, 1.0, 409, "outcome_unknown", None);
+        answer(&mut e, &a, 1.1, 504, "upstream_timeout", None);
+        assert_eq!(run(e).violations.len(), 0);
+
+        let mut e = history(&[&w]);
+        exec(&mut e, &w, "k", 1, 1.0);
+        answer(&mut e, &w, 1.1, 409, "outcome_unknown", None);
+        answer(&mut e, &w, 1.2, 201, "", Some(7));
+        answer(&mut e, &w, 1.3, 500, "", None);
+        let r = run(e);
+        let rule = &r.violations[0].rule;
+        assert!(
+            rule.contains("undocumented answer 409 outcome_unknown"),
+            "{r}"
+        );
+        assert!(rule.contains("execution Some(7), which never ran"), "{r}");
+        assert!(rule.contains("undocumented answer 500"), "{r}");
+    }
+
+    #[test]
+    fn callers_that_got_two_executions_results_without_a_kill_are_a_violation() {
+        let w = Intent::new(1, Class::Write, 0, 1);
+        let mut e = history(&[&w]);
+        exec(&mut e, &w, "k", 1, 1.0);
+        fault(&mut e, Fault::ProxySlow, 1.0, Some("k"));
+        exec(&mut e, &w, "k", 2, 2.0);
+        answer(&mut e, &w, 1.0, 201, "", Some(1));
+        answer(&mut e, &w, 2.0, 201, "", Some(2));
+        let r = run(e);
+        assert!(
+            r.violations[0].rule.contains("results of two executions"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn lost_answers_undelivered_events_and_records_left_processing_are_reported() {
+        let (w, ev) = (
+            Intent::new(1, Class::Write, 0, 1),
+            Intent::new(1, Class::Event, 0, 1),
+        );
+        let mut e = history(&[&w, &ev]);
+        answer(&mut e, &ev, 1.0, 200, "", None);
+        e.deliveries.push(Delivery {
+            intent: ev.id.clone(),
+            key: ev.event_id(),
+            at: 1.1,
+        });
+        e.deliveries.push(Delivery {
+            intent: ev.id.clone(),
+            key: ev.event_id(),
+            at: 1.5,
+        });
+        let r = check(
+            StoreKind::Postgres,
+            Duration::from_secs(1),
+            0.0,
+            e,
+            vec![w.id.clone()],
+            vec![ev.id.clone()],
+            vec!["rec_1 route POST /w/{id}".into()],
+        );
+        assert_eq!(r.lost, 2, "{r}");
+        assert_eq!(r.violations.len(), 3, "{r}");
+        assert!(
+            r.violations
+                .iter()
+                .any(|v| v.rule.contains("delivered again")),
+            "{r}"
+        );
+        assert!(
+            r.violations
+                .iter()
+                .any(|v| v.rule.contains("never delivered")),
+            "{r}"
+        );
+        assert!(
+            r.violations
+                .iter()
+                .any(|v| v.rule.contains("sweep gave up")),
+            "{r}"
+        );
+        assert!(
+            r.violations
+                .iter()
+                .any(|v| v.rule.contains("left processing")),
+            "{r}"
+        );
+    }
+}
