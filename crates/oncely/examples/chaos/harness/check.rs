@@ -197,20 +197,37 @@ fn documented(intent: &Intent, o: &Outcome, execs: &[&Exec]) -> Result<(), Strin
     }
 }
 
-/// What excuses a second execution (or delivery) between `t0` and `t1`: a kill, or an
-/// upstream failure on that key.
+/// What excuses a second execution (or delivery): a kill between the two, an upstream
+/// failure the gateway answered (502/504) meanwhile, or a proxy fault that hit the first
+/// one (a fault on its key, journalled when its request reached the proxy, at most 1.6 s
+/// before the upstream received it: the longest delay). A reset before sending never
+/// reaches the upstream, so it hits no execution.
 struct Excuses<'a> {
     kills: Vec<f64>,
-    keyed: BTreeMap<&'a str, Vec<f64>>,
+    keyed: BTreeMap<&'a str, Vec<(f64, Fault)>>,
 }
 
 impl Excuses<'_> {
-    fn excused(&self, key: &str, failures: &[(f64, f64)], t0: f64, t1: f64) -> bool {
+    /// Whether the run at `at` (after an earlier one at `previous`) of `key` was hit.
+    fn hit(&self, key: &str, previous: f64, at: f64) -> bool {
+        self.keyed.get(key).is_some_and(|ts| {
+            ts.iter().any(|(t, kind)| {
+                *kind != Fault::ProxyResetBefore
+                    && *t > previous
+                    && (at - 1.6..=at + 0.01).contains(t)
+            })
+        })
+    }
+
+    fn killed(&self, t0: f64, t1: f64) -> bool {
         self.kills.iter().any(|t| (t0..=t1).contains(t))
-            || self
-                .keyed
-                .get(key)
-                .is_some_and(|ts| ts.iter().any(|t| (t0 - 0.05..=t1).contains(t)))
+    }
+
+    /// Whether running `key` again at `t1` after `t0` (the run before that at `before`)
+    /// is excused.
+    fn excused(&self, key: &str, failures: &[(f64, f64)], before: f64, t0: f64, t1: f64) -> bool {
+        self.killed(t0, t1)
+            || self.hit(key, before, t0)
             || failures.iter().any(|(a, e)| *a <= t1 && *e >= t0)
     }
 }
@@ -251,10 +268,10 @@ pub(crate) fn check(
             .map(|f| f.at)
             .collect(),
         keyed: {
-            let mut m: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+            let mut m: BTreeMap<&str, Vec<(f64, Fault)>> = BTreeMap::new();
             for f in &e.faults {
                 if let Some(k) = &f.key {
-                    m.entry(k.as_str()).or_default().push(f.at);
+                    m.entry(k.as_str()).or_default().push((f.at, f.kind));
                 }
             }
             m
@@ -314,8 +331,9 @@ pub(crate) fn check(
                 broken.push(format!("action executed {} times", execs.len()));
             }
             Class::Write | Class::Job => {
-                for w in execs.windows(2) {
-                    if !excuses.excused(&w[0].key, &failures, w[0].at, w[1].at) {
+                for (n, w) in execs.windows(2).enumerate() {
+                    let before = if n > 0 { execs[n - 1].at } else { -1.0 };
+                    if !excuses.excused(&w[0].key, &failures, before, w[0].at, w[1].at) {
                         broken.push(format!(
                             "executed again (exec #{} after #{}) with no crash and no upstream failure in between",
                             w[1].id, w[0].id
@@ -324,6 +342,25 @@ pub(crate) fn check(
                 }
             }
             _ => {}
+        }
+        // An action that ran is `outcome_unknown` only when something went wrong with that
+        // run: a kill, a fault that hit it, or an upstream failure the gateway answered.
+        if let (Class::Action, Some(x)) = (intent.class, execs.first()) {
+            let unknown_at = attempts
+                .iter()
+                .filter(|a| {
+                    matches!(&a.outcome, Outcome::Answer { status: 409, code, .. } if code == "outcome_unknown")
+                })
+                .map(|a| a.end)
+                .fold(f64::MAX, f64::min);
+            if unknown_at < f64::MAX
+                && !excuses.excused(&x.key, &failures, -1.0, x.at - 1.0, unknown_at)
+            {
+                broken.push(format!(
+                    "outcome_unknown although its one run (exec #{}) met no crash and no upstream failure",
+                    x.id
+                ));
+            }
         }
         for a in &attempts {
             if let Err(why) = documented(intent, &a.outcome, &execs) {
@@ -357,8 +394,9 @@ pub(crate) fn check(
             if deliveries.iter().any(|d| d.key != id) {
                 broken.push("a delivery did not carry the event id as its key".into());
             }
-            for w in deliveries.windows(2) {
-                if !excuses.excused(&id, &[], w[0].at, w[1].at) {
+            for (n, w) in deliveries.windows(2).enumerate() {
+                let before = if n > 0 { deliveries[n - 1].at } else { -1.0 };
+                if !excuses.excused(&id, &[], before, w[0].at, w[1].at) {
                     broken.push(
                         "delivered again with no crash and no failed delivery in between".into(),
                     );
@@ -446,7 +484,12 @@ fn history(
             .key
             .as_deref()
             .is_some_and(|k| keys.contains(k) || (intent.class == Class::Event && k == event_id));
-        let global = f.key.is_none() && (first - 1.0..=last).contains(&f.at);
+        let global = f.key.is_none()
+            && (first - 1.0..=last).contains(&f.at)
+            && execs
+                .iter()
+                .any(|x| (x.at - 3.0..=x.at + 3.0).contains(&f.at))
+            && !(f.kind == Fault::ClockStep && f.detail.ends_with("(unchanged)"));
         let mentions = f.detail.contains(&format!("{}:", intent.id));
         if on_key || (global && f.kind != Fault::StalledCaller) || mentions {
             lines.push((f.at, format!("FAULT {}: {}", f.kind.name(), f.detail)));
@@ -570,6 +613,25 @@ mod tests {
         assert_eq!(r.violations.len(), 1, "{r}");
         assert!(r.violations[0].intent.starts_with(&quiet.id), "{r}");
         assert!(r.violations[0].rule.contains("executed again"), "{r}");
+    }
+
+    #[test]
+    fn an_action_that_ran_is_outcome_unknown_only_after_something_went_wrong() {
+        let (quiet, killed) = (
+            Intent::new(1, Class::Action, 0, 1),
+            Intent::new(1, Class::Action, 0, 2),
+        );
+        let mut e = history(&[&quiet, &killed]);
+        exec(&mut e, &quiet, "k1", 1, 10.0);
+        answer(&mut e, &quiet, 10.0, 201, "", Some(1));
+        answer(&mut e, &quiet, 12.0, 409, "outcome_unknown", None);
+        exec(&mut e, &killed, "k2", 2, 1.0);
+        fault(&mut e, Fault::Kill, 1.2, None);
+        answer(&mut e, &killed, 5.0, 409, "outcome_unknown", None);
+        let r = run(e);
+        assert_eq!(r.violations.len(), 1, "{r}");
+        assert!(r.violations[0].intent.starts_with(&quiet.id), "{r}");
+        assert!(r.violations[0].rule.contains("met no crash"), "{r}");
     }
 
     #[test]

@@ -167,6 +167,12 @@ class = "write"
 
 [[routes]]
 method = "POST"
+path = "/s/{{id}}"
+class = "write"
+timeout = "60s"
+
+[[routes]]
+method = "POST"
 path = "/a/{{id}}"
 class = "action"
 

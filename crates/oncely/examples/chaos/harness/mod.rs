@@ -556,12 +556,13 @@ async fn inject(t: &Target, kind: Fault, mut rng: StdRng) {
                 .ok()
                 .and_then(|s| s.trim().trim_start_matches('+').parse().ok())
                 .unwrap_or(0);
-            let step: i64 = rng.random_range(-8..=20);
-            let next = (now + step).clamp(-60, 120);
+            // Steps of up to 30 s either way, the offset kept within -30 s..+60 s.
+            let next = (now + rng.random_range(-30..=30)).clamp(-30, 60);
+            let change = if next == now { " (unchanged)" } else { "" };
             journal.fault(
                 Fault::ClockStep,
                 None,
-                format!("wall clock offset {now:+} s -> {next:+} s"),
+                format!("wall clock offset {now:+} s -> {next:+} s{change}"),
             );
             let _ = std::fs::write(&t.clock_file, format!("{next:+}"));
         }
