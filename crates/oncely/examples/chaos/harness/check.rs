@@ -219,8 +219,10 @@ impl Excuses<'_> {
         })
     }
 
+    /// A kill from just before `t0` on counts: a request the dead gateway had sent can
+    /// reach the upstream a little after it died.
     fn killed(&self, t0: f64, t1: f64) -> bool {
-        self.kills.iter().any(|t| (t0..=t1).contains(t))
+        self.kills.iter().any(|t| (t0 - 0.5..=t1).contains(t))
     }
 
     /// Whether running `key` again at `t1` after `t0` (the run before that at `before`)
@@ -345,21 +347,38 @@ pub(crate) fn check(
         }
         // An action that ran is `outcome_unknown` only when something went wrong with that
         // run: a kill, a fault that hit it, or an upstream failure the gateway answered.
-        if let (Class::Action, Some(x)) = (intent.class, execs.first()) {
-            let unknown_at = attempts
-                .iter()
-                .filter(|a| {
-                    matches!(&a.outcome, Outcome::Answer { status: 409, code, .. } if code == "outcome_unknown")
-                })
-                .map(|a| a.end)
-                .fold(f64::MAX, f64::min);
-            if unknown_at < f64::MAX
-                && !excuses.excused(&x.key, &failures, -1.0, x.at - 1.0, unknown_at)
-            {
-                broken.push(format!(
-                    "outcome_unknown although its one run (exec #{}) met no crash and no upstream failure",
-                    x.id
-                ));
+        // One that never ran is `outcome_unknown` only after a kill, a proxy fault (its
+        // downstream key is not known then) or an upstream failure.
+        let unknown_at = attempts
+            .iter()
+            .filter(|a| {
+                matches!(&a.outcome, Outcome::Answer { status: 409, code, .. } if code == "outcome_unknown")
+            })
+            .map(|a| a.end)
+            .fold(f64::MAX, f64::min);
+        if intent.class == Class::Action && unknown_at < f64::MAX {
+            if let Some(x) = execs.first() {
+                if !excuses.excused(&x.key, &failures, -1.0, x.at - 1.0, unknown_at) {
+                    broken.push(format!(
+                        "outcome_unknown although its one run (exec #{}) met no crash and no upstream failure",
+                        x.id
+                    ));
+                }
+            } else {
+                let first = attempts.iter().map(|a| a.at).fold(f64::MAX, f64::min);
+                let proxy_fault = e
+                    .faults
+                    .iter()
+                    .any(|f| f.key.is_some() && (first - 0.5..=unknown_at).contains(&f.at));
+                if !proxy_fault
+                    && !excuses.killed(first - 0.5, unknown_at)
+                    && !failures.iter().any(|(a, _)| *a <= unknown_at)
+                {
+                    broken.push(
+                        "outcome_unknown although it never reached the upstream, and no crash and no upstream failure explain it"
+                            .into(),
+                    );
+                }
             }
         }
         for a in &attempts {
@@ -378,11 +397,7 @@ pub(crate) fn check(
         seen.sort_by(|a, b| a.at.total_cmp(&b.at));
         seen.dedup_by_key(|x| x.id);
         for w in seen.windows(2) {
-            if !excuses
-                .kills
-                .iter()
-                .any(|t| (w[0].at..=w[1].at).contains(t))
-            {
+            if !excuses.killed(w[0].at, w[1].at) {
                 broken.push(format!(
                     "callers got the results of two executions (#{} and #{})",
                     w[0].id, w[1].id
@@ -489,7 +504,8 @@ fn history(
             && execs
                 .iter()
                 .any(|x| (x.at - 3.0..=x.at + 3.0).contains(&f.at))
-            && !(f.kind == Fault::ClockStep && f.detail.ends_with("(unchanged)"));
+            && !f.detail.ends_with("(unchanged)")
+            && !f.detail.contains("restart failed");
         let mentions = f.detail.contains(&format!("{}:", intent.id));
         if on_key || (global && f.kind != Fault::StalledCaller) || mentions {
             lines.push((f.at, format!("FAULT {}: {}", f.kind.name(), f.detail)));
@@ -632,6 +648,30 @@ mod tests {
         assert_eq!(r.violations.len(), 1, "{r}");
         assert!(r.violations[0].intent.starts_with(&quiet.id), "{r}");
         assert!(r.violations[0].rule.contains("met no crash"), "{r}");
+    }
+
+    #[test]
+    fn an_action_that_never_ran_is_outcome_unknown_only_after_a_fault() {
+        let (quiet, faulted) = (
+            Intent::new(1, Class::Action, 0, 1),
+            Intent::new(1, Class::Action, 0, 2),
+        );
+        let mut e = history(&[&quiet, &faulted]);
+        answer(&mut e, &quiet, 1.0, 504, "upstream_timeout", None);
+        answer(&mut e, &quiet, 2.0, 409, "outcome_unknown", None);
+        answer(&mut e, &faulted, 10.0, 409, "in_flight", None);
+        fault(&mut e, Fault::ProxyResetBefore, 10.2, Some("k"));
+        answer(&mut e, &faulted, 11.0, 409, "outcome_unknown", None);
+        assert_eq!(run(e).violations.len(), 0);
+
+        let mut e = history(&[&quiet]);
+        answer(&mut e, &quiet, 1.0, 409, "in_flight", None);
+        answer(&mut e, &quiet, 2.0, 409, "outcome_unknown", None);
+        let r = run(e);
+        assert!(
+            r.violations[0].rule.contains("never reached the upstream"),
+            "{r}"
+        );
     }
 
     #[test]
