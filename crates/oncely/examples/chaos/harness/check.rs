@@ -358,7 +358,7 @@ pub(crate) fn check(
             .fold(f64::MAX, f64::min);
         if intent.class == Class::Action && unknown_at < f64::MAX {
             if let Some(x) = execs.first() {
-                if !excuses.excused(&x.key, &failures, -1.0, x.at - 1.0, unknown_at) {
+                if !excuses.excused(&x.key, &failures, -1.0, x.at, unknown_at) {
                     broken.push(format!(
                         "outcome_unknown although its one run (exec #{}) met no crash and no upstream failure",
                         x.id

@@ -114,13 +114,13 @@ impl Intent {
     }
 }
 
-/// How large the upstream's answer to this intention is: 8 MiB for the first write of each
+/// How large the upstream's answer to this intention is: 2 MiB for the first write of each
 /// generation, 24 MiB for the intentions of stalled callers (`ws...`), else small.
 pub(crate) fn big_body(id: &str) -> usize {
     if id.starts_with("ws") {
         24 << 20
     } else if id.starts_with('w') && id.ends_with("_0") {
-        8 << 20
+        2 << 20
     } else {
         0
     }
