@@ -28,6 +28,9 @@ pub(crate) struct Violation {
     pub(crate) intent: String,
     pub(crate) rule: String,
     pub(crate) history: Vec<String>,
+    /// The kinds of the faults around it (from 2 s before its first request or execution
+    /// to 3 s after its last execution): where to look first.
+    pub(crate) around: Vec<&'static str>,
 }
 
 /// The figures and violations of one store's phase.
@@ -59,6 +62,7 @@ impl PhaseReport {
                 intent: "-".into(),
                 rule: format!("the phase could not run: {why}"),
                 history: Vec::new(),
+                around: Vec::new(),
             }],
             ..PhaseReport::default()
         }
@@ -104,8 +108,27 @@ impl fmt::Display for PhaseReport {
             self.lost,
             self.violations.len()
         )?;
+        let mut by_fault: BTreeMap<String, usize> = BTreeMap::new();
+        for v in &self.violations {
+            let key = if v.around.is_empty() {
+                "no fault".to_owned()
+            } else {
+                v.around.join("+")
+            };
+            *by_fault.entry(key).or_default() += 1;
+        }
+        if !by_fault.is_empty() {
+            writeln!(
+                f,
+                "  violations by the faults around them: {}",
+                join(&by_fault)
+            )?;
+        }
         for v in &self.violations {
             writeln!(f, "  VIOLATION {} [{}]: {}", v.intent, self.store, v.rule)?;
+            if !v.around.is_empty() {
+                writeln!(f, "      faults around it: {}", v.around.join(", "))?;
+            }
             for h in &v.history {
                 writeln!(f, "      {h}")?;
             }
@@ -198,7 +221,8 @@ fn documented(intent: &Intent, o: &Outcome, execs: &[&Exec]) -> Result<(), Strin
 }
 
 /// What excuses a second execution (or delivery): a kill between the two, an upstream
-/// failure the gateway answered (502/504) meanwhile, or a proxy fault that hit the first
+/// failure the gateway answered (502/504) between them (the first run's failure, not the
+/// second's), or a proxy fault that hit the first
 /// one (a fault on its key, journalled when its request reached the proxy, at most 1.6 s
 /// before the upstream received it: the longest delay). A reset before sending never
 /// reaches the upstream, so it hits no execution.
@@ -230,7 +254,7 @@ impl Excuses<'_> {
     fn excused(&self, key: &str, failures: &[(f64, f64)], before: f64, t0: f64, t1: f64) -> bool {
         self.killed(t0, t1)
             || self.hit(key, before, t0)
-            || failures.iter().any(|(a, e)| *a <= t1 && *e >= t0)
+            || failures.iter().any(|(_, e)| (t0..=t1 + 0.05).contains(e))
     }
 }
 
@@ -449,6 +473,7 @@ pub(crate) fn check(
                 ),
                 rule: broken.join("; "),
                 history: history(intent, &execs, &attempts, &e, &deliveries),
+                around: faults_around(intent, &execs, &attempts, &e),
             });
         }
     }
@@ -457,9 +482,49 @@ pub(crate) fn check(
             intent: "ledger".into(),
             rule: format!("record left processing after the run settled: {p}"),
             history: Vec::new(),
+            around: Vec::new(),
         });
     }
     r
+}
+
+fn faults_around(
+    intent: &Intent,
+    execs: &[&Exec],
+    attempts: &[&Attempt],
+    e: &Entries,
+) -> Vec<&'static str> {
+    let start = execs
+        .iter()
+        .map(|x| x.at)
+        .chain(attempts.iter().filter(|a| !a.sweep).map(|a| a.at))
+        .fold(f64::MAX, f64::min)
+        - 2.0;
+    // A run's fate is decided within about a timeout (3 s) of it.
+    let end = match execs.last() {
+        Some(x) => x.at + 3.0,
+        None => attempts
+            .iter()
+            .filter(|a| !a.sweep)
+            .map(|a| a.end)
+            .fold(0.0, f64::max),
+    };
+    let keys: BTreeSet<&str> = execs.iter().map(|x| x.key.as_str()).collect();
+    let mut kinds: Vec<&'static str> = e
+        .faults
+        .iter()
+        .filter(|f| (start..=end).contains(&f.at))
+        .filter(|f| !f.detail.ends_with("(unchanged)") && !f.detail.contains("failed"))
+        .filter(|f| match (&f.key, f.kind) {
+            (Some(k), _) => keys.contains(k.as_str()),
+            (None, Fault::StalledCaller) => f.detail.starts_with(&format!("{}:", intent.id)),
+            (None, _) => true,
+        })
+        .map(|f| f.kind.name())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    kinds
 }
 
 fn history(
