@@ -3,6 +3,7 @@
 
 mod admin;
 mod audit;
+mod chaos;
 mod check_config;
 mod cli;
 mod cluster;
