@@ -770,7 +770,7 @@ where
     let job = match JobRequest::from_task(&task) {
         Ok(j) => j,
         Err(e) => {
-            let _ = store.release(&fence, Some(e.clone())).await;
+            let _ = store.release(&fence, Some(e.clone()), policy.window).await;
             tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "job released: unreadable task");
             return finish(TaskOutcome::Done, "unreadable").await;
         }

@@ -135,6 +135,7 @@ pub(crate) async fn run(task: OwnerTask) {
                 &fence,
                 Disposition::Release,
                 format!("upstream unreachable: {msg}"),
+                call.window,
             )
             .await;
             observe(started);
@@ -147,7 +148,7 @@ pub(crate) async fn run(task: OwnerTask) {
         Ok(Err(UpstreamError::AfterSend(msg))) => {
             let why = format!("upstream failed after the request was sent: {msg}");
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            let record = settle(&*store, &record, &fence, d, why).await;
+            let record = settle(&*store, &record, &fence, d, why, call.window).await;
             observe(started);
             let _ = head.send(Head::Failed {
                 record: Box::new(record),
@@ -158,7 +159,7 @@ pub(crate) async fn run(task: OwnerTask) {
         Err(_elapsed) => {
             let why = format!("upstream did not answer within {:?}", call.timeout);
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            let record = settle(&*store, &record, &fence, d, why).await;
+            let record = settle(&*store, &record, &fence, d, why, call.window).await;
             observe(started);
             let _ = head.send(Head::Failed {
                 record: Box::new(record),
@@ -242,7 +243,7 @@ pub(crate) async fn run(task: OwnerTask) {
                 let _ = sender.try_send(Err(e));
             }
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            settle(&*store, &record, &fence, d, why).await;
+            settle(&*store, &record, &fence, d, why, call.window).await;
         }
         None => match call
             .class
@@ -260,7 +261,15 @@ pub(crate) async fn run(task: OwnerTask) {
                 let response = match response {
                     Classified::Store(response) => response,
                     Classified::Release(why) => {
-                        settle(&*store, &record, &fence, Disposition::Release, why).await;
+                        settle(
+                            &*store,
+                            &record,
+                            &fence,
+                            Disposition::Release,
+                            why,
+                            call.window,
+                        )
+                        .await;
                         drop(tx);
                         return;
                     }
@@ -279,7 +288,7 @@ pub(crate) async fn run(task: OwnerTask) {
             }
             d => {
                 let why = format!("upstream answered {}", status.as_u16());
-                settle(&*store, &record, &fence, d, why).await;
+                settle(&*store, &record, &fence, d, why, call.window).await;
             }
         },
     }
@@ -310,10 +319,11 @@ async fn settle(
     fence: &Fence,
     disposition: Disposition,
     why: String,
+    window: Duration,
 ) -> Record {
     let result = match disposition {
         Disposition::OutcomeUnknown => store.mark_unknown(fence, why).await,
-        Disposition::Release | Disposition::Store => store.release(fence, Some(why)).await,
+        Disposition::Release | Disposition::Store => store.release(fence, Some(why), window).await,
     };
     match result {
         Ok(r) => r,
