@@ -49,11 +49,13 @@
 //!   [`GuardedCall`]s and of [`Execution`]s into responses.
 //! - [`jobs`]: `job` routes: the durable queue's side of the guard ([`Guard::submit_job`]),
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
+//! - [`headers`]: the one header policy: hop-by-hop removal, what is stored and replayed.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
 
 pub mod body;
 pub mod guard;
+pub mod headers;
 pub mod idempotency;
 pub mod jobs;
 mod owner;

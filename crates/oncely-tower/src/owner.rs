@@ -24,9 +24,7 @@ use crate::body::ChannelBody;
 use crate::guard::{
     Classified, GuardedCall, TaskToken, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
-use crate::problem::{
-    IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS, REPLAY_SECONDS, REPLAY_UNTIL,
-};
+use crate::problem::{REPLAY_SECONDS, REPLAY_UNTIL};
 use crate::{BoxBody, BoxError};
 
 /// Chunks in flight between the owner task and its caller.
@@ -254,7 +252,7 @@ pub(crate) async fn run(task: OwnerTask) {
                     (Some(classify), Some(kept)) => classify(status, &headers, &kept),
                     (_, kept) => Classified::Store(StoredResponse {
                         status: status.as_u16(),
-                        headers: replayable_headers(&headers),
+                        headers: crate::headers::replayable_headers(&headers),
                         body: kept,
                     }),
                 };
@@ -369,64 +367,4 @@ fn provider_request_id(headers: &HeaderMap) -> Option<String> {
         .or_else(|| headers.get("x-request-id"))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-}
-
-/// The headers worth replaying. Left out: hop-by-hop headers, `content-length` (the
-/// replay sets its own), `date` (a replay is sent now), `set-cookie` (a session cookie
-/// is a credential of one exchange, not part of the result), oncely's own headers, and
-/// values that are not visible text.
-pub(crate) fn replayable_headers(headers: &HeaderMap) -> Vec<(String, String)> {
-    const SKIP: &[&str] = &[
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "date",
-        "set-cookie",
-        ONCELY_STATUS,
-        ONCELY_RECORD,
-        IDEMPOTENT_REPLAYED,
-    ];
-    headers
-        .iter()
-        .filter(|(name, _)| !SKIP.contains(&name.as_str()))
-        .filter_map(|(name, value)| {
-            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replays_keep_the_result_headers_only() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("content-type", "application/json"),
-            ("location", "/orders/7"),
-            ("set-cookie", "session=secret"),
-            ("date", "Thu, 06 Nov 2026 10:00:00 GMT"),
-            ("connection", "keep-alive"),
-            ("transfer-encoding", "chunked"),
-            ("content-length", "12"),
-            ("oncely-status", "fresh"),
-        ] {
-            h.insert(k, v.parse().unwrap());
-        }
-        assert_eq!(
-            replayable_headers(&h),
-            vec![
-                ("content-type".to_string(), "application/json".to_string()),
-                ("location".to_string(), "/orders/7".to_string()),
-            ]
-        );
-    }
 }
