@@ -10,6 +10,7 @@ mod common;
 mod contract;
 mod demo;
 mod e2e;
+mod hostile;
 mod jobs;
 mod mcp;
 mod process;
