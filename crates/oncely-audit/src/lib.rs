@@ -66,11 +66,11 @@
 //! # What counts as a repeat
 //!
 //! - **Identity**: principal + method + path (with query) + body. A JSON body is
-//!   canonicalised (RFC 8785) with `--ignore-field` pointers removed; a body the log keeps
-//!   as a string is the text sent (canonicalised too when it is JSON); without a body,
-//!   `body_sha256` is the identity of the body; with neither, the body is empty. The
-//!   canonical form is byte for byte `oncely_core::canonical_json`'s (a faster writer,
-//!   tested against it); the key is the audit's own SHA-256 of those parts, not the
+//!   canonicalised (RFC 8785, numbers as exact decimals) with `--ignore-field` pointers
+//!   removed; a body the log keeps as a string is the text sent (canonicalised too when it
+//!   is JSON); without a body, `body_sha256` is the identity of the body; with neither,
+//!   the body is empty. The canonical form is `oncely_core::canon`'s, the gateway's own;
+//!   the key is the audit's own SHA-256 of those parts, not the
 //!   gateway's fingerprint (which hashes the principal's keyed hash).
 //! - **Window**: as in the gateway, the original's record lives from its start until its
 //!   completion (`ts + duration_ms`) plus the window, and is not renewed by repeats. An

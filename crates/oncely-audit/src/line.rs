@@ -138,7 +138,7 @@ impl LineReader {
                 };
                 let reparsed;
                 if let Some(text) = &text {
-                    reparsed = serde_json::from_str::<Json<'_>>(text).ok();
+                    reparsed = Json::parse(text.as_bytes());
                     json = reparsed;
                 }
                 match json {
@@ -242,15 +242,11 @@ impl<'de> Visitor<'de> for CaptureSeed<'_> {
                 continue;
             };
             let targets = &self.reader.members[i].1;
-            if let [(Field::Body, None)] = targets.as_slice() {
-                // The common case: parse the body once, straight into a value.
-                out.body = Some(map.next_value()?);
-                continue;
-            }
             let raw: &'de RawValue = map.next_value()?;
             for (field, inner) in targets {
                 if *field == Field::Body {
-                    let value: Option<Json<'de>> = serde_json::from_str(raw.get()).ok();
+                    // Numbers are read as the decimals they spell, as the gateway does.
+                    let value = Json::parse(raw.get().as_bytes());
                     out.body = match inner {
                         None => value,
                         Some(pointer) => value.and_then(|mut v| {

@@ -1,9 +1,10 @@
 //! The request fingerprint: what makes two requests "the same intention".
 //!
 //! SHA-256 over the principal, method, path and query, the chosen headers and the body.
-//! A JSON body is canonicalised first (RFC 8785: sorted keys, no white space, numbers
-//! spelled the ECMAScript way, so `1.0`, `1` and `1e0` agree), with `ignore_fields`
-//! (JSON pointers) removed; any other body, invalid JSON included, is hashed as bytes.
+//! A JSON body is canonicalised first ([`crate::canon`]: RFC 8785's sorted keys and no
+//! white space, with numbers compared as exact decimals, so `1.0`, `1` and `1e0` agree
+//! while `9007199254740993` and `9007199254740992` do not), with `ignore_fields` (JSON
+//! pointers) removed; any other body, invalid JSON included, is hashed as bytes.
 //! Every field is length-prefixed so that no two different inputs share a byte stream.
 
 use std::fmt;
@@ -41,19 +42,17 @@ impl fmt::Display for Fingerprint {
     }
 }
 
-/// Canonicalises a JSON document per RFC 8785 after removing `ignore` pointers.
+/// Canonicalises a JSON document ([`crate::canon`]) after removing `ignore` pointers.
 /// Returns `None` when `body` is not JSON.
 pub fn canonical_json(body: &[u8], ignore: &[String]) -> Option<Vec<u8>> {
-    let mut value: Value = serde_json::from_slice(body).ok()?;
-    canonical_value(&mut value, ignore)
+    crate::canon::canonicalize(body, ignore)
 }
 
-/// Canonicalises an already parsed JSON value per RFC 8785, removing `ignore` pointers.
+/// Canonicalises an already parsed JSON value ([`crate::canon`]), removing `ignore`
+/// pointers. Its integers are exact; its other numbers are the doubles it holds.
 pub fn canonical_value(value: &mut Value, ignore: &[String]) -> Option<Vec<u8>> {
-    for pointer in ignore {
-        remove_pointer(value, pointer);
-    }
-    serde_json_canonicalizer::to_vec(value).ok()
+    let mut doc = crate::canon::Json::from_value(value);
+    Some(crate::canon::canonical_doc(&mut doc, ignore))
 }
 
 /// Removes the member or element a JSON pointer (RFC 6901) names, if it exists.
@@ -254,11 +253,34 @@ mod tests {
         assert_eq!(Fingerprint::from_hex("zz"), None);
     }
 
-    /// The RFC 8785 examples (section 3.2.2 and appendix B), byte for byte.
+    #[test]
+    fn numbers_are_compared_as_exact_decimals() {
+        assert_ne!(
+            fp(br#"{"id":9007199254740993}"#),
+            fp(br#"{"id":9007199254740992}"#)
+        );
+        assert_ne!(
+            fp(br#"{"amount":12345678901234567890.123456789}"#),
+            fp(br#"{"amount":12345678901234567890.123456788}"#)
+        );
+        assert_ne!(fp(br#"{"x":0.1}"#), fp(br#"{"x":0.10000000000000001}"#));
+        assert_ne!(fp(br#"{"x":1e400}"#), fp(br#"{"x":1e401}"#));
+        assert_eq!(fp(br#"{"x":1e400}"#), fp(br#"{"x":10e399}"#));
+        assert_eq!(fp(br#"[1.0,1e2,-0]"#), fp(br#"[1,100,0]"#));
+        // An already parsed value agrees with its text where the value is exact.
+        let mut value = serde_json::json!({"id": 9007199254740993u64, "n": 1.5});
+        assert_eq!(
+            FingerprintBuilder::new("acct", "POST", "/v1/render").json(&mut value, &[]),
+            fp(br#"{"n":1.50,"id":9007199254740993}"#)
+        );
+    }
+
+    /// The RFC 8785 examples (section 3.2.2 and appendix B), byte for byte, where they
+    /// are not about numbers that are not the shortest spelling of their double.
     #[test]
     fn rfc8785_vectors() {
         let input = r#"{
-          "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+          "numbers": [333333333.3333333, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
           "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
           "literals": [null, true, false]
         }"#;

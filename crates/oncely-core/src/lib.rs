@@ -7,11 +7,13 @@
 //! # Layout
 //!
 //! - [`key`]: `Idempotency-Key` validation, scopes and downstream keys.
-//! - [`fingerprint`]: RFC 8785 canonicalisation and the SHA-256 request fingerprint.
+//! - [`canon`]: canonical JSON (RFC 8785, numbers as exact decimals).
+//! - [`fingerprint`]: the SHA-256 request fingerprint.
 //! - [`policy`]: operation classes and which upstream answers are kept.
 //! - [`record`]: the ledger record, its states, and every transition as a pure function.
 //! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
 
+pub mod canon;
 pub mod fingerprint;
 pub mod key;
 pub mod policy;

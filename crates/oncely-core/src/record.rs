@@ -3,8 +3,9 @@
 //! ```text
 //!             claim (new)                complete(owner, attempt)
 //!   (none) ───────────────► processing ─────────────────────────► completed ──(expires_at)──► (none)
-//!                               │  │  release(owner, attempt)          ▲
-//!                               │  └───────────────────────► released ─┘ (next claim reuses the row)
+//!                               │  │  release(owner, attempt, window)  ▲
+//!                               │  └───────────────────────► released ─┘ (next claim reuses the row;
+//!                               │                                 after expires_at: (none), like completed)
 //!                               │  lease lapsed: write/job → processing (attempt+1, new owner)
 //!                               └─ ambiguous failure, or lease lapsed on an action ─► outcome_unknown
 //!   outcome_unknown ── resolve(completed | released) by an operator or a reconciler
@@ -159,9 +160,15 @@ impl Record {
         self.state == State::Completed && self.expires_at.is_some_and(|e| e > now)
     }
 
-    /// A completed record past its window: the key is free again.
+    /// A completed record past its window, or a released one past the window it was
+    /// released with: the key is free again (a different request under it executes).
+    /// A released record without `expires_at` (released by a resolution) never expires.
     pub fn is_expired(&self, now: Timestamp) -> bool {
-        self.state == State::Completed && self.expires_at.is_none_or(|e| e <= now)
+        match self.state {
+            State::Completed => self.expires_at.is_none_or(|e| e <= now),
+            State::Released => self.expires_at.is_some_and(|e| e <= now),
+            _ => false,
+        }
     }
 
     /// A processing record whose owner stopped renewing its lease.
@@ -361,6 +368,7 @@ impl Record {
                 self.owner = Some(spec.owner.clone());
                 self.attempt += 1;
                 self.lease_until = Some(now.plus(spec.lease));
+                self.expires_at = None;
                 self.updated_at = now;
                 self.workflow_id = spec.workflow_id.clone().or(self.workflow_id.take());
             }
@@ -416,16 +424,20 @@ impl Record {
         Ok(())
     }
 
-    /// The owner gives up harmlessly: processing → released.
+    /// The owner gives up harmlessly: processing → released. The record expires after
+    /// `window` like a completed one: until then the same request executes again under
+    /// it and a different one is refused; after, the key is free.
     pub fn release(
         &mut self,
         fence: &Fence,
         error: Option<String>,
+        window: Duration,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
         self.check_fence(fence, "release")?;
         self.state = State::Released;
         self.lease_until = None;
+        self.expires_at = Some(now.plus(window));
         self.updated_at = now;
         self.last_error = error;
         Ok(())
@@ -588,7 +600,8 @@ mod tests {
         assert_eq!(decide_claim(None, &s, now), ClaimDecision::Insert);
         let mut r = claimed(Class::Write);
         assert_eq!(decide_claim(Some(&r), &s, now), ClaimDecision::Existing);
-        r.release(&r.fence().unwrap(), None, now).unwrap();
+        r.release(&r.fence().unwrap(), None, WINDOW, now).unwrap();
+        assert_eq!(r.expires_at, Some(now.plus(WINDOW)));
         assert_eq!(decide_claim(Some(&r), &s, now), ClaimDecision::Reclaim);
         let mut other = s.clone();
         other.fingerprint = FingerprintBuilder::new("p", "POST", "/x").body(b"{\"a\":1}", &[]);
@@ -597,6 +610,14 @@ mod tests {
             ClaimDecision::Existing,
             "a different body under a released key is refused, not run"
         );
+        let after = now.plus(WINDOW);
+        assert!(r.is_expired(after));
+        assert_eq!(
+            decide_claim(Some(&r), &other, after),
+            ClaimDecision::Renew,
+            "after its window a released key is free for a new request"
+        );
+        assert_eq!(decide_claim(Some(&r), &s, after), ClaimDecision::Renew);
         let mut done = claimed(Class::Write);
         done.complete(&done.fence().unwrap(), completion(), now)
             .unwrap();
@@ -617,8 +638,13 @@ mod tests {
     #[test]
     fn reclaim_keeps_the_id_and_bumps_the_attempt() {
         let mut r = claimed(Class::Write);
-        r.release(&r.fence().unwrap(), Some("502".into()), Timestamp(2_000))
-            .unwrap();
+        r.release(
+            &r.fence().unwrap(),
+            Some("502".into()),
+            WINDOW,
+            Timestamp(2_000),
+        )
+        .unwrap();
         let s = spec(Class::Write, "b");
         r.reclaim(
             ClaimDecision::Reclaim,
@@ -698,7 +724,7 @@ mod tests {
             "{err:?}"
         );
         assert!(matches!(
-            r.release(&stale, None, lapsed),
+            r.release(&stale, None, WINDOW, lapsed),
             Err(TransitionError::Fenced { .. })
         ));
         assert!(matches!(
@@ -745,7 +771,7 @@ mod tests {
     fn completing_a_released_record_is_refused() {
         let mut r = claimed(Class::Write);
         let fence = r.fence().unwrap();
-        r.release(&fence, None, Timestamp(2_000)).unwrap();
+        r.release(&fence, None, WINDOW, Timestamp(2_000)).unwrap();
         let err = r
             .complete(&fence, completion(), Timestamp(2_001))
             .unwrap_err();

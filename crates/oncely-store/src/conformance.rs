@@ -341,6 +341,59 @@ pub async fn expiry_frees_the_key(h: &dyn Harness) {
 }
 
 /// A released record is executed again by the next identical claim: same id, attempt 2.
+/// A released record expires with its window like a completed one: until then a
+/// different body under its key is refused (the caller answers 422); after, that body
+/// owns a new record, and purge removes expired released records.
+pub async fn released_records_expire_with_their_window(h: &dyn Harness) {
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let released = store
+        .release(&r.fence().unwrap(), Some("upstream 401".into()), WINDOW)
+        .await
+        .unwrap();
+    assert!(released.expires_at.is_some(), "{released:?}");
+    let flood = owned(
+        store
+            .claim(&spec("alice", "flood", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .release(&flood.fence().unwrap(), None, WINDOW)
+        .await
+        .unwrap();
+    h.advance(WINDOW - Duration::from_secs(1));
+    existing(
+        store
+            .claim(&spec("alice", "k", "{\"x\":1}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.purge_expired().await.unwrap(), 0, "not expired yet");
+    h.advance(Duration::from_secs(2));
+    let fresh = owned(
+        store
+            .claim(&spec("alice", "k", "{\"x\":1}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(fresh.id, r.id, "a new intention gets a new record");
+    assert_eq!(fresh.attempt, 1);
+    assert_eq!(fresh.expires_at, None);
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        1,
+        "the other released record is purged"
+    );
+    assert_eq!(store.get(&flood.id).await.unwrap(), None);
+    assert!(store.get(&fresh.id).await.unwrap().is_some());
+}
+
 pub async fn release_then_reclaim(h: &dyn Harness) {
     let store = h.store().await;
     let r = owned(
@@ -350,7 +403,7 @@ pub async fn release_then_reclaim(h: &dyn Harness) {
             .unwrap(),
     );
     let released = store
-        .release(&r.fence().unwrap(), Some("upstream 502".into()))
+        .release(&r.fence().unwrap(), Some("upstream 502".into()), WINDOW)
         .await
         .unwrap();
     assert_eq!(released.state, State::Released);
@@ -418,7 +471,7 @@ pub async fn stale_owner_refused_after_take_over(h: &dyn Harness) {
             .complete(&stale, completion("{\"stale\":true}", 1))
             .await
             .unwrap_err(),
-        store.release(&stale, None).await.unwrap_err(),
+        store.release(&stale, None, WINDOW).await.unwrap_err(),
         store.mark_unknown(&stale, "x".into()).await.unwrap_err(),
     ] {
         assert!(
@@ -799,7 +852,10 @@ pub async fn list_filters_newest_first(h: &dyn Harness) {
         .complete(&ids[0].fence().unwrap(), completion("{}", 1))
         .await
         .unwrap();
-    store.release(&ids[1].fence().unwrap(), None).await.unwrap();
+    store
+        .release(&ids[1].fence().unwrap(), None, WINDOW)
+        .await
+        .unwrap();
     let all = store.list(&ListFilter::default()).await.unwrap();
     assert_eq!(
         all.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
@@ -1598,7 +1654,7 @@ pub async fn queue_released_record_is_reclaimed_with_a_new_task(h: &dyn Harness)
     assert_eq!(leased.len(), 1);
     let stale = leased[0].fence().unwrap();
     let released = a
-        .release(&first.fence().unwrap(), Some("upstream 502".into()))
+        .release(&first.fence().unwrap(), Some("upstream 502".into()), WINDOW)
         .await
         .unwrap();
     assert_eq!(released.state, State::Released);
@@ -1720,6 +1776,7 @@ macro_rules! conformance_tests {
             complete_then_replay,
             replay_until_shortens_the_window,
             expiry_frees_the_key,
+            released_records_expire_with_their_window,
             release_then_reclaim,
             stale_owner_refused_after_take_over,
             renew_keeps_the_lease,

@@ -154,8 +154,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// The owner stores its answer (processing → completed), fenced by owner and attempt.
     async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record>;
 
-    /// The owner gives up harmlessly (processing → released), fenced.
-    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record>;
+    /// The owner gives up harmlessly (processing → released), fenced. The released
+    /// record expires after `window` (the route's), like a completed one.
+    async fn release(
+        &self,
+        fence: &Fence,
+        error: Option<String>,
+        window: Duration,
+    ) -> Result<Record>;
 
     /// The owner cannot know whether its action happened (→ outcome_unknown), fenced.
     async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record>;
@@ -191,8 +197,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Records, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
 
-    /// Deletes completed records whose window ended (and released ones older than a
-    /// window); returns how many.
+    /// Deletes completed and released records whose window ended; returns how many.
     async fn purge_expired(&self) -> Result<u64>;
 
     /// Counts `count` repeats answered from the record, worth `units` each in total.

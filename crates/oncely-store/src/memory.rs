@@ -118,9 +118,14 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
+    async fn release(
+        &self,
+        fence: &Fence,
+        error: Option<String>,
+        window: Duration,
+    ) -> Result<Record> {
         self.with_record(&fence.id, |r, now| {
-            r.release(fence, error, now)?;
+            r.release(fence, error, window, now)?;
             Ok(r.clone())
         })
     }

@@ -417,9 +417,15 @@ impl Store for PgStore {
         }
     }
 
-    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
-        self.fenced(&SQL.release, fence, &[&error], |r, now| {
-            r.release(fence, None, now)
+    async fn release(
+        &self,
+        fence: &Fence,
+        error: Option<String>,
+        window: Duration,
+    ) -> Result<Record> {
+        let window_ms = millis(window);
+        self.fenced(&SQL.release, fence, &[&error, &window_ms], |r, now| {
+            r.release(fence, None, window, now)
         })
         .await
     }
@@ -785,7 +791,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
     reclaim: format!(
         "WITH t AS ({NOW})
          UPDATE records r SET state = 'processing', owner = $4, attempt = r.attempt + 1,
-             lease_until = t.now + $5, updated_at = t.now,
+             lease_until = t.now + $5, updated_at = t.now, expires_at = NULL,
              workflow_id = COALESCE($6, r.workflow_id)
          FROM t
          WHERE r.id = $2 AND r.state = 'released' AND r.fingerprint = $3
@@ -802,8 +808,9 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
              repeat_units = 0, workflow_id = $10, provider_request_id = NULL,
              last_error = NULL, waiting = 0
          FROM t
-         WHERE r.id = $2 AND r.state = 'completed'
-           AND (r.expires_at IS NULL OR r.expires_at <= t.now)
+         WHERE r.id = $2 AND ((r.state = 'completed'
+           AND (r.expires_at IS NULL OR r.expires_at <= t.now))
+           OR (r.state = 'released' AND r.expires_at <= t.now))
          RETURNING {r}",
         r = cols("r")
     ),
@@ -817,7 +824,8 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
         true,
     ),
     release: fenced_update(
-        "state = 'released', lease_until = NULL, updated_at = t.now, last_error = $5",
+        "state = 'released', lease_until = NULL, updated_at = t.now, last_error = $5,
+         expires_at = t.now + $6",
         true,
     ),
     mark_unknown: fenced_update(
@@ -867,7 +875,8 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
     purge: format!(
         "WITH t AS ({NOW})
          DELETE FROM records r USING t
-         WHERE r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now)"
+         WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
+            OR (r.state = 'released' AND r.expires_at <= t.now)"
     ),
     add_repeats: "UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
                   WHERE id = $1"

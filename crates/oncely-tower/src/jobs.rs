@@ -412,14 +412,7 @@ fn first_answer(record: Record) -> Execution {
         State::Completed => match record.response.clone() {
             Some(response) if response.body.is_some() => {
                 let mut headers = HeaderMap::new();
-                for (n, v) in &response.headers {
-                    if let (Ok(n), Ok(v)) = (
-                        HeaderName::from_bytes(n.as_bytes()),
-                        HeaderValue::from_str(v),
-                    ) {
-                        headers.append(n, v);
-                    }
-                }
+                crate::headers::replay_headers(&response.headers, &mut headers);
                 Execution::Fresh(FreshAnswer {
                     status: StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK),
                     headers,
@@ -563,14 +556,7 @@ fn result_response(record: &Record, wait: Duration) -> Response<BoxBody> {
             let mut res = Response::new(full(stored.body.clone().unwrap_or_default()));
             *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
             let h = res.headers_mut();
-            for (n, v) in &stored.headers {
-                if let (Ok(n), Ok(v)) = (
-                    HeaderName::from_bytes(n.as_bytes()),
-                    HeaderValue::from_str(v),
-                ) {
-                    h.append(n, v);
-                }
-            }
+            crate::headers::replay_headers(&stored.headers, h);
             h.insert(ONCELY_STATUS, HeaderValue::from_static("replayed"));
             h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             res
@@ -823,7 +809,7 @@ where
     let job = match JobRequest::from_task(&task, guard.job_key.as_ref()) {
         Ok(j) => j,
         Err(e) => {
-            let _ = store.release(&fence, Some(e.clone())).await;
+            let _ = store.release(&fence, Some(e.clone()), policy.window).await;
             tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "job released: unreadable task");
             return finish(TaskOutcome::Done, "unreadable").await;
         }

@@ -51,6 +51,7 @@
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
 //! - [`seal`]: what a queued job keeps is encrypted with a [`JobKey`] before the store
 //!   sees it.
+//! - [`headers`]: the one header policy: hop-by-hop removal, what is stored and replayed.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
 //! - `owner` (private): the owner task; `budget` (private): what answers in flight may
@@ -59,6 +60,7 @@
 pub mod body;
 mod budget;
 pub mod guard;
+pub mod headers;
 pub mod idempotency;
 pub mod jobs;
 mod owner;

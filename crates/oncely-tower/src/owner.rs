@@ -30,9 +30,7 @@ use crate::budget::{Budget, Reservation};
 use crate::guard::{
     Classified, GuardedCall, TaskToken, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
-use crate::problem::{
-    IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS, REPLAY_SECONDS, REPLAY_UNTIL,
-};
+use crate::problem::{REPLAY_SECONDS, REPLAY_UNTIL};
 use crate::slot::{self, Phase, SendGate};
 use crate::{BoxBody, BoxError};
 
@@ -223,6 +221,7 @@ pub(crate) async fn run(task: OwnerTask) {
                 &fence,
                 Disposition::Release,
                 format!("upstream unreachable: {msg}"),
+                call.window,
             )
             .await;
             observe(started);
@@ -235,7 +234,7 @@ pub(crate) async fn run(task: OwnerTask) {
         Ok(Err(UpstreamError::AfterSend(msg))) => {
             let why = format!("upstream failed after the request was sent: {msg}");
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            let record = settle(&*store, &record, &fence, d, why).await;
+            let record = settle(&*store, &record, &fence, d, why, call.window).await;
             observe(started);
             let _ = head.send(Head::Failed {
                 record: Box::new(record),
@@ -249,7 +248,15 @@ pub(crate) async fn run(task: OwnerTask) {
                 "no upstream slot of the route came free within {:?}; nothing was sent",
                 call.timeout
             );
-            let record = settle(&*store, &record, &fence, Disposition::Release, why).await;
+            let record = settle(
+                &*store,
+                &record,
+                &fence,
+                Disposition::Release,
+                why,
+                call.window,
+            )
+            .await;
             let _ = head.send(Head::Failed {
                 record: Box::new(record),
                 failure: UpstreamFailure::Busy,
@@ -259,7 +266,7 @@ pub(crate) async fn run(task: OwnerTask) {
         Err(_elapsed) => {
             let why = format!("upstream did not answer within {:?}", call.timeout);
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            let record = settle(&*store, &record, &fence, d, why).await;
+            let record = settle(&*store, &record, &fence, d, why, call.window).await;
             observe(started);
             let _ = head.send(Head::Failed {
                 record: Box::new(record),
@@ -354,7 +361,7 @@ pub(crate) async fn run(task: OwnerTask) {
                 let _ = sender.send(Err(e));
             }
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            settle(&*store, &record, &fence, d, why).await;
+            settle(&*store, &record, &fence, d, why, call.window).await;
         }
         None => match call
             .class
@@ -375,19 +382,35 @@ pub(crate) async fn run(task: OwnerTask) {
                     (Some(classify), Some(kept)) => classify(status, &headers, &kept),
                     (_, kept) => Classified::Store(StoredResponse {
                         status: status.as_u16(),
-                        headers: replayable_headers(&headers),
+                        headers: crate::headers::replayable_headers(&headers),
                         body: kept,
                     }),
                 };
                 let response = match response {
                     Classified::Store(response) => response,
                     Classified::Release(why) => {
-                        settle(&*store, &record, &fence, Disposition::Release, why).await;
+                        settle(
+                            &*store,
+                            &record,
+                            &fence,
+                            Disposition::Release,
+                            why,
+                            call.window,
+                        )
+                        .await;
                         drop(tx);
                         return;
                     }
                     Classified::Unknown(why) => {
-                        settle(&*store, &record, &fence, Disposition::OutcomeUnknown, why).await;
+                        settle(
+                            &*store,
+                            &record,
+                            &fence,
+                            Disposition::OutcomeUnknown,
+                            why,
+                            call.window,
+                        )
+                        .await;
                         drop(tx);
                         return;
                     }
@@ -410,7 +433,7 @@ pub(crate) async fn run(task: OwnerTask) {
             }
             d => {
                 let why = format!("upstream answered {}", status.as_u16());
-                settle(&*store, &record, &fence, d, why).await;
+                settle(&*store, &record, &fence, d, why, call.window).await;
             }
         },
     }
@@ -450,6 +473,7 @@ async fn settle(
     fence: &Fence,
     disposition: Disposition,
     why: String,
+    window: Duration,
 ) -> Record {
     let result = match disposition {
         Disposition::OutcomeUnknown => {
@@ -459,7 +483,10 @@ async fn settle(
             .await
         }
         Disposition::Release | Disposition::Store => {
-            write("release", fence, || store.release(fence, Some(why.clone()))).await
+            write("release", fence, || {
+                store.release(fence, Some(why.clone()), window)
+            })
+            .await
         }
     };
     match result {
@@ -507,64 +534,4 @@ fn provider_request_id(headers: &HeaderMap) -> Option<String> {
         .or_else(|| headers.get("x-request-id"))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-}
-
-/// The headers worth replaying. Left out: hop-by-hop headers, `content-length` (the
-/// replay sets its own), `date` (a replay is sent now), `set-cookie` (a session cookie
-/// is a credential of one exchange, not part of the result), oncely's own headers, and
-/// values that are not visible text.
-pub(crate) fn replayable_headers(headers: &HeaderMap) -> Vec<(String, String)> {
-    const SKIP: &[&str] = &[
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "date",
-        "set-cookie",
-        ONCELY_STATUS,
-        ONCELY_RECORD,
-        IDEMPOTENT_REPLAYED,
-    ];
-    headers
-        .iter()
-        .filter(|(name, _)| !SKIP.contains(&name.as_str()))
-        .filter_map(|(name, value)| {
-            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replays_keep_the_result_headers_only() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("content-type", "application/json"),
-            ("location", "/orders/7"),
-            ("set-cookie", "session=secret"),
-            ("date", "Thu, 06 Nov 2026 10:00:00 GMT"),
-            ("connection", "keep-alive"),
-            ("transfer-encoding", "chunked"),
-            ("content-length", "12"),
-            ("oncely-status", "fresh"),
-        ] {
-            h.insert(k, v.parse().unwrap());
-        }
-        assert_eq!(
-            replayable_headers(&h),
-            vec![
-                ("content-type".to_string(), "application/json".to_string()),
-                ("location".to_string(), "/orders/7".to_string()),
-            ]
-        );
-    }
 }

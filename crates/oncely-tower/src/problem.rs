@@ -31,6 +31,9 @@ pub enum ProblemCode {
     KeyMissing,
     /// 400: empty, too long, or non-ASCII key.
     KeyInvalid,
+    /// 400: a guarded request whose path cannot be normalised unambiguously (an
+    /// encoded `/`, a bad escape).
+    PathInvalid,
     /// 400: the request body could not be read (the client broke off). Not in the
     /// contract's table; an extension.
     BodyUnreadable,
@@ -68,6 +71,7 @@ impl ProblemCode {
         match self {
             ProblemCode::KeyMissing => "key_missing",
             ProblemCode::KeyInvalid => "key_invalid",
+            ProblemCode::PathInvalid => "path_invalid",
             ProblemCode::BodyUnreadable => "body_unreadable",
             ProblemCode::InFlight => "in_flight",
             ProblemCode::OutcomeUnknown => "outcome_unknown",
@@ -86,9 +90,10 @@ impl ProblemCode {
     /// The HTTP status.
     pub fn status(self) -> StatusCode {
         match self {
-            ProblemCode::KeyMissing | ProblemCode::KeyInvalid | ProblemCode::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            ProblemCode::KeyMissing
+            | ProblemCode::KeyInvalid
+            | ProblemCode::PathInvalid
+            | ProblemCode::BodyUnreadable => StatusCode::BAD_REQUEST,
             ProblemCode::InFlight
             | ProblemCode::OutcomeUnknown
             | ProblemCode::ResultTooLarge
@@ -109,6 +114,7 @@ impl ProblemCode {
         match self {
             ProblemCode::KeyMissing => "Idempotency-Key required",
             ProblemCode::KeyInvalid => "Invalid Idempotency-Key",
+            ProblemCode::PathInvalid => "Invalid request path",
             ProblemCode::BodyUnreadable => "Request body unreadable",
             ProblemCode::InFlight => "Original request still in flight",
             ProblemCode::OutcomeUnknown => "Outcome unknown",
@@ -255,6 +261,7 @@ mod tests {
         for (code, status) in [
             (KeyMissing, 400),
             (KeyInvalid, 400),
+            (PathInvalid, 400),
             (InFlight, 409),
             (OutcomeUnknown, 409),
             (ResultTooLarge, 409),

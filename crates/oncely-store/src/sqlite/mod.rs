@@ -354,11 +354,16 @@ impl Store for SqliteStore {
         Ok(done)
     }
 
-    async fn release(&self, fence: &Fence, error: Option<String>) -> Result<Record> {
+    async fn release(
+        &self,
+        fence: &Fence,
+        error: Option<String>,
+        window: Duration,
+    ) -> Result<Record> {
         let fence = fence.clone();
         let done = self
             .transition(&fence.id.clone(), move |r, now| {
-                r.release(&fence, error, now)?;
+                r.release(&fence, error, window, now)?;
                 Ok(r.clone())
             })
             .await?;
@@ -476,8 +481,9 @@ impl Store for SqliteStore {
             .run(|conn, now| {
                 let gone = conn
                     .prepare_cached(
-                        "DELETE FROM records WHERE state = 'completed' \
-                         AND (expires_at IS NULL OR expires_at <= ?1)",
+                        "DELETE FROM records WHERE (state = 'completed' \
+                         AND (expires_at IS NULL OR expires_at <= ?1)) \
+                         OR (state = 'released' AND expires_at <= ?1)",
                     )
                     .and_then(|mut st| st.execute([now.0]))
                     .map_err(sql_error)?;

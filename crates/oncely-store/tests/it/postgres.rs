@@ -370,7 +370,7 @@ async fn grouped_claims_answer_each_claim_alone() {
             .unwrap(),
     );
     store
-        .release(&released.fence().unwrap(), None)
+        .release(&released.fence().unwrap(), None, Duration::from_secs(3600))
         .await
         .unwrap();
     let mut tasks = Vec::new();

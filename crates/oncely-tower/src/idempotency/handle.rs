@@ -118,6 +118,9 @@ where
         Ok(k) => k,
         Err(p) => return refuse(p, &mut log),
     };
+    // Hop-by-hop headers go now, before the downstream key is set: a caller's
+    // `Connection: idempotency-key` must not remove the key the upstream gets.
+    crate::headers::strip_hop_by_hop(&mut parts.headers);
     let bytes = match read_body(body, &parts.headers, policy.max_body).await {
         Ok(b) => b,
         Err(p) => return refuse(p, &mut log),
@@ -433,15 +436,7 @@ fn replay(mut record: Record, status: &'static str, log: &mut RequestLog<'_>) ->
     let stored = record.response.take().unwrap_or_default();
     let mut res = Response::new(full(stored.body.unwrap_or_default()));
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let headers = res.headers_mut();
-    for (name, value) in &stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            headers.append(n, v);
-        }
-    }
+    crate::headers::replay_headers(&stored.headers, res.headers_mut());
     log.upstream_status = Some(stored.status);
     log.provider_request_id = record.provider_request_id.take();
     finish(res, status, &record, true, log)

@@ -831,7 +831,12 @@ impl Store for DownStore {
     async fn complete(&self, _: &Fence, _: Completion) -> oncely_store::Result<Record> {
         down()
     }
-    async fn release(&self, _: &Fence, _: Option<String>) -> oncely_store::Result<Record> {
+    async fn release(
+        &self,
+        _: &Fence,
+        _: Option<String>,
+        _: Duration,
+    ) -> oncely_store::Result<Record> {
         down()
     }
     async fn mark_unknown(&self, _: &Fence, _: String) -> oncely_store::Result<Record> {

@@ -200,7 +200,12 @@ async fn resolve(args: ResolveArgs) -> Outcome {
                 status: args
                     .status
                     .expect("clap requires --status with --completed"),
-                headers: args.headers.clone(),
+                headers: args
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| oncely_tower::headers::is_replayable(n))
+                    .cloned()
+                    .collect(),
                 body: Some(body.into()),
             },
             window: window_for(ledger.config.as_ref(), &record.route),

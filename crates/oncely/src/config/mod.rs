@@ -24,7 +24,7 @@ use http::{HeaderName, Method, Uri};
 use oncely_core::Class;
 use toml::Table;
 
-pub use pattern::PathPattern;
+pub use pattern::{normalize_path, PathError, PathPattern};
 pub use read::Problem;
 use read::{at, Problems};
 

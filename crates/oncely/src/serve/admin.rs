@@ -336,7 +336,10 @@ async fn resolve(
                     .map_err(|_| bad(format!("{name:?} is not a header name")))?;
                 http::HeaderValue::from_str(&value)
                     .map_err(|_| bad(format!("the value of {name:?} is not a header value")))?;
-                headers.push((name.to_ascii_lowercase(), value));
+                // The one storing policy: a replay never carries set-cookie and the like.
+                if oncely_tower::headers::is_replayable(&name) {
+                    headers.push((name.to_ascii_lowercase(), value));
+                }
             }
             let body = match (b.body, b.body_base64) {
                 (Some(_), Some(_)) => return Err(bad("give body or body_base64, not both")),

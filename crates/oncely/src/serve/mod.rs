@@ -206,14 +206,21 @@ pub async fn run(
         let service = service.clone();
         let mcp = mcp.clone();
         let hooks = hooks.clone();
+        let routes = routes.clone();
         let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
             let service = service.clone();
             let mcp = mcp.clone();
             let hooks = hooks.clone();
+            // One normalised path for everything after this (or 400 path_invalid).
+            let req = routes.normalize(req);
             // `[[mcp]]` and `[[webhooks]]` paths are answered by their endpoints, before
             // the route table.
             async move {
+                let req = match req {
+                    Ok(req) => req,
+                    Err(refused) => return Ok(refused),
+                };
                 let req = match mcp.answer(req).await {
                     Ok(resp) => return Ok(resp),
                     Err(req) => req,

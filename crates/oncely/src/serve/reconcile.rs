@@ -28,11 +28,6 @@ pub enum Verdict {
     Unknown(String),
 }
 
-/// Headers not worth keeping in a stored answer.
-fn keep_header(name: &str) -> bool {
-    !matches!(name, "content-length" | "date" | "server")
-}
-
 /// Asks once, within `timeout`.
 pub async fn ask(
     client: &UpstreamClient,
@@ -82,12 +77,8 @@ pub async fn ask(
     };
     let status = parts.status.as_u16();
     if parts.status.is_success() {
-        let headers = parts
-            .headers
-            .iter()
-            .filter(|(n, _)| keep_header(n.as_str()))
-            .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-            .collect();
+        // The one storing policy: no set-cookie, no hop-by-hop or oncely headers.
+        let headers = oncely_tower::headers::replayable_headers(&parts.headers);
         Verdict::Resolve(Resolution::Completed {
             response: StoredResponse {
                 status,

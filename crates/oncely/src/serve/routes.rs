@@ -1,11 +1,18 @@
 //! The route table: method + path pattern, first match wins. It answers two questions
 //! per request: which guard policy applies (as [`RoutePolicies`] for the tower layer),
-//! and which upstream the proxy sends to (with the route's concurrency limit).
+//! and which upstream the proxy sends to (with the route's concurrency limit). Before
+//! either, [`RouteTable::normalize`] puts the request's path in its one normalised form
+//! (`crate::config::normalize_path`), which is matched and forwarded alike.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use http::Method;
-use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
+use http::{HeaderValue, Method, Request, Response};
+use oncely_tower::problem::ONCELY_STATUS;
+use oncely_tower::{
+    BoxBody, GuardWhen, KeyMode, PrincipalSource, Problem, ProblemCode, RoutePolicies, RoutePolicy,
+    UnitsRule,
+};
 use tokio::sync::Semaphore;
 
 use super::retry::RetryPolicy;
@@ -116,6 +123,53 @@ impl RouteTable {
     /// How the first matching route retries temporary upstream failures, if it does.
     pub fn retry(&self, method: &Method, path: &str) -> Option<Arc<RetryPolicy>> {
         self.find(method, path).and_then(|e| e.retry.clone())
+    }
+
+    /// Whether a route that guards (any class but `read`) takes `method`. Methods are
+    /// compared as HTTP says: case-sensitive tokens (`post` is not `POST`).
+    pub fn guards_method(&self, method: &Method) -> bool {
+        self.inner
+            .entries
+            .iter()
+            .any(|e| e.route.class != oncely_core::Class::Read && e.route.method.matches(method))
+    }
+
+    /// The request with its path in the normalised form every later step (MCP and
+    /// webhook endpoints, route matching, fingerprint, forwarding) sees. A path with no
+    /// unambiguous form (`%2F`, a bad escape) is answered 400 `path_invalid` when a
+    /// guarding route takes the method, so it is never forwarded unguarded; any other
+    /// such request is forwarded as it came.
+    #[allow(clippy::result_large_err)]
+    pub fn normalize<B>(&self, mut req: Request<B>) -> Result<Request<B>, Response<BoxBody>> {
+        let refused = |method: &Method, why: String| {
+            let mut res = Problem::new(ProblemCode::PathInvalid, why).into_response();
+            res.headers_mut()
+                .insert(ONCELY_STATUS, HeaderValue::from_static("path_invalid"));
+            tracing::info!(%method, "refused a request whose path has no normalised form");
+            res
+        };
+        let normal = match crate::config::normalize_path(req.uri().path()) {
+            Ok(Cow::Borrowed(_)) => return Ok(req),
+            Ok(Cow::Owned(p)) => p,
+            Err(e) if self.guards_method(req.method()) => {
+                return Err(refused(req.method(), e.to_string()))
+            }
+            Err(_) => return Ok(req),
+        };
+        let target = match req.uri().query() {
+            Some(q) => format!("{normal}?{q}"),
+            None => normal,
+        };
+        let mut parts = req.uri().clone().into_parts();
+        match target.parse() {
+            Ok(pq) => parts.path_and_query = Some(pq),
+            Err(e) => return Err(refused(req.method(), format!("the path is not valid: {e}"))),
+        }
+        match http::Uri::from_parts(parts) {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(e) => return Err(refused(req.method(), format!("the path is not valid: {e}"))),
+        }
+        Ok(req)
     }
 
     /// The policies of the `job` routes (their queued jobs are run by the job worker).

@@ -13,6 +13,7 @@ mod demo;
 mod durable;
 mod e2e;
 mod faults;
+mod hostile;
 mod inventory;
 mod jobs;
 mod mcp;
