@@ -19,7 +19,7 @@ use oncely_core::{
     ClaimSpec, Class, DownstreamKey, Fingerprint, Record, RecordId, Scope, State, StoredResponse,
     TakeOverOutcome,
 };
-use oncely_store::{Claim, Store, StoreError};
+use oncely_store::{Claim, Repeat, RepeatKind, Store, StoreError};
 use sha2::Sha256;
 use tokio::sync::{oneshot, watch};
 
@@ -466,7 +466,12 @@ impl Guard {
     /// A completed record: replay it (or refuse if its body was not kept), and count the
     /// repeat off the answer's path.
     pub(crate) fn answer_completed(&self, record: Record, waited: bool) -> Execution {
-        self.count_repeat(&record);
+        let kind = if waited {
+            RepeatKind::Joined
+        } else {
+            RepeatKind::Replayed
+        };
+        self.count_repeat(&record, kind);
         let has_body = record.response.as_ref().is_some_and(|r| r.body.is_some());
         match (has_body, waited) {
             (false, _) => Execution::TooLarge(record),
@@ -475,8 +480,8 @@ impl Guard {
         }
     }
 
-    fn count_repeat(&self, record: &Record) {
-        self.repeats.add(&record.id, record.units);
+    fn count_repeat(&self, record: &Record, kind: RepeatKind) {
+        self.repeats.add(&record.id, kind, record.units);
     }
 
     /// [`Store::wait_for`], shared by every request of this instance waiting on the same
@@ -659,8 +664,8 @@ pub(crate) fn retry_after(wait: Duration) -> Duration {
 /// How often the repeats counted in memory are written to the ledger.
 pub const REPEAT_FLUSH: Duration = Duration::from_millis(200);
 
-/// Repeats per record not yet written: `(count, units)`.
-type Pending = HashMap<RecordId, (u64, u64)>;
+/// Repeats per record not yet written, each with its time and kind (for statements).
+type Pending = HashMap<RecordId, Vec<Repeat>>;
 
 /// Repeats counted in memory until the next flush. The flushing task holds only a weak
 /// reference, so it ends with the guard.
@@ -684,17 +689,20 @@ impl RepeatTally {
     }
 
     /// Counts one repeat of `id` worth `units`, and starts the flushing task on first use
-    /// (on the caller's runtime).
-    fn add(self: &Arc<Self>, id: &RecordId, units: u64) {
+    /// (on the caller's runtime). No store call: the repeat is written with the next flush.
+    fn add(self: &Arc<Self>, id: &RecordId, kind: RepeatKind, units: u64) {
+        let repeat = Repeat {
+            // The gateway's own clock: no store round trip on the answer's path.
+            at: oncely_store::clock::system_now(),
+            kind,
+            units,
+        };
         {
             let mut pending = self.pending.lock().expect("repeat tally lock");
             match pending.get_mut(id) {
-                Some((n, u)) => {
-                    *n += 1;
-                    *u += units;
-                }
+                Some(repeats) => repeats.push(repeat),
                 None => {
-                    pending.insert(id.clone(), (1, units));
+                    pending.insert(id.clone(), vec![repeat]);
                 }
             }
         }
@@ -707,17 +715,17 @@ impl RepeatTally {
     async fn flush(&self) {
         let _writing = self.writing.lock().await;
         let taken = std::mem::take(&mut *self.pending.lock().expect("repeat tally lock"));
-        for (id, (count, units)) in taken {
-            match self.store.add_repeats(&id, count, units).await {
+        for (id, repeats) in taken {
+            match self.store.record_repeats(&id, &repeats).await {
                 Ok(()) => {}
                 // The record is gone (purged): nothing left to count on.
                 Err(StoreError::NotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(target: "oncely::store", record = %id, repeats = count, error = %e, "could not count repeats; will retry");
+                    tracing::warn!(target: "oncely::store", record = %id, repeats = repeats.len(), error = %e, "could not count repeats; will retry");
                     let mut pending = self.pending.lock().expect("repeat tally lock");
-                    let entry = pending.entry(id).or_insert((0, 0));
-                    entry.0 += count;
-                    entry.1 += units;
+                    let entry = pending.entry(id).or_default();
+                    let later = std::mem::replace(entry, repeats);
+                    entry.extend(later);
                 }
             }
         }
