@@ -261,7 +261,7 @@ async fn completed(path: &Path, route: &str, key: &str, took: Duration) {
                 response: StoredResponse {
                     status: 201,
                     headers: vec![],
-                    body: Some(b"ok".to_vec()),
+                    body: Some(b"ok".to_vec().into()),
                 },
                 units: 1,
                 window: Duration::from_secs(3600),

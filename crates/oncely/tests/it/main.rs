@@ -19,4 +19,5 @@ mod process;
 mod proxy;
 mod reconcile;
 mod secrets;
+mod statements;
 mod webhooks;
