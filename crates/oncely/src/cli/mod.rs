@@ -115,7 +115,8 @@ pub enum Command {
     Ledger(LedgerCommand),
     /// Per principal: fresh executions and repeats, with their units.
     Usage {
-        /// Only records completed within this long (e.g. 24h, 7d).
+        /// Only records completed within this long (e.g. 24h, 7d); for a statement, also
+        /// only repeats answered within it.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
         since: Option<std::time::Duration>,
         /// One JSON document on standard output.
