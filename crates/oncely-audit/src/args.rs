@@ -194,6 +194,9 @@ pub struct AuditArgs {
     pub reorder: Duration,
     /// How many of the most repeated requests to list.
     pub top: usize,
+    /// How many repeats to keep, per principal, for statements (in time order; 0 keeps
+    /// none). The sums count every repeat whatever this is.
+    pub listed_repeats: usize,
 }
 
 impl AuditArgs {
@@ -210,6 +213,7 @@ impl AuditArgs {
             progress: false,
             reorder: DEFAULT_REORDER,
             top: DEFAULT_TOP,
+            listed_repeats: 0,
         }
     }
 }
@@ -313,6 +317,7 @@ impl RawAuditArgs {
             progress: self.progress,
             reorder,
             top,
+            listed_repeats: 0,
         })
     }
 }

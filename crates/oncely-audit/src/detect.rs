@@ -20,7 +20,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::canon::RequestKey;
 use crate::order::{Located, Unreadable};
-use crate::report::{DelayStats, PrincipalTotals, TopRepeat};
+use crate::report::{DelayStats, ListedRepeat, PrincipalTotals, TopRepeat};
 
 /// At most this many unreadable lines are kept as examples (all are counted).
 pub(crate) const UNREADABLE_EXAMPLES: usize = 10;
@@ -88,6 +88,8 @@ struct Original {
 pub(crate) struct Detector {
     window_ms: i64,
     top_n: usize,
+    /// Repeats kept per principal for statements.
+    listed_n: usize,
     originals: KeyMap<Original>,
     /// (end of window, key, start) in the order originals were made. The start tells an
     /// entry from a later original of the same key (which always starts later).
@@ -106,10 +108,11 @@ pub(crate) struct Detector {
 }
 
 impl Detector {
-    pub(crate) fn new(window_ms: i64, top_n: usize) -> Detector {
+    pub(crate) fn new(window_ms: i64, top_n: usize, listed_n: usize) -> Detector {
         Detector {
             window_ms,
             top_n,
+            listed_n,
             originals: KeyMap::default(),
             expiries: VecDeque::new(),
             frontier: i64::MIN,
@@ -212,6 +215,16 @@ impl Detector {
                         totals.during += 1;
                     } else {
                         totals.after += 1;
+                    }
+                    // Bounded: the first `listed_n` per principal; the sums stay exact.
+                    if totals.repeats.len() < self.listed_n {
+                        totals.repeats.push(ListedRepeat {
+                            ts: req.ts,
+                            method: req.names.method().into(),
+                            path: req.names.path().into(),
+                            units,
+                            during,
+                        });
                     }
                     return;
                 }
@@ -334,7 +347,7 @@ mod tests {
 
     #[test]
     fn originals_are_forgotten_once_their_window_has_passed() {
-        let mut d = Detector::new(1_000, 10);
+        let mut d = Detector::new(1_000, 10, 0);
         d.observe(at(0, 1, 500));
         d.observe(at(100, 2, 0));
         assert_eq!(d.originals.len(), 2);
@@ -353,7 +366,7 @@ mod tests {
 
     #[test]
     fn a_straggler_from_before_the_window_neither_repeats_nor_replaces() {
-        let mut d = Detector::new(1_000, 10);
+        let mut d = Detector::new(1_000, 10, 0);
         d.observe(at(10_000, 1, 0));
         d.observe(at(2_000, 1, 0));
         d.observe(at(10_500, 1, 0));
@@ -368,8 +381,29 @@ mod tests {
     }
 
     #[test]
+    fn statements_list_the_first_repeats_and_count_them_all() {
+        let mut d = Detector::new(1_000, 10, 2);
+        d.observe(at(0, 1, 500));
+        d.observe(at(100, 1, 0)); // during
+        d.observe(at(600, 1, 0)); // after
+        d.observe(at(700, 1, 0)); // after, beyond the cap
+        let p = &d.principals[0];
+        assert_eq!((p.duplicate_requests, p.duplicate_units), (3, 30));
+        let listed: Vec<(i64, bool, u64)> = p
+            .repeats
+            .iter()
+            .map(|r| (r.ts, r.during, r.units))
+            .collect();
+        assert_eq!(listed, [(100, true, 10), (600, false, 10)]);
+        assert_eq!(
+            (p.repeats[0].method.as_str(), p.repeats[0].path.as_str()),
+            ("POST", "/x")
+        );
+    }
+
+    #[test]
     fn the_top_list_keeps_the_most_repeated() {
-        let mut d = Detector::new(1_000_000, 2);
+        let mut d = Detector::new(1_000_000, 2, 0);
         for (key, repeats) in [(1u8, 1), (2, 3), (3, 2), (4, 1)] {
             let base = i64::from(key) * 10;
             for r in 0..=repeats {

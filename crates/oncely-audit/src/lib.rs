@@ -117,7 +117,7 @@ pub use args::{AuditArgs, Field, FieldMap, RawAuditArgs, Source};
 pub use error::AuditError;
 pub use input::Input;
 pub use parse::MAX_LINE;
-pub use report::{Credit, PrincipalTotals, Report};
+pub use report::{Credit, ListedRepeat, PrincipalTotals, Report};
 
 use detect::Detector;
 use line::LineReader;
@@ -190,7 +190,7 @@ pub fn audit(inputs: Vec<Input>, args: &AuditArgs) -> Report {
     let reader = LineReader::new(&args.fields, &args.ignore_fields);
     let mut merged = Merged::new(inputs, reader, duration_ms(args.reorder));
     let names = merged.names();
-    let mut detector = Detector::new(window_ms, args.top);
+    let mut detector = Detector::new(window_ms, args.top, args.listed_repeats);
     let mut progress = Progress::new(args.progress, total_size);
 
     let mut bad = Vec::new();

@@ -79,6 +79,28 @@ pub struct PrincipalTotals {
     pub during: u64,
     /// Its repeats that started after their original finished.
     pub after: u64,
+    /// Its first repeats in time order, at most [`AuditArgs::listed_repeats`]
+    /// (for statements; not part of the JSON report).
+    ///
+    /// [`AuditArgs::listed_repeats`]: crate::AuditArgs::listed_repeats
+    #[serde(skip)]
+    pub repeats: Vec<ListedRepeat>,
+}
+
+/// One repeat of a principal, as a statement lists it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListedRepeat {
+    /// When it started (milliseconds since the epoch).
+    pub ts: i64,
+    /// Its method.
+    pub method: String,
+    /// Its path (with query).
+    pub path: String,
+    /// The units it was charged.
+    pub units: u64,
+    /// It started while its original ran (a guard joins it), else after (a guard replays
+    /// it).
+    pub during: bool,
 }
 
 /// A credit: units, or money when a price per unit is given. Serialises as a number.

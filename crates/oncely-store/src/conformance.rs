@@ -976,6 +976,110 @@ pub async fn repeats_and_usage(h: &dyn Harness) {
     drop(processing);
 }
 
+/// Each repeat is kept with its time, kind and units, listed per principal oldest first
+/// (capped, with exact totals), counted on the record like `add_repeats`, and purged with
+/// the record.
+pub async fn repeat_events_for_statements(h: &dyn Harness) {
+    use crate::{Repeat, RepeatKind};
+    let store = h.store().await;
+    let mut ids = Vec::new();
+    for (principal, key, units) in [("alice", "a1", 10u64), ("bob", "b1", 3)] {
+        let r = owned(
+            store
+                .claim(&spec(principal, key, "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&r.fence().unwrap(), completion("{}", units))
+            .await
+            .unwrap();
+        ids.push(r.id);
+    }
+    let t0 = store.now().await.unwrap();
+    let at = |ms: u64| t0.plus(Duration::from_millis(ms));
+    let alice = [
+        Repeat {
+            at: at(1),
+            kind: RepeatKind::Joined,
+            units: 10,
+        },
+        Repeat {
+            at: at(5),
+            kind: RepeatKind::Replayed,
+            units: 10,
+        },
+        Repeat {
+            at: at(9),
+            kind: RepeatKind::Replayed,
+            units: 10,
+        },
+    ];
+    store.record_repeats(&ids[0], &alice[..2]).await.unwrap();
+    store.record_repeats(&ids[0], &alice[2..]).await.unwrap();
+    store
+        .record_repeats(
+            &ids[1],
+            &[Repeat {
+                at: at(2),
+                kind: RepeatKind::Replayed,
+                units: 3,
+            }],
+        )
+        .await
+        .unwrap();
+    let a1 = store.get(&ids[0]).await.unwrap().unwrap();
+    assert_eq!((a1.repeats, a1.repeat_units), (3, 30));
+    let all = store.repeat_events("alice", None, 100).await.unwrap();
+    assert_eq!((all.total, all.total_units), (3, 30));
+    let seen: Vec<_> = all.listed.iter().map(|e| (e.at, e.kind, e.units)).collect();
+    assert_eq!(
+        seen,
+        alice
+            .iter()
+            .map(|r| (r.at, r.kind, r.units))
+            .collect::<Vec<_>>()
+    );
+    assert!(all
+        .listed
+        .iter()
+        .all(|e| e.record == ids[0] && e.route == "POST /v1/render"));
+    let capped = store.repeat_events("alice", None, 1).await.unwrap();
+    assert_eq!(
+        (capped.listed.len(), capped.total, capped.total_units),
+        (1, 3, 30)
+    );
+    assert_eq!(capped.listed[0].kind, RepeatKind::Joined);
+    let later = store
+        .repeat_events("alice", Some(at(5)), 100)
+        .await
+        .unwrap();
+    assert_eq!((later.listed.len(), later.total), (2, 2));
+    let bob = store.repeat_events("bob", None, 100).await.unwrap();
+    assert_eq!((bob.total, bob.total_units, bob.listed.len()), (1, 3, 1));
+    assert_eq!(
+        store.repeat_events("carol", None, 100).await.unwrap().total,
+        0
+    );
+    assert!(matches!(
+        store
+            .record_repeats(&crate::new_record_id(), &alice[..1])
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    // The events go with their record's window.
+    h.advance(WINDOW + Duration::from_secs(1));
+    assert_eq!(store.purge_expired().await.unwrap(), 2);
+    assert_eq!(
+        store.repeat_events("alice", None, 100).await.unwrap().total,
+        0
+    );
+    assert_eq!(
+        store.repeat_events("bob", None, 100).await.unwrap().total,
+        0
+    );
+}
+
 /// A secret is generated once and shared by every instance on the database.
 pub async fn secrets_are_stable_and_shared(h: &dyn Harness) {
     let a = h.store().await;
@@ -1788,6 +1892,7 @@ macro_rules! conformance_tests {
             principals_are_isolated,
             list_filters_newest_first,
             repeats_and_usage,
+            repeat_events_for_statements,
             secrets_are_stable_and_shared,
             queue_claim_with_task_is_all_or_nothing,
             queue_concurrent_claims_enqueue_once,

@@ -127,6 +127,71 @@ pub struct Usage {
     pub by_principal: Vec<UsageRow>,
 }
 
+/// How a repeat was answered without executing again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RepeatKind {
+    /// It waited for the running original and got its answer.
+    Joined,
+    /// It came after the original finished and got the stored answer.
+    Replayed,
+}
+
+impl RepeatKind {
+    /// `joined` or `replayed`, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepeatKind::Joined => "joined",
+            RepeatKind::Replayed => "replayed",
+        }
+    }
+
+    /// Parses [`RepeatKind::as_str`].
+    pub fn parse(text: &str) -> Option<RepeatKind> {
+        match text {
+            "joined" => Some(RepeatKind::Joined),
+            "replayed" => Some(RepeatKind::Replayed),
+            _ => None,
+        }
+    }
+}
+
+/// One repeat of a record, as the guard counted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repeat {
+    /// When it was answered.
+    pub at: Timestamp,
+    /// Joined or replayed.
+    pub kind: RepeatKind,
+    /// The units it was not charged.
+    pub units: u64,
+}
+
+/// One repeat listed for a statement: the [`Repeat`] and the record it repeated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepeatEvent {
+    /// The record answered.
+    pub record: RecordId,
+    /// The record's route.
+    pub route: String,
+    /// When it was answered.
+    pub at: Timestamp,
+    /// Joined or replayed.
+    pub kind: RepeatKind,
+    /// The units it was not charged.
+    pub units: u64,
+}
+
+/// The repeats of one principal in a period: the first ones listed, the totals exact.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RepeatEvents {
+    /// The oldest repeats first, at most the limit asked for.
+    pub listed: Vec<RepeatEvent>,
+    /// How many repeats in the period (listed or not).
+    pub total: u64,
+    /// Their units.
+    pub total_units: u64,
+}
+
 /// Where the server's own reconciliation of one `outcome_unknown` record stands: kept in
 /// the ledger, so that a restarted server continues it and every instance on the
 /// database shares it. It belongs to one stay in `outcome_unknown` (the record's
@@ -202,6 +267,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Counts `count` repeats answered from the record, worth `units` each in total.
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()>;
+
+    /// Counts `repeats` of the record like [`Store::add_repeats`] and keeps each of them
+    /// (time, kind, units) for statements, in the same write. The events expire with
+    /// the record's window ([`Store::purge_expired`]). A store that keeps no events only
+    /// counts them.
+    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
+        let units = repeats.iter().map(|r| r.units).sum();
+        self.add_repeats(id, repeats.len() as u64, units).await
+    }
+
+    /// The repeats of `principal` (its keyed hash) answered since `since` (all when
+    /// `None`), oldest first: at most `limit` listed, the totals over all of them.
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let _ = (principal, since, limit);
+        Err(StoreError::Unavailable(
+            "this store keeps no repeat events".into(),
+        ))
+    }
 
     /// Usage per principal of records completed since `since` (all when `None`).
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage>;

@@ -16,8 +16,8 @@ use crate::queue::{Finished, NewTask, Task, TaskCounts, TaskError, TaskFence, Ta
 use crate::queue::{TaskOutcome, TaskState};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, ListFilter, ReconcileSchedule, Result, Store, StoreError, Usage,
-    UsageRow,
+    new_record_id, Claim, Clock, ListFilter, ReconcileSchedule, Repeat, RepeatEvent, RepeatEvents,
+    Result, Store, StoreError, Usage, UsageRow,
 };
 
 #[derive(Debug, Default)]
@@ -28,6 +28,9 @@ struct Data {
     tasks: BTreeMap<TaskId, Task>,
     /// Reconciliation schedules, by record, with the `updated_at` they belong to.
     reconcile: HashMap<RecordId, (Timestamp, ReconcileSchedule)>,
+    /// Repeat events, oldest first, with their record's principal; they go with their
+    /// record.
+    repeats: Vec<(String, RepeatEvent)>,
 }
 
 impl Data {
@@ -236,6 +239,10 @@ impl Store for MemoryStore {
             data.records.remove(&r.id);
             data.by_key.remove(&(r.scope.clone(), r.key.clone()));
         }
+        let Data {
+            records, repeats, ..
+        } = &mut *data;
+        repeats.retain(|(_, e)| records.contains_key(&e.record));
         Ok(doomed.len() as u64)
     }
 
@@ -248,6 +255,55 @@ impl Store for MemoryStore {
         r.repeats += count;
         r.repeat_units += units;
         Ok(())
+    }
+
+    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
+        let mut data = self.data.lock().expect("memory store lock");
+        let r = data
+            .records
+            .get_mut(id)
+            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        r.repeats += repeats.len() as u64;
+        r.repeat_units += repeats.iter().map(|e| e.units).sum::<u64>();
+        let (principal, route) = (r.principal.clone(), r.route.clone());
+        for e in repeats {
+            data.repeats.push((
+                principal.clone(),
+                RepeatEvent {
+                    record: id.clone(),
+                    route: route.clone(),
+                    at: e.at,
+                    kind: e.kind,
+                    units: e.units,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut matching: Vec<&RepeatEvent> = data
+            .repeats
+            .iter()
+            .filter(|(p, e)| {
+                p == principal
+                    && since.is_none_or(|s| e.at >= s)
+                    && data.records.contains_key(&e.record)
+            })
+            .map(|(_, e)| e)
+            .collect();
+        matching.sort_by_key(|e| e.at);
+        Ok(RepeatEvents {
+            total: matching.len() as u64,
+            total_units: matching.iter().map(|e| e.units).sum(),
+            listed: matching.into_iter().take(limit).cloned().collect(),
+        })
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {

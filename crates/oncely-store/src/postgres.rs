@@ -40,9 +40,9 @@ use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Result, Store,
-    StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage,
-    UsageRow,
+    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Repeat,
+    RepeatEvent, RepeatEvents, RepeatKind, Result, Store, StoreError, StoreOptions, Task,
+    TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage, UsageRow,
 };
 
 mod batch;
@@ -545,10 +545,19 @@ impl Store for PgStore {
             .prepare_cached(&SQL.purge)
             .await
             .map_err(unavailable)?;
+        let gone = client
+            .execute(&stmt, &[&self.offset()])
+            .await
+            .map_err(unavailable)?;
+        let stmt = client
+            .prepare_cached(&SQL.purge_repeats)
+            .await
+            .map_err(unavailable)?;
         client
             .execute(&stmt, &[&self.offset()])
             .await
-            .map_err(unavailable)
+            .map_err(unavailable)?;
+        Ok(gone)
     }
 
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
@@ -565,6 +574,79 @@ impl Store for PgStore {
             return Err(StoreError::NotFound(id.clone()));
         }
         Ok(())
+    }
+
+    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
+        if repeats.is_empty() {
+            return self.add_repeats(id, 0, 0).await;
+        }
+        let units: u64 = repeats.iter().map(|r| r.units).sum();
+        let at: Vec<i64> = repeats.iter().map(|r| r.at.0).collect();
+        let kind: Vec<&str> = repeats.iter().map(|r| r.kind.as_str()).collect();
+        let each: Vec<i64> = repeats.iter().map(|r| r.units as i64).collect();
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&SQL.record_repeats)
+            .await
+            .map_err(unavailable)?;
+        // One statement: the counters and the events are written together or not at all.
+        let n = client
+            .execute(
+                &stmt,
+                &[
+                    &id.0,
+                    &(repeats.len() as i64),
+                    &(units as i64),
+                    &at,
+                    &kind,
+                    &each,
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        if n == 0 {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let since = since.map_or(i64::MIN, |s| s.0);
+        let totals = self
+            .query_opt(&SQL.repeat_totals, &[&principal, &since])
+            .await?
+            .ok_or_else(|| StoreError::Unavailable("the database returned no totals".into()))?;
+        let total: i64 = totals.try_get(0).map_err(corrupt)?;
+        let total_units: i64 = totals.try_get(1).map_err(corrupt)?;
+        let limit = limit.min(i64::MAX as usize) as i64;
+        let rows = self
+            .query(&SQL.repeat_list, &[&principal, &since, &limit])
+            .await?;
+        let listed = rows
+            .iter()
+            .map(|row| {
+                let kind: String = row.try_get("kind").map_err(corrupt)?;
+                Ok(RepeatEvent {
+                    record: RecordId(row.try_get("record_id").map_err(corrupt)?),
+                    route: row.try_get("route").map_err(corrupt)?,
+                    at: Timestamp(row.try_get("at").map_err(corrupt)?),
+                    kind: RepeatKind::parse(&kind).ok_or_else(|| {
+                        StoreError::Corrupt(format!("unknown repeat kind {kind:?}"))
+                    })?,
+                    units: row.try_get::<_, i64>("units").map_err(corrupt)? as u64,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RepeatEvents {
+            listed,
+            total: total as u64,
+            total_units: total_units as u64,
+        })
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
@@ -738,6 +820,10 @@ struct Statements {
     list: String,
     purge: String,
     add_repeats: String,
+    record_repeats: String,
+    repeat_totals: String,
+    repeat_list: String,
+    purge_repeats: String,
     usage: String,
     now: String,
 }
@@ -881,6 +967,25 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
     add_repeats: "UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
                   WHERE id = $1"
         .into(),
+    record_repeats: "WITH u AS (
+             UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
+             WHERE id = $1
+             RETURNING id, principal, route, expires_at)
+         INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at)
+         SELECT u.id, u.principal, u.route, e.at, e.kind, e.units, u.expires_at
+         FROM u, unnest($4::bigint[], $5::text[], $6::bigint[]) AS e(at, kind, units)"
+        .into(),
+    repeat_totals: "SELECT count(*)::bigint, COALESCE(sum(units), 0)::bigint FROM repeat_events
+                    WHERE principal = $1 AND at >= $2"
+        .into(),
+    repeat_list: "SELECT record_id, route, at, kind, units FROM repeat_events
+                  WHERE principal = $1 AND at >= $2 ORDER BY at, seq LIMIT $3"
+        .into(),
+    purge_repeats: format!(
+        "WITH t AS ({NOW})
+         DELETE FROM repeat_events e USING t
+         WHERE e.expires_at IS NULL OR e.expires_at <= t.now"
+    ),
     usage: "SELECT principal, count(*)::bigint AS fresh,
                    COALESCE(sum(units), 0)::bigint AS fresh_units,
                    COALESCE(sum(repeats), 0)::bigint AS repeats,

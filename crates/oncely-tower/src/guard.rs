@@ -19,7 +19,7 @@ use oncely_core::{
     ClaimSpec, Class, DownstreamKey, Fingerprint, Record, RecordId, Scope, State, StoredResponse,
     TakeOverOutcome,
 };
-use oncely_store::{Claim, Store, StoreError};
+use oncely_store::{Claim, Repeat, RepeatKind, Store, StoreError};
 use sha2::Sha256;
 use tokio::sync::{oneshot, watch};
 
@@ -466,7 +466,12 @@ impl Guard {
     /// A completed record: replay it (or refuse if its body was not kept), and count the
     /// repeat off the answer's path.
     pub(crate) fn answer_completed(&self, record: Record, waited: bool) -> Execution {
-        self.count_repeat(&record);
+        let kind = if waited {
+            RepeatKind::Joined
+        } else {
+            RepeatKind::Replayed
+        };
+        self.count_repeat(&record, kind);
         let has_body = record.response.as_ref().is_some_and(|r| r.body.is_some());
         match (has_body, waited) {
             (false, _) => Execution::TooLarge(record),
@@ -475,8 +480,8 @@ impl Guard {
         }
     }
 
-    fn count_repeat(&self, record: &Record) {
-        self.repeats.add(&record.id, record.units);
+    fn count_repeat(&self, record: &Record, kind: RepeatKind) {
+        self.repeats.add(&record.id, kind, record.units);
     }
 
     /// [`Store::wait_for`], shared by every request of this instance waiting on the same
@@ -659,8 +664,26 @@ pub(crate) fn retry_after(wait: Duration) -> Duration {
 /// How often the repeats counted in memory are written to the ledger.
 pub const REPEAT_FLUSH: Duration = Duration::from_millis(200);
 
-/// Repeats per record not yet written: `(count, units)`.
-type Pending = HashMap<RecordId, (u64, u64)>;
+/// At most this many repeat events wait in memory (over every record) while the ledger
+/// cannot take them; beyond it a repeat is still counted, only not listed in statements.
+const MAX_PENDING_EVENTS: usize = 100_000;
+
+/// One record's repeats not yet written.
+#[derive(Debug, Default)]
+struct PendingRepeats {
+    /// Each one, with its time and kind (for statements).
+    events: Vec<Repeat>,
+    /// Repeats over [`MAX_PENDING_EVENTS`]: counted, not kept one by one.
+    unlisted: u64,
+    unlisted_units: u64,
+}
+
+/// Repeats per record not yet written, and how many events they hold.
+#[derive(Debug, Default)]
+struct Pending {
+    by_record: HashMap<RecordId, PendingRepeats>,
+    events: usize,
+}
 
 /// Repeats counted in memory until the next flush. The flushing task holds only a weak
 /// reference, so it ends with the guard.
@@ -671,31 +694,40 @@ struct RepeatTally {
     /// repeat taken before it (by the background task too) is in the ledger.
     writing: tokio::sync::Mutex<()>,
     flusher: AtomicBool,
+    max_events: usize,
 }
 
 impl RepeatTally {
     fn new(store: Arc<dyn Store>) -> RepeatTally {
         RepeatTally {
             store,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
             writing: tokio::sync::Mutex::new(()),
             flusher: AtomicBool::new(false),
+            max_events: MAX_PENDING_EVENTS,
         }
     }
 
     /// Counts one repeat of `id` worth `units`, and starts the flushing task on first use
-    /// (on the caller's runtime).
-    fn add(self: &Arc<Self>, id: &RecordId, units: u64) {
+    /// (on the caller's runtime). No store call: the repeat is written with the next flush.
+    fn add(self: &Arc<Self>, id: &RecordId, kind: RepeatKind, units: u64) {
         {
             let mut pending = self.pending.lock().expect("repeat tally lock");
-            match pending.get_mut(id) {
-                Some((n, u)) => {
-                    *n += 1;
-                    *u += units;
-                }
-                None => {
-                    pending.insert(id.clone(), (1, units));
-                }
+            let keep = pending.events < self.max_events;
+            if keep {
+                pending.events += 1;
+            }
+            let entry = pending.by_record.entry(id.clone()).or_default();
+            if keep {
+                entry.events.push(Repeat {
+                    // The gateway's own clock: no store round trip on the answer's path.
+                    at: oncely_store::clock::system_now(),
+                    kind,
+                    units,
+                });
+            } else {
+                entry.unlisted += 1;
+                entry.unlisted_units += units;
             }
         }
         if !self.flusher.load(Ordering::Relaxed) && !self.flusher.swap(true, Ordering::AcqRel) {
@@ -707,17 +739,37 @@ impl RepeatTally {
     async fn flush(&self) {
         let _writing = self.writing.lock().await;
         let taken = std::mem::take(&mut *self.pending.lock().expect("repeat tally lock"));
-        for (id, (count, units)) in taken {
-            match self.store.add_repeats(&id, count, units).await {
+        for (id, mut repeats) in taken.by_record {
+            let mut result = Ok(());
+            if !repeats.events.is_empty() {
+                result = self.store.record_repeats(&id, &repeats.events).await;
+                if result.is_ok() {
+                    repeats.events.clear();
+                }
+            }
+            if result.is_ok() && repeats.unlisted > 0 {
+                result = self
+                    .store
+                    .add_repeats(&id, repeats.unlisted, repeats.unlisted_units)
+                    .await;
+                if result.is_ok() {
+                    repeats.unlisted = 0;
+                    repeats.unlisted_units = 0;
+                }
+            }
+            match result {
                 Ok(()) => {}
                 // The record is gone (purged): nothing left to count on.
                 Err(StoreError::NotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(target: "oncely::store", record = %id, repeats = count, error = %e, "could not count repeats; will retry");
+                    tracing::warn!(target: "oncely::store", record = %id, repeats = repeats.events.len() as u64 + repeats.unlisted, error = %e, "could not count repeats; will retry");
                     let mut pending = self.pending.lock().expect("repeat tally lock");
-                    let entry = pending.entry(id).or_insert((0, 0));
-                    entry.0 += count;
-                    entry.1 += units;
+                    pending.events += repeats.events.len();
+                    let entry = pending.by_record.entry(id).or_default();
+                    let later = std::mem::replace(entry, repeats);
+                    entry.events.extend(later.events);
+                    entry.unlisted += later.unlisted;
+                    entry.unlisted_units += later.unlisted_units;
                 }
             }
         }
@@ -730,7 +782,12 @@ async fn flush_every(tally: Weak<RepeatTally>, every: Duration) {
     loop {
         tick.tick().await;
         let Some(tally) = tally.upgrade() else { return };
-        let idle = tally.pending.lock().expect("repeat tally lock").is_empty();
+        let idle = tally
+            .pending
+            .lock()
+            .expect("repeat tally lock")
+            .by_record
+            .is_empty();
         if !idle {
             tally.flush().await;
         }
@@ -964,6 +1021,35 @@ mod tests {
         guard.flush_repeats().await;
         let a = store.get(&a.id).await.unwrap().unwrap();
         assert_eq!(a.repeats, 37);
+    }
+
+    #[tokio::test]
+    async fn each_repeat_is_kept_with_its_kind_and_over_the_cap_only_counted() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let mut guard = Guard::new(store.clone(), b"k".to_vec());
+        Arc::get_mut(&mut guard.repeats).unwrap().max_events = 3;
+        let a = completed(&guard, "a").await;
+        replay_n(&guard, "a", 5).await;
+        guard.flush_repeats().await;
+        let record = store.get(&a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (record.repeats, record.repeat_units),
+            (5, 15),
+            "all counted"
+        );
+        let events = store.repeat_events(&a.principal, None, 100).await.unwrap();
+        assert_eq!((events.total, events.total_units), (3, 9), "three listed");
+        assert!(events
+            .listed
+            .iter()
+            .all(|e| e.kind == RepeatKind::Replayed && e.units == 3 && e.record == a.id));
+        // The cap is on what waits: after a flush, the next repeats are kept again.
+        replay_n(&guard, "a", 2).await;
+        guard.flush_repeats().await;
+        let events = store.repeat_events(&a.principal, None, 100).await.unwrap();
+        assert_eq!(events.total, 5);
     }
 
     #[tokio::test]

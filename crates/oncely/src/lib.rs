@@ -17,3 +17,4 @@ pub mod demo;
 pub mod logs;
 pub mod records;
 pub mod serve;
+pub mod statement;

@@ -78,6 +78,24 @@ CREATE TABLE secrets (
         name: "reconciliation schedule",
         sql: super::reconcile::MIGRATION_SQL,
     },
+    Migration {
+        version: 4,
+        name: "repeat events (statements)",
+        sql: r#"
+CREATE TABLE repeat_events (
+    seq        bigserial PRIMARY KEY,
+    record_id  text   NOT NULL,
+    principal  text   NOT NULL,
+    route      text   NOT NULL,
+    at         bigint NOT NULL,
+    kind       text   NOT NULL CHECK (kind IN ('joined', 'replayed')),
+    units      bigint NOT NULL,
+    expires_at bigint
+);
+CREATE INDEX repeat_events_principal ON repeat_events (principal, at);
+CREATE INDEX repeat_events_expires ON repeat_events (expires_at);
+"#,
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("oncely" in ASCII).

@@ -34,14 +34,16 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use crate::memory::usage_from_rows;
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Result, Store,
-    StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage,
+    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Repeat,
+    RepeatEvents, Result, Store, StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId,
+    TaskOutcome, TaskState, Usage,
 };
 
 mod leases;
 mod queue;
 mod readers;
 mod reconcile;
+mod repeats;
 mod replays;
 mod rows;
 pub mod schema;
@@ -487,6 +489,7 @@ impl Store for SqliteStore {
                     )
                     .and_then(|mut st| st.execute([now.0]))
                     .map_err(sql_error)?;
+                repeats::purge(conn, now)?;
                 Ok((gone as u64, None))
             })
             .await
@@ -514,6 +517,33 @@ impl Store for SqliteStore {
         // After the commit: later lookups read the new counters.
         self.cache.forget(&changed);
         out
+    }
+
+    async fn record_repeats(&self, id: &RecordId, events: &[Repeat]) -> Result<()> {
+        let changed = id.clone();
+        let id = id.clone();
+        let events = events.to_vec();
+        let out = self
+            .writer
+            .run(move |conn, _now| {
+                repeats::record(conn, &id, &events)?;
+                Ok(((), None))
+            })
+            .await;
+        // After the commit: later lookups read the new counters.
+        self.cache.forget(&changed);
+        out
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let principal = principal.to_string();
+        self.read(move |conn| repeats::list(conn, &principal, since, limit))
+            .await
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {

@@ -78,6 +78,11 @@ CREATE TABLE secrets (
         name: "reconciliation schedule",
         sql: super::reconcile::MIGRATION_SQL,
     },
+    Migration {
+        version: 4,
+        name: "repeat events (statements)",
+        sql: super::repeats::MIGRATION_SQL,
+    },
 ];
 
 /// The schema version this build writes.

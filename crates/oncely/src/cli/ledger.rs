@@ -99,7 +99,7 @@ async fn get(store: &dyn Store, id: &str) -> Result<Record, Failure> {
 
 /// A principal as `--principal` takes it: its 64-hex-digit hash as stored, or its raw
 /// value, hashed with the store's principal key as the gateway does.
-async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, Failure> {
+pub(super) async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, Failure> {
     let is_hash = p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit());
     if is_hash {
         return Ok(p.to_ascii_lowercase());

@@ -115,12 +115,21 @@ pub enum Command {
     Ledger(LedgerCommand),
     /// Per principal: fresh executions and repeats, with their units.
     Usage {
-        /// Only records completed within this long (e.g. 24h, 7d).
+        /// Only records completed within this long (e.g. 24h, 7d); for a statement, also
+        /// only repeats answered within it.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
         since: Option<std::time::Duration>,
         /// One JSON document on standard output.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "statement")]
         json: bool,
+        /// A statement for this one account that explains its bill: what it was charged,
+        /// each repeat it was not charged for, and the totals (the principal's hash, or
+        /// its raw value).
+        #[arg(long, value_name = "PRINCIPAL")]
+        statement: Option<String>,
+        /// How the statement is written.
+        #[arg(long, value_enum, default_value_t, requires = "statement")]
+        format: crate::statement::Format,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -393,7 +402,16 @@ async fn run(cli: Cli) -> Outcome {
     match cli.command {
         Command::Serve(args) => crate::serve::cli(args).await,
         Command::Ledger(cmd) => ledger::run(cmd).await,
-        Command::Usage { since, json, store } => usage::run(since, json, &store).await,
+        Command::Usage {
+            since,
+            json,
+            statement,
+            format,
+            store,
+        } => match statement {
+            Some(principal) => usage::statement(&principal, since, format, &store).await,
+            None => usage::run(since, json, &store).await,
+        },
         Command::Migrate { store } => store::migrate(&store).await,
         Command::CheckConfig { file } => check_config(&file),
         Command::Demo { rest } => crate::demo::cli(rest).await,

@@ -22,4 +22,5 @@ mod proxy;
 mod reconcile;
 mod retries;
 mod secrets;
+mod statements;
 mod webhooks;
