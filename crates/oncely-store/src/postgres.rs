@@ -453,6 +453,21 @@ impl Store for PgStore {
         owner: &str,
         lease: Duration,
     ) -> Result<TakeOverOutcome> {
+        // A lease counts as lapsed only once the server has been up for a whole lease: an
+        // owner that could not renew while the database was down is alive, and is given
+        // one lease after a restart to renew before anyone takes its record over.
+        let up: i64 = self
+            .query_opt(NOW, &[&self.offset()])
+            .await?
+            .map(|row| row.try_get("up"))
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or(i64::MAX);
+        if up < millis(lease) {
+            return Err(StoreError::Transition(TransitionError::LeaseHeld {
+                id: id.clone(),
+            }));
+        }
         self.locked(id, |r, now| {
             r.take_over(expected_attempt, owner, lease, now)
         })
@@ -797,9 +812,12 @@ fn cols(prefix: &str) -> String {
         .join(", ")
 }
 
-/// The database's time in ms since the epoch, plus the offset in `$1`.
+/// The database's time in ms since the epoch, plus the offset in `$1`, and how long the
+/// server has been up, in ms, plus the same offset (`up`: a test clock's steps count as
+/// time the server was up).
 const NOW: &str =
-    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now";
+    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now, \
+     (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint + $1::bigint AS up";
 
 /// Every statement the store runs, built once.
 struct Statements {

@@ -159,7 +159,8 @@ static LEASE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
          due AS (
              SELECT k.id FROM tasks k, t
              WHERE k.kind = $2 AND ((k.state = 'pending' AND k.next_at <= t.now)
-                OR (k.state = 'running' AND k.lease_until <= t.now))
+                OR (k.state = 'running' AND k.lease_until <= t.now
+                    AND t.up >= k.lease_until - k.updated_at))
              ORDER BY CASE WHEN k.state = 'running' THEN k.lease_until ELSE k.next_at END, k.id
              LIMIT $3
              FOR UPDATE OF k SKIP LOCKED)

@@ -344,6 +344,70 @@ async fn postgres_stopped_during_the_call_delays_the_record_but_loses_nothing() 
     tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
 }
 
+// Item 2, across instances: PostgreSQL restarted for longer than the lease while one
+// instance's owner runs an action, and duplicates keep arriving at the other instance.
+// Once the database is back, the other instance must not take the live owner's record
+// over (the lease only lapsed because nobody could renew it): the owner renews, records
+// its answer, and the action is never `outcome_unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_longer_than_the_lease_lets_no_other_instance_take_over() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let (up, calls) = recording(Duration::from_millis(4500), echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        &pg.url,
+        &up,
+        "",
+        "class = \"action\"\nlease = \"1s\"\nwait = \"1s\"",
+    );
+    let owner_gw = Gateway::start(&["--config", &cfg], &[]);
+    let other_gw = Gateway::start(&["--config", &cfg], &[]);
+    let original = tokio::spawn({
+        let url = owner_gw.url("/v1/call");
+        async move { http_post(&url, "order 1", &AUTH).await }
+    });
+    calls.wait_for("order 1").await;
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.stop();
+        std::thread::sleep(Duration::from_secs(2));
+        pg.start_again();
+        pg
+    })
+    .await
+    .unwrap();
+    // Duplicates at the other instance from the moment the database is back.
+    let dup_url = other_gw.url("/v1/call");
+    let mut seen = Vec::new();
+    while !original.is_finished() {
+        let dup = http_post(&dup_url, "order 1", &AUTH).await;
+        seen.push(format!("{} {}", dup.status, dup.header("oncely-status")));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(original.header("oncely-status"), "fresh");
+    let record = settled(&pg.url).await;
+    assert_eq!(
+        record["state"], "completed",
+        "{record}\nduplicates: {seen:?}"
+    );
+    assert_eq!(record["attempt"], 1, "{record}");
+    assert!(
+        !seen
+            .iter()
+            .any(|s| s.contains("outcome_unknown") || s.contains("fresh")),
+        "{seen:?}"
+    );
+    let dup = http_post(&dup_url, "order 1", &AUTH).await;
+    assert_eq!(dup.header("oncely-status"), "replayed");
+    assert_eq!(dup.text(), "done: order 1");
+    assert_eq!(calls.of("order 1"), 1);
+    drop(owner_gw);
+    drop(other_gw);
+    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
 // Item 3: callers that vanish right after sending never orphan a claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_vanish_after_sending_leave_no_record_without_an_owner() {
