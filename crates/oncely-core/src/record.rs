@@ -162,7 +162,8 @@ impl Record {
 
     /// A completed record past its window, or a released one past the window it was
     /// released with: the key is free again (a different request under it executes).
-    /// A released record without `expires_at` (released by a resolution) never expires.
+    /// A released record without `expires_at` (released before releases carried their
+    /// window) never expires.
     pub fn is_expired(&self, now: Timestamp) -> bool {
         match self.state {
             State::Completed => self.expires_at.is_none_or(|e| e <= now),
@@ -241,6 +242,10 @@ pub struct Completion {
 pub enum Resolution {
     /// The action did not happen: the next identical request executes afresh.
     Released {
+        /// How long the released record is kept from now (its route's window): until then
+        /// the same request executes afresh and a different one under the same key gets
+        /// 422; after it, the record expires and is purged like any other.
+        window: Duration,
         /// Why (logged and kept in `last_error`).
         reason: String,
     },
@@ -533,8 +538,9 @@ impl Record {
         self.updated_at = now;
         self.owner = None;
         match resolution {
-            Resolution::Released { reason } => {
+            Resolution::Released { window, reason } => {
                 self.state = State::Released;
+                self.expires_at = Some(now.plus(window));
                 self.last_error = Some(reason);
             }
             Resolution::Completed {
@@ -830,6 +836,7 @@ mod tests {
     fn resolve_only_out_of_outcome_unknown() {
         let mut r = claimed(Class::Action);
         let released = Resolution::Released {
+            window: std::time::Duration::from_secs(3600),
             reason: "operator".into(),
         };
         assert!(matches!(
@@ -844,6 +851,10 @@ mod tests {
         let mut completed = r.clone();
         r.resolve(released.clone(), Timestamp(3_000)).unwrap();
         assert_eq!(r.state, State::Released);
+        // A released verdict expires with its window, like any released record.
+        assert_eq!(r.expires_at, Some(Timestamp(3_000 + 3_600_000)));
+        assert!(!r.is_expired(Timestamp(3_000 + 3_599_999)));
+        assert!(r.is_expired(Timestamp(3_000 + 3_600_000)));
         assert!(matches!(
             r.resolve(released, Timestamp(3_000)),
             Err(TransitionError::WrongState {
@@ -870,7 +881,10 @@ mod tests {
         let mut done = completed.clone();
         assert!(matches!(
             done.resolve(
-                Resolution::Released { reason: "x".into() },
+                Resolution::Released {
+                    window: std::time::Duration::from_secs(3600),
+                    reason: "x".into()
+                },
                 Timestamp(4_000)
             ),
             Err(TransitionError::WrongState {

@@ -581,6 +581,7 @@ pub async fn resolve_out_of_outcome_unknown(h: &dyn Harness) {
         .resolve(
             &a.id,
             Resolution::Released {
+                window: std::time::Duration::from_secs(3600),
                 reason: "op".into(),
             },
         )
@@ -610,6 +611,7 @@ pub async fn resolve_out_of_outcome_unknown(h: &dyn Harness) {
         .resolve(
             &a.id,
             Resolution::Released {
+                window: std::time::Duration::from_secs(3600),
                 reason: "supplier has no order".into(),
             },
         )
@@ -654,7 +656,13 @@ pub async fn resolve_out_of_outcome_unknown(h: &dyn Harness) {
         Some(&b"{\"order\":7}"[..])
     );
     let err = store
-        .resolve(&b.id, Resolution::Released { reason: "x".into() })
+        .resolve(
+            &b.id,
+            Resolution::Released {
+                window: std::time::Duration::from_secs(3600),
+                reason: "x".into(),
+            },
+        )
         .await
         .unwrap_err();
     assert!(
@@ -670,7 +678,10 @@ pub async fn resolve_out_of_outcome_unknown(h: &dyn Harness) {
     let missing = store
         .resolve(
             &crate::new_record_id(),
-            Resolution::Released { reason: "x".into() },
+            Resolution::Released {
+                window: std::time::Duration::from_secs(3600),
+                reason: "x".into(),
+            },
         )
         .await
         .unwrap_err();
@@ -1430,6 +1441,7 @@ pub async fn reconcile_schedule_is_shared_and_compared(h: &dyn Harness) {
         .resolve(
             &a.id,
             Resolution::Released {
+                window: std::time::Duration::from_secs(3600),
                 reason: "404".into(),
             },
         )

@@ -272,6 +272,7 @@ async fn an_action_that_fails_ambiguously_is_outcome_unknown_and_never_runs_twic
             .resolve(
                 &record.id,
                 Resolution::Released {
+                    window: std::time::Duration::from_secs(3600),
                     reason: "checked: it did not happen".into(),
                 },
             )

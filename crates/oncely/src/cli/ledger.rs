@@ -187,6 +187,7 @@ async fn resolve(args: ResolveArgs) -> Outcome {
     let record = get(&*ledger.store, &args.id).await?;
     let resolution = if args.released {
         Resolution::Released {
+            window: window_for(ledger.config.as_ref(), &record.route),
             reason: "resolved as released by an operator (oncely ledger resolve)".into(),
         }
     } else {

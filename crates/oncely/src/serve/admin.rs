@@ -321,8 +321,13 @@ async fn resolve(
             )))
         }
     };
+    let window = state
+        .config
+        .route_named(&record.route)
+        .map_or(Route::defaults().window, |r| r.window);
     let resolution = match (released, completed) {
         (true, false) => Resolution::Released {
+            window,
             reason: "resolved as released by an operator (admin API)".into(),
         },
         (false, true) => {
@@ -349,10 +354,6 @@ async fn resolve(
                     .map_err(|e| bad(format!("body_base64: {e}")))?,
                 (None, None) => Vec::new(),
             };
-            let window = state
-                .config
-                .route_named(&record.route)
-                .map_or(Route::defaults().window, |r| r.window);
             Resolution::Completed {
                 response: StoredResponse {
                     status,

@@ -90,6 +90,7 @@ pub async fn ask(
         })
     } else if status == 404 {
         Verdict::Resolve(Resolution::Released {
+            window: Duration::ZERO,
             reason: format!("reconciled: {} {uri} answered 404", spec.method),
         })
     } else {
@@ -146,7 +147,10 @@ pub async fn reconcile_once(
                             window: route.window,
                             reason,
                         },
-                        other => other,
+                        Resolution::Released { reason, .. } => Resolution::Released {
+                            window: route.window,
+                            reason,
+                        },
                     };
                     match store.resolve(&record.id, resolution).await {
                         Ok(r) if r.state == State::Completed => Reconciled::Completed(r),

@@ -5,11 +5,7 @@
 //! must find nothing. The harness is `examples/chaos/harness`; the long run is
 //! `scripts/chaos`, with every fault kind.
 //!
-//! Left out of this short run: PostgreSQL restarts. A restart that keeps the database
-//! away for longer than an owner's lease still lets the other instance take the live
-//! owner's record over once the database is back (a `write` or `job` runs again with the
-//! same key, an `action` becomes `outcome_unknown`); RELIABILITY.md says so, and the long
-//! run (`scripts/chaos`) keeps injecting them.
+//! Every fault kind of the long run is injected here too, only for less time.
 
 #[path = "../../examples/chaos/harness/mod.rs"]
 #[allow(dead_code)]
@@ -20,7 +16,7 @@ use std::time::Duration;
 use harness::{Fault, Options};
 
 /// The fault kinds the short run injects.
-const SHORT_RUN_FAULTS: [Fault; 9] = [
+const SHORT_RUN_FAULTS: [Fault; 10] = [
     Fault::Kill,
     Fault::ProxyDelay,
     Fault::ProxyResetBefore,
@@ -29,6 +25,7 @@ const SHORT_RUN_FAULTS: [Fault; 9] = [
     Fault::ProxyStall,
     Fault::StalledCaller,
     Fault::SqliteLock,
+    Fault::PgRestart,
     Fault::ClockStep,
 ];
 
