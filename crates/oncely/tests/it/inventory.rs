@@ -395,27 +395,6 @@ class = "read"
     assert!(!nowhere.exists());
 }
 
-fn python() -> Option<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let found = [
-        std::env::var_os("ONCELY_MCP_PYTHON").map(PathBuf::from),
-        Some(target.join("mcp-venv/bin/python")),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| p.exists());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the inventory's MCP test needs crates/oncely-mcp/tests/setup.sh"
-        );
-        eprintln!("SKIPPED: run crates/oncely-mcp/tests/setup.sh to run the MCP test");
-    }
-    found
-}
-
 /// `data/shop_server.py`; killed on drop.
 struct Shop {
     child: Child,
@@ -463,7 +442,9 @@ impl Drop for Shop {
 
 #[test]
 fn mcp_tools_are_classed_by_their_annotations_and_names_over_sse_and_json() {
-    let Some(python) = python() else { return };
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
     let sse = Shop::start(&python, false);
     let plain = Shop::start(&python, true);
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,9 @@ fn mcp_tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../oncely-mcp/tests")
 }
 
-fn python() -> Option<PathBuf> {
+/// The Python with the official MCP SDK (from `crates/oncely-mcp/tests/setup.sh`), shared
+/// by every test here that starts an MCP server.
+pub(crate) fn python() -> Option<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
