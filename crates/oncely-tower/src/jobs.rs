@@ -135,6 +135,15 @@ impl JobBoard {
         self.waiters.lock().expect("job waiters lock").remove(id)
     }
 
+    /// Whether this instance's worker took the head of `id` to send it.
+    fn head_taken(&self, id: &RecordId) -> bool {
+        !self
+            .waiters
+            .lock()
+            .expect("job waiters lock")
+            .contains_key(id)
+    }
+
     /// Makes the worker look for due jobs now.
     pub fn wake(&self) {
         self.wake.notify_one();
@@ -354,20 +363,14 @@ impl Guard {
     /// The first request of a job waits for its answer: the head from this instance's
     /// worker, or the record's completion by any instance.
     async fn await_job(&self, record: Record, call: &GuardedCall) -> Execution {
-        let head = self.jobs.wait_head(&record.id);
+        let mut head = self.jobs.wait_head(&record.id);
         self.jobs.wake();
         let outcome = tokio::select! {
-            head = head => match head {
-                Ok(Head::Answer { status, headers, body }) => Execution::Fresh(FreshAnswer {
-                    record: record.clone(),
-                    status,
-                    headers,
-                    body,
-                }),
-                Ok(Head::Failed { record, failure }) => Execution::UpstreamFailed {
-                    record: *record,
-                    failure,
-                },
+            // The head first: when both are ready (a busy machine polls this task late),
+            // the record alone no longer has the upstream's answer to a failed run.
+            biased;
+            h = &mut head => match h {
+                Ok(h) => from_head(record.clone(), h),
                 // The worker ran it without us (it leased the task before we waited):
                 // the record tells.
                 Err(_) => self.after_wait(record.clone(), call).await,
@@ -377,6 +380,12 @@ impl Guard {
                     record: r,
                     first: true,
                     retry_after: retry_after(call.wait),
+                },
+                // This instance's worker took the head: it is on its way (or the run
+                // ended without one), and it says more than the ended record.
+                Ok(r) if self.jobs.head_taken(&record.id) => match head.await {
+                    Ok(h) => from_head(record.clone(), h),
+                    Err(_) => first_answer(r),
                 },
                 Ok(r) => first_answer(r),
                 Err(e) => Execution::StoreUnavailable(e.to_string()),
@@ -404,6 +413,26 @@ fn failure_text(record: &Record) -> String {
         .last_error
         .clone()
         .unwrap_or_else(|| "the job failed".into())
+}
+
+/// The first request's answer from what this instance's worker sent.
+fn from_head(record: Record, head: Head) -> Execution {
+    match head {
+        Head::Answer {
+            status,
+            headers,
+            body,
+        } => Execution::Fresh(FreshAnswer {
+            record,
+            status,
+            headers,
+            body,
+        }),
+        Head::Failed { record, failure } => Execution::UpstreamFailed {
+            record: *record,
+            failure,
+        },
+    }
 }
 
 /// The first request's answer from its ended record (the job ran on another instance).
