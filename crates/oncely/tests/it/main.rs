@@ -18,6 +18,7 @@ mod hostile;
 mod inventory;
 mod jobs;
 mod mcp;
+mod openapi;
 mod process;
 mod proxy;
 mod reconcile;
