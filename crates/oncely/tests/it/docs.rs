@@ -720,3 +720,56 @@ deliver_to = "http://{up}/internal"
         problems.join("\n")
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Links
+
+/// The targets of the Markdown links `[text](target)` in `md`.
+fn links(md: &str) -> Vec<String> {
+    md.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.find(')').map(|end| rest[..end].to_owned()))
+        .collect()
+}
+
+#[test]
+fn readme_architecture_and_docs_link_only_inside_the_repository() {
+    let root = root().canonicalize().unwrap();
+    let mut files = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    let mut problems = Vec::new();
+    for file in &files {
+        let md = std::fs::read_to_string(file).unwrap();
+        let name = file.strip_prefix(&root).unwrap().display().to_string();
+        for word in ["../shared", "CONTRACT.md"] {
+            if md.contains(word) {
+                problems.push(format!("{name} mentions {word}, which users do not have"));
+            }
+        }
+        for target in links(&md) {
+            let path = target.split('#').next().unwrap();
+            if target.contains("://") || target.starts_with('/') {
+                problems.push(format!("{name} links outside the repository: {target}"));
+                continue;
+            }
+            if path.is_empty() {
+                continue;
+            }
+            match file.parent().unwrap().join(path).canonicalize() {
+                Ok(p) if p.starts_with(&root) => {}
+                Ok(_) => problems.push(format!("{name} links outside the repository: {target}")),
+                Err(_) => problems.push(format!("{name} links to {target}, which does not exist")),
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    if !links(&readme).iter().any(|l| l == "docs/README.md") {
+        problems.push("README.md does not point to docs/README.md".into());
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
