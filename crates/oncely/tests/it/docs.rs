@@ -253,6 +253,20 @@ fn every_config_key_is_documented_and_every_documented_key_exists() {
             "config.md",
             &format!("## {heading}"),
         ));
+        // Each key with its type, default, meaning and an example that sets it.
+        for row in t.get(heading).into_iter().flatten() {
+            let key = ticked(&row[0]).into_iter().next().unwrap_or_default();
+            if row.len() != 5 || row.iter().any(String::is_empty) {
+                problems.push(format!(
+                    "docs/config.md ## {heading}: the row of {key:?} needs key | type | default | meaning | example"
+                ));
+            } else if !row[4].contains(&key) && !row[4].contains(&format!("[{key}]")) {
+                problems.push(format!(
+                    "docs/config.md ## {heading}: the example of {key:?} does not set it: {}",
+                    row[4]
+                ));
+            }
+        }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
@@ -386,9 +400,12 @@ fn every_command_and_flag_is_documented_with_exit_codes() {
 // ---------------------------------------------------------------------------------------
 // Problem codes
 
-/// `StatusCode::NAME` → its number, for the statuses problem documents are written with.
-fn status_number(name: &str) -> u16 {
-    match name {
+/// `StatusCode::NAME` → its number, for the statuses problem documents are written with
+/// (`None` for a success or redirect status, which no problem has).
+fn status_number(name: &str) -> Option<u16> {
+    Some(match name {
+        "OK" | "CREATED" | "ACCEPTED" | "NO_CONTENT" | "FOUND" | "SEE_OTHER"
+        | "TEMPORARY_REDIRECT" | "NOT_MODIFIED" => return None,
         "BAD_REQUEST" => 400,
         "UNAUTHORIZED" => 401,
         "FORBIDDEN" => 403,
@@ -401,7 +418,7 @@ fn status_number(name: &str) -> u16 {
         "SERVICE_UNAVAILABLE" => 503,
         "GATEWAY_TIMEOUT" => 504,
         other => panic!("a problem is written with StatusCode::{other}: add its number here"),
-    }
+    })
 }
 
 /// Every `(code, status)` a problem document can carry: the gateway's `ProblemCode`s,
@@ -429,7 +446,9 @@ fn problem_codes() -> BTreeSet<(String, u16)> {
                 && !code.is_empty()
                 && code.chars().all(|c| c.is_ascii_lowercase() || c == '_')
             {
-                codes.insert((code, status_number(name)));
+                if let Some(status) = status_number(name) {
+                    codes.insert((code, status));
+                }
             }
         }
         for (_, code) in literals_after(&text, "self.rejected(") {
