@@ -608,14 +608,26 @@ fn sample(line: &str) -> Option<(String, BTreeMap<String, String>)> {
     Some((name.to_owned(), map))
 }
 
+const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_gateways_metrics_are_all_documented_with_their_labels() {
-    // An upstream that answers 503 on /flaky (a read route retries it) and 200 elsewhere.
+    // An upstream that answers 503 on /flaky (a read route retries it), 500 on /orders
+    // (an action becomes outcome_unknown), 404 on /orders/lookup (the reconciler releases
+    // it), and 200 elsewhere.
     let up = upstream(
         axum::Router::new()
             .route(
                 "/flaky",
                 axum::routing::get(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }),
+            )
+            .route(
+                "/orders",
+                axum::routing::post(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
+            )
+            .route(
+                "/orders/lookup",
+                axum::routing::get(|| async { axum::http::StatusCode::NOT_FOUND }),
             )
             .fallback(|| async { "done" }),
     )
@@ -646,6 +658,19 @@ class = "read"
 retries = 1
 retry_backoff = "10ms"
 
+[[routes]]
+method = "POST"
+path = "/jobs"
+class = "job"
+wait = "2s"
+
+[[routes]]
+method = "POST"
+path = "/orders"
+class = "action"
+reconcile = "GET /orders/lookup?ref={{key}}"
+reconcile_after = "10ms"
+
 [[webhooks]]
 path = "/hooks"
 verify = "stripe"
@@ -658,10 +683,7 @@ deliver_to = "http://{up}/internal"
     .unwrap();
     let gw = Gateway::start(
         &["--config", config.to_str().unwrap()],
-        &[(
-            "DOCS_TEST_WEBHOOK_SECRET",
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        )],
+        &[("DOCS_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)],
     );
     let key = [("authorization", "Bearer sk_1")];
     // fresh, then replayed
@@ -678,11 +700,44 @@ deliver_to = "http://{up}/internal"
     // a retried read
     let r = get(&gw.url("/flaky"), &key).await;
     assert_eq!(r.status, 503);
-    // a rejected webhook event
+    // a job
+    let r = post(&gw.url("/jobs"), "{}", &key).await;
+    assert_eq!(r.header("oncely-status"), "fresh");
+    // an action whose outcome is unknown, which the server reconciles
+    let r = post(&gw.url("/orders"), "{}", &key).await;
+    assert_eq!(r.status, 500);
+    // a rejected webhook event, then one accepted and delivered, then its duplicate
     let r = post(&gw.url("/hooks"), "{\"id\":\"evt_1\"}", &[]).await;
     assert_eq!(r.status, 400);
+    let scheme: oncely_webhooks::Scheme = "stripe".parse().unwrap();
+    let secrets = oncely_webhooks::Secrets::parse(&scheme, WEBHOOK_SECRET).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let body = "{\"id\":\"evt_2\"}";
+    let signed = oncely_webhooks::sign(&scheme, secrets.primary(), "evt_2", now, body.as_bytes());
+    let headers: Vec<(&str, &str)> = signed
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let first = post(&gw.url("/hooks"), body, &headers).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let again = post(&gw.url("/hooks"), body, &headers).await;
+    assert_eq!(again.header("oncely-status"), "duplicate");
 
-    let text = get(&gw.admin_url("/metrics"), &[]).await.text();
+    // The delivery and the reconciliation happen in the background: wait until both are
+    // counted (no timing is asserted).
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = get(&gw.admin_url("/metrics"), &[]).await.text();
+        if text.contains("oncely_webhook_deliveries_total{result=\"delivered\"} 1")
+            && text.contains("oncely_reconcile_total{")
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let docs = metric_docs();
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
@@ -723,6 +778,7 @@ deliver_to = "http://{up}/internal"
     for expected in [
         "oncely_upstream_retries_total",
         "oncely_webhook_events_total",
+        "oncely_reconcile_total",
     ] {
         assert!(
             seen.contains(expected),
