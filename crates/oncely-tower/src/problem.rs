@@ -66,6 +66,26 @@ pub enum ProblemCode {
 }
 
 impl ProblemCode {
+    /// Every code, in the order of the `as_str` arms (`docs/problems.md` is checked
+    /// against it).
+    pub const ALL: [ProblemCode; 15] = [
+        ProblemCode::KeyMissing,
+        ProblemCode::KeyInvalid,
+        ProblemCode::PathInvalid,
+        ProblemCode::BodyUnreadable,
+        ProblemCode::InFlight,
+        ProblemCode::OutcomeUnknown,
+        ProblemCode::ResultTooLarge,
+        ProblemCode::BodyTooLarge,
+        ProblemCode::KeyReused,
+        ProblemCode::UpstreamUnreachable,
+        ProblemCode::StoreUnavailable,
+        ProblemCode::UpstreamTimeout,
+        ProblemCode::UpstreamBusy,
+        ProblemCode::NotFound,
+        ProblemCode::JobFailed,
+    ];
+
     /// The `code` member.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -236,6 +256,25 @@ impl Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_holds_every_code_of_as_str_once() {
+        // `as_str` must name every variant (its match has no wildcard), so the codes in
+        // its arms are every code there is; `ALL` must hold exactly those.
+        let source = include_str!("problem.rs");
+        let body = &source[source.find("pub fn as_str").unwrap()..];
+        let body = &body[..body.find("\n    }\n").unwrap()];
+        let arms: Vec<&str> = body
+            .split("=> \"")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('"').unwrap()])
+            .collect();
+        let all: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            all, arms,
+            "ProblemCode::ALL must list every code, in as_str's order"
+        );
+    }
 
     #[tokio::test]
     async fn renders_rfc9457_with_code() {

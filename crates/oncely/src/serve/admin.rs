@@ -116,6 +116,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/records/{id}", get(show))
         .route("/records/{id}/resolve", post(resolve))
         .route("/usage", get(usage))
+        .route("/openapi.json", get(openapi))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     let webhooks = state
         .webhooks
@@ -371,6 +372,16 @@ async fn resolve(
     let after = state.store.resolve(&id, resolution).await?;
     tracing::info!(record = %after.id, state = %after.state, "resolved by the admin API");
     Ok(Json(records::full(&after)))
+}
+
+/// `GET /openapi.json`: the admin API as an OpenAPI 3.1 document, kept in the repository
+/// as `docs/openapi.json` (a test checks it against the routes served here).
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("../../../../docs/openapi.json"),
+    )
+        .into_response()
 }
 
 #[derive(Debug, Deserialize)]
