@@ -128,8 +128,9 @@ pub fn router(state: AdminState) -> Router {
         .fallback(|| async {
             AdminError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
         })
-        .with_state(state)
+        .with_state(state.clone())
         .merge(webhooks)
+        .merge(super::console::router(state))
 }
 
 async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -225,7 +226,10 @@ async fn list(
 
 /// A principal as `?principal=P` takes it: its 64-hex-digit hash as stored, or its raw
 /// value, hashed with the store's principal key as the gateway does.
-async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, AdminError> {
+pub(crate) async fn principal_filter(
+    store: &Arc<dyn Store>,
+    p: &str,
+) -> Result<String, AdminError> {
     if p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(p.to_ascii_lowercase());
     }
