@@ -8,6 +8,7 @@
 //! | `GET /records/ID` | one record, as `ledger show --json` |
 //! | `POST /records/ID/resolve` | `{"released": true}` or `{"completed": true, "status": 200, "headers": {...}, "body": "..."}` (also `"state": "released" \| "completed"`, and headers as `["Name: value"]`) |
 //! | `GET /usage?since=DURATION` | as `usage --json` |
+//! | `/console/...` | the operator console, HTML ([`super::console`]); the same token, or a session cookie |
 //!
 //! Everything else needs `Authorization: Bearer TOKEN`, the token being the value of the
 //! variable `admin_token_env` names. When that variable is unset (or empty) those routes

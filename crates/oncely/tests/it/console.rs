@@ -576,4 +576,35 @@ async fn reconcile_now_purge_and_search_with_a_bearer_header() {
     let usage = get(&gw.admin_url("/console/usage"), &h).await;
     assert_eq!(usage.status, 200);
     assert!(usage.text().contains("<svg"));
+
+    // Paging: 50 a page, newest first, each record on one page only.
+    for i in 0..55 {
+        let r = http_post(
+            &gw.url("/v1/render"),
+            &format!("{{\"text\":\"page {i}\"}}"),
+            &[("authorization", "Bearer sk_erin")],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let rows = |page: &str| {
+        page.match_indices("<tr data-record=\"")
+            .map(|(i, _)| page[i + 18..i + 18 + 36].to_owned())
+            .collect::<Vec<_>>()
+    };
+    let first = get(&gw.admin_url("/console/?principal=Bearer+sk_erin"), &h)
+        .await
+        .text();
+    assert!(first.contains("page 1 of 2"), "{first}");
+    assert!(first.contains("id=\"next-page\""));
+    let second = get(
+        &gw.admin_url("/console/?principal=Bearer+sk_erin&page=2"),
+        &h,
+    )
+    .await
+    .text();
+    assert!(second.contains("page 2 of 2"));
+    let (one, two) = (rows(&first), rows(&second));
+    assert_eq!((one.len(), two.len()), (50, 5));
+    assert!(one.iter().all(|id| !two.contains(id)));
 }

@@ -549,7 +549,7 @@ upstream. Duplicates then get the answer you give (completed), or execute again 
 <label><input type=\"radio\" name=\"verdict\" value=\"released\" id=\"v-released\"{rel}> released: it did not happen; the next request executes</label>\
 </fieldset>\
 <label>Status (completed) <input name=\"status\" id=\"r-status\" inputmode=\"numeric\" value=\"{status}\" placeholder=\"200\"></label>\
-<label>Headers (completed), one <code>Name: value</code> a line <textarea name=\"headers\" id=\"r-headers\" rows=\"3\">{headers}</textarea></label>\
+<label><span>Headers (completed), one <code>Name: value</code> a line</span> <textarea name=\"headers\" id=\"r-headers\" rows=\"3\">{headers}</textarea></label>\
 <label>Body (completed) <textarea name=\"body\" id=\"r-body\" rows=\"5\">{bodytext}</textarea></label>\
 <button type=\"submit\" id=\"r-next\">Review…</button> <a href=\"/console/records/{id}\">cancel</a></form>",
         error = error
@@ -949,12 +949,8 @@ pub(super) async fn usage(
         };
         for r in store.list(&filter).await.map_err(store_error)? {
             if let Some(t) = r.completed_at.filter(|t| *t >= from) {
-                // A resolution by hand is no charged execution; the rest are.
-                if !r
-                    .last_error
-                    .as_deref()
-                    .is_some_and(|e| e.starts_with("resolved"))
-                {
+                // As the usage counts them: every record completed in the period.
+                if r.state == RecordState::Completed {
                     fresh.push(t);
                 }
             }
@@ -1171,7 +1167,7 @@ async fn in_flight_table(console: &Console) -> Result<String, Response> {
     }
     out.push_str(
         "<table id=\"inflight-table\"><thead><tr><th>record</th><th>route</th><th>principal</th>\
-<th>attempt</th><th>running for</th><th>owner</th><th>lease</th><th>waiting repeats</th></tr></thead><tbody>",
+<th>attempt</th><th>running for</th><th>owner</th><th>lease</th><th>repeats so far</th></tr></thead><tbody>",
     );
     for r in &list {
         let lease = match r.lease_until {
