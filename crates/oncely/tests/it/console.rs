@@ -595,7 +595,7 @@ async fn reconcile_now_purge_and_search_with_a_bearer_header() {
     let first = get(&gw.admin_url("/console/?principal=Bearer+sk_erin"), &h)
         .await
         .text();
-    assert!(first.contains("page 1 of 2"), "{first}");
+    assert!(first.contains("page 1 <a"), "{first}");
     assert!(first.contains("id=\"next-page\""));
     let second = get(
         &gw.admin_url("/console/?principal=Bearer+sk_erin&page=2"),
@@ -603,7 +603,7 @@ async fn reconcile_now_purge_and_search_with_a_bearer_header() {
     )
     .await
     .text();
-    assert!(second.contains("page 2 of 2"));
+    assert!(second.contains("page 2</nav>"), "{second}");
     let (one, two) = (rows(&first), rows(&second));
     assert_eq!((one.len(), two.len()), (50, 5));
     assert!(one.iter().all(|id| !two.contains(id)));

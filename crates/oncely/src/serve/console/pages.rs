@@ -26,8 +26,12 @@ use crate::serve::reconcile::{reconcile_once, Reconciled};
 
 /// Records per page.
 const PAGE: usize = 50;
-/// The newest records a search looks through.
-const SCAN: usize = 10_000;
+/// The newest records a search by key or path looks through.
+const SCAN: usize = 5_000;
+/// The most `outcome_unknown` records the list shows.
+const MAX_UNKNOWN: usize = 1_000;
+/// The newest executions per principal the usage chart reads.
+const CHART_RECORDS: usize = 1_000;
 /// Repeat events read for one record's history or one principal's chart.
 const EVENTS: usize = 10_000;
 /// The most of a stored body a record page shows.
@@ -124,37 +128,74 @@ pub(super) async fn records(
         r if r.contains(' ') => (Some(r.to_owned()), None),
         r => (None, Some(r.to_owned())),
     };
-    let filter = ListFilter {
-        state,
-        principal,
-        route: route_name,
-        limit: Some(SCAN),
-    };
-    let mut list = store.list(&filter).await.map_err(store_error)?;
-    let scanned_all = list.len() < SCAN;
     let key = q.key.trim();
-    list.retain(|r| {
-        pattern.as_ref().is_none_or(|p| {
-            r.route
-                .split_once(' ')
-                .map_or(r.route == *p, |(_, path)| path == p)
-        }) && (key.is_empty() || r.key.contains(key) || r.id.as_str() == key)
-    });
-    // outcome_unknown first, the longest waiting at the top; then the newest first.
-    let (mut unknown, rest): (Vec<Record>, Vec<Record>) = list
-        .into_iter()
-        .partition(|r| r.state == RecordState::OutcomeUnknown);
+    let page_no = q.page.unwrap_or(1).clamp(1, 100_000);
+    let offset = (page_no - 1) * PAGE;
+    // Enough records for this page and one more (to know whether a next page exists);
+    // outcome_unknown first, the longest waiting at the top, then the newest first.
+    // Without a key or path filter, two bounded reads; with one, the newest SCAN records
+    // are read and filtered here.
+    let scan = !key.is_empty() || pattern.is_some();
+    let want = offset + PAGE + 1;
+    let (mut unknown, rest, scanned_all) = if scan {
+        let filter = ListFilter {
+            state,
+            principal,
+            route: route_name,
+            limit: Some(SCAN),
+        };
+        let mut list = store.list(&filter).await.map_err(store_error)?;
+        let scanned_all = list.len() < SCAN;
+        list.retain(|r| {
+            pattern.as_ref().is_none_or(|p| {
+                r.route
+                    .split_once(' ')
+                    .map_or(r.route == *p, |(_, path)| path == p)
+            }) && (key.is_empty() || r.key.contains(key) || r.id.as_str() == key)
+        });
+        let (unknown, rest): (Vec<Record>, Vec<Record>) = list
+            .into_iter()
+            .partition(|r| r.state == RecordState::OutcomeUnknown);
+        (unknown, rest, scanned_all)
+    } else {
+        let unknown = if state.is_none_or(|s| s == RecordState::OutcomeUnknown) {
+            let filter = ListFilter {
+                state: Some(RecordState::OutcomeUnknown),
+                principal: principal.clone(),
+                route: route_name.clone(),
+                limit: Some(MAX_UNKNOWN),
+            };
+            store.list(&filter).await.map_err(store_error)?
+        } else {
+            Vec::new()
+        };
+        let rest = if state == Some(RecordState::OutcomeUnknown) {
+            Vec::new()
+        } else {
+            let filter = ListFilter {
+                state,
+                principal,
+                route: route_name,
+                // Up to unknown.len() of these are outcome_unknown, dropped below.
+                limit: Some(want.max(unknown.len())),
+            };
+            let mut rest = store.list(&filter).await.map_err(store_error)?;
+            rest.retain(|r| r.state != RecordState::OutcomeUnknown);
+            rest
+        };
+        let all = unknown.len() < MAX_UNKNOWN;
+        (unknown, rest, all)
+    };
     unknown.sort_by_key(|r| r.updated_at);
-    let total = unknown.len() + rest.len();
     let unknown_count = unknown.len();
-    let pages = total.div_ceil(PAGE).max(1);
-    let page_no = q.page.unwrap_or(1).clamp(1, pages);
-    let shown: Vec<Record> = unknown
+    let mut shown: Vec<Record> = unknown
         .into_iter()
         .chain(rest)
-        .skip((page_no - 1) * PAGE)
-        .take(PAGE)
+        .skip(offset)
+        .take(PAGE + 1)
         .collect();
+    let more = shown.len() > PAGE;
+    shown.truncate(PAGE);
 
     let mut body = String::new();
     let routes: Vec<&str> = console
@@ -195,13 +236,13 @@ pub(super) async fn records(
     );
     let _ = write!(
         body,
-        "<p class=\"summary\" id=\"summary\">{total} record{} found{}; <strong>{unknown_count} outcome_unknown</strong>. \
+        "<p class=\"summary\" id=\"summary\"><strong>{unknown_count}{} outcome_unknown</strong>{}. \
 <a href=\"/console/purge\">Purge expired records…</a></p>",
-        if total == 1 { "" } else { "s" },
-        if scanned_all {
-            String::new()
+        if scanned_all { "" } else { "+" },
+        if scan && !scanned_all {
+            format!(" (searched the newest {SCAN} records)")
         } else {
-            format!(" among the newest {SCAN}")
+            String::new()
         }
     );
     body.push_str(
@@ -230,7 +271,7 @@ pub(super) async fn records(
     if shown.is_empty() {
         body.push_str("<p class=\"empty\">No records match.</p>");
     }
-    if pages > 1 {
+    if page_no > 1 || more {
         let link = |n: usize| {
             format!(
                 "/console/?key={}&principal={}&route={}&state={}&page={n}",
@@ -248,8 +289,8 @@ pub(super) async fn records(
                 esc(&link(page_no - 1))
             );
         }
-        let _ = write!(body, "page {page_no} of {pages}");
-        if page_no < pages {
+        let _ = write!(body, "page {page_no}");
+        if more {
             let _ = write!(
                 body,
                 " <a href=\"{}\" rel=\"next\" id=\"next-page\">older →</a>",
@@ -934,7 +975,7 @@ pub(super) async fn usage(
         None => usage
             .by_principal
             .iter()
-            .take(20)
+            .take(10)
             .map(|r| r.principal.clone())
             .collect(),
     };
@@ -943,9 +984,10 @@ pub(super) async fn usage(
     let mut events_kept = true;
     for p in &charted {
         let filter = ListFilter {
+            state: Some(RecordState::Completed),
             principal: Some(p.clone()),
-            limit: Some(SCAN),
-            ..ListFilter::default()
+            route: None,
+            limit: Some(CHART_RECORDS),
         };
         for r in store.list(&filter).await.map_err(store_error)? {
             if let Some(t) = r.completed_at.filter(|t| *t >= from) {
@@ -981,7 +1023,7 @@ pub(super) async fn usage(
             truncate(p, 12)
         ),
         None => format!(
-            "fresh vs repeats over the last {since_text} (top {} principals)",
+            "fresh vs repeats over the last {since_text} (top {} principals; at most the newest {CHART_RECORDS} executions of each)",
             charted.len()
         ),
     };
