@@ -38,10 +38,17 @@ pub(crate) struct Upstream {
 pub(crate) struct Setup {
     pub(crate) up: Upstream,
     pub(crate) gw: Gateway,
+    pub(crate) config: std::path::PathBuf,
     pub(crate) _dir: tempfile::TempDir,
 }
 
 pub(crate) async fn setup() -> Setup {
+    setup_on(None).await
+}
+
+/// [`setup`] on this store (default: a SQLite file in the test's directory); answers
+/// the config file too, for more instances.
+pub(crate) async fn setup_on(store: Option<String>) -> Setup {
     let up = Upstream::default();
     let router = axum::Router::new()
         .route(
@@ -60,8 +67,12 @@ pub(crate) async fn setup() -> Setup {
             "/v1/render",
             post(|State(u): State<Upstream>, body: String| async move {
                 u.renders.fetch_add(1, Ordering::SeqCst);
+                // "slow": long enough for the browser's refresh to see it; "brief": for
+                // plain HTTP polling.
                 if body.contains("slow") {
                     tokio::time::sleep(Duration::from_secs(6)).await;
+                } else if body.contains("brief") {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 format!("{{\"rendered\":{}}}", body.len())
             }),
@@ -85,7 +96,7 @@ pub(crate) async fn setup() -> Setup {
         &cfg,
         format!(
             r#"
-store = "sqlite://{db}"
+store = "{store}"
 upstream = "http://{addr}"
 
 [[routes]]
@@ -113,7 +124,8 @@ deliver_timeout = "2s"
 max_attempts = 1
 retry_backoff = "20ms"
 "#,
-            db = dir.path().join("ledger.db").display()
+            store = store
+                .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("ledger.db").display()))
         ),
     )
     .unwrap();
@@ -124,7 +136,28 @@ retry_backoff = "20ms"
             ("TEST_WEBHOOK_SECRET", WEBHOOK_SECRET),
         ],
     );
-    Setup { up, gw, _dir: dir }
+    Setup {
+        up,
+        gw,
+        config: cfg,
+        _dir: dir,
+    }
+}
+
+/// Another instance on the same config (and so the same ledger).
+pub(crate) fn another_instance(s: &Setup) -> Gateway {
+    Gateway::start(
+        &[
+            "--config",
+            s.config.to_str().unwrap(),
+            "--log-format",
+            "json",
+        ],
+        &[
+            ("ONCELY_ADMIN_TOKEN", TOKEN),
+            ("TEST_WEBHOOK_SECRET", WEBHOOK_SECRET),
+        ],
+    )
 }
 
 /// An order whose answer never comes in time: its record is `outcome_unknown`.
@@ -607,4 +640,75 @@ async fn reconcile_now_purge_and_search_with_a_bearer_header() {
     let (one, two) = (rows(&first), rows(&second));
     assert_eq!((one.len(), two.len()), (50, 5));
     assert!(one.iter().all(|id| !two.contains(id)));
+}
+
+/// PostgreSQL, two instances: one instance's console sees the other's records, its calls
+/// in flight, and resolves them in the shared ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_the_console_of_one_instance_sees_and_resolves_another_s_records() {
+    let store =
+        oncely_store::testing::fresh_pg_schema(&oncely_store::testing::shared_pg_url()).await;
+    let s = setup_on(Some(store)).await;
+    let other = another_instance(&s);
+    let auth = format!("Bearer {TOKEN}");
+    let h = [("authorization", auth.as_str())];
+    let id = unknown_order(&s.gw, "Bearer sk_alice", "order-pg").await;
+    let list = get(&other.admin_url("/console/?state=outcome_unknown"), &h)
+        .await
+        .text();
+    assert!(
+        list.contains(&format!(
+            "data-record=\"{id}\" data-state=\"outcome_unknown\""
+        )),
+        "{list}"
+    );
+    let page = get(&other.admin_url(&format!("/console/records/{id}")), &h)
+        .await
+        .text();
+    assert!(
+        page.contains("0 so far"),
+        "the schedule kept in PostgreSQL: {page}"
+    );
+
+    // A call running on the first instance is in flight on the second's page.
+    let slow = {
+        let url = s.gw.url("/v1/render");
+        tokio::spawn(async move {
+            http_post(
+                &url,
+                "{\"text\":\"brief\"}",
+                &[("authorization", "Bearer sk_dave")],
+            )
+            .await
+        })
+    };
+    let frag_url = other.admin_url("/console/inflight/fragment");
+    eventually("the second instance shows the call in flight", || {
+        let url = frag_url.clone();
+        let auth = auth.clone();
+        async move {
+            get(&url, &[("authorization", &auth)])
+                .await
+                .text()
+                .contains("data-count=\"1\"")
+        }
+    })
+    .await;
+
+    // Resolved on the second instance; the first one's ledger says so.
+    let done = form(
+        &other.admin_url(&format!("/console/records/{id}/resolve")),
+        "verdict=released&confirmed=1",
+        &h,
+    )
+    .await;
+    assert_eq!(done.status, 303, "{}", done.text());
+    let r = record(&s.gw, &id).await;
+    assert_eq!(r["state"], "released");
+    assert_eq!(
+        r["last_error"],
+        "resolved as released by an operator (console)"
+    );
+    action_lines(&other, "resolve", 1).await;
+    assert_eq!(slow.await.unwrap().status, 200);
 }
