@@ -527,6 +527,24 @@ async fn reconcile_now_purge_and_search_with_a_bearer_header() {
         record(gw, &rendered).await["state"] == "completed"
     })
     .await;
+    // Its page counts the repeats answered from it, by kind.
+    for _ in 0..2 {
+        let again = http_post(
+            &gw.url("/v1/render"),
+            "{\"text\":\"hi\"}",
+            &[("authorization", "Bearer sk_alice")],
+        )
+        .await;
+        assert_eq!(again.header("oncely-status"), "replayed");
+    }
+    let page_url = gw.admin_url(&format!("/console/records/{rendered}"));
+    eventually("the record page counts two replays", || async {
+        get(&page_url, &h)
+            .await
+            .text()
+            .contains("2 answered from this record (26 units not charged): 0 joined, 2 replayed")
+    })
+    .await;
     let list = get(&gw.admin_url("/console/"), &h).await.text();
     let (pa, pb, pr) = (
         list.find(&format!("data-record=\"{a}\"")).unwrap(),

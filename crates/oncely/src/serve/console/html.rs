@@ -63,11 +63,12 @@ pub(super) fn age(d: Duration) -> String {
 
 /// A principal hash, shortened for tables (the full hash is in the title and the link).
 pub(super) fn short_principal(p: &str) -> String {
-    if p.len() > 12 {
+    if p.chars().count() > 12 {
+        let head: String = p.chars().take(12).collect();
         format!(
             "<span class=\"mono\" title=\"{}\">{}…</span>",
             esc(p),
-            esc(&p[..12])
+            esc(&head)
         )
     } else {
         format!("<span class=\"mono\">{}</span>", esc(p))
@@ -274,6 +275,11 @@ mod tests {
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
         );
         assert_eq!(url_enc("POST /v1/x?a=b"), "POST%20%2Fv1%2Fx%3Fa%3Db");
+        // Shortened by characters, never inside one.
+        assert_eq!(
+            short_principal("ééééééééééééé<"),
+            "<span class=\"mono\" title=\"ééééééééééééé&lt;\">éééééééééééé…</span>"
+        );
     }
 
     #[test]

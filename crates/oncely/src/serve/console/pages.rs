@@ -344,21 +344,22 @@ pub(super) async fn record(
         None
     };
     // Joined and replayed, from the repeat events kept for statements.
-    let events = store.repeat_events(&r.principal, None, EVENTS).await;
-    let (joined, replayed, last_repeat) = match &events {
+    // (None of them is older than the record.)
+    let events = store
+        .repeat_events(&r.principal, Some(r.created_at), EVENTS)
+        .await;
+    let (joined, replayed, last_repeat, cut) = match &events {
         Ok(ev) => {
             let mine: Vec<_> = ev.listed.iter().filter(|e| e.record == r.id).collect();
+            let count = |kind| mine.iter().filter(|e| e.kind == kind).count();
             (
-                Some(mine.iter().filter(|e| e.kind == RepeatKind::Joined).count()),
-                Some(
-                    mine.iter()
-                        .filter(|e| e.kind == RepeatKind::Replayed)
-                        .count(),
-                ),
+                Some(count(RepeatKind::Joined)),
+                Some(count(RepeatKind::Replayed)),
                 mine.iter().map(|e| e.at).max(),
+                (ev.listed.len() as u64) < ev.total,
             )
         }
-        Err(_) => (None, None, None),
+        Err(_) => (None, None, None, false),
     };
 
     let mut body = String::new();
@@ -465,11 +466,16 @@ pub(super) async fn record(
             r.repeat_units,
             match (joined, replayed) {
                 (Some(j), Some(p)) => format!(
-                    ": {j} joined, {p} replayed{}",
+                    ": {j} joined, {p} replayed{}{}",
                     last_repeat.map_or(String::new(), |t| format!(
                         ", the last {}",
                         time_ago(Some(t), now)
-                    ))
+                    )),
+                    if cut {
+                        format!(" (among the principal's first {EVENTS} repeats since the claim)")
+                    } else {
+                        String::new()
+                    }
                 ),
                 _ => String::new(),
             }
