@@ -9,6 +9,7 @@
 //! (`ONCELY_SCREENSHOTS=docs/screenshots` refreshes the ones in the repository).
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -26,7 +27,12 @@ struct Driver {
 }
 
 impl Drop for Driver {
+    /// Kills chromedriver's process group: the Chromium it started too, even when the
+    /// test failed before closing its session.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -56,6 +62,7 @@ async fn browser() -> (Driver, Client) {
         .port();
     let child = Command::new(chromedriver)
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
