@@ -9,7 +9,6 @@
 //! (`ONCELY_SCREENSHOTS=docs/screenshots` refreshes the ones in the repository).
 
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,15 +26,65 @@ struct Driver {
 }
 
 impl Drop for Driver {
-    /// Kills chromedriver's process group: the Chromium it started too, even when the
-    /// test failed before closing its session.
+    /// Kills chromedriver and the Chromium processes it started (its descendants, found
+    /// in /proc, each by its own positive pid), even when the test failed before closing
+    /// its session.
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.child.id())])
-            .status();
+        let root = self.child.id();
+        let mut doomed = descendants(root);
+        doomed.reverse();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for pid in doomed {
+            // A positive pid only: never a process group, never -1.
+            assert!(pid > 1);
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", "--", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
     }
+}
+
+/// The pids of every descendant of `root`, parents before children.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // /proc/PID/stat: "PID (COMM) STATE PPID ..."; COMM may hold spaces.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|(pid, ppid)| *ppid == parent && *pid != root)
+                .map(|(pid, _)| *pid),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
 }
 
 fn find_program(names: &[&str]) -> String {
@@ -62,7 +111,6 @@ async fn browser() -> (Driver, Client) {
         .port();
     let child = Command::new(chromedriver)
         .arg(format!("--port={port}"))
-        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
