@@ -8,6 +8,7 @@
 //! | `GET /records/ID` | one record, as `ledger show --json` |
 //! | `POST /records/ID/resolve` | `{"released": true}` or `{"completed": true, "status": 200, "headers": {...}, "body": "..."}` (also `"state": "released" \| "completed"`, and headers as `["Name: value"]`) |
 //! | `GET /usage?since=DURATION` | as `usage --json` |
+//! | `/console/...` | the operator console, HTML ([`super::console`]); the same token, or a session cookie |
 //!
 //! Everything else needs `Authorization: Bearer TOKEN`, the token being the value of the
 //! variable `admin_token_env` names. When that variable is unset (or empty) those routes
@@ -129,8 +130,9 @@ pub fn router(state: AdminState) -> Router {
         .fallback(|| async {
             AdminError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
         })
-        .with_state(state)
+        .with_state(state.clone())
         .merge(webhooks)
+        .merge(super::console::router(state))
 }
 
 async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -226,7 +228,10 @@ async fn list(
 
 /// A principal as `?principal=P` takes it: its 64-hex-digit hash as stored, or its raw
 /// value, hashed with the store's principal key as the gateway does.
-async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, AdminError> {
+pub(crate) async fn principal_filter(
+    store: &Arc<dyn Store>,
+    p: &str,
+) -> Result<String, AdminError> {
     if p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(p.to_ascii_lowercase());
     }

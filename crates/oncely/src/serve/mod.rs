@@ -14,6 +14,7 @@
 //! to be recorded (`Guard::drain`), for at most `drain_timeout`, then returns.
 
 pub mod admin;
+pub mod console;
 pub mod job_key;
 pub mod mcp;
 pub mod prometheus;

@@ -8,6 +8,8 @@ mod check_config;
 mod cli;
 mod cluster;
 mod common;
+mod console;
+mod console_browser;
 mod contract;
 mod demo;
 mod docs;
