@@ -15,6 +15,7 @@
 
 mod pattern;
 mod read;
+pub mod tracing;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -414,6 +415,8 @@ pub struct Config {
     pub mcp: Vec<McpEndpoint>,
     /// Webhook endpoints.
     pub webhooks: Vec<WebhookEndpoint>,
+    /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
+    pub tracing: Option<tracing::Tracing>,
 }
 
 /// Command-line values that override the file.
@@ -450,6 +453,7 @@ const TOP_KEYS: &[&str] = &[
     "routes",
     "mcp",
     "webhooks",
+    "tracing",
 ];
 
 const ROUTE_FIELDS: &[&str] = &[
@@ -948,6 +952,8 @@ impl Config {
             }
         }
 
+        let tracing = tracing::section(&table, p);
+
         if !problems.0.is_empty() {
             return Err(ConfigError::Invalid(problems.0));
         }
@@ -966,6 +972,7 @@ impl Config {
             routes,
             mcp,
             webhooks,
+            tracing,
         })
     }
 

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod job_key;
 pub mod mcp;
+pub mod otel;
 pub mod prometheus;
 pub mod proxy;
 pub mod reconcile;
@@ -121,6 +122,17 @@ pub async fn run(
         Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes);
     if let Some(key) = job_key {
         guard = guard.with_job_key(key);
+    }
+    // `[tracing]`: spans of guarded requests, exported over OTLP by a task of their own.
+    let otel = match &config.tracing {
+        Some(t) => {
+            let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
+            Some(otel::Exporter::start(t, client, guard.instance()))
+        }
+        None => None,
+    };
+    if let Some(exporter) = &otel {
+        guard = guard.with_tracer(exporter.tracer());
     }
     let guard = Arc::new(guard);
     let metrics = prometheus::handle();
@@ -296,6 +308,9 @@ pub async fn run(
         let _ = reconciler.await;
     })
     .await;
+    if let Some(exporter) = otel {
+        exporter.stop().await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
