@@ -23,4 +23,5 @@ mod reconcile;
 mod retries;
 mod secrets;
 mod statements;
+mod traces;
 mod webhooks;
