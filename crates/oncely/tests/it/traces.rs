@@ -537,3 +537,119 @@ async fn a_dead_or_hanging_collector_costs_requests_nothing() {
     }
     assert_eq!(seen.calls().len(), 80);
 }
+
+/// A JSON-only MCP server: `tools/call` answers a text result, and its `traceparent`
+/// is noted.
+fn mcp_server(seen: Seen) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/mcp",
+            post(
+                |State(seen): State<Seen>, headers: HeaderMap, body: String| async move {
+                    let message: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let mut h = HashMap::new();
+                    if let Some(v) = headers.get("traceparent") {
+                        h.insert("traceparent".into(), v.to_str().unwrap().to_string());
+                    }
+                    h.insert("body".into(), body.clone());
+                    seen.0.lock().unwrap().push(h);
+                    let result = serde_json::json!({"content": [{"type": "text", "text": "done"}]});
+                    axum::Json(serde_json::json!({
+                        "jsonrpc": "2.0", "id": message["id"], "result": result
+                    }))
+                },
+            ),
+        )
+        .with_state(seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the_trace() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(mcp_server(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{tracing}",
+            db = dir.path().join("ledger.db").display(),
+            tracing = tracing_section(otlp, ""),
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("traceparent", caller.as_str()),
+    ];
+    let mut records = Vec::new();
+    for (id, want) in [(1, "fresh"), (2, "replayed")] {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "render", "arguments": {"text": "hi"}}});
+        let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(a.header("oncely-status"), want, "{}", a.text());
+        records.push(a.header("oncely-record").to_owned());
+    }
+    assert_eq!(records[0], records[1]);
+    let calls = seen.calls();
+    assert_eq!(calls.len(), 1, "the tool ran once");
+    let (trace, parent, _) = parse(&calls[0]["traceparent"]);
+    assert_eq!(trace, CALLER_TRACE);
+
+    let servers = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.decision")).collect();
+    assert!(decisions.contains(&"fresh".to_string()), "{decisions:?}");
+    assert!(decisions.contains(&"replayed".to_string()), "{decisions:?}");
+    for s in &servers {
+        assert_eq!(s.str("oncely.mcp.tool"), "render");
+        assert_eq!(s.str("oncely.record"), records[0]);
+        assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
+        assert_eq!(s.int("oncely.attempt"), 1);
+    }
+    let fresh = servers
+        .iter()
+        .find(|s| s.str("oncely.decision") == "fresh")
+        .unwrap();
+    assert_eq!(fresh.int("oncely.upstream_status"), 200);
+    let client = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(client.span.parent_span_id, fresh.span.span_id);
+    assert_eq!(hex(&client.span.span_id), parent);
+}
+
+#[test]
+fn a_bad_tracing_section_is_a_clear_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:3000\"\n[tracing]\notlp_endpoint = \"127.0.0.1:4318\"\nsample_ratio = 2\n",
+    )
+    .unwrap();
+    let o = crate::common::run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = crate::common::stderr(&o);
+    for want in [
+        "tracing.otlp_endpoint: \"127.0.0.1:4318\" must start with http:// or https://",
+        "tracing.sample_ratio: must be a number from 0 to 1",
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with(want)),
+            "{want:?} not in {err}"
+        );
+    }
+    // `serve` refuses it with a one-line reason, before listening.
+    let o = crate::common::run(&["serve", "--config", file.to_str().unwrap()]);
+    crate::common::assert_usage_error(&o, "tracing.otlp_endpoint");
+}
