@@ -838,6 +838,12 @@ impl Inner {
             Execution::StoreUnavailable(why) => {
                 tracing::error!(route = %call.guarded.route, error = %why,
                     "ledger unavailable: tools/call not forwarded");
+                if let Some(mut span) = call.span.lock().expect("call span lock").take() {
+                    span.set(attr::ROUTE, call.guarded.route.as_str());
+                    span.set(attr::DECISION, "store_unavailable");
+                    span.fail("the ledger cannot be reached");
+                    span.end();
+                }
                 problem(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",

@@ -11,7 +11,8 @@
 //! Extensions beyond the contract: `upstream_ca` (a PEM file of extra CA certificates
 //! trusted for `https://` upstreams, besides the system roots; also the environment
 //! variable `ONCELY_EXTRA_CA_FILE`), and on `hmac-sha256` webhooks the keys
-//! `signature_header`, `signature_encoding`, `signature_prefix` and `timestamp_header`.
+//! `signature_header`, `signature_encoding`, `signature_prefix` and `timestamp_header`;
+//! the `[tracing]` section (OTLP traces, [`tracing`]).
 
 mod pattern;
 mod read;
