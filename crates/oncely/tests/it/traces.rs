@@ -146,7 +146,8 @@ impl Seen {
     }
 }
 
-/// Records the call's trace headers and body; answers 201.
+/// Records the call's trace headers and body; answers 201 (after 800 ms for a body that
+/// says "slow").
 async fn record(
     State(seen): State<Seen>,
     headers: HeaderMap,
@@ -160,6 +161,9 @@ async fn record(
     }
     h.insert("body".into(), body.clone());
     seen.0.lock().unwrap().push(h);
+    if body.contains("slow") {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
     (
         http::StatusCode::CREATED,
         [("content-type", "application/json")],
@@ -309,6 +313,68 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     assert_eq!(hex(&client.span.span_id), parent);
     assert_eq!(client.int("http.response.status_code"), 201);
     assert!(client.span.end_time_unix_nano >= client.span.start_time_unix_nano);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_joined_spans() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Arc::new(Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, "")),
+        ],
+        &[],
+    ));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let gw = gw.clone();
+            tokio::spawn(async move { render(&gw, r#"{"text":"slow one"}"#, &[]).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut records = Vec::new();
+    for c in callers {
+        let a = c.await.unwrap();
+        assert_eq!(a.status, 201, "{}", a.text());
+        statuses.push(a.header("oncely-status").to_owned());
+        records.push(a.header("oncely-record").to_owned());
+    }
+    assert_eq!(seen.calls().len(), 1, "executed once");
+    assert_eq!(statuses.iter().filter(|s| *s == "fresh").count(), 1);
+    let servers = collector
+        .wait_for(8, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let mut decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.decision")).collect();
+    let mut want = statuses.clone();
+    decisions.sort();
+    want.sort();
+    assert_eq!(
+        decisions, want,
+        "one span per request, with its Oncely-Status"
+    );
+    assert!(decisions.iter().any(|d| d == "joined"), "{decisions:?}");
+    for s in &servers {
+        assert_eq!(s.str("oncely.record"), records[0]);
+        assert!(
+            s.span.parent_span_id.is_empty(),
+            "no caller trace: a root span"
+        );
+    }
+    // One upstream call, one client span, under the fresh request's span.
+    let fresh = servers
+        .iter()
+        .find(|s| s.str("oncely.decision") == "fresh")
+        .unwrap();
+    let clients = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await;
+    assert_eq!(clients.len(), 1);
+    assert_eq!(clients[0].span.parent_span_id, fresh.span.span_id);
+    assert_eq!(clients[0].span.trace_id, fresh.span.trace_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
