@@ -6,7 +6,8 @@
 //! otlp_endpoint = "http://127.0.0.1:4318"  # required; spans are POSTed to ENDPOINT/v1/traces
 //! service_name = "oncely"                  # the resource's service.name
 //! sample_ratio = 1.0                       # of new traces (a caller's sampled flag is kept)
-//! headers = { "x-api-key" = "..." }        # sent with every export
+//! headers = { "x-team" = "edge" }          # sent with every export
+//! headers_env = "ONCELY_OTLP_HEADERS"      # more, from the environment: name=value,name=value
 //! max_queue = 2048                         # spans waiting for export; more are dropped
 //! max_batch = 512                          # spans per export request
 //! schedule_delay = "5s"                    # how often waiting spans are sent
@@ -32,6 +33,10 @@ pub struct Tracing {
     pub sample_millionths: u32,
     /// Headers sent with every export request.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The environment variable holding more headers (`name=value,name=value`, as
+    /// `OTEL_EXPORTER_OTLP_HEADERS`), for secrets such as API keys; read when `serve`
+    /// starts.
+    pub headers_env: Option<String>,
     /// Most spans waiting for export; a span that finds the queue full is dropped.
     pub max_queue: usize,
     /// Most spans in one export request.
@@ -54,6 +59,7 @@ const KEYS: &[&str] = &[
     "service_name",
     "sample_ratio",
     "headers",
+    "headers_env",
     "max_queue",
     "max_batch",
     "schedule_delay",
@@ -140,6 +146,12 @@ pub(crate) fn section(table: &Table, p: &mut Problems) -> Option<Tracing> {
         }
     }
 
+    let headers_env = read::string(t, loc, "headers_env", p).map(str::to_string);
+    if let Some(Err(e)) = headers_env.as_deref().map(super::env_name) {
+        p.add(at(loc, "headers_env"), e);
+        ok = false;
+    }
+
     let count = |key: &str, default: usize, p: &mut Problems| -> Option<usize> {
         match read::integer(t, loc, key, p) {
             None if t.contains_key(key) => None,
@@ -175,11 +187,44 @@ pub(crate) fn section(table: &Table, p: &mut Problems) -> Option<Tracing> {
         service_name,
         sample_millionths,
         headers,
+        headers_env,
         max_queue: max_queue?,
         max_batch: max_batch?,
         schedule_delay: schedule_delay?,
         export_timeout: export_timeout?,
     })
+}
+
+impl Tracing {
+    /// Every header an export sends: `headers`, then those of `headers_env` (which must
+    /// be set). The error names the variable, never its value.
+    pub fn export_headers(&self) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+        let mut all = self.headers.clone();
+        let Some(var) = &self.headers_env else {
+            return Ok(all);
+        };
+        let text = std::env::var(var)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .ok_or_else(|| format!("tracing.headers_env: ${var} is not set"))?;
+        for (i, pair) in text.split(',').enumerate() {
+            let pair = pair.trim();
+            if pair.is_empty() {
+                continue;
+            }
+            let bad = || {
+                format!(
+                    "tracing.headers_env: entry {} of ${var} is not name=value with a valid header name and value",
+                    i + 1
+                )
+            };
+            let (name, value) = pair.split_once('=').ok_or_else(bad)?;
+            let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad())?;
+            let value = HeaderValue::from_str(value.trim()).map_err(|_| bad())?;
+            all.push((name, value));
+        }
+        Ok(all)
+    }
 }
 
 /// `ENDPOINT/v1/traces` (or the endpoint itself when it already ends so): an absolute
@@ -250,6 +295,7 @@ otlp_endpoint = "https://otel.example/prefix/"
 service_name = "edge"
 sample_ratio = 0.25
 headers = { "x-api-key" = "k1" }
+headers_env = "TRACES_TEST_HEADERS"
 max_queue = 10
 max_batch = 5
 schedule_delay = "100ms"
@@ -263,6 +309,12 @@ export_timeout = "2s"
         assert_eq!(t.sample_ratio(), 0.25);
         assert_eq!(t.headers.len(), 1);
         assert_eq!(t.headers[0].0, "x-api-key");
+        assert_eq!(t.headers_env.as_deref(), Some("TRACES_TEST_HEADERS"));
+        // The variable is read when the exporter starts; unset, it is an error.
+        assert_eq!(
+            t.export_headers().unwrap_err(),
+            "tracing.headers_env: $TRACES_TEST_HEADERS is not set"
+        );
         assert_eq!((t.max_queue, t.max_batch), (10, 5));
         assert_eq!(t.schedule_delay, Duration::from_millis(100));
         let t = read("[tracing]\notlp_endpoint = \"http://c:4318/v1/traces\"\n")
@@ -279,6 +331,7 @@ otlp_endpoint = "grpc://127.0.0.1:4317"
 sample_ratio = 1.5
 headers = { "bad header" = "x" }
 max_queue = 0
+headers_env = "not a name"
 schedule_delay = "soon"
 colour = "blue"
 "#,
@@ -289,6 +342,7 @@ colour = "blue"
             "tracing.sample_ratio: must be a number from 0 to 1",
             "tracing.headers.bad header: not a valid header name",
             "tracing.max_queue: must be at least 1",
+            "tracing.headers_env: \"not a name\" is not an environment variable name",
             "tracing.schedule_delay",
             "tracing.colour: unknown key",
         ] {

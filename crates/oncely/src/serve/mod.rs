@@ -112,6 +112,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Before the store: a missing or bad key refuses to start without touching it.
     let job_key = job_key::resolve(&config)?;
+    let otel_headers = match &config.tracing {
+        Some(t) => t.export_headers().map_err(anyhow::Error::msg)?,
+        None => Vec::new(),
+    };
     let store = oncely_store::open(&config.store, StoreOptions::default())
         .await
         .with_context(|| format!("store {}", crate::cli::redact_store_url(&config.store)))?;
@@ -127,7 +131,12 @@ pub async fn run(
     let otel = match &config.tracing {
         Some(t) => {
             let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
-            Some(otel::Exporter::start(t, client, guard.instance()))
+            Some(otel::Exporter::start(
+                t,
+                otel_headers,
+                client,
+                guard.instance(),
+            ))
         }
         None => None,
     };

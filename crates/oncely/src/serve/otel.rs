@@ -69,9 +69,15 @@ impl std::fmt::Debug for Exporter {
 }
 
 impl Exporter {
-    /// Starts exporting to `config`'s collector; `instance` names this gateway in the
-    /// spans' resource (`service.instance.id`).
-    pub fn start(config: &Tracing, client: UpstreamClient, instance: &str) -> Exporter {
+    /// Starts exporting to `config`'s collector with `headers` (its
+    /// [`Tracing::export_headers`]); `instance` names this gateway in the spans' resource
+    /// (`service.instance.id`).
+    pub fn start(
+        config: &Tracing,
+        headers: Vec<(http::HeaderName, HeaderValue)>,
+        client: UpstreamClient,
+        instance: &str,
+    ) -> Exporter {
         // The counters below are bound to the recorder installed now, so install it first.
         let _ = super::prometheus::handle();
         describe();
@@ -84,6 +90,7 @@ impl Exporter {
         let (stop, stopped) = watch::channel(false);
         let batch = Batch {
             client,
+            headers,
             config: config.clone(),
             resource: resource(&config.service_name, instance),
             failing: false,
@@ -145,6 +152,8 @@ fn resource(service_name: &str, instance: &str) -> Resource {
 /// The export task's state.
 struct Batch {
     client: UpstreamClient,
+    /// `headers` and those of `headers_env`.
+    headers: Vec<(http::HeaderName, HeaderValue)>,
     config: Tracing,
     resource: Resource,
     /// The last export failed (so the next failure is not logged at warn again).
@@ -205,7 +214,7 @@ impl Batch {
             CONTENT_TYPE,
             HeaderValue::from_static("application/x-protobuf"),
         );
-        for (name, value) in &self.config.headers {
+        for (name, value) in &self.headers {
             h.insert(name.clone(), value.clone());
         }
         let client = self.client.clone();

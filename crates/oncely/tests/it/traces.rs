@@ -64,6 +64,8 @@ impl Got {
 struct Collector {
     spans: Arc<Mutex<Vec<Got>>>,
     requests: Arc<AtomicUsize>,
+    /// The headers of the last export request.
+    headers: Arc<Mutex<HeaderMap>>,
 }
 
 impl Collector {
@@ -75,6 +77,7 @@ impl Collector {
                     |State(c): State<Collector>, headers: HeaderMap, body: Bytes| async move {
                         c.requests.fetch_add(1, Ordering::SeqCst);
                         assert_eq!(headers["content-type"], "application/x-protobuf");
+                        *c.headers.lock().unwrap() = headers.clone();
                         let req = ExportTraceServiceRequest::decode(body)
                             .expect("an OTLP ExportTraceServiceRequest");
                         let mut spans = c.spans.lock().unwrap();
@@ -243,12 +246,13 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
+    let extra = "headers = { \"x-team\" = \"edge\" }\nheaders_env = \"TEST_OTLP_HEADERS\"";
     let gw = Gateway::start(
         &[
             "--config",
-            &config(dir.path(), up, &tracing_section(otlp, "")),
+            &config(dir.path(), up, &tracing_section(otlp, extra)),
         ],
-        &[],
+        &[("TEST_OTLP_HEADERS", "x-api-key=secret-1, x-tenant = t7")],
     );
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let with_trace = [
@@ -298,6 +302,10 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
         assert_eq!(s.span.trace_state, "vendor=abc");
     }
     assert_ne!(first.span.span_id, second.span.span_id);
+    let sent = collector.headers.lock().unwrap().clone();
+    assert_eq!(sent["x-team"], "edge");
+    assert_eq!(sent["x-api-key"], "secret-1");
+    assert_eq!(sent["x-tenant"], "t7");
     assert_eq!(first.int("oncely.upstream_status"), 201);
     assert_eq!(first.span.name, "POST /v1/render");
 
@@ -718,4 +726,21 @@ fn a_bad_tracing_section_is_a_clear_config_error() {
     // `serve` refuses it with a one-line reason, before listening.
     let o = crate::common::run(&["serve", "--config", file.to_str().unwrap()]);
     crate::common::assert_usage_error(&o, "tracing.otlp_endpoint");
+
+    // A headers_env that is not set refuses to start, naming the variable.
+    std::fs::write(
+        &file,
+        format!(
+            "store = \"sqlite://{}\"\nupstream = \"http://127.0.0.1:3000\"\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nheaders_env = \"TEST_OTLP_UNSET\"\n",
+            dir.path().join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    let o = crate::common::oncely()
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env_remove("TEST_OTLP_UNSET")
+        .output()
+        .unwrap();
+    crate::common::assert_usage_error(&o, "tracing.headers_env: $TEST_OTLP_UNSET is not set");
 }
