@@ -58,6 +58,7 @@ use hyper_util::rt::TokioExecutor;
 use oncely_core::{
     DownstreamKey, FingerprintBuilder, Record, RecordId, Scope, State, StoredResponse,
 };
+use oncely_tower::trace::{attr, Span};
 use oncely_tower::{
     Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
     UpstreamFailure,
@@ -314,6 +315,8 @@ struct Call {
     /// The request declared the tasks extension (2026-07-28): a call that outlives
     /// `wait` is answered with a task.
     tasks: bool,
+    /// The call's server span (traces on), ended by `observe`.
+    span: Mutex<Option<Span>>,
 }
 
 impl Inner {
@@ -678,7 +681,14 @@ impl Inner {
             .component(tool.as_bytes())
             .json(&mut arguments, &[]);
         let route = self.config.route_of(tool);
+        let span = self.guard.tracer().map(|tracer| {
+            let mut span = tracer.start_request(&parts.headers, route.clone());
+            span.set(attr::HTTP_METHOD, parts.method.as_str());
+            span.set(attr::TOOL, tool);
+            span
+        });
         Some(Call {
+            span: Mutex::new(span),
             id: request.id.clone(),
             tool: tool.to_string(),
             modern: is_modern(&parts.headers),
@@ -718,19 +728,37 @@ impl Inner {
         let parts = parts.clone();
         let client = self.client.clone();
         let id = call.id.clone();
+        let parent = call
+            .span
+            .lock()
+            .expect("call span lock")
+            .as_ref()
+            .map(Span::as_parent);
         let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
             // The derived downstream key reaches the server, so that it can deduplicate too.
             let bytes = with_idempotency_key(&bytes, downstream.as_str());
-            let req = me.upstream_request(&parts, bytes);
+            let mut req = me.upstream_request(&parts, bytes);
+            let span = parent.map(|p| p.upstream_call(req.headers_mut(), &parts.method));
             async move {
-                let resp = client.request(req).await.map_err(|e| {
-                    let text = error_chain(&e);
-                    if e.is_connect() {
-                        UpstreamError::BeforeSend(text)
-                    } else {
-                        UpstreamError::AfterSend(text)
+                let resp = match client.request(req).await {
+                    Ok(resp) => {
+                        if let Some(span) = span {
+                            span.answered(resp.status().as_u16());
+                        }
+                        resp
                     }
-                })?;
+                    Err(e) => {
+                        let text = error_chain(&e);
+                        if let Some(span) = span {
+                            span.failed(text.clone());
+                        }
+                        return Err(if e.is_connect() {
+                            UpstreamError::BeforeSend(text)
+                        } else {
+                            UpstreamError::AfterSend(text)
+                        });
+                    }
+                };
                 let (parts, body) = resp.into_parts();
                 let headers = strip_response_hop_by_hop(&parts.headers);
                 // A break-off after the answer began is a stream end: never a release.
@@ -810,6 +838,12 @@ impl Inner {
             Execution::StoreUnavailable(why) => {
                 tracing::error!(route = %call.guarded.route, error = %why,
                     "ledger unavailable: tools/call not forwarded");
+                if let Some(mut span) = call.span.lock().expect("call span lock").take() {
+                    span.set(attr::ROUTE, call.guarded.route.as_str());
+                    span.set(attr::DECISION, "store_unavailable");
+                    span.fail("the ledger cannot be reached");
+                    span.end();
+                }
                 problem(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
@@ -1204,6 +1238,21 @@ impl Inner {
         upstream_status: Option<u16>,
         started: Instant,
     ) {
+        let span = call.span.lock().expect("call span lock").take();
+        if let Some(mut span) = span {
+            span.set(attr::ROUTE, call.guarded.route.as_str());
+            span.set(attr::DECISION, status);
+            span.set(attr::RECORD, record.id.as_str());
+            span.set(attr::ATTEMPT, i64::from(record.attempt));
+            span.set(attr::PRINCIPAL, call.guarded.principal.as_str());
+            if let Some(upstream) = upstream_status {
+                span.set(attr::UPSTREAM_STATUS, i64::from(upstream));
+            }
+            if let Some(workflow) = &call.guarded.workflow_id {
+                span.set(attr::WORKFLOW_ID, workflow.as_str());
+            }
+            span.end();
+        }
         // Labels are bounded: a tool no listing or config named counts as `other`.
         let tool = self.catalog.metric_label(&self.config.tools, &call.tool);
         metrics::counter!("oncely_requests_total", "route" => self.config.route_of(tool), "status" => status.to_string(), "tool" => tool.to_string())

@@ -242,6 +242,7 @@ pub struct Guard {
     pub(crate) budget: Arc<Budget>,
     waits: Mutex<HashMap<RecordId, SharedWait>>,
     pub(crate) job_key: Option<crate::seal::JobKey>,
+    tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -268,6 +269,7 @@ impl Guard {
             budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
             waits: Mutex::new(HashMap::new()),
             job_key: None,
+            tracer: None,
         }
     }
 
@@ -284,6 +286,19 @@ impl Guard {
     pub fn with_job_key(mut self, key: crate::seal::JobKey) -> Guard {
         self.job_key = Some(key);
         self
+    }
+
+    /// Records a span of every guarded request (and of its upstream call) with `tracer`,
+    /// and passes the upstream a `traceparent` of its own. Without one, no span is made
+    /// and the caller's `traceparent` reaches the upstream as it came.
+    pub fn with_tracer(mut self, tracer: Arc<crate::trace::Tracer>) -> Guard {
+        self.tracer = Some(tracer);
+        self
+    }
+
+    /// The tracer, when traces are on.
+    pub fn tracer(&self) -> Option<&Arc<crate::trace::Tracer>> {
+        self.tracer.as_ref()
     }
 
     /// The ledger.

@@ -863,8 +863,23 @@ where
         UnitsRule::ResponseHeader(name) => Some(name.clone()),
         _ => None,
     };
-    let upstream =
-        crate::idempotency::call_upstream(inner, job.upstream_request(&key), units_header);
+    let mut req = job.upstream_request(&key);
+    // The submission left its span as the stored `traceparent`: the run continues it.
+    let span = guard
+        .tracer()
+        .and_then(|t| t.start_client_under(req.headers(), format!("upstream {}", req.method())))
+        .map(|mut span| {
+            span.set(crate::trace::attr::HTTP_METHOD, req.method().as_str());
+            span.set(crate::trace::attr::RECORD, record.id.as_str());
+            span.set(crate::trace::attr::ROUTE, record.route.as_str());
+            span.set(crate::trace::attr::ATTEMPT, i64::from(record.attempt));
+            span.propagate(req.headers_mut());
+            crate::trace::ClientSpan::new(span)
+        });
+    let upstream = crate::idempotency::handle::traced(
+        crate::idempotency::call_upstream(inner, req, units_header),
+        span,
+    );
     // The head goes to the first request if it waits on this instance (else it is only
     // recorded); the upstream's status and request id are noted for the log line.
     let waiter = guard.jobs.take_head(&record.id);
@@ -920,6 +935,7 @@ where
                 upstream_status,
                 provider_request_id: provider.flatten().or(after.provider_request_id.clone()),
                 started,
+                span: None,
             });
             finish(TaskOutcome::Done, "done").await
         }

@@ -53,6 +53,8 @@
 //!   sees it.
 //! - [`headers`]: the one header policy: hop-by-hop removal, what is stored and replayed.
 //! - [`problem`]: the gateway's own errors, `application/problem+json`.
+//! - [`trace`]: W3C trace context in and out, and the spans of guarded requests, handed
+//!   to a [`SpanSink`](trace::SpanSink) (the binary's exports them over OTLP).
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
 //! - `owner` (private): the owner task; `budget` (private): what answers in flight may
 //!   hold; [`wait_for_slot`]: how a sender tells the owner it waits for a slot.
@@ -68,6 +70,7 @@ pub mod policy;
 pub mod problem;
 pub mod seal;
 mod slot;
+pub mod trace;
 
 pub use guard::{
     Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,

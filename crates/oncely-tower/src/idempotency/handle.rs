@@ -21,6 +21,7 @@ use crate::guard::{
 use crate::jobs::JobRequest;
 use crate::policy::{KeyMode, PrincipalSource, RoutePolicy, UnitsRule};
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::trace::{attr, ClientSpan, Span};
 use crate::{BoxBody, BoxError};
 
 /// The `Idempotency-Key` header.
@@ -109,6 +110,7 @@ where
         upstream_status: None,
         provider_request_id: None,
         started,
+        span: request_span(&guard, &policy.name, &req),
     };
     let workflow = workflow_id(req.headers());
     log.workflow_id = workflow.as_deref();
@@ -163,6 +165,11 @@ where
         UnitsRule::ResponseHeader(name) => Some(name.clone()),
         _ => None,
     };
+    // A queued job's upstream call continues this request's trace when it runs.
+    if let (Some(span), Class::Job) = (&log.span, policy.class) {
+        span.propagate(&mut parts.headers);
+    }
+    let upstream_span = log.span.as_ref().map(Span::as_parent);
     // A job keeps what its call needs in the durable queue until it has run.
     let job = (policy.class == Class::Job).then(|| JobRequest {
         method: parts.method.clone(),
@@ -177,8 +184,9 @@ where
             HeaderName::from_static(IDEMPOTENCY_KEY),
             HeaderValue::from_str(downstream.as_str()).expect("a downstream key is visible ASCII"),
         );
+        let span = upstream_span.map(|parent| parent.upstream_call(&mut parts.headers, &parts.method));
         let req = Request::from_parts(parts, full(bytes));
-        call_upstream(inner, req, units_header)
+        traced(call_upstream(inner, req, units_header), span)
     };
 
     let execution = match job {
@@ -186,6 +194,59 @@ where
         None => guard.execute(call, run).await,
     };
     respond(execution, &mut log)
+}
+
+/// The server span of a guarded request, when traces are on.
+pub(crate) fn request_span<B>(guard: &Guard, route: &str, req: &Request<B>) -> Option<Span> {
+    let mut span = guard
+        .tracer()?
+        .start_request(req.headers(), route.to_string());
+    span.set(attr::HTTP_METHOD, req.method().as_str());
+    Some(span)
+}
+
+/// The upstream call, its span (if any) ended with its answer.
+pub(crate) fn traced(
+    call: BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
+    span: Option<ClientSpan>,
+) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+    let Some(span) = span else { return call };
+    Box::pin(call.map(move |result| {
+        match &result {
+            Ok(answer) => span.answered(answer.status.as_u16()),
+            Err(e) => span.failed(e.to_string()),
+        }
+        result
+    }))
+}
+
+/// Ends the request's span (if any) with what the log line says.
+fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
+    let Some(mut span) = log.span.take() else {
+        return;
+    };
+    span.set(attr::ROUTE, log.route);
+    span.set(attr::DECISION, log.status);
+    if let Some(record) = &log.record {
+        span.set(attr::RECORD, record.as_str());
+    }
+    if let Some(attempt) = log.attempt {
+        span.set(attr::ATTEMPT, i64::from(attempt));
+    }
+    if let Some(principal) = log.principal {
+        span.set(attr::PRINCIPAL, principal);
+    }
+    if let Some(upstream) = log.upstream_status {
+        span.set(attr::UPSTREAM_STATUS, i64::from(upstream));
+    }
+    if let Some(workflow) = log.workflow_id {
+        span.set(attr::WORKFLOW_ID, workflow);
+    }
+    span.set(attr::HTTP_STATUS, i64::from(status.as_u16()));
+    if status.is_server_error() {
+        span.fail(log.status);
+    }
+    span.end();
 }
 
 /// The owner's call: the inner service on the rebuilt request, its answer boxed.
@@ -448,6 +509,7 @@ fn refuse(problem: Problem, log: &mut RequestLog<'_>) -> Response<BoxBody> {
     res.headers_mut()
         .insert(ONCELY_STATUS, HeaderValue::from_static(status));
     log.status = status;
+    end_span(log, res.status());
     log_request(log);
     res
 }
@@ -476,6 +538,7 @@ fn finish(
     log.status = status;
     log.record = Some(record.id.to_string());
     log.attempt = Some(record.attempt);
+    end_span(log, res.status());
     log_request(log);
     res
 }
@@ -500,6 +563,8 @@ pub(crate) struct RequestLog<'a> {
     pub(crate) upstream_status: Option<u16>,
     pub(crate) provider_request_id: Option<String>,
     pub(crate) started: Instant,
+    /// The request's server span, ended with the line (traces on).
+    pub(crate) span: Option<Span>,
 }
 
 /// One log line (target `oncely::request`) and the request counter.

@@ -52,10 +52,23 @@ pub(crate) struct BypassLog {
     pub(crate) principal: Option<String>,
     pub(crate) workflow_id: Option<String>,
     pub(crate) started: Instant,
+    /// The request's server span (traces on).
+    pub(crate) span: Option<crate::trace::Span>,
 }
 
 impl BypassLog {
     pub(crate) fn finish(self, upstream_status: u16) {
+        if let Some(mut span) = self.span {
+            use crate::trace::attr;
+            span.set(attr::ROUTE, self.route.as_str());
+            span.set(attr::DECISION, "bypassed");
+            if let Some(principal) = &self.principal {
+                span.set(attr::PRINCIPAL, principal.as_str());
+            }
+            span.set(attr::UPSTREAM_STATUS, i64::from(upstream_status));
+            span.set(attr::HTTP_STATUS, i64::from(upstream_status));
+            span.end();
+        }
         super::handle::log_request(&super::handle::RequestLog {
             record: None,
             route: &self.route,
@@ -66,6 +79,7 @@ impl BypassLog {
             upstream_status: Some(upstream_status),
             provider_request_id: None,
             started: self.started,
+            span: None,
         });
     }
 }
@@ -110,11 +124,18 @@ where
                 ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None)
             }
             super::handle::Decision::Bypass { principal } => {
+                let mut req = req;
+                let workflow_id = super::handle::workflow_id(req.headers());
+                let span = super::handle::request_span(&self.guard, &policy.name, &req);
+                if let Some(span) = &span {
+                    span.propagate(req.headers_mut());
+                }
                 let log = BypassLog {
                     route: policy.name.clone(),
                     principal,
-                    workflow_id: super::handle::workflow_id(req.headers()),
+                    workflow_id,
                     started,
+                    span,
                 };
                 ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), Some(log))
             }

@@ -11,10 +11,12 @@
 //! Extensions beyond the contract: `upstream_ca` (a PEM file of extra CA certificates
 //! trusted for `https://` upstreams, besides the system roots; also the environment
 //! variable `ONCELY_EXTRA_CA_FILE`), and on `hmac-sha256` webhooks the keys
-//! `signature_header`, `signature_encoding`, `signature_prefix` and `timestamp_header`.
+//! `signature_header`, `signature_encoding`, `signature_prefix` and `timestamp_header`;
+//! the `[tracing]` section (OTLP traces, [`tracing`]).
 
 mod pattern;
 mod read;
+pub mod tracing;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -414,6 +416,8 @@ pub struct Config {
     pub mcp: Vec<McpEndpoint>,
     /// Webhook endpoints.
     pub webhooks: Vec<WebhookEndpoint>,
+    /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
+    pub tracing: Option<tracing::Tracing>,
 }
 
 /// Command-line values that override the file.
@@ -450,6 +454,7 @@ const TOP_KEYS: &[&str] = &[
     "routes",
     "mcp",
     "webhooks",
+    "tracing",
 ];
 
 const ROUTE_FIELDS: &[&str] = &[
@@ -948,6 +953,8 @@ impl Config {
             }
         }
 
+        let tracing = tracing::section(&table, p);
+
         if !problems.0.is_empty() {
             return Err(ConfigError::Invalid(problems.0));
         }
@@ -966,6 +973,7 @@ impl Config {
             routes,
             mcp,
             webhooks,
+            tracing,
         })
     }
 

@@ -17,6 +17,7 @@ pub mod admin;
 pub mod console;
 pub mod job_key;
 pub mod mcp;
+pub mod otel;
 pub mod prometheus;
 pub mod proxy;
 pub mod reconcile;
@@ -112,6 +113,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Before the store: a missing or bad key refuses to start without touching it.
     let job_key = job_key::resolve(&config)?;
+    let otel_headers = match &config.tracing {
+        Some(t) => t.export_headers().map_err(anyhow::Error::msg)?,
+        None => Vec::new(),
+    };
     let store = oncely_store::open(&config.store, StoreOptions::default())
         .await
         .with_context(|| format!("store {}", crate::cli::redact_store_url(&config.store)))?;
@@ -122,6 +127,22 @@ pub async fn run(
         Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes);
     if let Some(key) = job_key {
         guard = guard.with_job_key(key);
+    }
+    // `[tracing]`: spans of guarded requests, exported over OTLP by a task of their own.
+    let otel = match &config.tracing {
+        Some(t) => {
+            let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
+            Some(otel::Exporter::start(
+                t,
+                otel_headers,
+                client,
+                guard.instance(),
+            ))
+        }
+        None => None,
+    };
+    if let Some(exporter) = &otel {
+        guard = guard.with_tracer(exporter.tracer());
     }
     let guard = Arc::new(guard);
     let metrics = prometheus::handle();
@@ -297,6 +318,9 @@ pub async fn run(
         let _ = reconciler.await;
     })
     .await;
+    if let Some(exporter) = otel {
+        exporter.stop().await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

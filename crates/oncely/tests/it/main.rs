@@ -27,4 +27,5 @@ mod reconcile;
 mod retries;
 mod secrets;
 mod statements;
+mod traces;
 mod webhooks;

@@ -1,0 +1,746 @@
+//! Traces through the real binary, against a real OTLP/HTTP receiver the test starts on
+//! 127.0.0.1:0 (`POST /v1/traces`, protobuf, decoded with opentelemetry-proto's types):
+//! a span per guarded request with its decision, record, route, attempt and upstream
+//! status; the upstream's `traceparent` continues the caller's trace; no `[tracing]`
+//! section sends nothing; a dead or hanging collector costs requests nothing.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::routing::post;
+use bytes::Bytes;
+use http::HeaderMap;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, Span};
+use prost::Message;
+
+use crate::common::{get, post as http_post, upstream, Answer, Gateway};
+
+const ALICE: (&str, &str) = ("authorization", "Bearer sk_alice");
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// A span as received, with its resource's service name.
+#[derive(Clone, Debug)]
+struct Got {
+    service: String,
+    span: Span,
+}
+
+impl Got {
+    fn attr(&self, key: &str) -> Option<Value> {
+        self.span
+            .attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.clone())
+            .and_then(|v| v.value)
+    }
+
+    fn str(&self, key: &str) -> String {
+        match self.attr(key) {
+            Some(Value::StringValue(s)) => s,
+            other => panic!("{key} is {other:?} on {:?}", self.span.name),
+        }
+    }
+
+    fn int(&self, key: &str) -> i64 {
+        match self.attr(key) {
+            Some(Value::IntValue(i)) => i,
+            other => panic!("{key} is {other:?} on {:?}", self.span.name),
+        }
+    }
+}
+
+/// The receiver: every span it was sent, and how many export requests came.
+#[derive(Clone, Default)]
+struct Collector {
+    spans: Arc<Mutex<Vec<Got>>>,
+    requests: Arc<AtomicUsize>,
+    /// The headers of the last export request.
+    headers: Arc<Mutex<HeaderMap>>,
+}
+
+impl Collector {
+    async fn start(&self) -> SocketAddr {
+        let app = axum::Router::new()
+            .route(
+                "/v1/traces",
+                post(
+                    |State(c): State<Collector>, headers: HeaderMap, body: Bytes| async move {
+                        c.requests.fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(headers["content-type"], "application/x-protobuf");
+                        *c.headers.lock().unwrap() = headers.clone();
+                        let req = ExportTraceServiceRequest::decode(body)
+                            .expect("an OTLP ExportTraceServiceRequest");
+                        let mut spans = c.spans.lock().unwrap();
+                        for rs in req.resource_spans {
+                            let service = rs
+                                .resource
+                                .iter()
+                                .flat_map(|r| r.attributes.iter())
+                                .find(|kv| kv.key == "service.name")
+                                .and_then(|kv| kv.value.clone())
+                                .and_then(|v| v.value);
+                            let service = match service {
+                                Some(Value::StringValue(s)) => s,
+                                other => panic!("service.name is {other:?}"),
+                            };
+                            for ss in rs.scope_spans {
+                                for span in ss.spans {
+                                    spans.push(Got {
+                                        service: service.clone(),
+                                        span,
+                                    });
+                                }
+                            }
+                        }
+                        (
+                            [("content-type", "application/x-protobuf")],
+                            ExportTraceServiceResponse::default().encode_to_vec(),
+                        )
+                    },
+                ),
+            )
+            .with_state(self.clone());
+        upstream(app).await
+    }
+
+    /// Waits (up to 30 s, a guard against a hang, not a speed claim) until `n` spans
+    /// match `pick`, and returns them.
+    async fn wait_for(&self, n: usize, pick: impl Fn(&Got) -> bool) -> Vec<Got> {
+        let start = Instant::now();
+        loop {
+            let got: Vec<Got> = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|g| pick(g))
+                .cloned()
+                .collect();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{n} spans never came; got {:#?}",
+                self.spans.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// What the render upstream saw: each call's `traceparent` and `tracestate`.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<HashMap<String, String>>>>);
+
+impl Seen {
+    fn calls(&self) -> Vec<HashMap<String, String>> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Records the call's trace headers and body; answers 201 (after 800 ms for a body that
+/// says "slow").
+async fn record(
+    State(seen): State<Seen>,
+    headers: HeaderMap,
+    body: String,
+) -> (http::StatusCode, [(&'static str, &'static str); 1], String) {
+    let mut h = HashMap::new();
+    for name in ["traceparent", "tracestate"] {
+        if let Some(v) = headers.get(name) {
+            h.insert(name.to_string(), v.to_str().unwrap().to_string());
+        }
+    }
+    h.insert("body".into(), body.clone());
+    seen.0.lock().unwrap().push(h);
+    if body.contains("slow") {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    (
+        http::StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!("{{\"rendered\":{body:?}}}"),
+    )
+}
+
+/// `POST /v1/render` (a `write` route) and `POST /v1/job` (a `job` route).
+fn render_service(seen: Seen) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/render", post(record))
+        .route("/v1/job", post(record))
+        .with_state(seen)
+}
+
+fn config(dir: &std::path::Path, up: SocketAddr, tracing: &str) -> String {
+    let cfg = dir.join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+store = "sqlite://{db}"
+upstream = "http://{up}"
+[[routes]]
+method = "POST"
+path = "/v1/render"
+class = "write"
+[[routes]]
+method = "POST"
+path = "/v1/job"
+class = "job"
+wait = "10s"
+{tracing}
+"#,
+            db = dir.join("ledger.db").display(),
+        ),
+    )
+    .unwrap();
+    cfg.to_str().unwrap().to_owned()
+}
+
+fn tracing_section(collector: SocketAddr, extra: &str) -> String {
+    format!(
+        "[tracing]\notlp_endpoint = \"http://{collector}\"\nservice_name = \"edge-test\"\nschedule_delay = \"100ms\"\n{extra}\n"
+    )
+}
+
+async fn render(gw: &Gateway, body: &str, extra: &[(&str, &str)]) -> Answer {
+    let mut headers = vec![ALICE];
+    headers.extend_from_slice(extra);
+    http_post(&gw.url("/v1/render"), body, &headers).await
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Trace id and parent id of a valid `traceparent`.
+fn parse(tp: &str) -> (String, String, String) {
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!(parts[0], "00", "{tp}");
+    assert_eq!(parts[1].len(), 32, "{tp}");
+    assert_eq!(parts[2].len(), 16, "{tp}");
+    (
+        parts[1].to_string(),
+        parts[2].to_string(),
+        parts[3].to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues_the_callers_trace()
+{
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "headers = { \"x-team\" = \"edge\" }\nheaders_env = \"TEST_OTLP_HEADERS\"";
+    let gw = Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, extra)),
+        ],
+        &[("TEST_OTLP_HEADERS", "x-api-key=secret-1, x-tenant = t7")],
+    );
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let with_trace = [
+        ("traceparent", caller.as_str()),
+        ("tracestate", "vendor=abc"),
+    ];
+
+    let fresh = render(&gw, r#"{"text":"one"}"#, &with_trace).await;
+    assert_eq!(fresh.status, 201, "{}", fresh.text());
+    assert_eq!(fresh.header("oncely-status"), "fresh");
+    let record = fresh.header("oncely-record").to_owned();
+    let replay = render(&gw, r#"{"text":"one"}"#, &with_trace).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.header("oncely-status"), "replayed");
+    assert_eq!(replay.header("oncely-record"), record);
+
+    // One execution; the upstream got the caller's trace with a span of oncely's own.
+    let calls = seen.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (trace, parent, flags) = parse(&calls[0]["traceparent"]);
+    assert_eq!(trace, CALLER_TRACE);
+    assert_ne!(parent, CALLER_SPAN);
+    assert_eq!(flags, "01");
+    assert_eq!(calls[0]["tracestate"], "vendor=abc");
+
+    let servers = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let by_decision = |d: &str| {
+        servers
+            .iter()
+            .find(|g| g.str("oncely.decision") == d)
+            .unwrap_or_else(|| panic!("no {d} span in {servers:#?}"))
+            .clone()
+    };
+    let first = by_decision("fresh");
+    let second = by_decision("replayed");
+    for s in [&first, &second] {
+        assert_eq!(s.service, "edge-test");
+        assert_eq!(hex(&s.span.trace_id), CALLER_TRACE);
+        assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
+        assert_eq!(s.str("oncely.record"), record);
+        assert_eq!(s.str("oncely.route"), "POST /v1/render");
+        assert_eq!(s.int("oncely.attempt"), 1);
+        assert_eq!(s.int("http.response.status_code"), 201);
+        assert_eq!(s.str("oncely.principal").len(), 64, "the keyed hash");
+        assert_eq!(s.span.trace_state, "vendor=abc");
+    }
+    assert_ne!(first.span.span_id, second.span.span_id);
+    let sent = collector.headers.lock().unwrap().clone();
+    assert_eq!(sent["x-team"], "edge");
+    assert_eq!(sent["x-api-key"], "secret-1");
+    assert_eq!(sent["x-tenant"], "t7");
+    assert_eq!(first.int("oncely.upstream_status"), 201);
+    assert_eq!(first.span.name, "POST /v1/render");
+
+    // The upstream call is a client span under the fresh request's, and it is the
+    // parent the upstream was told.
+    let clients = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await;
+    assert_eq!(clients.len(), 1, "only the fresh request called upstream");
+    let client = &clients[0];
+    assert_eq!(hex(&client.span.trace_id), CALLER_TRACE);
+    assert_eq!(client.span.parent_span_id, first.span.span_id);
+    assert_eq!(hex(&client.span.span_id), parent);
+    assert_eq!(client.int("http.response.status_code"), 201);
+    assert!(client.span.end_time_unix_nano >= client.span.start_time_unix_nano);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_joined_spans() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Arc::new(Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, "")),
+        ],
+        &[],
+    ));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let gw = gw.clone();
+            tokio::spawn(async move { render(&gw, r#"{"text":"slow one"}"#, &[]).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut records = Vec::new();
+    for c in callers {
+        let a = c.await.unwrap();
+        assert_eq!(a.status, 201, "{}", a.text());
+        statuses.push(a.header("oncely-status").to_owned());
+        records.push(a.header("oncely-record").to_owned());
+    }
+    assert_eq!(seen.calls().len(), 1, "executed once");
+    assert_eq!(statuses.iter().filter(|s| *s == "fresh").count(), 1);
+    let servers = collector
+        .wait_for(8, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let mut decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.decision")).collect();
+    let mut want = statuses.clone();
+    decisions.sort();
+    want.sort();
+    assert_eq!(
+        decisions, want,
+        "one span per request, with its Oncely-Status"
+    );
+    assert!(decisions.iter().any(|d| d == "joined"), "{decisions:?}");
+    for s in &servers {
+        assert_eq!(s.str("oncely.record"), records[0]);
+        assert!(
+            s.span.parent_span_id.is_empty(),
+            "no caller trace: a root span"
+        );
+    }
+    // One upstream call, one client span, under the fresh request's span.
+    let fresh = servers
+        .iter()
+        .find(|s| s.str("oncely.decision") == "fresh")
+        .unwrap();
+    let clients = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await;
+    assert_eq!(clients.len(), 1);
+    assert_eq!(clients[0].span.parent_span_id, fresh.span.span_id);
+    assert_eq!(clients[0].span.trace_id, fresh.span.trace_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_or_missing_traceparent_starts_a_new_trace_and_is_never_passed_on() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, "")),
+        ],
+        &[],
+    );
+    let malformed = format!("00-{}-{CALLER_SPAN}-01", CALLER_TRACE.to_uppercase());
+    let bad = render(
+        &gw,
+        r#"{"text":"bad"}"#,
+        &[
+            ("traceparent", malformed.as_str()),
+            ("tracestate", "vendor=abc"),
+        ],
+    )
+    .await;
+    assert_eq!(bad.header("oncely-status"), "fresh");
+    let none = render(&gw, r#"{"text":"none"}"#, &[]).await;
+    assert_eq!(none.header("oncely-status"), "fresh");
+
+    let calls = seen.calls();
+    assert_eq!(calls.len(), 2);
+    let mut traces = Vec::new();
+    for call in &calls {
+        let tp = &call["traceparent"];
+        assert_ne!(tp, &malformed);
+        let (trace, _, _) = parse(tp);
+        assert_ne!(trace, CALLER_TRACE.to_string());
+        assert!(!call.contains_key("tracestate"), "{call:?}");
+        traces.push(trace);
+    }
+    assert_ne!(traces[0], traces[1], "two new traces");
+
+    let servers = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    for s in &servers {
+        assert!(s.span.parent_span_id.is_empty(), "a root span");
+        assert!(traces.contains(&hex(&s.span.trace_id)));
+        assert_eq!(s.str("oncely.decision"), "fresh");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submission_is_a_span_and_its_run_continues_the_trace() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, "")),
+        ],
+        &[],
+    );
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let job = http_post(
+        &gw.url("/v1/job"),
+        r#"{"text":"job"}"#,
+        &[ALICE, ("traceparent", caller.as_str())],
+    )
+    .await;
+    assert_eq!(job.status, 201, "{}", job.text());
+    assert_eq!(job.header("oncely-status"), "fresh");
+    let record = job.header("oncely-record").to_owned();
+
+    let calls = seen.calls();
+    assert_eq!(calls.len(), 1);
+    let (trace, parent, _) = parse(&calls[0]["traceparent"]);
+    assert_eq!(trace, CALLER_TRACE);
+
+    let server = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
+        .await
+        .remove(0);
+    assert_eq!(server.str("oncely.route"), "POST /v1/job");
+    assert_eq!(server.str("oncely.decision"), "fresh");
+    assert_eq!(server.str("oncely.record"), record);
+    assert_eq!(hex(&server.span.parent_span_id), CALLER_SPAN);
+    // The worker's upstream call: under the submission's span, the parent the upstream
+    // was told.
+    let run = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(hex(&run.span.trace_id), CALLER_TRACE);
+    assert_eq!(run.span.parent_span_id, server.span.span_id);
+    assert_eq!(hex(&run.span.span_id), parent);
+    assert_eq!(run.str("oncely.record"), record);
+    assert_eq!(run.int("http.response.status_code"), 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_tracing_section_nothing_is_sent_and_traceparent_passes_as_it_came() {
+    let collector = Collector::default();
+    let _otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&["--config", &config(dir.path(), up, "")], &[]);
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let malformed = "00-not-a-trace";
+    for (body, tp) in [
+        (r#"{"text":"a"}"#, caller.as_str()),
+        (r#"{"text":"b"}"#, malformed),
+    ] {
+        let a = render(
+            &gw,
+            body,
+            &[("traceparent", tp), ("tracestate", "vendor=abc")],
+        )
+        .await;
+        assert_eq!(a.header("oncely-status"), "fresh");
+    }
+    let calls = seen.calls();
+    assert_eq!(calls[0]["traceparent"], caller);
+    assert_eq!(calls[1]["traceparent"], malformed);
+    assert_eq!(calls[0]["tracestate"], "vendor=abc");
+    let metrics = get(&gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        !metrics.contains("oncely_trace_spans"),
+        "no exporter without [tracing]"
+    );
+    // Nothing is ever sent: the gateway has no exporter to send with. (A pause, not a
+    // timing claim: long enough for several export rounds had there been any.)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(collector.requests.load(Ordering::SeqCst), 0);
+}
+
+/// A TCP listener that accepts connections and never answers.
+async fn hanging_collector() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// The value of `name{labels}` in Prometheus text, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_or_hanging_collector_costs_requests_nothing() {
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let hanging = hanging_collector().await;
+    for (name, collector) in [("dead", dead), ("hanging", hanging)] {
+        let dir = tempfile::tempdir().unwrap();
+        let extra =
+            "max_queue = 4\nmax_batch = 2\nschedule_delay = \"20ms\"\nexport_timeout = \"60s\"";
+        let section = tracing_section(collector, extra).replace("schedule_delay = \"100ms\"\n", "");
+        let gw = Gateway::start(&["--config", &config(dir.path(), up, &section)], &[]);
+        let gw = Arc::new(gw);
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let gw = gw.clone();
+            tasks.push(tokio::spawn(async move {
+                let body = format!("{{\"text\":\"{name}-{i}\"}}");
+                render(&gw, &body, &[]).await
+            }));
+        }
+        // Every request is answered, executed once, normally. (The timeout only turns a
+        // hang into a failure.)
+        for t in tasks {
+            let a = tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .unwrap_or_else(|_| panic!("a request hung with a {name} collector"))
+                .unwrap();
+            assert_eq!(a.status, 201, "{}", a.text());
+            assert_eq!(a.header("oncely-status"), "fresh");
+        }
+        // And the spans that could not go are counted as dropped.
+        let start = Instant::now();
+        loop {
+            let text = get(&gw.admin_url("/metrics"), &[]).await.text();
+            let full = metric(
+                &text,
+                "oncely_trace_spans_dropped_total{reason=\"queue_full\"}",
+            );
+            let failed = metric(
+                &text,
+                "oncely_trace_spans_dropped_total{reason=\"export_failed\"}",
+            );
+            let done = match name {
+                // Refused at once: each batch fails and is counted.
+                "dead" => failed > 0.0,
+                // The first export never ends: the queue fills and the rest is dropped.
+                _ => full > 0.0,
+            };
+            if done {
+                assert_eq!(metric(&text, "oncely_trace_spans_exported_total"), 0.0);
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{name}: no dropped spans counted:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(seen.calls().len(), 80);
+}
+
+/// A JSON-only MCP server: `tools/call` answers a text result, and its `traceparent`
+/// is noted.
+fn mcp_server(seen: Seen) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/mcp",
+            post(
+                |State(seen): State<Seen>, headers: HeaderMap, body: String| async move {
+                    let message: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let mut h = HashMap::new();
+                    if let Some(v) = headers.get("traceparent") {
+                        h.insert("traceparent".into(), v.to_str().unwrap().to_string());
+                    }
+                    h.insert("body".into(), body.clone());
+                    seen.0.lock().unwrap().push(h);
+                    let result = serde_json::json!({"content": [{"type": "text", "text": "done"}]});
+                    axum::Json(serde_json::json!({
+                        "jsonrpc": "2.0", "id": message["id"], "result": result
+                    }))
+                },
+            ),
+        )
+        .with_state(seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the_trace() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(mcp_server(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{tracing}",
+            db = dir.path().join("ledger.db").display(),
+            tracing = tracing_section(otlp, ""),
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("traceparent", caller.as_str()),
+    ];
+    let mut records = Vec::new();
+    for (id, want) in [(1, "fresh"), (2, "replayed")] {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "render", "arguments": {"text": "hi"}}});
+        let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(a.header("oncely-status"), want, "{}", a.text());
+        records.push(a.header("oncely-record").to_owned());
+    }
+    assert_eq!(records[0], records[1]);
+    let calls = seen.calls();
+    assert_eq!(calls.len(), 1, "the tool ran once");
+    let (trace, parent, _) = parse(&calls[0]["traceparent"]);
+    assert_eq!(trace, CALLER_TRACE);
+
+    let servers = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.decision")).collect();
+    assert!(decisions.contains(&"fresh".to_string()), "{decisions:?}");
+    assert!(decisions.contains(&"replayed".to_string()), "{decisions:?}");
+    for s in &servers {
+        assert_eq!(s.str("oncely.mcp.tool"), "render");
+        assert_eq!(s.str("oncely.record"), records[0]);
+        assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
+        assert_eq!(s.int("oncely.attempt"), 1);
+    }
+    let fresh = servers
+        .iter()
+        .find(|s| s.str("oncely.decision") == "fresh")
+        .unwrap();
+    assert_eq!(fresh.int("oncely.upstream_status"), 200);
+    let client = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(client.span.parent_span_id, fresh.span.span_id);
+    assert_eq!(hex(&client.span.span_id), parent);
+}
+
+#[test]
+fn a_bad_tracing_section_is_a_clear_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:3000\"\n[tracing]\notlp_endpoint = \"127.0.0.1:4318\"\nsample_ratio = 2\n",
+    )
+    .unwrap();
+    let o = crate::common::run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = crate::common::stderr(&o);
+    for want in [
+        "tracing.otlp_endpoint: \"127.0.0.1:4318\" must start with http:// or https://",
+        "tracing.sample_ratio: must be a number from 0 to 1",
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with(want)),
+            "{want:?} not in {err}"
+        );
+    }
+    // `serve` refuses it with a one-line reason, before listening.
+    let o = crate::common::run(&["serve", "--config", file.to_str().unwrap()]);
+    crate::common::assert_usage_error(&o, "tracing.otlp_endpoint");
+
+    // A headers_env that is not set refuses to start, naming the variable.
+    std::fs::write(
+        &file,
+        format!(
+            "store = \"sqlite://{}\"\nupstream = \"http://127.0.0.1:3000\"\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nheaders_env = \"TEST_OTLP_UNSET\"\n",
+            dir.path().join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    let o = crate::common::oncely()
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env_remove("TEST_OTLP_UNSET")
+        .output()
+        .unwrap();
+    crate::common::assert_usage_error(&o, "tracing.headers_env: $TEST_OTLP_UNSET is not set");
+}
