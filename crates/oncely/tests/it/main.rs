@@ -20,6 +20,7 @@ mod mcp;
 mod process;
 mod proxy;
 mod reconcile;
+mod reload;
 mod retries;
 mod secrets;
 mod statements;
