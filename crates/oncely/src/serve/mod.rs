@@ -179,7 +179,7 @@ pub async fn run_reloading(
     let reconciler = tokio::spawn(reconcile::run_loop(
         store.clone(),
         client.clone(),
-        config.clone(),
+        live.configs(),
         reconcile::Pace::default(),
         stop_rx.clone(),
     ));

@@ -19,9 +19,10 @@
 //!
 //! Read at start only (a change is refused, naming the field): `listen`, `admin_listen`,
 //! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`. Applied:
-//! everything else, `drain_timeout` included. Still the start's until a restart: the
-//! reconciler's and the admin API's view of routes (`reconcile`, the `window` of a
-//! resolution), and the webhook delivery worker's lease.
+//! everything else, `drain_timeout` and the routes' `reconcile` settings (the reconciler
+//! scans with the current config) included. Still the start's until a restart: the
+//! admin API's view of routes (the `window` of a resolution) and the webhook delivery
+//! worker's lease.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -208,6 +209,8 @@ pub struct Live {
     pub webhooks: Webhooks,
     /// The job worker of the `job` routes (taken at shutdown).
     pub jobs: Option<JobWorker>,
+    /// The running config, for the reconciler (which scans with the current one).
+    configs: tokio::sync::watch::Sender<Arc<Config>>,
     guard: Arc<Guard>,
     client: UpstreamClient,
     store: Arc<dyn Store>,
@@ -228,6 +231,7 @@ impl Live {
         let jobs = start_jobs(&guard, &client, &routes);
         let snapshot = Snapshot::new(routes, mcp, webhooks.endpoints(), &guard, &client);
         Ok(Live {
+            configs: tokio::sync::watch::Sender::new(config.clone()),
             config,
             current: Current(Arc::new(RwLock::new(Arc::new(snapshot)))),
             webhooks,
@@ -236,6 +240,11 @@ impl Live {
             client,
             store,
         })
+    }
+
+    /// The running config, changing with each reload.
+    pub fn configs(&self) -> tokio::sync::watch::Receiver<Arc<Config>> {
+        self.configs.subscribe()
     }
 
     /// Reads the config again from `source` and applies it, or keeps the running one
@@ -312,6 +321,7 @@ impl Live {
         }
         self.jobs = Some(start_jobs(&self.guard, &self.client, &routes));
         self.config = Arc::new(config);
+        self.configs.send_replace(self.config.clone());
         Ok(())
     }
 }
