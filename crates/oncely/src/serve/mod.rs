@@ -133,6 +133,7 @@ pub async fn run_reloading(
         .context("reading the principal key from the store")?;
     let mut guard =
         Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes);
+    let has_job_key = job_key.is_some();
     if let Some(key) = job_key {
         guard = guard.with_job_key(key);
     }
@@ -144,7 +145,13 @@ pub async fn run_reloading(
         None => None,
     };
     let config = Arc::new(config);
-    let live = reload::Live::start(config.clone(), guard.clone(), client.clone(), store.clone())?;
+    let live = reload::Live::start(
+        config.clone(),
+        guard.clone(),
+        has_job_key,
+        client.clone(),
+        store.clone(),
+    )?;
 
     let local = listener.local_addr()?;
     let admin_local = admin_listener.local_addr()?;

@@ -18,7 +18,9 @@
 //! `oncely_config_reloads_total{result="ok|refused"}`.
 //!
 //! Read at start only (a change is refused, naming the field): `listen`, `admin_listen`,
-//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`. Applied:
+//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`; and the job
+//! key, so a reload that brings the first `job` route to a server started without one
+//! (and without `ONCELY_SECRET_KEY`) is refused too. Applied:
 //! everything else, `drain_timeout` and the routes' `reconcile` settings (the reconciler
 //! scans with the current config) included. Still the start's until a restart: the
 //! admin API's view of routes (the `window` of a resolution) and the webhook delivery
@@ -27,6 +29,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use oncely_core::Class;
 use oncely_store::Store;
 use oncely_tower::{Guard, IdempotencyLayer, IdempotencyService, JobWorker, JobWorkerOptions};
 use tower::Layer;
@@ -211,6 +214,8 @@ pub struct Live {
     pub jobs: Option<JobWorker>,
     /// The running config, for the reconciler (which scans with the current one).
     configs: tokio::sync::watch::Sender<Arc<Config>>,
+    /// Whether the guard was given a key to seal queued jobs with (resolved at start).
+    job_key: bool,
     guard: Arc<Guard>,
     client: UpstreamClient,
     store: Arc<dyn Store>,
@@ -221,6 +226,7 @@ impl Live {
     pub fn start(
         config: Arc<Config>,
         guard: Arc<Guard>,
+        job_key: bool,
         client: UpstreamClient,
         store: Arc<dyn Store>,
     ) -> anyhow::Result<Live> {
@@ -232,6 +238,7 @@ impl Live {
         let snapshot = Snapshot::new(routes, mcp, webhooks.endpoints(), &guard, &client);
         Ok(Live {
             configs: tokio::sync::watch::Sender::new(config.clone()),
+            job_key,
             config,
             current: Current(Arc::new(RwLock::new(Arc::new(snapshot)))),
             webhooks,
@@ -297,6 +304,11 @@ impl Live {
                 .into_iter()
                 .map(|f| format!("{f}: changed, and only a restart can change it"))
                 .collect());
+        }
+        if !self.job_key && config.routes.iter().any(|r| r.class == Class::Job) {
+            return Err(vec![
+                "routes: a first `job` route needs a restart (the key queued jobs are sealed with is resolved at start)".into(),
+            ]);
         }
         let mcp = McpEndpoints::new(&config, &self.guard).map_err(|e| vec![format!("{e:#}")])?;
         // The last step that can fail: it changes nothing when it does.

@@ -303,6 +303,55 @@ async fn a_config_with_problems_is_refused_logged_and_the_old_one_kept() {
     assert_eq!(gw.terminate().code(), Some(0));
 }
 
+fn job_route(path: &str) -> String {
+    format!(
+        "\n[[routes]]\nmethod = \"POST\"\npath = \"{path}\"\nclass = \"job\"\nkey = \"header\"\n\
+         principal = \"header:authorization\"\nwait = \"10s\"\nlease = \"2s\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_routes_change_on_reload_and_a_first_one_needs_a_restart() {
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    let base = config_text(dir.path(), &up, &["/v1/a"], "");
+    write(&cfg, &base);
+    let gw = start(&cfg);
+    // Started without a job route (so without a job key): a first one is refused.
+    write(&cfg, &format!("{base}{}", job_route("/v1/job1")));
+    assert!(hup(&gw).await.contains("config reload refused"));
+    assert!(gw
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("a first `job` route needs a restart")));
+    assert_eq!(gw.terminate().code(), Some(0));
+
+    // Started with one: a reload adds another, and the job worker runs its jobs.
+    let gw = start(&cfg);
+    let a = call(&gw, "/v1/job1", "j1").await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    assert_eq!(oncely_status(&a), Some("fresh"));
+    write(
+        &cfg,
+        &format!("{base}{}{}", job_route("/v1/job1"), job_route("/v1/job2")),
+    );
+    assert!(hup(&gw).await.contains("config reloaded"));
+    let b = call(&gw, "/v1/job2", "j2").await;
+    assert_eq!(b.status, StatusCode::CREATED, "{}", b.text());
+    assert_eq!(oncely_status(&b), Some("fresh"));
+    let again = call(&gw, "/v1/job2", "j2").await;
+    assert_eq!(oncely_status(&again), Some("replayed"));
+    assert_eq!(seen.calls("/v1/job2", "j2"), 1);
+    // The first route's jobs still run.
+    let c = call(&gw, "/v1/job1", "j3").await;
+    assert_eq!(oncely_status(&c), Some("fresh"));
+    assert_eq!(seen.calls("/v1/job1", "j3"), 1);
+    assert_eq!(gw.terminate().code(), Some(0));
+}
+
 /// A minimal MCP server: answers JSON-RPC with JSON, counting `tools/call`s.
 async fn mcp_upstream() -> (String, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
