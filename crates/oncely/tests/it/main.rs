@@ -17,6 +17,7 @@ mod hostile;
 mod inventory;
 mod jobs;
 mod mcp;
+mod packaging;
 mod process;
 mod proxy;
 mod reconcile;
