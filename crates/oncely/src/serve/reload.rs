@@ -310,12 +310,13 @@ impl Live {
                 "routes: a first `job` route needs a restart (the key queued jobs are sealed with is resolved at start)".into(),
             ]);
         }
-        let mcp = McpEndpoints::new(&config, &self.guard).map_err(|e| vec![format!("{e:#}")])?;
+        let previous = self.current.load();
+        let mcp = McpEndpoints::reloaded(&config, &self.guard, &previous.mcp)
+            .map_err(|e| vec![format!("{e:#}")])?;
         // The last step that can fail: it changes nothing when it does.
         self.webhooks
             .reload(&config, &self.store)
             .map_err(|e| vec![format!("{e:#}")])?;
-        let previous = self.current.load();
         let routes = RouteTable::reloaded(&config, Some(&previous.routes));
         super::prometheus::describe(routes.names());
         let snapshot = Snapshot::new(

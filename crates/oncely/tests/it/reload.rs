@@ -352,18 +352,42 @@ async fn job_routes_change_on_reload_and_a_first_one_needs_a_restart() {
     assert_eq!(gw.terminate().code(), Some(0));
 }
 
-/// A minimal MCP server: answers JSON-RPC with JSON, counting `tools/call`s.
+/// A minimal MCP server: answers JSON-RPC with JSON, counting `tools/call`s; a call whose
+/// `text` is `slow` waits for a permit of the gate.
+#[derive(Clone)]
+struct McpServer {
+    calls: Arc<AtomicUsize>,
+    methods: Arc<Mutex<Vec<String>>>,
+    gate: Arc<Semaphore>,
+}
+
 async fn mcp_upstream() -> (String, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
+    let (url, server) = mcp_server().await;
+    (url, server.calls)
+}
+
+async fn mcp_server() -> (String, McpServer) {
+    let server = McpServer {
+        calls: Arc::default(),
+        methods: Arc::default(),
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let c = server.clone();
     let app = Router::new().route(
         "/mcp",
         post(move |body: String| {
             let c = c.clone();
             async move {
                 let msg: Value = serde_json::from_str(&body).unwrap();
+                c.methods
+                    .lock()
+                    .unwrap()
+                    .push(msg["method"].as_str().unwrap_or("").to_owned());
+                if msg["params"]["arguments"]["text"] == "slow" {
+                    c.gate.acquire().await.unwrap().forget();
+                }
                 let result = if msg["method"] == "tools/call" {
-                    let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+                    let n = c.calls.fetch_add(1, Ordering::SeqCst) + 1;
                     json!({"content": [{"type": "text", "text": format!("render #{n}")}]})
                 } else {
                     json!({})
@@ -376,12 +400,16 @@ async fn mcp_upstream() -> (String, Arc<AtomicUsize>) {
         }),
     );
     let addr = upstream(app).await;
-    (format!("http://{addr}/mcp"), calls)
+    (format!("http://{addr}/mcp"), server)
 }
 
 async fn tools_call(gw: &Gateway, id: i64) -> Answer {
     let msg = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
         "params": {"name": "render", "arguments": {"text": "chapter one"}}});
+    mcp_post(gw, msg).await
+}
+
+async fn mcp_post(gw: &Gateway, msg: Value) -> Answer {
     http_post(
         &gw.url("/mcp"),
         &msg.to_string(),
@@ -450,6 +478,63 @@ async fn mcp_entries_change_on_reload() {
     assert!(hup(&gw).await.contains("config reloaded"));
     tools_call(&gw, 6).await;
     assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(gw.terminate().code(), Some(0));
+}
+
+/// The cancellation of a guarded call in flight is dropped (never forwarded) by the
+/// endpoint that runs it: a reload that leaves the entry as it was keeps that endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_in_flight_keeps_its_endpoint_across_a_reload() {
+    let (mcp, server) = mcp_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    let entry = format!(
+        "[[mcp]]\npath = \"/mcp\"\nupstream = \"{mcp}\"\nprincipal = \"header:authorization\"\n\
+         tools = [\"*\"]\nwindow = \"1h\"\n"
+    );
+    let base = mcp.trim_end_matches("/mcp").to_owned();
+    write(&cfg, &config_text(dir.path(), &base, &[], &entry));
+    let gw = Arc::new(start(&cfg));
+    let in_flight = {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let msg = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "render", "arguments": {"text": "slow"}}});
+            mcp_post(&gw, msg).await
+        })
+    };
+    eventually("the call reached the MCP server", || {
+        server
+            .methods
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m == "tools/call")
+    })
+    .await;
+    // A reload that changes something else: the entry keeps its endpoint.
+    write(
+        &cfg,
+        &config_text(dir.path(), &base, &["/v1/other"], &entry),
+    );
+    assert!(hup(&gw).await.contains("config reloaded"));
+    let cancel = mcp_post(
+        &gw,
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 7, "reason": "client timeout"}}),
+    )
+    .await;
+    assert_eq!(cancel.status, StatusCode::ACCEPTED, "{}", cancel.text());
+    server.gate.add_permits(1);
+    let answer = in_flight.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert!(answer.text().contains("render #1"), "{}", answer.text());
+    let methods = server.methods.lock().unwrap().clone();
+    assert!(
+        !methods.iter().any(|m| m == "notifications/cancelled"),
+        "the cancellation of the guarded call was forwarded: {methods:?}"
+    );
+    let gw = Arc::into_inner(gw).unwrap();
     assert_eq!(gw.terminate().code(), Some(0));
 }
 
