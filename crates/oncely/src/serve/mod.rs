@@ -7,7 +7,9 @@
 //! records every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
 //! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
 //! `JobWorker` runs the queued jobs of `job` routes through the same proxy; what they keep
-//! is sealed with the key [`job_key`] resolves.
+//! is sealed with the key [`job_key`] resolves. `oncely serve` reads its config file again
+//! on SIGHUP ([`reload`]): each request is answered from the config current when it
+//! started.
 //!
 //! On shutdown it stops accepting, writes the repeat counts held in memory, lets every
 //! open connection finish its in-flight requests and waits for every owned upstream call
