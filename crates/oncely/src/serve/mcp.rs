@@ -17,24 +17,73 @@ use crate::config::{Config, JwtKey, McpEndpoint as McpEntry, PrincipalRule};
 #[derive(Clone, Debug, Default)]
 pub struct McpEndpoints {
     endpoints: Arc<Vec<McpEndpoint>>,
+    /// What each endpoint was built from.
+    built_from: Arc<Vec<Built>>,
+}
+
+/// The settings an endpoint is built from.
+#[derive(Debug, Clone, PartialEq)]
+struct Built {
+    entry: McpEntry,
+    max_body: u64,
+    max_response: u64,
 }
 
 impl McpEndpoints {
     /// One endpoint per `[[mcp]]` entry, on `guard`. A JWT secret variable that is unset or
     /// a JWKS file that cannot be read stops the server with a clear error.
     pub fn new(config: &Config, guard: &Arc<Guard>) -> anyhow::Result<McpEndpoints> {
+        McpEndpoints::reloaded(config, guard, &McpEndpoints::default())
+    }
+
+    /// The endpoints of a config read again (SIGHUP). An entry that did not change keeps
+    /// its endpoint, and with it what that endpoint tracks of the calls in flight (their
+    /// cancellations are still dropped, a session's end is still held back until they are
+    /// recorded); an entry with a `jwks_file` is built again, so the file is read again.
+    pub fn reloaded(
+        config: &Config,
+        guard: &Arc<Guard>,
+        previous: &McpEndpoints,
+    ) -> anyhow::Result<McpEndpoints> {
         if config.mcp.is_empty() {
             return Ok(McpEndpoints::default());
         }
         let client = McpEndpoint::client(config.upstream_ca.as_deref())
             .context("the MCP endpoints' upstream client")?;
         let mut endpoints = Vec::new();
+        let mut built_from = Vec::new();
         for (i, entry) in config.mcp.iter().enumerate() {
-            let mcp = resolve(config, entry).with_context(|| format!("mcp[{i}]"))?;
-            endpoints.push(McpEndpoint::new(mcp, guard.clone(), client.clone()));
+            let built = Built {
+                entry: entry.clone(),
+                max_body: config.max_body,
+                max_response: config.max_response,
+            };
+            let jwks = matches!(
+                entry.principal,
+                PrincipalRule::Jwt {
+                    key: JwtKey::JwksFile(_),
+                    ..
+                }
+            );
+            let kept = previous
+                .built_from
+                .iter()
+                .position(|b| *b == built)
+                .filter(|_| !jwks)
+                .map(|p| previous.endpoints[p].clone());
+            let endpoint = match kept {
+                Some(endpoint) => endpoint,
+                None => {
+                    let mcp = resolve(config, entry).with_context(|| format!("mcp[{i}]"))?;
+                    McpEndpoint::new(mcp, guard.clone(), client.clone())
+                }
+            };
+            endpoints.push(endpoint);
+            built_from.push(built);
         }
         Ok(McpEndpoints {
             endpoints: Arc::new(endpoints),
+            built_from: Arc::new(built_from),
         })
     }
 

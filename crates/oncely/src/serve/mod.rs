@@ -7,7 +7,9 @@
 //! records every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
 //! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
 //! `JobWorker` runs the queued jobs of `job` routes through the same proxy; what they keep
-//! is sealed with the key [`job_key`] resolves.
+//! is sealed with the key [`job_key`] resolves. `oncely serve` reads its config file again
+//! on SIGHUP ([`reload`]): each request is answered from the config current when it
+//! started.
 //!
 //! On shutdown it stops accepting, writes the repeat counts held in memory, lets every
 //! open connection finish its in-flight requests and waits for every owned upstream call
@@ -21,6 +23,7 @@ pub mod otel;
 pub mod prometheus;
 pub mod proxy;
 pub mod reconcile;
+pub mod reload;
 pub mod retry;
 pub mod routes;
 pub mod tls;
@@ -39,14 +42,13 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use oncely_core::State;
 use oncely_store::{ListFilter, Store, StoreOptions};
-use oncely_tower::{Guard, IdempotencyLayer};
+use oncely_tower::Guard;
 use tokio::net::TcpListener;
-use tower::{Layer, ServiceExt};
+use tower::ServiceExt;
 
 use crate::cli::{Failure, Outcome, ServeArgs};
 use crate::config::{Config, Overrides};
-use proxy::{ClientInfo, Proxy, UpstreamClient};
-use routes::RouteTable;
+use proxy::{ClientInfo, UpstreamClient};
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
@@ -65,6 +67,9 @@ pub(crate) async fn cli(args: ServeArgs) -> Outcome {
         admin_listen: args.admin_listen.clone(),
         store: args.store.clone(),
     };
+    // First thing: a SIGHUP from now on is a reload, never the end of the process.
+    let source = reload::Source::new(args.config.clone(), overrides.clone())
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
     let config = match (&args.config, &args.upstream) {
         (Some(path), _) => Config::load(path, &overrides)
             .map_err(|e| Failure::usage(format!("config {}: {e}", path.display())))?,
@@ -81,7 +86,7 @@ pub(crate) async fn cli(args: ServeArgs) -> Outcome {
     let admin = TcpListener::bind(config.admin_listen)
         .await
         .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", config.admin_listen)))?;
-    run(listener, admin, config, shutdown_signal())
+    run_reloading(listener, admin, config, Some(source), shutdown_signal())
         .await
         .map_err(|e| Failure::usage(format!("{e:#}")))
 }
@@ -111,6 +116,17 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    run_reloading(listener, admin_listener, config, None, shutdown).await
+}
+
+/// [`run`], reading the config again from `reload` on each SIGHUP ([`reload`]).
+pub async fn run_reloading(
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    config: Config,
+    reload: Option<reload::Source>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     // Before the store: a missing or bad key refuses to start without touching it.
     let job_key = job_key::resolve(&config)?;
     let otel_headers = match &config.tracing {
@@ -125,6 +141,7 @@ pub async fn run(
         .context("reading the principal key from the store")?;
     let mut guard =
         Guard::new(store.clone(), principal_key).with_max_inflight_bytes(config.max_inflight_bytes);
+    let has_job_key = job_key.is_some();
     if let Some(key) = job_key {
         guard = guard.with_job_key(key);
     }
@@ -146,17 +163,19 @@ pub async fn run(
     }
     let guard = Arc::new(guard);
     let metrics = prometheus::handle();
-    let routes = RouteTable::new(&config);
-    let mcp = mcp::McpEndpoints::new(&config, &guard)?;
-    let webhooks = webhooks::Webhooks::start(&config, &store)?;
-    let hooks = webhooks.endpoints();
-    prometheus::describe(routes.names());
     let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
     let tls = match &config.tls {
         Some(files) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(files)?)),
         None => None,
     };
     let config = Arc::new(config);
+    let live = reload::Live::start(
+        config.clone(),
+        guard.clone(),
+        has_job_key,
+        client.clone(),
+        store.clone(),
+    )?;
 
     let local = listener.local_addr()?;
     let admin_local = admin_listener.local_addr()?;
@@ -174,7 +193,7 @@ pub async fn run(
         config: config.clone(),
         token: admin_token,
         metrics: metrics.clone(),
-        webhooks: webhooks.admin_router(store.clone()),
+        webhooks: live.webhooks.admin_router(store.clone()),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = {
@@ -191,19 +210,13 @@ pub async fn run(
     let reconciler = tokio::spawn(reconcile::run_loop(
         store.clone(),
         client.clone(),
-        config.clone(),
+        live.configs(),
         reconcile::Pace::default(),
         stop_rx.clone(),
     ));
 
-    let service = IdempotencyLayer::new(guard.clone(), routes.clone())
-        .layer(Proxy::new(client.clone(), routes.clone()));
-    let jobs = oncely_tower::JobWorker::start(
-        guard.clone(),
-        routes.job_policies(),
-        Proxy::new(client, routes.clone()),
-        oncely_tower::JobWorkerOptions::default(),
-    );
+    let current = live.current.clone();
+    let reloader = reload::Reloader::spawn(live, reload);
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -225,17 +238,14 @@ pub async fn run(
             addr,
             https: tls.is_some(),
         };
-        let service = service.clone();
-        let mcp = mcp.clone();
-        let hooks = hooks.clone();
-        let routes = routes.clone();
+        let current = current.clone();
         let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
-            let service = service.clone();
-            let mcp = mcp.clone();
-            let hooks = hooks.clone();
+            // This request's routes and endpoints, to its end: a reload changes the
+            // requests that start after it.
+            let snapshot = current.load();
             // One normalised path for everything after this (or 400 path_invalid).
-            let req = routes.normalize(req);
+            let req = snapshot.routes.normalize(req);
             // `[[mcp]]` and `[[webhooks]]` paths are answered by their endpoints, before
             // the route table.
             async move {
@@ -243,13 +253,13 @@ pub async fn run(
                     Ok(req) => req,
                     Err(refused) => return Ok(refused),
                 };
-                let req = match mcp.answer(req).await {
+                let req = match snapshot.mcp.answer(req).await {
                     Ok(resp) => return Ok(resp),
                     Err(req) => req,
                 };
-                match hooks.answer(req).await {
+                match snapshot.hooks.answer(req).await {
                     Ok(resp) => Ok(resp),
-                    Err(req) => service.oneshot(req).await,
+                    Err(req) => snapshot.service.clone().oneshot(req).await,
                 }
             }
         });
@@ -286,10 +296,13 @@ pub async fn run(
         }
     }
     drop(listener);
-    let deadline = tokio::time::Instant::now() + config.drain_timeout;
+    // A reload under way ends first; none starts after this.
+    let mut live = reloader.stop().await;
+    let drain_timeout = live.config.drain_timeout;
+    let deadline = tokio::time::Instant::now() + drain_timeout;
     tracing::info!(
         connections = graceful.count(),
-        drain_timeout = ?config.drain_timeout,
+        drain_timeout = ?drain_timeout,
         "shutting down: finishing in-flight requests"
     );
     // The repeat counts live only in memory: write them before anything that may wait.
@@ -297,8 +310,10 @@ pub async fn run(
     let drained = tokio::time::timeout_at(deadline, async {
         graceful.shutdown().await;
         // Queued jobs that have not started stay queued for the next start.
-        jobs.stop().await;
-        webhooks.stop().await;
+        if let Some(jobs) = live.jobs.take() {
+            jobs.stop().await;
+        }
+        live.webhooks.stop().await;
         guard.drain().await;
     })
     .await;

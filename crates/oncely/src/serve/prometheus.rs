@@ -8,6 +8,7 @@
 //! | `oncely_outcome_unknown` | gauge | records awaiting reconciliation, refreshed from the store |
 //! | `oncely_webhook_deliveries_total` | counter | `result` |
 //! | `oncely_upstream_retries_total` | counter | `route`, `reason` (`connect`, `reset`, `status_502`, `status_503`, `status_504`): temporary upstream failures tried again (a route's `retries`) |
+//! | `oncely_config_reloads_total` | counter | `result` (`ok`, `refused`): config files read again on `SIGHUP` |
 //!
 //! Every one of them is described and set at start, so each name is in the output
 //! before any traffic.
@@ -89,6 +90,13 @@ pub fn describe<'a>(routes: impl Iterator<Item = &'a str>) {
     );
     for op in ["renew", "complete", "release", "mark_unknown"] {
         metrics::counter!("oncely_ledger_write_retries_total", "op" => op).increment(0);
+    }
+    metrics::describe_counter!(
+        "oncely_config_reloads_total",
+        "Config files read again on SIGHUP, by result (ok, refused)"
+    );
+    for result in ["ok", "refused"] {
+        metrics::counter!("oncely_config_reloads_total", "result" => result).increment(0);
     }
     metrics::gauge!("oncely_in_flight").increment(0.0);
     metrics::gauge!("oncely_outcome_unknown").set(0.0);

@@ -238,23 +238,24 @@ const HOLD_MARGIN: Duration = Duration::from_secs(5);
 /// to `max_attempts`. The schedule (attempts so far, next time) is kept in the ledger
 /// ([`Store::schedule_reconcile`]): a restarted server continues it, and of several
 /// instances on one database only the one that moved the schedule to the next attempt
-/// asks.
+/// asks. Each scan takes the routes of the config current then (`SIGHUP` changes it).
 pub async fn run_loop(
     store: Arc<dyn Store>,
     client: UpstreamClient,
-    config: Arc<Config>,
+    configs: tokio::sync::watch::Receiver<Arc<Config>>,
     pace: Pace,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    if !config.routes.iter().any(|r| r.reconcile.is_some()) {
-        return;
-    }
     let mut ticks = tokio::time::interval(pace.scan_every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = ticks.tick() => {}
+        }
+        let config = configs.borrow().clone();
+        if !config.routes.iter().any(|r| r.reconcile.is_some()) {
+            continue;
         }
         let filter = ListFilter {
             state: Some(State::OutcomeUnknown),

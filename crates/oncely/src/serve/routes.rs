@@ -78,6 +78,21 @@ pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
 impl RouteTable {
     /// The table of a config.
     pub fn new(config: &Config) -> RouteTable {
+        RouteTable::reloaded(config, None)
+    }
+
+    /// The table of a config read again: a route of the same name and `concurrency` as
+    /// one of `previous` shares its limit, so the calls still running on the old table
+    /// count against the new one.
+    pub fn reloaded(config: &Config, previous: Option<&RouteTable>) -> RouteTable {
+        let kept = |r: &Route| -> Option<Arc<Semaphore>> {
+            let old = previous?
+                .inner
+                .entries
+                .iter()
+                .find(|e| e.route.name == r.name && e.route.concurrency == r.concurrency)?;
+            old.limit.clone()
+        };
         RouteTable {
             inner: Arc::new(Inner {
                 entries: config
@@ -86,7 +101,8 @@ impl RouteTable {
                     .map(|r| Entry {
                         route: r.clone(),
                         policy: Arc::new(policy(r, config)),
-                        limit: r.concurrency.map(|n| Arc::new(Semaphore::new(n))),
+                        limit: kept(r)
+                            .or_else(|| r.concurrency.map(|n| Arc::new(Semaphore::new(n)))),
                         retry: RetryPolicy::of(r, config.max_body).map(Arc::new),
                     })
                     .collect(),

@@ -36,16 +36,37 @@ impl Webhooks {
             options.lease = lease;
         }
         let worker = DeliveryWorker::start(store.clone(), options);
-        let mut endpoints = Vec::new();
-        for (i, entry) in config.webhooks.iter().enumerate() {
-            let resolved = resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;
-            endpoints
-                .push(WebhookEndpoint::new(resolved, store.clone()).with_waker(worker.waker()));
-        }
+        let endpoints = build(config, store, &worker)?;
         Ok(Webhooks {
             endpoints: Arc::new(endpoints),
             worker: Some(worker),
         })
+    }
+
+    /// The endpoints of a config read again (SIGHUP), on this process's one worker,
+    /// which keeps running: deliveries already queued carry their own target and
+    /// attempt limit, so they are delivered (or dead-lettered) as they were received,
+    /// whether their entry changed, went, or not. A worker is started when the first
+    /// entry appears; its lease stays the one it started with. A problem changes nothing.
+    pub fn reload(&mut self, config: &Config, store: &Arc<dyn Store>) -> anyhow::Result<()> {
+        if config.webhooks.is_empty() {
+            self.endpoints = Arc::default();
+            return Ok(());
+        }
+        // Every entry resolves (secrets set) before a worker is started for them.
+        for (i, entry) in config.webhooks.iter().enumerate() {
+            resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;
+        }
+        if self.worker.is_none() {
+            let mut options = WorkerOptions::default();
+            if let Some(lease) = config.webhooks.iter().map(|w| w.lease).min() {
+                options.lease = lease;
+            }
+            self.worker = Some(DeliveryWorker::start(store.clone(), options));
+        }
+        let worker = self.worker.as_ref().expect("a worker");
+        self.endpoints = Arc::new(build(config, store, worker)?);
+        Ok(())
     }
 
     /// What the request handlers need (cheap to clone).
@@ -100,6 +121,19 @@ fn method_not_allowed() -> Response<BoxBody> {
     res.headers_mut()
         .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
     res
+}
+
+fn build(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    worker: &DeliveryWorker,
+) -> anyhow::Result<Vec<WebhookEndpoint>> {
+    let mut endpoints = Vec::new();
+    for (i, entry) in config.webhooks.iter().enumerate() {
+        let resolved = resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;
+        endpoints.push(WebhookEndpoint::new(resolved, store.clone()).with_waker(worker.waker()));
+    }
+    Ok(endpoints)
 }
 
 fn resolve(config: &Config, entry: &WebhookEntry) -> anyhow::Result<WebhookConfig> {

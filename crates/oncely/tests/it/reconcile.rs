@@ -238,6 +238,45 @@ async fn a_reconcile_that_finds_nothing_releases_the_record() {
     assert!(reconcile_count(&s.gw, "released").await >= 1);
 }
 
+/// A route's `reconcile` added by a reload (SIGHUP) is used for records that became
+/// unknown before it: the reconciler scans with the current config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_added_by_a_reload_resolves_a_record_unknown_before_it() {
+    let orders = Orders::default();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (cfg, _) = write_config(&orders, dir.path(), &store, "200ms").await;
+    let with_reconcile = std::fs::read_to_string(&cfg).unwrap();
+    let without: String = with_reconcile
+        .lines()
+        .filter(|l| !l.starts_with("reconcile"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&cfg, &without).unwrap();
+    let gw = start(&cfg);
+    let first = http_post(&gw.url("/v1/orders"), r#"{"mode":"fail"}"#, &ALICE).await;
+    assert_eq!(first.status, 500);
+    let id = first.header("oncely-record").to_owned();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(state_of(&store, &id).await["state"], "outcome_unknown");
+
+    std::fs::write(&cfg, &with_reconcile).unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let r = settled(&store, &id, Duration::from_secs(10)).await;
+    assert_eq!(r["state"], "released", "{r}");
+    assert!(r["last_error"].as_str().unwrap().contains("404"), "{r}");
+    assert!(gw
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("config reloaded")));
+}
+
 /// The provider cannot tell (503): the record stays unknown, and is asked again with
 /// growing delays; every attempt is logged and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
