@@ -7,7 +7,7 @@
 //! service_name = "oncely"                  # the resource's service.name
 //! sample_ratio = 1.0                       # of new traces (a caller's sampled flag is kept)
 //! headers = { "x-team" = "edge" }          # sent with every export
-//! headers_env = "ONCELY_OTLP_HEADERS"      # more, from the environment: name=value,name=value
+//! headers_env = "OTLP_HEADERS"      # more, from the environment: name=value,name=value
 //! max_queue = 2048                         # spans waiting for export; more are dropped
 //! max_batch = 512                          # spans per export request
 //! schedule_delay = "5s"                    # how often waiting spans are sent

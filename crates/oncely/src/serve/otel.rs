@@ -32,10 +32,6 @@ use tokio::sync::{mpsc, watch};
 use super::proxy::UpstreamClient;
 use crate::config::tracing::Tracing;
 
-/// Spans dropped, by reason.
-pub const DROPPED: &str = "oncely_trace_spans_dropped_total";
-/// Spans the collector took.
-pub const EXPORTED: &str = "oncely_trace_spans_exported_total";
 /// How long the last export on shutdown may take.
 const FINAL_EXPORT: Duration = Duration::from_secs(2);
 /// How much of a collector's answer is read (it is only drained).
@@ -84,7 +80,7 @@ impl Exporter {
         let (tx, rx) = mpsc::channel(config.max_queue);
         let sink = Arc::new(Queue {
             tx,
-            full: metrics::counter!(DROPPED, "reason" => "queue_full"),
+            full: metrics::counter!("oncely_trace_spans_dropped_total", "reason" => "queue_full"),
         });
         let tracer = Arc::new(Tracer::new(sink, config.sample_ratio()));
         let (stop, stopped) = watch::channel(false);
@@ -119,14 +115,17 @@ impl Exporter {
 
 fn describe() {
     metrics::describe_counter!(
-        DROPPED,
+        "oncely_trace_spans_dropped_total",
         "Trace spans dropped, by reason (queue_full: the export queue was full; export_failed: the collector did not take them)"
     );
-    metrics::describe_counter!(EXPORTED, "Trace spans the OTLP collector took");
+    metrics::describe_counter!(
+        "oncely_trace_spans_exported_total",
+        "Trace spans the OTLP collector took"
+    );
     for reason in ["queue_full", "export_failed"] {
-        metrics::counter!(DROPPED, "reason" => reason).increment(0);
+        metrics::counter!("oncely_trace_spans_dropped_total", "reason" => reason).increment(0);
     }
-    metrics::counter!(EXPORTED).increment(0);
+    metrics::counter!("oncely_trace_spans_exported_total").increment(0);
 }
 
 fn resource(service_name: &str, instance: &str) -> Resource {
@@ -193,7 +192,7 @@ impl Batch {
         for chunk in spans.chunks(max) {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
-                metrics::counter!(DROPPED, "reason" => "export_failed")
+                metrics::counter!("oncely_trace_spans_dropped_total", "reason" => "export_failed")
                     .increment(chunk.len() as u64);
                 continue;
             }
@@ -233,14 +232,15 @@ impl Batch {
         .unwrap_or_else(|_| Err(format!("the collector did not answer within {limit:?}")));
         match sent {
             Ok(()) => {
-                metrics::counter!(EXPORTED).increment(n);
+                metrics::counter!("oncely_trace_spans_exported_total").increment(n);
                 if self.failing {
                     tracing::info!(target: "oncely::otel", "exporting traces again");
                     self.failing = false;
                 }
             }
             Err(why) => {
-                metrics::counter!(DROPPED, "reason" => "export_failed").increment(n);
+                metrics::counter!("oncely_trace_spans_dropped_total", "reason" => "export_failed")
+                    .increment(n);
                 if self.failing {
                     tracing::debug!(target: "oncely::otel", spans = n, error = %why, "trace export failed; spans dropped");
                 } else {

@@ -174,7 +174,7 @@ fn literals_after<'a>(text: &'a str, prefix: &str) -> Vec<(&'a str, String)> {
 
 /// Where the binary reports an unknown key, and the heading of docs/config.md that
 /// documents that section.
-const SECTIONS: [(&str, &str); 7] = [
+const SECTIONS: [(&str, &str); 8] = [
     ("", "Top level"),
     ("tls", "tls"),
     ("defaults", "[defaults]"),
@@ -182,6 +182,7 @@ const SECTIONS: [(&str, &str); 7] = [
     ("routes[0].guard_when", "guard_when"),
     ("mcp[0]", "[[mcp]]"),
     ("webhooks[0]", "[[webhooks]]"),
+    ("tracing", "[tracing]"),
 ];
 
 /// A config with one unknown key in every section: the binary answers each with the keys
@@ -210,6 +211,10 @@ path = "/hooks"
 verify = "stripe"
 secret_env = "S"
 deliver_to = "http://127.0.0.1:9"
+zz_probe = 1
+
+[tracing]
+otlp_endpoint = "http://127.0.0.1:4318"
 zz_probe = 1
 "#;
 
