@@ -192,8 +192,15 @@ async fn store_unavailable_refuses_guarded_requests_and_recovers_without_a_resta
     let replay = http_post(&render, "before", &AUTH).await;
     assert_eq!(replay.header("oncely-status"), "replayed");
     assert_eq!(replay.body, ok.body);
+    // The first "after" was answered as its answer was read; its completion may still be
+    // on its way to the just-restarted server, so the repeat joins it or replays it.
     let again = http_post(&render, "after", &AUTH).await;
-    assert_eq!(again.header("oncely-status"), "replayed");
+    assert!(
+        ["replayed", "joined"].contains(&again.header("oncely-status")),
+        "{:?}",
+        again.header("oncely-status")
+    );
+    assert_eq!(again.body, back.body);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     drop(gw);
     tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
