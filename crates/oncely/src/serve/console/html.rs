@@ -11,20 +11,7 @@ use oncely_core::Timestamp;
 use super::Viewer;
 
 /// Escapes text for HTML content and double-quoted attribute values.
-pub(super) fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub(super) use crate::statement::html as esc;
 
 /// Percent-encodes a query value (everything but unreserved characters).
 pub(super) fn url_enc(text: &str) -> String {
