@@ -17,6 +17,7 @@ mod hostile;
 mod inventory;
 mod jobs;
 mod mcp;
+mod mcp_numbers;
 mod process;
 mod proxy;
 mod reconcile;
