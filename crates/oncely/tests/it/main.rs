@@ -24,4 +24,5 @@ mod reconcile;
 mod retries;
 mod secrets;
 mod statements;
+mod webhook_numbers;
 mod webhooks;
