@@ -10,6 +10,7 @@ mod cluster;
 mod common;
 mod contract;
 mod demo;
+mod deploy;
 mod durable;
 mod e2e;
 mod faults;
