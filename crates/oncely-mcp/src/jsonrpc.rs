@@ -20,35 +20,51 @@ pub const IDEMPOTENCY_KEY_META: &str = "dev.oncely/idempotency-key";
 pub const CONTINUATION_PARAMS: &[&str] = &["task", "inputResponses", "requestState"];
 
 /// Parses a JSON-RPC message (or batch). JSON that `serde_json` cannot hold as a `Value`
-/// (a number past the range of a double, such as `1e400`) is still a message: such a
-/// number is read as its canonical text (a string), so a `tools/call` carrying it is
-/// guarded like any other (its arguments are fingerprinted and forwarded from the text
-/// as written) instead of passing unguarded as if it were not JSON.
+/// (a number past the range of a double, such as `1e400`) is still a message: each such
+/// number is read as its canonical text (a string) and every other part as `serde_json`
+/// reads it, so a `tools/call` carrying one is guarded like any other (its arguments are
+/// fingerprinted and forwarded from the text as written) instead of passing unguarded as
+/// if it were not JSON.
 pub fn parse(body: &[u8]) -> Option<Value> {
     if let Ok(v) = serde_json::from_slice(body) {
         return Some(v);
     }
-    oncely_core::canon::Json::parse(body).map(|doc| to_value(&doc))
-}
-
-fn to_value(doc: &oncely_core::canon::Json<'_>) -> Value {
-    use oncely_core::canon::Json;
-    match doc {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Bool(*b),
-        Json::Num(n) => serde_json::from_str::<serde_json::Number>(n)
-            .map(Value::Number)
-            .unwrap_or_else(|_| Value::String(n.to_string())),
-        Json::Str(s) => Value::String(s.to_string()),
-        Json::Arr(items) => Value::Array(items.iter().map(to_value).collect()),
-        // Inserted in order, so the last of a repeated name is kept, as serde_json does.
-        Json::Obj(members) => Value::Object(
-            members
-                .iter()
-                .map(|(k, v)| (k.to_string(), to_value(v)))
-                .collect(),
-        ),
+    oncely_core::canon::Json::parse(body)?;
+    // It is JSON (so any `"` outside a string opens one, and a number is a run of these
+    // characters outside strings): quote the numbers serde_json refuses, in one pass.
+    let text = std::str::from_utf8(body).ok()?;
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                let number = &text[start..i];
+                if serde_json::from_str::<serde_json::Number>(number).is_err() {
+                    let canonical = oncely_core::canon::canonical_number(number)
+                        .map_or_else(|| number.to_string(), std::borrow::Cow::into_owned);
+                    out.push_str(&text[copied..start]);
+                    out.push_str(&Value::String(canonical).to_string());
+                    copied = i;
+                }
+            }
+            _ => i += 1,
+        }
     }
+    out.push_str(&text[copied..]);
+    serde_json::from_str(&out).ok()
 }
 
 /// A request (has `method` and `id`).
@@ -372,6 +388,13 @@ mod tests {
             Some(vec!["1e400", "{\"a\":-1E-400}"])
         );
         assert_eq!(parse(br#"{"a":"#), None);
+        // Found by the jsonrpc fuzz target: the numbers serde_json can hold are read as it
+        // reads them (`1.000` stays a float) beside one it cannot.
+        assert_eq!(
+            parse(br#"{"a":1.000,"b":1e400,"c":"1e400 \" 2e999","d":[-0,12]}"#),
+            serde_json::from_str(r#"{"a":1.000,"b":"1e+400","c":"1e400 \" 2e999","d":[-0,12]}"#)
+                .ok()
+        );
         assert_eq!(
             parse(br#"{"a":1,"a":2}"#),
             Some(serde_json::json!({"a": 2}))
