@@ -55,9 +55,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_core::{
-    DownstreamKey, FingerprintBuilder, Record, RecordId, Scope, State, StoredResponse,
-};
+use oncely_core::{DownstreamKey, Record, RecordId, Scope, State, StoredResponse};
 use oncely_tower::trace::{attr, Span};
 use oncely_tower::{
     Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
@@ -357,8 +355,8 @@ impl Inner {
             return self.forward(parts, bytes, false).await;
         }
         let mut learn = false;
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(message @ Value::Object(_)) => {
+        match jsonrpc::parse(&bytes) {
+            Some(message @ Value::Object(_)) => {
                 if let Some(target) = jsonrpc::cancelled_request_id(&message) {
                     if self.is_guarded_in_flight(&session, &target) {
                         tracing::info!(route = %self.config.path, request_id = %target,
@@ -375,7 +373,8 @@ impl Inner {
                                     &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
                                 );
                             }
-                            if let Some(call) = self.read_call(&parts, &message) {
+                            let text = std::str::from_utf8(&bytes).unwrap_or_default();
+                            if let Some(call) = self.read_call(&parts, &message, text) {
                                 return self.clone().guard(&parts, bytes, call, &session).await;
                             }
                         }
@@ -389,7 +388,7 @@ impl Inner {
                     }
                 }
             }
-            Ok(Value::Array(items)) => return self.batch(parts, bytes, items, session).await,
+            Some(Value::Array(items)) => return self.batch(parts, bytes, items, session).await,
             _ => {}
         }
         self.forward(parts, bytes, learn).await
@@ -407,9 +406,18 @@ impl Inner {
         session: Option<String>,
     ) -> Response<McpBody> {
         let mut rest = Vec::new();
+        let mut rest_texts = Vec::new();
         let mut calls = Vec::new();
         let mut dropped = false;
-        for item in items {
+        // Each item as it was written: what is forwarded, and what a guarded call's
+        // arguments are fingerprinted from (a parsed `Value` rounds long numbers).
+        let texts = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(jsonrpc::batch_texts)
+            .filter(|t| t.len() == items.len())
+            .map(|t| t.into_iter().map(str::to_string).collect::<Vec<_>>())
+            .unwrap_or_else(|| items.iter().map(Value::to_string).collect());
+        for (item, text) in items.into_iter().zip(texts) {
             if jsonrpc::cancelled_request_id(&item)
                 .is_some_and(|id| self.is_guarded_in_flight(&session, &id))
             {
@@ -418,12 +426,16 @@ impl Inner {
             }
             let guarded = jsonrpc::as_request(&item)
                 .filter(|r| r.method == "tools/call")
-                .and_then(|_| self.read_call(&parts, &item));
+                .and_then(|_| self.read_call(&parts, &item, &text));
             match guarded {
-                Some(call) => calls.push((item, call)),
-                None => rest.push(item),
+                Some(call) => calls.push((text, call)),
+                None => {
+                    rest.push(item);
+                    rest_texts.push(text);
+                }
             }
         }
+        let rest_bytes = Bytes::from(format!("[{}]", rest_texts.join(",")));
         let learn = rest
             .iter()
             .any(|m| jsonrpc::as_request(m).is_some_and(|r| r.method == "tools/list"));
@@ -431,11 +443,7 @@ impl Inner {
             if rest.is_empty() {
                 return empty(StatusCode::ACCEPTED);
             }
-            let bytes = if dropped {
-                Bytes::from(serde_json::to_vec(&rest).unwrap_or_default())
-            } else {
-                bytes
-            };
+            let bytes = if dropped { rest_bytes } else { bytes };
             return self.forward(parts, bytes, learn).await;
         }
         let expects_answer = rest.iter().any(|m| jsonrpc::as_request(m).is_some());
@@ -443,22 +451,20 @@ impl Inner {
             if rest.is_empty() {
                 return Vec::new();
             }
-            let bytes = Bytes::from(serde_json::to_vec(&rest).unwrap_or_default());
-            let resp = self.clone().forward(parts.clone(), bytes, learn).await;
+            let resp = self.clone().forward(parts.clone(), rest_bytes, learn).await;
             let ids: Vec<Value> = rest
                 .iter()
                 .filter_map(|m| jsonrpc::as_request(m).map(|r| r.id.clone()))
                 .collect();
             responses_of(resp, &ids).await
         };
-        let guarded = futures::future::join_all(calls.into_iter().map(|(item, call)| {
+        let guarded = futures::future::join_all(calls.into_iter().map(|(text, call)| {
             let me = self.clone();
             let parts = parts.clone();
             let session = session.clone();
             async move {
                 let id = call.id.clone();
-                let bytes = Bytes::from(serde_json::to_vec(&item).unwrap_or_default());
-                let resp = me.guard(&parts, bytes, call, &session).await;
+                let resp = me.guard(&parts, Bytes::from(text), call, &session).await;
                 responses_of(resp, std::slice::from_ref(&id)).await
             }
         }));
@@ -661,7 +667,8 @@ impl Inner {
     }
 
     /// Reads a guarded call, or `None` when it is forwarded as it is.
-    fn read_call(&self, parts: &http::request::Parts, message: &Value) -> Option<Call> {
+    /// `text` is `message` as it was written.
+    fn read_call(&self, parts: &http::request::Parts, message: &Value, text: &str) -> Option<Call> {
         let request = jsonrpc::as_request(message)?;
         let params = request.params?;
         let tool = params.get("name")?.as_str()?;
@@ -672,14 +679,18 @@ impl Inner {
             return None;
         }
         let principal = self.principal(&parts.headers)?;
-        let mut arguments = params
-            .get("arguments")
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        let units = self.config.units.units(&arguments);
-        let fingerprint = FingerprintBuilder::new(&principal, "tools/call", &self.config.path)
-            .component(tool.as_bytes())
-            .json(&mut arguments, &[]);
+        let units = self
+            .config
+            .units
+            .units(params.get("arguments").unwrap_or(&json!({})));
+        // The arguments as written, not as `message` holds them: a parsed number is a
+        // double once it is past 64 bits or has many digits.
+        let fingerprint = jsonrpc::call_fingerprint(
+            &principal,
+            &self.config.path,
+            tool,
+            jsonrpc::arguments_text(text),
+        );
         let route = self.config.route_of(tool);
         let span = self.guard.tracer().map(|tracer| {
             let mut span = tracer.start_request(&parts.headers, route.clone());
@@ -1391,17 +1402,13 @@ fn for_revision(result: &mut Value, modern: bool) {
 
 /// The request body with `params._meta["dev.oncely/idempotency-key"] = key`; the body as
 /// it came when it is not a JSON-RPC request with object params.
+/// Only `_meta` is rewritten: the arguments reach the server as the caller wrote them.
 fn with_idempotency_key(body: &Bytes, key: &str) -> Bytes {
-    let Ok(mut message) = serde_json::from_slice::<Value>(body) else {
-        return body.clone();
-    };
-    let Some(params) = message.get_mut("params").filter(|p| p.is_object()) else {
-        return body.clone();
-    };
-    jsonrpc::set_meta(params, IDEMPOTENCY_KEY_META, Value::String(key.to_string()));
-    serde_json::to_vec(&message)
+    std::str::from_utf8(body)
+        .ok()
+        .and_then(|text| jsonrpc::with_params_meta(text, IDEMPOTENCY_KEY_META, key))
         .map(Bytes::from)
-        .unwrap_or_else(|_| body.clone())
+        .unwrap_or_else(|| body.clone())
 }
 
 /// For the stateless era: the routing headers of a tools/call must match its body.

@@ -3,6 +3,9 @@
 //! The proxy forwards bytes it did not change, and reads only the members it needs, so an
 //! unknown field (a new protocol revision's, an extension's) is never dropped.
 
+use oncely_core::{Fingerprint, FingerprintBuilder};
+use serde::de::{Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// The `_meta` key oncely adds to a replayed or joined tool result.
@@ -15,6 +18,54 @@ pub const IDEMPOTENCY_KEY_META: &str = "dev.oncely/idempotency-key";
 /// Members of a `tools/call` request's `params` that continue an earlier exchange
 /// (task-augmented calls, multi-round-trip input): never deduplicated.
 pub const CONTINUATION_PARAMS: &[&str] = &["task", "inputResponses", "requestState"];
+
+/// Parses a JSON-RPC message (or batch). JSON that `serde_json` cannot hold as a `Value`
+/// (a number past the range of a double, such as `1e400`) is still a message: each such
+/// number is read as its canonical text (a string) and every other part as `serde_json`
+/// reads it, so a `tools/call` carrying one is guarded like any other (its arguments are
+/// fingerprinted and forwarded from the text as written) instead of passing unguarded as
+/// if it were not JSON.
+pub fn parse(body: &[u8]) -> Option<Value> {
+    if let Ok(v) = serde_json::from_slice(body) {
+        return Some(v);
+    }
+    oncely_core::canon::Json::parse(body)?;
+    // It is JSON (so any `"` outside a string opens one, and a number is a run of these
+    // characters outside strings): quote the numbers serde_json refuses, in one pass.
+    let text = std::str::from_utf8(body).ok()?;
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                let number = &text[start..i];
+                if serde_json::from_str::<serde_json::Number>(number).is_err() {
+                    let canonical = oncely_core::canon::canonical_number(number)
+                        .map_or_else(|| number.to_string(), std::borrow::Cow::into_owned);
+                    out.push_str(&text[copied..start]);
+                    out.push_str(&Value::String(canonical).to_string());
+                    copied = i;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out.push_str(&text[copied..]);
+    serde_json::from_str(&out).ok()
+}
 
 /// A request (has `method` and `id`).
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +161,146 @@ pub fn set_meta(result: &mut Value, key: &str, value: Value) {
     }
 }
 
+/// The text of the last member `name` of the JSON object `object`, as it was written
+/// (the member `serde_json::Value` keeps when a name repeats); `None` when `object` is not
+/// a JSON object or has no such member.
+pub fn member_text<'a>(object: &'a str, name: &str) -> Option<&'a str> {
+    struct Find<'n>(&'n str);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = Option<&'de RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == self.0 {
+                    found = Some(map.next_value::<&'de RawValue>()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(object);
+    let found = de.deserialize_map(Find(name)).ok()?;
+    de.end().ok()?;
+    found.map(RawValue::get)
+}
+
+/// The members of the JSON object `object`, names decoded and values as written, in
+/// order (a repeated name too); `None` when `object` is not a JSON object.
+fn members(object: &str) -> Option<Vec<(String, &str)>> {
+    struct Members;
+    impl<'de> Visitor<'de> for Members {
+        type Value = Vec<(String, &'de str)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut members = Vec::new();
+            while let Some(key) = map.next_key::<String>()? {
+                members.push((key, map.next_value::<&'de RawValue>()?.get()));
+            }
+            Ok(members)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(object);
+    let members = de.deserialize_map(Members).ok()?;
+    de.end().ok()?;
+    Some(members)
+}
+
+/// `members` with `name` set to `value` (where its last spelling was, else at the end)
+/// and no other member of that name, as JSON text.
+fn with_member(members: &[(String, &str)], name: &str, value: &str) -> String {
+    let last = members.iter().rposition(|(k, _)| k == name);
+    let mut out = String::from("{");
+    let mut first = true;
+    let mut push = |out: &mut String, k: &str, v: &str| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        out.push_str(&Value::String(k.to_string()).to_string());
+        out.push(':');
+        out.push_str(v);
+    };
+    for (i, (k, v)) in members.iter().enumerate() {
+        if Some(i) == last {
+            push(&mut out, k, value);
+        } else if k != name {
+            push(&mut out, k, v);
+        }
+    }
+    if last.is_none() {
+        push(&mut out, name, value);
+    }
+    out.push('}');
+    out
+}
+
+/// The request `message` with `params._meta[key] = value` (as [`set_meta`] would set it),
+/// every other part as it was written, so that numbers reach the server with all their
+/// digits; `None` when `message` is not a JSON object with object `params`.
+pub fn with_params_meta(message: &str, key: &str, value: &str) -> Option<String> {
+    let outer = members(message)?;
+    let params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
+    let meta = params
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "_meta")
+        .and_then(|(_, m)| members(m))
+        .unwrap_or_default();
+    let meta = with_member(&meta, key, &Value::String(value.to_string()).to_string());
+    let params = with_member(&params, "_meta", &meta);
+    Some(with_member(&outer, "params", &params))
+}
+
+/// The text of each message of a JSON-RPC batch (a JSON array), as written; `None` when
+/// `batch` is not a JSON array.
+pub fn batch_texts(batch: &str) -> Option<Vec<&str>> {
+    struct Items;
+    impl<'de> Visitor<'de> for Items {
+        type Value = Vec<&'de str>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                items.push(item.get());
+            }
+            Ok(items)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(batch);
+    let items = de.deserialize_seq(Items).ok()?;
+    de.end().ok()?;
+    Some(items)
+}
+
+/// The text of a request's `params.arguments`, as written (see [`member_text`]).
+pub fn arguments_text(message: &str) -> Option<&str> {
+    member_text(member_text(message, "params")?, "arguments")
+}
+
+/// The fingerprint of `principal`'s call of `tool` on the endpoint `path` with the
+/// `arguments` text (`{}` when absent). The text is canonicalised by `oncely_core::canon`,
+/// as HTTP bodies are: numbers that differ as decimals never share a fingerprint (a
+/// parsed `serde_json::Value` would have rounded big integers and long decimals to one
+/// double), numbers equal as decimals (`1.0`, `1`) do.
+pub fn call_fingerprint(
+    principal: &str,
+    path: &str,
+    tool: &str,
+    arguments: Option<&str>,
+) -> Fingerprint {
+    FingerprintBuilder::new(principal, "tools/call", path)
+        .component(tool.as_bytes())
+        .body(arguments.unwrap_or("{}").as_bytes(), &[])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +323,82 @@ mod tests {
             Some(Outcome::Result(json!({"content":[]})))
         );
         assert_eq!(response_to(&resp, &json!("7")), None);
+    }
+
+    #[test]
+    fn arguments_are_read_as_written_and_the_key_changes_only_meta() {
+        let msg = r#"{"id":1,"params":{"arguments":{"a":1},"name":"t","arguments" : {"n": 12345678901234567890123, "x":1.50}},"method":"tools/call"}"#;
+        // The last of a repeated name, as serde_json's Value keeps it.
+        assert_eq!(
+            arguments_text(msg),
+            Some(r#"{"n": 12345678901234567890123, "x":1.50}"#)
+        );
+        assert_eq!(arguments_text(r#"{"params":[1]}"#), None);
+        assert_eq!(arguments_text("[1]"), None);
+        let keyed = with_params_meta(msg, IDEMPOTENCY_KEY_META, "k1").unwrap();
+        assert_eq!(arguments_text(&keyed), arguments_text(msg));
+        let v: Value = serde_json::from_str(&keyed).unwrap();
+        assert_eq!(v["params"]["_meta"][IDEMPOTENCY_KEY_META], "k1");
+        assert_eq!(v["method"], "tools/call");
+        let with_meta = r#"{"params":{"_meta":{"a":1,"dev.oncely/idempotency-key":"old"}}}"#;
+        let keyed = with_params_meta(with_meta, IDEMPOTENCY_KEY_META, "new").unwrap();
+        assert_eq!(
+            keyed,
+            r#"{"params":{"_meta":{"a":1,"dev.oncely/idempotency-key":"new"}}}"#
+        );
+        assert_eq!(with_params_meta(r#"{"params":1}"#, "k", "v"), None);
+        assert_eq!(
+            batch_texts(r#"[ {"a": 1.0} , 2 ]"#),
+            Some(vec![r#"{"a": 1.0}"#, "2"])
+        );
+        assert_eq!(batch_texts("{}"), None);
+    }
+
+    #[test]
+    fn arguments_fingerprint_as_exact_decimals() {
+        let fp = |a: &str| call_fingerprint("p", "/mcp", "t", Some(a));
+        assert_ne!(
+            fp(r#"{"id":123456789012345678901234567891}"#),
+            fp(r#"{"id":123456789012345678901234567890}"#)
+        );
+        assert_ne!(fp(r#"{"x":0.10000000000000000001}"#), fp(r#"{"x":0.1}"#));
+        assert_eq!(fp(r#"{"x":1.0,"y":1e2}"#), fp(r#"{ "y" : 100, "x" : 1 }"#));
+        assert_eq!(call_fingerprint("p", "/mcp", "t", None), fp("{}"));
+        assert_ne!(fp("{}"), call_fingerprint("p", "/mcp", "u", Some("{}")));
+    }
+
+    #[test]
+    fn a_number_past_a_double_does_not_make_a_message_unreadable() {
+        let msg =
+            br#"{"id":1,"method":"tools/call","params":{"name":"t","arguments":{"x":1e400}}}"#;
+        assert!(serde_json::from_slice::<Value>(msg).is_err());
+        let v = parse(msg).unwrap();
+        assert_eq!(as_request(&v).unwrap().method, "tools/call");
+        assert_eq!(v["params"]["arguments"]["x"], "1e+400");
+        let text = std::str::from_utf8(msg).unwrap();
+        assert_eq!(arguments_text(text), Some(r#"{"x":1e400}"#));
+        assert_ne!(
+            call_fingerprint("p", "/mcp", "t", arguments_text(text)),
+            call_fingerprint("p", "/mcp", "t", Some(r#"{"x":1e401}"#))
+        );
+        let keyed = with_params_meta(text, IDEMPOTENCY_KEY_META, "k").unwrap();
+        assert!(keyed.contains(r#""arguments":{"x":1e400}"#), "{keyed}");
+        assert_eq!(
+            batch_texts("[1e400, {\"a\":-1E-400}]"),
+            Some(vec!["1e400", "{\"a\":-1E-400}"])
+        );
+        assert_eq!(parse(br#"{"a":"#), None);
+        // Found by the jsonrpc fuzz target: the numbers serde_json can hold are read as it
+        // reads them (`1.000` stays a float) beside one it cannot.
+        assert_eq!(
+            parse(br#"{"a":1.000,"b":1e400,"c":"1e400 \" 2e999","d":[-0,12]}"#),
+            serde_json::from_str(r#"{"a":1.000,"b":"1e+400","c":"1e400 \" 2e999","d":[-0,12]}"#)
+                .ok()
+        );
+        assert_eq!(
+            parse(br#"{"a":1,"a":2}"#),
+            Some(serde_json::json!({"a": 2}))
+        );
     }
 
     #[test]

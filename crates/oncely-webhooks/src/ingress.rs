@@ -372,13 +372,17 @@ pub fn dedupe_key(fields: &[String], body: &[u8]) -> Option<String> {
     if fields.is_empty() {
         return None;
     }
-    let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    // The body as written (`oncely_core::canon`), not as a parsed `serde_json::Value`
+    // holds it: two order ids past 64 bits, or two amounts with many digits, are two
+    // events, not one rounded double.
+    let mut doc = oncely_core::canon::Json::parse(body)?;
+    doc.normalize();
     let values = fields
         .iter()
-        .map(|p| doc.pointer(p).cloned())
+        .map(|p| doc.pointer_mut(p).map(|v| v.clone()))
         .collect::<Option<Vec<_>>>()?;
-    let mut array = serde_json::Value::Array(values);
-    let canonical = oncely_core::fingerprint::canonical_value(&mut array, &[])?;
+    let canonical =
+        oncely_core::canon::canonical_doc(&mut oncely_core::canon::Json::Arr(values), &[]);
     Some(format!(
         "dedupe:{}",
         hex::encode(Sha256::digest(&canonical))
@@ -445,5 +449,24 @@ mod tests {
         assert_eq!(dedupe_key(&fields, br#"{"type":"x"}"#), None);
         assert_eq!(dedupe_key(&fields, b"not json"), None);
         assert_eq!(dedupe_key(&[], a), None);
+        // Exact decimals: numbers that differ as decimals are two events, numbers equal
+        // as decimals one; the last of a repeated name counts.
+        let order = ["/order".to_string()];
+        assert_ne!(
+            dedupe_key(&order, br#"{"order":123456789012345678901234567891}"#),
+            dedupe_key(&order, br#"{"order":123456789012345678901234567890}"#)
+        );
+        assert_ne!(
+            dedupe_key(&order, br#"{"order":0.10000000000000000001}"#),
+            dedupe_key(&order, br#"{"order":0.1}"#)
+        );
+        assert_eq!(
+            dedupe_key(&order, br#"{"order":1e2}"#),
+            dedupe_key(&order, br#"{"order":100.0, "x": 1}"#)
+        );
+        assert_eq!(
+            dedupe_key(&order, br#"{"order":1,"order":{"b":1,"a":2}}"#),
+            dedupe_key(&order, br#"{"order":{"a":2,"b":1}}"#)
+        );
     }
 }

@@ -1,0 +1,183 @@
+//! Fuzzes oncely-mcp's JSON-RPC message reading and the `tools/call` arguments fingerprint.
+//!
+//! Run with: `cargo +nightly fuzz run --fuzz-dir fuzz/heavy jsonrpc` (from the repository
+//! root). The input is read as a message (or a batch), and again as the `arguments` of a
+//! `tools/call`. Nothing may panic; `jsonrpc::parse` reads what `serde_json` reads, the
+//! same way, and all other JSON `oncely_core::canon` reads; a message that parses
+//! re-serialises to text that parses to the same message; the raw texts oncely reads (batch items, `arguments`) are
+//! exactly the parts the parsed message holds; `oncely_core::canon` accepts every
+//! `arguments` text `serde_json` accepts; and the fingerprint of arguments equals the
+//! fingerprint of the same arguments re-spelled (white space, member order, number,
+//! string and key spellings) and of their canonical form.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use oncely_core::canon::Json;
+use oncely_mcp::jsonrpc;
+use serde_json::Value;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        let _ = serde_json::from_slice::<Value>(data);
+        return;
+    };
+    check_message(text);
+    let wrapped = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{text}}}}}"#
+    );
+    check_message(&wrapped);
+});
+
+fn check_message(text: &str) {
+    let batch = jsonrpc::batch_texts(text);
+    let by_serde = serde_json::from_str::<Value>(text).ok();
+    let Some(value) = jsonrpc::parse(text.as_bytes()) else {
+        assert!(by_serde.is_none(), "serde_json reads what parse does not");
+        assert!(
+            oncely_core::canonical_json(text.as_bytes(), &[]).is_none(),
+            "canon reads JSON that parse does not"
+        );
+        let _ = jsonrpc::arguments_text(text);
+        return;
+    };
+    if let Some(by_serde) = by_serde {
+        assert_eq!(by_serde, value, "parse disagrees with serde_json");
+    }
+    let again = serde_json::to_string(&value).expect("a parsed message serialises");
+    let reparsed: Value = serde_json::from_str(&again).expect("a re-serialised message parses");
+    assert_eq!(reparsed, value, "a message re-serialised is another message");
+    match &value {
+        Value::Array(items) => {
+            let texts = batch.expect("a JSON array is a batch");
+            assert_eq!(texts.len(), items.len());
+            for (t, item) in texts.iter().zip(items) {
+                let read = jsonrpc::parse(t.as_bytes()).expect("a batch item's text parses");
+                assert_eq!(&read, item, "a batch item's text is another item");
+                check_item(t, item);
+            }
+        }
+        _ => {
+            assert!(batch.is_none(), "only an array is a batch");
+            check_item(text, &value);
+        }
+    }
+}
+
+fn check_item(text: &str, value: &Value) {
+    if let Some(request) = jsonrpc::as_request(value) {
+        let _ = jsonrpc::response_to(value, request.id);
+        let _ = jsonrpc::id_text(request.id);
+    }
+    let _ = jsonrpc::as_notification(value);
+    let _ = jsonrpc::cancelled_request_id(value);
+    let arguments = jsonrpc::arguments_text(text);
+    let keyed = jsonrpc::with_params_meta(text, jsonrpc::IDEMPOTENCY_KEY_META, "k\u{e9}y\"");
+    let mut expected_keyed = value.clone();
+    match expected_keyed.get_mut("params").filter(|p| p.is_object()) {
+        Some(params) => {
+            jsonrpc::set_meta(params, jsonrpc::IDEMPOTENCY_KEY_META, "k\u{e9}y\"".into());
+            let keyed = keyed.expect("a request with object params takes a key");
+            let read = jsonrpc::parse(keyed.as_bytes()).expect("a keyed message parses");
+            assert_eq!(read, expected_keyed, "the key changed more than _meta");
+            assert_eq!(
+                jsonrpc::arguments_text(&keyed),
+                arguments,
+                "the key changed how the arguments are written"
+            );
+        }
+        None => assert!(keyed.is_none(), "a key set without object params"),
+    }
+    let expected = value.get("params").and_then(|p| p.get("arguments"));
+    assert_eq!(
+        arguments.is_some(),
+        expected.is_some(),
+        "arguments read from the text and from the parsed message disagree"
+    );
+    let (Some(arguments), Some(expected)) = (arguments, expected) else {
+        return;
+    };
+    let read = jsonrpc::parse(arguments.as_bytes()).expect("the arguments text parses");
+    assert_eq!(&read, expected, "the arguments text is not the message's arguments");
+    let canonical = oncely_core::canonical_json(arguments.as_bytes(), &[])
+        .expect("canon refuses arguments serde_json accepts");
+    let fp = |args: &str| jsonrpc::call_fingerprint("principal", "/mcp", "t", Some(args));
+    let fingerprint = fp(arguments);
+    let canonical = String::from_utf8(canonical).expect("the canonical form is UTF-8");
+    assert_eq!(fp(&canonical), fingerprint, "canonical form fingerprints apart");
+    let mut doc = Json::parse(arguments.as_bytes()).expect("canon parses the arguments");
+    doc.normalize();
+    let mut respelled = String::new();
+    respell(&doc, &mut respelled);
+    assert_eq!(
+        fp(&respelled),
+        fingerprint,
+        "a re-spelling fingerprints apart: {arguments} vs {respelled}"
+    );
+    let message = format!(
+        "{{ \"params\" : {{ \"arguments\" : {respelled} , \"name\":\"t\" }}, \"method\":\"tools/call\", \"id\": 2 }}"
+    );
+    let read = jsonrpc::arguments_text(&message).expect("re-spelled arguments are read");
+    assert_eq!(fp(read), fingerprint);
+}
+
+/// The same document spelled otherwise: members in reverse order, white space between
+/// tokens, numbers with a fraction and an exponent, letters and digits of strings and
+/// names as `\u` escapes, characters outside the BMP as surrogate pairs.
+fn respell(doc: &Json<'_>, out: &mut String) {
+    match doc {
+        Json::Null => out.push_str(" null "),
+        Json::Bool(b) => out.push_str(if *b { " true" } else { "false " }),
+        Json::Num(n) => {
+            let (mantissa, exp) = n.split_once('e').unwrap_or((n, "0"));
+            out.push_str(mantissa);
+            out.push_str(if mantissa.contains('.') { "0" } else { ".0" });
+            out.push('E');
+            out.push_str(exp);
+        }
+        Json::Str(s) => respell_string(s, out),
+        Json::Arr(items) => {
+            out.push_str("[ ");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(" ,\n");
+                }
+                respell(item, out);
+            }
+            out.push_str("\t]");
+        }
+        Json::Obj(members) => {
+            out.push_str("{\r\n");
+            for (i, (k, v)) in members.iter().rev().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                respell_string(k, out);
+                out.push_str(" : ");
+                respell(v, out);
+            }
+            out.push_str(" }");
+        }
+    }
+}
+
+fn respell_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '/' => out.push_str("\\/"),
+            c if c.is_ascii_alphanumeric() || (c as u32) < 0x20 => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c if (c as u32) > 0xFFFF => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04X}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
