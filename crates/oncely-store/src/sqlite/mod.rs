@@ -8,6 +8,8 @@
 //! - **Wake-ups**: the writer wakes this instance's waiters after each commit; a watcher
 //!   notices commits of other instances on the same file (`PRAGMA data_version`) while
 //!   anyone waits.
+//! - **Checkpoints** of the WAL run on a thread of their own ([`checkpoint`]), not inside
+//!   the writer's commits.
 //! - A **replay cache** ([`replays`]) answers repeats of completed records without a
 //!   blocking thread; only repeat counters can be briefly stale across instances.
 //! - The **schema** is a list of migrations applied on open ([`schema::MIGRATIONS`]).
