@@ -718,6 +718,7 @@ impl Inner {
                 max_response: self.config.max_response as u64,
                 workflow_id: workflow_id(&parts.headers),
                 units,
+                answer_before_record: false,
             },
         })
     }

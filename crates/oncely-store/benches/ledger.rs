@@ -1,5 +1,6 @@
-//! Ledger benchmarks: claim, claim + complete, the replay read and a read by id, per
-//! backend, at 1 and 64 concurrent callers.
+//! Ledger benchmarks: claim, claim + complete, the replay (a claim that meets a completed
+//! record, as the gateway replays), the replay read (`lookup`) and a read by id, per
+//! backend, at 1, 16, 64 and 256 concurrent callers.
 //!
 //! Run with: `cargo bench -p oncely-store --bench ledger -- sqlite`
 //! (append `--warm-up-time 1 --measurement-time 3` for a quick run).
@@ -28,7 +29,7 @@ use oncely_store::{Claim, Store, StoreOptions};
 use tokio::runtime::Runtime;
 
 /// Concurrent callers measured.
-const CALLERS: [usize; 2] = [1, 64];
+const CALLERS: [usize; 4] = [1, 16, 64, 256];
 
 /// A store under test and whatever keeps its database alive (a temp dir).
 struct Opened {
@@ -234,22 +235,42 @@ fn ledger(c: &mut Criterion) {
         group.finish();
 
         // One completed record per caller, looked up again and again: what a replay reads.
-        let completed: Arc<Vec<(Scope, String, RecordId)>> = Arc::new(rt.block_on(async {
-            let mut out = Vec::new();
-            for _ in 0..64 {
-                let spec = fresh(&template);
-                let Claim::Owned(r) = store.claim(&spec).await.expect("claim") else {
-                    panic!("a fresh key is owned")
-                };
-                let body = "{\"audio\":\"https://cdn.example/a.mp3\",\"seconds\":12.5}";
-                store
-                    .complete(&r.fence().expect("fence"), completion(body, 1))
-                    .await
-                    .expect("complete");
-                out.push((spec.scope, spec.key, r.id));
-            }
-            out
-        }));
+        let completed: Arc<Vec<(Scope, String, RecordId, ClaimSpec)>> =
+            Arc::new(rt.block_on(async {
+                let mut out = Vec::new();
+                for _ in 0..64 {
+                    let spec = fresh(&template);
+                    let Claim::Owned(r) = store.claim(&spec).await.expect("claim") else {
+                        panic!("a fresh key is owned")
+                    };
+                    let body = "{\"audio\":\"https://cdn.example/a.mp3\",\"seconds\":12.5}";
+                    store
+                        .complete(&r.fence().expect("fence"), completion(body, 1))
+                        .await
+                        .expect("complete");
+                    out.push((spec.scope.clone(), spec.key.clone(), r.id, spec));
+                }
+                out
+            }));
+        let mut group = c.benchmark_group("replay_claim");
+        group.throughput(Throughput::Elements(1)).sample_size(10);
+        for callers in CALLERS {
+            group.bench_function(BenchmarkId::new(backend.name, callers), |b| {
+                b.iter_custom(|iters| {
+                    let (store, completed) = (store.clone(), completed.clone());
+                    rt.block_on(spread(callers, iters, move |i| {
+                        let (store, completed) = (store.clone(), completed.clone());
+                        async move {
+                            let (_, _, _, spec) = &completed[(i % 64) as usize];
+                            let claim = store.claim(spec).await.expect("claim");
+                            assert!(matches!(claim, Claim::Existing(r) if r.response.is_some()));
+                        }
+                    }))
+                })
+            });
+        }
+        group.finish();
+
         let mut group = c.benchmark_group("replay_read");
         group.throughput(Throughput::Elements(1)).sample_size(10);
         for callers in CALLERS {
@@ -259,7 +280,7 @@ fn ledger(c: &mut Criterion) {
                     rt.block_on(spread(callers, iters, move |i| {
                         let (store, completed) = (store.clone(), completed.clone());
                         async move {
-                            let (scope, key, _) = &completed[(i % 64) as usize];
+                            let (scope, key, _, _) = &completed[(i % 64) as usize];
                             let r = store.lookup(scope, key).await.expect("lookup");
                             assert!(r.is_some_and(|r| r.response.is_some()));
                         }
@@ -280,7 +301,7 @@ fn ledger(c: &mut Criterion) {
                     rt.block_on(spread(callers, iters, move |i| {
                         let (store, completed) = (store.clone(), completed.clone());
                         async move {
-                            let (_, _, id) = &completed[(i % 64) as usize];
+                            let (_, _, id, _) = &completed[(i % 64) as usize];
                             let r = store.get(id).await.expect("get");
                             assert!(r.is_some_and(|r| r.response.is_some()));
                         }

@@ -11,6 +11,9 @@
 //!   the pure transition of `oncely_core::record` names the exact refusal.
 //! - Rare transitions (`take_over`, `resolve`) lock the row (`SELECT ... FOR UPDATE`),
 //!   apply the pure transition, and write the row back, in one transaction.
+//! - A claim that meets a completed record is answered from an in-memory cache of
+//!   completed records until shortly before the record expires (`postgres/replays.rs`):
+//!   a completed record is final, so every instance may replay it without a round trip.
 //! - Every time comes from the database's clock (`clock_timestamp()`), plus the offset of
 //!   the store's [`Clock`] (zero outside tests), so that instances with
 //!   skewed clocks agree on leases and windows.
@@ -50,6 +53,7 @@ mod listener;
 pub mod migrations;
 mod queue;
 mod reconcile;
+mod replays;
 
 /// How long an operation waits for a pooled connection, or for a new one, before the
 /// store answers [`StoreError::Unavailable`].
@@ -72,6 +76,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     listener: JoinHandle<()>,
     batcher: Batcher,
+    replays: replays::ReplayCache,
 }
 
 impl Drop for Inner {
@@ -130,6 +135,7 @@ impl PgStore {
         Ok(PgStore {
             inner: Arc::new(Inner {
                 batcher,
+                replays: replays::ReplayCache::default(),
                 pool,
                 waiters,
                 clock: options.clock,
@@ -325,6 +331,11 @@ impl Drop for WaitingGuard {
 impl Store for PgStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
         let offset = self.offset();
+        // A completed record answers from memory until (shortly before) it expires: no
+        // transition applies to it, and nothing can take its key before then.
+        if let Some(r) = self.inner.replays.get(&spec.scope, &spec.key, offset) {
+            return Ok(Claim::Existing(r));
+        }
         let fingerprint = spec.fingerprint.0.as_slice();
         let lease = millis(spec.lease);
         let batcher = &self.inner.batcher;
@@ -352,7 +363,8 @@ impl Store for PgStore {
             };
             let decided = match decide_claim(Some(&record), spec, now) {
                 ClaimDecision::Insert | ClaimDecision::Existing => {
-                    return Ok(Claim::Existing(record))
+                    self.inner.replays.offer(&record, now.0, offset);
+                    return Ok(Claim::Existing(record));
                 }
                 ClaimDecision::Reclaim => {
                     self.query_opt(
@@ -400,14 +412,16 @@ impl Store for PgStore {
     }
 
     async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
-        let grouped = self
-            .inner
-            .batcher
-            .complete(fence, &completion, self.offset());
+        let offset = self.offset();
+        let grouped = self.inner.batcher.complete(fence, &completion, offset);
         match grouped.await? {
             Completed::Done(record) => {
                 // Wake local waiters at once, without the round trip through NOTIFY.
                 self.inner.waiters.wake(&record.id);
+                // Completed at the database's time `updated_at`: replays start here.
+                self.inner
+                    .replays
+                    .offer(&record, record.updated_at.0, offset);
                 Ok(*record)
             }
             Completed::Refused => Err(self

@@ -144,6 +144,9 @@ pub struct GuardedCall {
     pub workflow_id: Option<String>,
     /// Billing units of one execution, as known from the request.
     pub units: u64,
+    /// End the caller's body before the completion is durable (the route's `answer =
+    /// "before_record"`); by default it ends after.
+    pub answer_before_record: bool,
 }
 
 /// The answer of a call this request owned and executed now.
@@ -867,6 +870,7 @@ mod tests {
             max_response: 1024,
             workflow_id: None,
             units: 3,
+            answer_before_record: false,
         }
     }
 

@@ -858,6 +858,7 @@ where
         max_response: policy.max_response,
         workflow_id: record.workflow_id.clone(),
         units: crate::idempotency::request_units(&policy.units, &job.body),
+        answer_before_record: policy.answer_before_record,
     };
     let units_header = match &policy.units {
         UnitsRule::ResponseHeader(name) => Some(name.clone()),

@@ -8,7 +8,10 @@
 //! and logged).
 //!
 //! The caller's body ends only after the record is written, so a client that has read
-//! the whole answer and retries finds the record completed (`replayed`, not `joined`).
+//! the whole answer and retries finds the record completed (`replayed`, not `joined`);
+//! a route with `answer = "before_record"` ends it before the write instead (a crash in
+//! between is a crash during the call: the record stays processing, and is taken over
+//! by its class with the same downstream key).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -353,6 +356,10 @@ pub(crate) async fn run(task: OwnerTask) {
     }
     drop(body);
     observe(started);
+    if call.answer_before_record && lost.is_none() {
+        // The whole answer was read: the caller's body ends now, before the record is.
+        tx = None;
+    }
 
     match lost {
         Some(why) => {

@@ -93,6 +93,10 @@ pub struct RoutePolicy {
     /// keeps a `job` route's further jobs queued (durably) until a call ends; for other
     /// classes the embedding service enforces it (the gateway's proxy does).
     pub concurrency: Option<usize>,
+    /// The caller's body ends before the completion is durable (default: after). A
+    /// crash in between is a crash during the call: the record stays processing and is
+    /// taken over by its class.
+    pub answer_before_record: bool,
 }
 
 impl RoutePolicy {
@@ -116,6 +120,7 @@ impl RoutePolicy {
             max_body: 10 << 20,
             max_response: 32 << 20,
             concurrency: None,
+            answer_before_record: false,
         }
     }
 

@@ -8,6 +8,8 @@
 //! - **Wake-ups**: the writer wakes this instance's waiters after each commit; a watcher
 //!   notices commits of other instances on the same file (`PRAGMA data_version`) while
 //!   anyone waits.
+//! - **Checkpoints** of the WAL run on a thread of their own ([`checkpoint`]), not inside
+//!   the writer's commits.
 //! - A **replay cache** ([`replays`]) answers repeats of completed records without a
 //!   blocking thread; only repeat counters can be briefly stale across instances.
 //! - The **schema** is a list of migrations applied on open ([`schema::MIGRATIONS`]).
@@ -39,6 +41,7 @@ use crate::{
     TaskOutcome, TaskState, Usage,
 };
 
+mod checkpoint;
 mod leases;
 mod queue;
 mod readers;
@@ -97,6 +100,7 @@ pub struct SqliteStore {
     cache: Arc<ReplayCache>,
     clock: Arc<dyn Clock>,
     migrated: Vec<u32>,
+    _checkpointer: checkpoint::Checkpointer,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -186,6 +190,17 @@ fn open_blocking(
         other => cannot_open(other),
     })?;
     let migrated = schema::migrate(&mut conn)?;
+    // Checkpoints run on a thread of their own ([`checkpoint`]), not inside commits.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(sql_error)?;
+    let dirty = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checkpointer = checkpoint::Checkpointer::start(
+        &path,
+        settings.busy_timeout,
+        synchronous,
+        Arc::clone(&dirty),
+    )
+    .map_err(cannot_open)?;
     let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
     let waiters = Arc::new(Waiters::default());
     let cache = Arc::new(ReplayCache::default());
@@ -197,6 +212,7 @@ fn open_blocking(
             cache: Arc::clone(&cache),
             group_size: settings.group_size,
             watch_interval: settings.watch_interval,
+            committed: dirty,
         },
     )?;
     let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
@@ -213,6 +229,7 @@ fn open_blocking(
         cache,
         clock,
         migrated,
+        _checkpointer: checkpointer,
     })
 }
 

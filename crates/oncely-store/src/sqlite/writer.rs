@@ -146,6 +146,8 @@ pub(super) struct Shared {
     /// How often an idle writer checks for other connections' commits while the cache
     /// holds records.
     pub(super) watch_interval: Duration,
+    /// Set after each commit: the checkpointer has frames to copy.
+    pub(super) committed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// `PRAGMA data_version` of the writer's connection: it changes only when another
@@ -162,6 +164,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         cache,
         group_size,
         watch_interval,
+        committed,
     } = shared;
     let group_size = group_size.max(1);
     let mut group: Vec<Box<dyn Command>> = Vec::with_capacity(group_size);
@@ -195,6 +198,9 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
             }
         }
         let failed = commit_group(&conn, &mut group, clock.as_ref(), &mut woken);
+        if failed.is_none() {
+            committed.store(true, std::sync::atomic::Ordering::Release);
+        }
         foreign_commits(&conn);
         if let Some(why) = &failed {
             tracing::warn!(commands = group.len(), error = %why, "a ledger write group failed");
@@ -263,6 +269,7 @@ mod tests {
                 cache: Arc::default(),
                 group_size: 16,
                 watch_interval: Duration::from_millis(50),
+                committed: Arc::default(),
             },
         )
         .unwrap()

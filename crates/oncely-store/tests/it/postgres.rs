@@ -446,3 +446,70 @@ async fn grouped_claims_answer_each_claim_alone() {
     }
     assert_eq!(completed.len(), fences.len());
 }
+
+/// A claim that meets a completed record is answered from memory: the row can change
+/// behind the store's back (which no transition does) and the replay still carries the
+/// completion as it was committed.
+#[tokio::test]
+async fn replays_of_completed_records_are_answered_from_memory() {
+    let url = fresh_pg_schema(&shared_pg_url()).await;
+    let clock = ManualClock::new();
+    let store = PgStore::connect(&url, options(&clock)).await.unwrap();
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{\"n\":1}", 3))
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .execute("UPDATE records SET response_body = 'changed'", &[])
+        .await
+        .unwrap();
+    // Another instance reads the row; this one answers from what it completed.
+    let other = PgStore::connect(&url, options(&clock)).await.unwrap();
+    for (store, body) in [(&store, "{\"n\":1}"), (&other, "changed")] {
+        let Claim::Existing(again) = store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap()
+        else {
+            panic!("a completed record is not claimed again");
+        };
+        assert_eq!(again.id, r.id);
+        let got = again.response.unwrap().body.unwrap();
+        assert_eq!(&got[..], body.as_bytes());
+    }
+    // `get` and `lookup` still read the row (its counters move).
+    let read = store.get(&r.id).await.unwrap().unwrap();
+    assert_eq!(&read.response.unwrap().body.unwrap()[..], b"changed");
+}
+
+/// A cached completion is served only until shortly before the record expires: once
+/// another instance may purge it, the next claim executes afresh.
+#[tokio::test]
+async fn a_cached_replay_ends_before_its_window_does() {
+    let url = fresh_pg_schema(&shared_pg_url()).await;
+    let clock = ManualClock::new();
+    let store = PgStore::connect(&url, options(&clock)).await.unwrap();
+    let other = PgStore::connect(&url, options(&clock)).await.unwrap();
+    let claim = || spec("alice", "k", "{}", Class::Write, "a");
+    let r = owned(store.claim(&claim()).await.unwrap());
+    let mut done = completion("{}", 1);
+    done.window = Duration::from_secs(10);
+    store.complete(&r.fence().unwrap(), done).await.unwrap();
+    assert!(matches!(store.claim(&claim()).await.unwrap(), Claim::Existing(e) if e.id == r.id));
+    // Just under a second before the end of the window the cache no longer answers; the
+    // database (which still holds the record) does.
+    clock.advance(Duration::from_millis(9_100));
+    assert!(matches!(store.claim(&claim()).await.unwrap(), Claim::Existing(e) if e.id == r.id));
+    clock.advance(Duration::from_millis(1_000));
+    assert_eq!(other.purge_expired().await.unwrap(), 1);
+    let again = owned(store.claim(&claim()).await.unwrap());
+    assert_ne!(again.id, r.id);
+}

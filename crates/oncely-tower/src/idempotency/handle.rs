@@ -159,6 +159,7 @@ where
         max_response: policy.max_response,
         workflow_id: workflow.clone(),
         units: request_units(&policy.units, &bytes),
+        answer_before_record: policy.answer_before_record,
     };
 
     let units_header = match &policy.units {

@@ -312,6 +312,10 @@ pub struct Route {
     pub reconcile_after: Duration,
     /// Most upstream calls in flight.
     pub concurrency: Option<usize>,
+    /// `answer = "before_record"`: a fresh answer's body ends before its completion is
+    /// durable (default `"after_record"`: only after). A crash in between is a crash
+    /// during the call.
+    pub answer_before_record: bool,
     /// How many more times a temporary upstream failure is tried (default 0, at most 10).
     pub retries: u32,
     /// The first retry's delay ceiling, doubled per retry, full jitter (default 100ms).
@@ -475,6 +479,7 @@ const ROUTE_FIELDS: &[&str] = &[
     "retry_backoff",
     "window",
     "wait",
+    "answer",
 ];
 
 const MCP_KEYS: &[&str] = &[
@@ -530,6 +535,7 @@ struct RouteFields {
     reconcile: Option<Reconcile>,
     reconcile_after: Option<Duration>,
     concurrency: Option<usize>,
+    answer_before_record: Option<bool>,
     retries: Option<u32>,
     retry_backoff: Option<Duration>,
     window: Option<Duration>,
@@ -689,6 +695,20 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
     f.reconcile_after = read::duration(t, loc, "reconcile_after", problems);
     if let Some(r) = read::string(t, loc, "reconcile", problems) {
         f.reconcile = check(problems, loc, "reconcile", Reconcile::parse(r));
+    }
+    if let Some(a) = read::string(t, loc, "answer", problems) {
+        f.answer_before_record = check(
+            problems,
+            loc,
+            "answer",
+            match a {
+                "after_record" => Ok(false),
+                "before_record" => Ok(true),
+                other => Err(format!(
+                    "unknown answer {other:?} (use after_record or before_record)"
+                )),
+            },
+        );
     }
     if let Some(n) = read::integer(t, loc, "concurrency", problems) {
         if n == 0 {
@@ -1003,6 +1023,7 @@ impl Route {
             reconcile: None,
             reconcile_after: Duration::from_secs(60),
             concurrency: None,
+            answer_before_record: false,
             retries: 0,
             retry_backoff: Duration::from_millis(100),
             window: Duration::from_secs(3 * 3600),
@@ -1044,6 +1065,10 @@ impl Route {
                 .or(d.reconcile_after)
                 .unwrap_or(b.reconcile_after),
             concurrency: f.concurrency.or(d.concurrency),
+            answer_before_record: f
+                .answer_before_record
+                .or(d.answer_before_record)
+                .unwrap_or(b.answer_before_record),
             retries: f.retries.or(d.retries).unwrap_or(b.retries),
             retry_backoff: f
                 .retry_backoff

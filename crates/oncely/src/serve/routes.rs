@@ -72,6 +72,7 @@ pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
     p.max_body = config.max_body;
     p.max_response = config.max_response;
     p.concurrency = route.concurrency;
+    p.answer_before_record = route.answer_before_record;
     p
 }
 

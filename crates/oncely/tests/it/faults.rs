@@ -712,3 +712,82 @@ async fn a_request_that_waits_for_a_slot_past_its_timeout_is_released_not_unknow
     assert_eq!(again.header("oncely-record"), id);
     assert_eq!(calls.of("order 2"), 1);
 }
+
+/// An upstream that answers `done: BODY` after `delay`, streamed (no content-length), so
+/// that the caller sees its body end only when the gateway ends it.
+async fn streaming(delay: Duration) -> (String, Calls) {
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let addr = upstream(axum::Router::new().route(
+        "/v1/call",
+        post(move |body: String| {
+            seen.0.lock().unwrap().push(body.clone());
+            async move {
+                tokio::time::sleep(delay).await;
+                let chunk: Result<Bytes, std::io::Error> = Ok(echo(&body));
+                axum::body::Body::from_stream(futures::stream::iter([chunk]))
+            }
+        }),
+    ))
+    .await;
+    (format!("http://{addr}"), calls)
+}
+
+// Issue 13: `answer = "before_record"` ends a fresh answer's body before its completion
+// is durable (here: while the ledger is locked); by default it ends only after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_before_record_ends_the_body_before_the_completion_is_written() {
+    for before in [true, false] {
+        let (up, calls) = streaming(Duration::from_millis(500)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = sqlite(dir.path());
+        let answer = if before {
+            "before_record"
+        } else {
+            "after_record"
+        };
+        let cfg = config(
+            dir.path(),
+            &store,
+            &up,
+            "",
+            &format!("class = \"write\"\nlease = \"10s\"\nwait = \"1s\"\nanswer = \"{answer}\""),
+        );
+        let gw = Gateway::start(&["--config", &cfg], &[]);
+        let url = gw.url("/v1/call");
+        let original = tokio::spawn({
+            let url = url.clone();
+            async move { http_post(&url, "render 1", &AUTH).await }
+        });
+        calls.wait_for("render 1").await;
+        // The claim is committed (the upstream was called); the completion cannot be
+        // written while this lock is held.
+        let db = dir.path().join("ledger.db");
+        let lock = tokio::task::spawn_blocking(move || lock_sqlite(&db, Duration::from_secs(4)))
+            .await
+            .unwrap();
+        let original = original.await.unwrap();
+        let locked_then = !lock.is_finished();
+        assert_eq!(original.status, 200, "{}", original.text());
+        assert_eq!(original.header("oncely-status"), "fresh");
+        assert_eq!(original.text(), "done: render 1");
+        if before {
+            assert!(
+                locked_then,
+                "the answer ended only after the ledger was free"
+            );
+        } else {
+            // Ended after the completion was written: the record is completed already.
+            assert_eq!(ledger(&store)[0]["state"], "completed");
+        }
+        tokio::task::spawn_blocking(move || lock.join().unwrap())
+            .await
+            .unwrap();
+        let record = settled(&store).await;
+        assert_eq!(record["state"], "completed", "{record}");
+        let dup = http_post(&url, "render 1", &AUTH).await;
+        assert_eq!(dup.header("oncely-status"), "replayed");
+        assert_eq!(dup.text(), "done: render 1");
+        assert_eq!(calls.of("render 1"), 1);
+    }
+}
