@@ -1122,12 +1122,15 @@ pub(super) async fn redeliver_form(
     Extension(viewer): Extension<Viewer>,
     Path(id): Path<String>,
 ) -> Response {
+    // The id comes from the link's path: one encoded segment in the form's action, so
+    // that `..`, `/`, `?` or `#` in it cannot point the form at another action.
+    let action = format!("/console/webhooks/{}/redeliver", esc(&url_enc(&id)));
     let id = esc(&id);
     confirm_page(
         &viewer,
         "Redeliver",
         &format!("Queue the dead delivery <span class=\"mono\">{id}</span> again: its attempts start over, and the handler gets the same event under the same Idempotency-Key."),
-        &format!("/console/webhooks/{id}/redeliver"),
+        &action,
         "Redeliver",
         "/console/webhooks",
     )

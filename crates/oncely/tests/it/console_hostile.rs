@@ -1,0 +1,72 @@
+//! The console against a hostile party, through the real binary: links made by someone
+//! else that an operator follows.
+
+use crate::common::{get, upstream, Gateway};
+use crate::console::TOKEN;
+
+async fn gateway() -> Gateway {
+    let up = upstream(axum::Router::new().fallback(|| async { "ok" })).await;
+    Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", "memory:"],
+        &[("ONCELY_ADMIN_TOKEN", TOKEN)],
+    )
+}
+
+/// The `action` of the page's one form.
+fn form_action(html: &str) -> String {
+    let at = html
+        .find("<form method=\"post\" action=\"")
+        .expect("a form")
+        + 28;
+    let rest = &html[at..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+/// A dead-letter id taken from a link's path must not steer the confirmation's form to
+/// another action: `/console/webhooks/..%2Fpurge%3F/redeliver` once asked "Redeliver?"
+/// and posted to `/console/purge`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redeliver_confirmation_posts_only_to_its_own_delivery() {
+    let gw = gateway().await;
+    let auth = format!("Bearer {TOKEN}");
+    for id in [
+        "..%2Fpurge%3F",
+        "..%2F..%2Fconsole%2Fpurge%23",
+        "%2E%2E%2Frecords%2Frec_1%2Freconcile%3F",
+    ] {
+        let res = get(
+            &gw.admin_url(&format!("/console/webhooks/{id}/redeliver")),
+            &[("authorization", &auth)],
+        )
+        .await;
+        assert_eq!(res.status, 200, "{}", res.text());
+        let action = form_action(&res.text());
+        // A browser resolves `..`, cuts at `?` and `#`: the id must reach it as one
+        // opaque segment.
+        let id_seg = action
+            .strip_prefix("/console/webhooks/")
+            .and_then(|a| a.strip_suffix("/redeliver"))
+            .unwrap_or_else(|| panic!("{id}: the form posts to {action}"));
+        assert!(
+            !id_seg.contains(['/', '?', '#', '&']) && id_seg != ".." && id_seg != ".",
+            "{id}: the form posts to {action}"
+        );
+    }
+}
+
+/// A login link whose `next` holds a control character: the login succeeds and lands on
+/// the console, not on a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_with_a_control_character_in_next_lands_on_the_console() {
+    let gw = gateway().await;
+    for next in ["%2Fconsole%2F%0AX", "%2Fconsole%2F%01", "%2Fconsole%2F%7F"] {
+        let res = crate::common::post(
+            &gw.admin_url("/console/login"),
+            &format!("token={TOKEN}&next={next}"),
+            &[("content-type", "application/x-www-form-urlencoded")],
+        )
+        .await;
+        assert_eq!(res.status, 303, "{next}: {}", res.text());
+        assert_eq!(res.header("location"), "/console/", "{next}");
+    }
+}
