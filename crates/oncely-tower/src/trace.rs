@@ -88,6 +88,67 @@ impl TraceParent {
     }
 }
 
+/// The most of a `tracestate` passed on: what the W3C asks every vendor to propagate.
+const TRACESTATE_MAX_LEN: usize = 512;
+/// The most list members a `tracestate` has.
+const TRACESTATE_MAX_MEMBERS: usize = 32;
+
+/// The caller's `tracestate` as the W3C list: several headers are one list; a list with
+/// a malformed member is dropped whole (never passed on invalid); a valid one keeps its
+/// first members up to 32 and 512 characters, so that a hostile one swells neither the
+/// upstream's request nor the exported spans.
+pub fn trace_state(headers: &HeaderMap) -> Option<String> {
+    let mut kept = String::new();
+    let mut count = 0;
+    let mut full = false;
+    for value in headers.get_all(TRACESTATE) {
+        let value = value.to_str().ok()?;
+        for member in value.split(',').map(|m| m.trim_matches([' ', '\t'])) {
+            if member.is_empty() {
+                continue;
+            }
+            if !tracestate_member(member) {
+                return None;
+            }
+            let len = kept.len() + usize::from(!kept.is_empty()) + member.len();
+            if full || count == TRACESTATE_MAX_MEMBERS || len > TRACESTATE_MAX_LEN {
+                full = true;
+                continue;
+            }
+            if !kept.is_empty() {
+                kept.push(',');
+            }
+            kept.push_str(member);
+            count += 1;
+        }
+    }
+    (!kept.is_empty()).then_some(kept)
+}
+
+/// One `key=value` list member: the key lower-case letters, digits and `_-*/` (with at
+/// most one `@`, for a tenant), starting with a letter or a digit, at most 256; the value
+/// 1 to 256 printable ASCII characters but `,` and `=`, not ending with a space.
+fn tracestate_member(member: &str) -> bool {
+    let Some((key, value)) = member.split_once('=') else {
+        return false;
+    };
+    let key_ok = (1..=256).contains(&key.len())
+        && key
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b))
+        && key.bytes().filter(|b| *b == b'@').count() <= 1;
+    let value_ok = (1..=256).contains(&value.len())
+        && !value.ends_with(' ')
+        && value
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=');
+    key_ok && value_ok
+}
+
 fn trim(v: &[u8]) -> &[u8] {
     let start = v
         .iter()
@@ -214,10 +275,7 @@ impl Tracer {
                 p.trace_id,
                 Some(p.parent_id),
                 p.sampled,
-                headers
-                    .get(TRACESTATE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
+                trace_state(headers),
             ),
             None => {
                 let trace_id = new_trace_id();
@@ -254,10 +312,7 @@ impl Tracer {
                 trace_id: parent.trace_id,
                 span_id: new_span_id(),
                 parent_span_id: Some(parent.parent_id),
-                trace_state: headers
-                    .get(TRACESTATE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
+                trace_state: trace_state(headers),
                 name,
                 kind: SpanKind::Client,
                 start: SystemTime::now(),
