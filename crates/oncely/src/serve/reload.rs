@@ -17,6 +17,9 @@
 //! Each reload is one `oncely::reload` log line and one
 //! `oncely_config_reloads_total{result="ok|refused"}`.
 //!
+//! A file with nothing in it (no key, no table: a file caught while it is rewritten in
+//! place) is refused too.
+//!
 //! Read at start only (a change is refused, naming the field): `listen`, `admin_listen`,
 //! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`; and the job
 //! key, so a reload that brings the first `job` route to a server started without one
@@ -291,6 +294,18 @@ impl Live {
                 "serve was started without --config: there is no file to read again".into(),
             ]);
         };
+        // A file being rewritten in place reads empty for a moment (truncated, or only
+        // its first comment written): that is no config, not one without routes.
+        if std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.parse::<toml::Table>().ok())
+            .is_some_and(|table| table.is_empty())
+        {
+            return Err(vec![format!(
+                "{}: the file is empty (being written?); nothing is changed",
+                path.display()
+            )]);
+        }
         let config = Config::load(path, &source.overrides).map_err(|e| match e {
             ConfigError::Invalid(problems) => problems
                 .iter()

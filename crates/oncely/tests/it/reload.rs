@@ -730,3 +730,45 @@ async fn concurrent_requests_during_repeated_reloads_all_succeed_and_execute_onc
     let gw = Arc::into_inner(gw).unwrap();
     assert_eq!(gw.terminate().code(), Some(0));
 }
+
+/// A config file caught while it is being rewritten in place reads empty (truncated to
+/// nothing, or only a comment so far): a reload then is refused, not taken as "no routes"
+/// (which forwarded guarded calls unguarded, or answered every call 502).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_read_empty_while_being_rewritten_is_refused() {
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    write(&cfg, &config_text(dir.path(), &up, &["/v1/a"], ""));
+    let gw = Gateway::start(
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--store",
+            &format!("sqlite://{}", dir.path().join("ledger.db").display()),
+        ],
+        &[],
+    );
+    assert_eq!(oncely_status(&call(&gw, "/v1/a", "k").await), Some("fresh"));
+    for half_written in ["", "\n  \n", "# oncely config\n"] {
+        write(&cfg, half_written);
+        let line = hup(&gw).await;
+        assert!(
+            line.contains("config reload refused"),
+            "{half_written:?}: {line}"
+        );
+    }
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("config reload: problem") && l.contains("empty")),
+        "{lines}"
+    );
+    // The running config is kept: /v1/a is still guarded.
+    let again = call(&gw, "/v1/a", "k").await;
+    assert_eq!(oncely_status(&again), Some("replayed"));
+    assert_eq!(seen.calls("/v1/a", "k"), 1);
+    assert_eq!(reloads_metric(&gw, "refused").await, 3);
+    assert_eq!(gw.terminate().code(), Some(0));
+}
