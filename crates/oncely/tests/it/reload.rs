@@ -733,9 +733,10 @@ async fn concurrent_requests_during_repeated_reloads_all_succeed_and_execute_onc
 
 /// A config file caught while it is being rewritten in place reads empty (truncated to
 /// nothing, or only a comment so far): a reload then is refused, not taken as "no routes"
-/// (which forwarded guarded calls unguarded, or answered every call 502).
+/// (which forwarded guarded calls unguarded, or answered every call 502); so is one that
+/// cannot be read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_config_file_read_empty_while_being_rewritten_is_refused() {
+async fn a_config_file_read_empty_or_unreadable_is_refused_and_the_old_one_kept() {
     let (up, seen) = counting_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("oncely.toml");
@@ -765,10 +766,34 @@ async fn a_config_file_read_empty_while_being_rewritten_is_refused() {
             .any(|l| l.contains("config reload: problem") && l.contains("empty")),
         "{lines}"
     );
-    // The running config is kept: /v1/a is still guarded.
+    // A file that cannot be read (no permission; or gone, as mid-replace) is refused,
+    // the reason logged. (Root reads a mode-000 file: then only the missing file counts.)
+    let mut refused = 3;
+    write(&cfg, &config_text(dir.path(), &up, &["/v1/b"], ""));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o000)).unwrap();
+        if std::fs::read(&cfg).is_err() {
+            assert!(hup(&gw).await.contains("config reload refused"));
+            refused += 1;
+        }
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    std::fs::remove_file(&cfg).unwrap();
+    assert!(hup(&gw).await.contains("config reload refused"));
+    refused += 1;
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("config reload: problem") && l.contains("cannot read config file")),
+        "{lines}"
+    );
+    // The running config is kept: /v1/a is still guarded, /v1/b not.
     let again = call(&gw, "/v1/a", "k").await;
     assert_eq!(oncely_status(&again), Some("replayed"));
     assert_eq!(seen.calls("/v1/a", "k"), 1);
-    assert_eq!(reloads_metric(&gw, "refused").await, 3);
+    assert_eq!(oncely_status(&call(&gw, "/v1/b", "k").await), None);
+    assert_eq!(reloads_metric(&gw, "refused").await, refused);
     assert_eq!(gw.terminate().code(), Some(0));
 }
