@@ -890,3 +890,61 @@ async fn hostile_trace_headers_never_reach_the_upstream_invalid_nor_swell_the_sp
         );
     }
 }
+
+/// A tools/call naming a tool of hundreds of kilobytes: the call is answered, and no
+/// exported span carries more than a bounded name or attribute (a span that size would
+/// make the collector refuse the whole batch, other requests' spans with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(mcp_server(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{tracing}",
+            db = dir.path().join("ledger.db").display(),
+            tracing = tracing_section(otlp, ""),
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let huge = "t".repeat(300_000);
+    for (id, tool) in [(1, huge.as_str()), (2, "render")] {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": {"text": "hi"}}});
+        let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let spans = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    assert!(spans.iter().any(|g| g.str("oncely.mcp.tool") == "render"));
+    for g in collector.spans.lock().unwrap().iter() {
+        let longest = g
+            .span
+            .attributes
+            .iter()
+            .filter_map(
+                |kv| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(Value::StringValue(s)) => Some(s.len()),
+                    _ => None,
+                },
+            )
+            .max()
+            .unwrap_or(0);
+        assert!(
+            g.span.name.len() <= 1100 && longest <= 1100,
+            "a span of name {} bytes, an attribute of {longest} bytes",
+            g.span.name.len()
+        );
+    }
+}
