@@ -70,3 +70,84 @@ async fn a_login_with_a_control_character_in_next_lands_on_the_console() {
         assert_eq!(res.header("location"), "/console/", "{next}");
     }
 }
+
+async fn login(gw: &Gateway) -> String {
+    let ok = crate::common::post(
+        &gw.admin_url("/console/login"),
+        &format!("token={TOKEN}"),
+        &[("content-type", "application/x-www-form-urlencoded")],
+    )
+    .await;
+    assert_eq!(ok.status, 303, "{}", ok.text());
+    ok.header("set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// What a console session grants: the console, and nothing of the admin API (which takes
+/// only the bearer header); no path spelling, method or stale cookie gets round the check;
+/// pages with data are neither cached nor framed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_grants_nothing_else_and_no_path_spelling_gets_round_it() {
+    let gw = gateway().await;
+    let cookie = login(&gw).await;
+    let with_cookie = [("cookie", cookie.as_str())];
+    for path in [
+        "/records",
+        "/records/rec_1",
+        "/usage",
+        "/openapi.json",
+        "/webhooks/dead",
+    ] {
+        let res = get(&gw.admin_url(path), &with_cookie).await;
+        assert_eq!(res.status, 401, "{path} with the console's cookie");
+    }
+    // Spellings that a path-normalising proxy might send on: never a page without a
+    // session.
+    for path in [
+        "/console//",
+        "/console/../records",
+        "/console/%2e%2e/records",
+        "/console/records/..%2F..%2Frecords",
+        "/console/%2F",
+        "/Console/",
+        "/console/assets/../records",
+    ] {
+        let res = get(&gw.admin_url(path), &[]).await;
+        assert!(
+            matches!(res.status.as_u16(), 303 | 401 | 404),
+            "{path}: {} {}",
+            res.status,
+            res.text()
+        );
+        assert!(!res.text().contains("id=\"records\""), "{path}");
+    }
+    for method in ["HEAD", "OPTIONS", "PUT", "DELETE"] {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(gw.admin_url("/console/"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let res = crate::common::send(req).await;
+        assert!(
+            matches!(res.status.as_u16(), 401 | 405),
+            "{method}: {}",
+            res.status
+        );
+    }
+    // A page with data: not cached, not framed.
+    let page = get(&gw.admin_url("/console/"), &with_cookie).await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("cache-control"), "no-store");
+    assert_eq!(page.header("x-frame-options"), "DENY");
+    assert!(page
+        .header("content-security-policy")
+        .contains("frame-ancestors 'none'"));
+    // A cookie from before a restart (sessions live in the process) opens nothing.
+    let other = gateway().await;
+    let stale = get(&other.admin_url("/console/"), &with_cookie).await;
+    assert_eq!(stale.status, 303);
+}
