@@ -797,3 +797,86 @@ async fn a_config_file_read_empty_or_unreadable_is_refused_and_the_old_one_kept(
     assert_eq!(reloads_metric(&gw, "refused").await, refused);
     assert_eq!(gw.terminate().code(), Some(0));
 }
+
+/// Replaces the file as an editor or a config manager should: a whole new file renamed
+/// over the old one.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Hundreds of `SIGHUP`s in bursts (the file switching between two configs) while
+/// duplicates run: every call is answered, each key executes once, the process lives on,
+/// and the last file is the one in force afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_storm_while_requests_run_loses_nothing_and_ends_on_the_last_file() {
+    crate::process::raise_fd_limit();
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    let one = config_text(dir.path(), &up, &["/v1/busy"], "");
+    let two = config_text(dir.path(), &up, &["/v1/busy", "/v1/other"], "");
+    write(&cfg, &one);
+    let gw = Arc::new(start(&cfg));
+    let pid = gw.pid().to_string();
+
+    let storm = {
+        let (cfg, one, two, pid) = (cfg.clone(), one.clone(), two.clone(), pid.clone());
+        tokio::task::spawn_blocking(move || {
+            for i in 0..20 {
+                replace(&cfg, if i % 2 == 0 { &two } else { &one });
+                let status = Command::new("kill")
+                    .arg("-HUP")
+                    .args(std::iter::repeat_n(pid.as_str(), 25))
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            replace(&cfg, &two);
+            assert!(Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success());
+        })
+    };
+    const KEYS: usize = 30;
+    const PER_KEY: usize = 6;
+    let mut calls = Vec::new();
+    for round in 0..PER_KEY {
+        for k in 0..KEYS {
+            let gw = gw.clone();
+            calls.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis((round * 10) as u64)).await;
+                call(&gw, "/v1/busy", &format!("key-{k}")).await
+            }));
+        }
+    }
+    let mut fresh = 0;
+    for c in calls {
+        let a = c.await.unwrap();
+        assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+        fresh += usize::from(oncely_status(&a) == Some("fresh"));
+    }
+    storm.await.unwrap();
+    for k in 0..KEYS {
+        assert_eq!(seen.calls("/v1/busy", &format!("key-{k}")), 1, "key-{k}");
+    }
+    assert_eq!(fresh, KEYS);
+    // The last file is in force once the last reload is through: /v1/other guarded.
+    let mut guarded = false;
+    for i in 0..200 {
+        if oncely_status(&call(&gw, "/v1/other", &format!("probe-{i}")).await).is_some() {
+            guarded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(guarded, "{}", gw.lines.lock().unwrap().join("\n"));
+    assert_eq!(reloads_metric(&gw, "refused").await, 0);
+    assert!(reloads_metric(&gw, "ok").await >= 1);
+    let gw = Arc::into_inner(gw).unwrap();
+    assert_eq!(gw.terminate().code(), Some(0));
+}
