@@ -151,3 +151,56 @@ async fn a_console_session_grants_nothing_else_and_no_path_spelling_gets_round_i
     let stale = get(&other.admin_url("/console/"), &with_cookie).await;
     assert_eq!(stale.status, 303);
 }
+
+/// What does not exist is a 404 page, a huge search or page number an answer: never a
+/// 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_records_and_huge_searches_are_answered_not_500() {
+    let gw = gateway().await;
+    let auth = format!("Bearer {TOKEN}");
+    let h = [("authorization", auth.as_str())];
+    let long = "a".repeat(3000);
+    for path in [
+        "/console/records/rec_nope".to_owned(),
+        "/console/records/rec_nope/resolve".to_owned(),
+        "/console/records/rec_nope/reconcile".to_owned(),
+        format!("/console/records/{long}"),
+    ] {
+        let res = get(&gw.admin_url(&path), &h).await;
+        assert_eq!(res.status, 404, "{path}");
+        assert_eq!(res.header("content-type"), "text/html; charset=utf-8");
+    }
+    for path in [
+        "/console/records/rec_nope/resolve",
+        "/console/records/rec_nope/reconcile",
+        "/console/webhooks/nope/redeliver",
+    ] {
+        let res = crate::common::post(
+            &gw.admin_url(path),
+            "confirmed=1&verdict=released",
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
+        )
+        .await;
+        assert_eq!(res.status, 404, "{path}: {}", res.text());
+    }
+    let huge = "%3Cx%3E".repeat(2500);
+    for query in [
+        format!("key={huge}&principal={huge}&route={huge}"),
+        "page=100000".to_owned(),
+        "page=18446744073709551615".to_owned(),
+        "page=99999999999999999999999".to_owned(),
+        "page=-1".to_owned(),
+    ] {
+        let res = get(&gw.admin_url(&format!("/console/?{query}")), &h).await;
+        assert!(
+            matches!(res.status.as_u16(), 200 | 400),
+            "{}: {}",
+            &query[..query.len().min(40)],
+            res.status
+        );
+        assert!(!res.text().contains("<x>"));
+    }
+}
