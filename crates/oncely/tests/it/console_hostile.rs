@@ -204,3 +204,54 @@ async fn missing_records_and_huge_searches_are_answered_not_500() {
         assert!(!res.text().contains("<x>"));
     }
 }
+
+/// Text an outsider chose (an Idempotency-Key, a webhook event id, a search) reaches the
+/// pages as text: never as markup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_from_outside_reach_the_pages_as_text() {
+    let s = crate::console::setup().await;
+    let gw = &s.gw;
+    let auth = format!("Bearer {TOKEN}");
+    let h = [("authorization", auth.as_str())];
+    let res = crate::common::post(
+        &gw.url("/v1/render"),
+        "{\"text\":\"x\"}",
+        &[
+            ("authorization", "Bearer \"><img src=x onerror=alert(2)>"),
+            ("idempotency-key", "\"<script>alert(1)</script>\""),
+        ],
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let id = res.header("oncely-record").to_owned();
+    let delivery = crate::console::dead_letter(&s, "<img src=x onerror=alert(3)>").await;
+    for path in [
+        format!("/console/records/{id}"),
+        "/console/?key=%3Cscript%3E".to_owned(),
+        "/console/?key=%22%3E%3Cimg%20src%3Dx%3E&principal=%3Cb%3E&route=%27%3E%3Cb%3E".to_owned(),
+        "/console/webhooks".to_owned(),
+        format!("/console/webhooks/{delivery}/redeliver"),
+        "/console/records/%3Cimg%20src%3Dx%3E".to_owned(),
+        "/console/usage?principal=%3Cimg%20src%3Dx%3E".to_owned(),
+        "/console/?done=%3Cimg%20src%3Dx%3E".to_owned(),
+    ] {
+        let page = get(&gw.admin_url(&path), &h).await;
+        let text = page.text();
+        assert!(
+            !text.contains("<img") && !text.contains("<script>") && !text.contains("<b>"),
+            "{path}: {text}"
+        );
+    }
+    let record = get(&gw.admin_url(&format!("/console/records/{id}")), &h).await;
+    assert!(
+        record.text().contains("&lt;script&gt;"),
+        "{}",
+        record.text()
+    );
+    let dead = get(&gw.admin_url("/console/webhooks"), &h).await;
+    assert!(
+        dead.text().contains("&lt;img src=x onerror=alert(3)&gt;"),
+        "{}",
+        dead.text()
+    );
+}
