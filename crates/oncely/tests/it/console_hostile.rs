@@ -1,5 +1,6 @@
-//! The console against a hostile party, through the real binary: links made by someone
-//! else that an operator follows.
+//! The console and the admin API against a hostile or careless party, through the real
+//! binary: links made by someone else that an operator follows, values from outside on
+//! the pages, path spellings, stale cookies, and the token check of every admin route.
 
 use crate::common::{get, upstream, Gateway};
 use crate::console::TOKEN;
@@ -254,4 +255,65 @@ async fn values_from_outside_reach_the_pages_as_text() {
         "{}",
         dead.text()
     );
+}
+
+/// Every admin route checks the token the same way: closed (403) without one configured,
+/// 401 for none, a wrong one or another scheme; `/healthz` and `/metrics` open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_route_checks_the_token_the_same_way() {
+    let routes = [
+        ("GET", "/records"),
+        ("GET", "/records/rec_1"),
+        ("POST", "/records/rec_1/resolve"),
+        ("GET", "/usage"),
+        ("GET", "/openapi.json"),
+        ("GET", "/webhooks/dead"),
+        ("POST", "/webhooks/dead/x/redeliver"),
+    ];
+    let ask = |gw: &Gateway, method: &str, path: &str, auth: Option<String>| {
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(gw.admin_url(path))
+            .header("content-type", "application/json");
+        if let Some(a) = auth {
+            b = b.header("authorization", a);
+        }
+        crate::common::send(
+            b.body(http_body_util::Full::new(bytes::Bytes::from_static(
+                b"{\"released\":true}",
+            )))
+            .unwrap(),
+        )
+    };
+    let up = upstream(axum::Router::new()).await;
+    let closed = Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", "memory:"],
+        &[],
+    );
+    for (method, path) in routes {
+        let res = ask(&closed, method, path, Some(format!("Bearer {TOKEN}"))).await;
+        assert_eq!(res.status, 403, "{method} {path}");
+        assert_eq!(res.json()["code"], "admin_disabled", "{method} {path}");
+    }
+    for path in ["/healthz", "/metrics"] {
+        assert_eq!(
+            get(&closed.admin_url(path), &[]).await.status,
+            200,
+            "{path}"
+        );
+    }
+    let open = gateway().await;
+    for (method, path) in routes {
+        for auth in [
+            None,
+            Some("Bearer nope".to_owned()),
+            Some(format!("Basic {TOKEN}")),
+            Some(format!("Bearer {TOKEN}x")),
+            Some(TOKEN.to_owned()),
+        ] {
+            let res = ask(&open, method, path, auth.clone()).await;
+            assert_eq!(res.status, 401, "{method} {path} with {auth:?}");
+            assert_eq!(res.header("www-authenticate"), "Bearer");
+        }
+    }
 }
