@@ -317,3 +317,48 @@ async fn every_admin_route_checks_the_token_the_same_way() {
         }
     }
 }
+
+/// A token variable filled from a file keeps its line end ("s3cret\n"): the token is what
+/// a header can carry, so it is taken trimmed; one that is only whitespace closes the API
+/// as an unset one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_variable_is_taken_trimmed_and_blank_is_unset() {
+    let up = upstream(axum::Router::new()).await;
+    let with_newline = Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", "memory:"],
+        &[("ONCELY_ADMIN_TOKEN", &format!("{TOKEN}\n"))],
+    );
+    let auth = format!("Bearer {TOKEN}");
+    let res = get(
+        &with_newline.admin_url("/records"),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let page = get(
+        &with_newline.admin_url("/console/"),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(page.status, 200);
+    let login = crate::common::post(
+        &with_newline.admin_url("/console/login"),
+        &format!("token={TOKEN}"),
+        &[("content-type", "application/x-www-form-urlencoded")],
+    )
+    .await;
+    assert_eq!(login.status, 303, "{}", login.text());
+
+    let blank = Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", "memory:"],
+        &[("ONCELY_ADMIN_TOKEN", " \n")],
+    );
+    let res = get(
+        &blank.admin_url("/records"),
+        &[("authorization", "Bearer  ")],
+    )
+    .await;
+    assert_eq!(res.status, 403);
+    assert_eq!(res.json()["code"], "admin_disabled");
+    assert_eq!(get(&blank.admin_url("/console/"), &[]).await.status, 403);
+}
