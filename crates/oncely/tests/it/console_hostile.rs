@@ -362,3 +362,60 @@ async fn the_token_variable_is_taken_trimmed_and_blank_is_unset() {
     assert_eq!(res.json()["code"], "admin_disabled");
     assert_eq!(get(&blank.admin_url("/console/"), &[]).await.status, 403);
 }
+
+/// A session's form posted from elsewhere (another site, a sandboxed frame or a
+/// `data:` page that sends `Origin: null`), or without the session's own CSRF token, does
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_site_posts_with_the_session_cookie_are_refused() {
+    let gw = gateway().await;
+    let cookie = login(&gw).await;
+    let page = get(&gw.admin_url("/console/purge"), &[("cookie", &cookie)]).await;
+    let text = page.text();
+    let at = text.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = text[at..at + text[at..].find('"').unwrap()].to_owned();
+    let purge = |body: String, origin: Option<&'static str>| {
+        let mut h = vec![
+            ("cookie", cookie.clone()),
+            (
+                "content-type",
+                "application/x-www-form-urlencoded".to_owned(),
+            ),
+        ];
+        if let Some(o) = origin {
+            h.push(("origin", o.to_owned()));
+        }
+        let url = gw.admin_url("/console/purge");
+        async move {
+            let h: Vec<(&str, &str)> = h.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            crate::common::post(&url, &body, &h).await
+        }
+    };
+    for (body, origin) in [
+        (format!("confirmed=1&csrf={csrf}"), Some("null")),
+        (
+            format!("confirmed=1&csrf={csrf}"),
+            Some("http://evil.example"),
+        ),
+        ("confirmed=1".to_owned(), None),
+        ("confirmed=1&csrf=".to_owned(), None),
+        (format!("confirmed=1&csrf={}", "0".repeat(csrf.len())), None),
+    ] {
+        let res = purge(body.clone(), origin).await;
+        assert_eq!(res.status, 403, "{body} from {origin:?}");
+    }
+    let ok = purge(format!("confirmed=1&csrf={csrf}"), None).await;
+    assert_eq!(ok.status, 303, "{}", ok.text());
+    // The login form is refused from another origin too.
+    let res = crate::common::post(
+        &gw.admin_url("/console/login"),
+        &format!("token={TOKEN}"),
+        &[
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("origin", "null"),
+        ],
+    )
+    .await;
+    assert_eq!(res.status, 403);
+    assert!(res.headers.get("set-cookie").is_none());
+}
