@@ -21,7 +21,8 @@
 //! place) is refused too.
 //!
 //! Read at start only (a change is refused, naming the field): `listen`, `admin_listen`,
-//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`; and the job
+//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`, `[tracing]`
+//! (its exporter is built at start); and the job
 //! key, so a reload that brings the first `job` route to a server started without one
 //! (and without `ONCELY_SECRET_KEY`) is refused too. Applied:
 //! everything else, `drain_timeout` and the routes' `reconcile` settings (the reconciler
@@ -176,7 +177,7 @@ impl Reloader {
 }
 
 /// The config fields a running server cannot take from a reload.
-pub const FIXED: [&str; 7] = [
+pub const FIXED: [&str; 8] = [
     "listen",
     "admin_listen",
     "admin_token_env",
@@ -184,6 +185,7 @@ pub const FIXED: [&str; 7] = [
     "upstream_ca",
     "tls",
     "max_inflight_bytes",
+    "tracing",
 ];
 
 fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
@@ -195,6 +197,7 @@ fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         old.upstream_ca == new.upstream_ca,
         old.tls == new.tls,
         old.max_inflight_bytes == new.max_inflight_bytes,
+        old.tracing == new.tracing,
     ];
     FIXED
         .iter()

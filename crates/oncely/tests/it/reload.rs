@@ -880,3 +880,42 @@ async fn a_sighup_storm_while_requests_run_loses_nothing_and_ends_on_the_last_fi
     let gw = Arc::into_inner(gw).unwrap();
     assert_eq!(gw.terminate().code(), Some(0));
 }
+
+/// The `[tracing]` section is read at start (the exporter is built then): a reload that
+/// changes it is refused, naming it, rather than answered "reloaded" and not applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tracing_section_is_refused_as_needing_a_restart() {
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    let tracing = |ratio: &str| {
+        format!("[tracing]\notlp_endpoint = \"http://127.0.0.1:9\"\nsample_ratio = {ratio}\n")
+    };
+    // The section last: the routes are appended after `extra`.
+    let text = |ratio: &str, paths: &[&str]| {
+        let mut t = config_text(dir.path(), &up, paths, "");
+        t.push('\n');
+        t.push_str(&tracing(ratio));
+        t
+    };
+    write(&cfg, &text("1.0", &["/v1/a"]));
+    let gw = start(&cfg);
+    assert_eq!(oncely_status(&call(&gw, "/v1/a", "k").await), Some("fresh"));
+    // Unchanged, with a route added: reloaded.
+    write(&cfg, &text("1.0", &["/v1/a", "/v1/b"]));
+    assert!(hup(&gw).await.contains("config reloaded"));
+    // Changed: refused, named, the running config kept.
+    write(&cfg, &text("0.0", &["/v1/a"]));
+    let line = hup(&gw).await;
+    assert!(line.contains("config reload refused"), "{line}");
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("tracing: changed, and only a restart can change it")),
+        "{lines}"
+    );
+    assert_eq!(oncely_status(&call(&gw, "/v1/b", "k").await), Some("fresh"));
+    assert_eq!(seen.calls("/v1/a", "k"), 1);
+    assert_eq!(gw.terminate().code(), Some(0));
+}
