@@ -419,3 +419,50 @@ async fn cross_site_posts_with_the_session_cookie_are_refused() {
     assert_eq!(res.status, 403);
     assert!(res.headers.get("set-cookie").is_none());
 }
+
+/// A stored text answer longer than the page shows, cut inside a character: shown as the
+/// text it is, not as "binary data".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_text_answer_cut_inside_a_character_is_shown_as_text() {
+    let body = format!("x{}", "é".repeat(3000));
+    let up = {
+        let body = body.clone();
+        upstream(axum::Router::new().fallback(move || {
+            let body = body.clone();
+            async move { body }
+        }))
+        .await
+    };
+    let gw = Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", "memory:"],
+        &[("ONCELY_ADMIN_TOKEN", TOKEN)],
+    );
+    let res = crate::common::post(
+        &gw.url("/v1/text"),
+        "{}",
+        &[
+            ("authorization", "Bearer user-1"),
+            ("idempotency-key", "\"long-text\""),
+        ],
+    )
+    .await;
+    assert_eq!(res.status, 200);
+    assert_eq!(res.text(), body);
+    let id = res.header("oncely-record").to_owned();
+    let auth = format!("Bearer {TOKEN}");
+    let mut page = String::new();
+    for _ in 0..100 {
+        page = get(
+            &gw.admin_url(&format!("/console/records/{id}")),
+            &[("authorization", &auth)],
+        )
+        .await
+        .text();
+        if page.contains("Stored answer") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(page.contains("id=\"answer-body\">xéé"), "{page}");
+    assert!(!page.contains("binary data"), "{page}");
+}
