@@ -88,6 +88,85 @@ impl TraceParent {
     }
 }
 
+/// The most bytes of a span's name, a text attribute or an error message: a value from a
+/// caller (an MCP tool's name) must not make a span, and the batch it is exported in,
+/// larger than a collector takes.
+const MAX_TEXT: usize = 1024;
+
+/// `text` cut to [`MAX_TEXT`] bytes at a character boundary, `…` marking the cut.
+fn bounded(mut text: String) -> String {
+    if text.len() > MAX_TEXT {
+        let mut end = MAX_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// The most of a `tracestate` passed on: what the W3C asks every vendor to propagate.
+const TRACESTATE_MAX_LEN: usize = 512;
+/// The most list members a `tracestate` has.
+const TRACESTATE_MAX_MEMBERS: usize = 32;
+
+/// The caller's `tracestate` as the W3C list: several headers are one list; a list with
+/// a malformed member is dropped whole (never passed on invalid); a valid one keeps its
+/// first members up to 32 and 512 characters, so that a hostile one swells neither the
+/// upstream's request nor the exported spans.
+pub fn trace_state(headers: &HeaderMap) -> Option<String> {
+    let mut kept = String::new();
+    let mut count = 0;
+    let mut full = false;
+    for value in headers.get_all(TRACESTATE) {
+        let value = value.to_str().ok()?;
+        for member in value.split(',').map(|m| m.trim_matches([' ', '\t'])) {
+            if member.is_empty() {
+                continue;
+            }
+            if !tracestate_member(member) {
+                return None;
+            }
+            let len = kept.len() + usize::from(!kept.is_empty()) + member.len();
+            if full || count == TRACESTATE_MAX_MEMBERS || len > TRACESTATE_MAX_LEN {
+                full = true;
+                continue;
+            }
+            if !kept.is_empty() {
+                kept.push(',');
+            }
+            kept.push_str(member);
+            count += 1;
+        }
+    }
+    (!kept.is_empty()).then_some(kept)
+}
+
+/// One `key=value` list member: the key lower-case letters, digits and `_-*/` (with at
+/// most one `@`, for a tenant), starting with a letter or a digit, at most 256; the value
+/// 1 to 256 printable ASCII characters but `,` and `=`, not ending with a space.
+fn tracestate_member(member: &str) -> bool {
+    let Some((key, value)) = member.split_once('=') else {
+        return false;
+    };
+    let key_ok = (1..=256).contains(&key.len())
+        && key
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b))
+        && key.bytes().filter(|b| *b == b'@').count() <= 1;
+    let value_ok = (1..=256).contains(&value.len())
+        && !value.ends_with(' ')
+        && value
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=');
+    key_ok && value_ok
+}
+
 fn trim(v: &[u8]) -> &[u8] {
     let start = v
         .iter()
@@ -206,6 +285,7 @@ impl Tracer {
     /// The server span of a request with these headers: a child of the caller's span
     /// when its `traceparent` is valid, else the root of a new trace.
     pub fn start_request(self: &Arc<Self>, headers: &HeaderMap, name: String) -> Span {
+        let name = bounded(name);
         let parent = headers
             .get(TRACEPARENT)
             .and_then(|v| TraceParent::parse(v.as_bytes()));
@@ -214,10 +294,7 @@ impl Tracer {
                 p.trace_id,
                 Some(p.parent_id),
                 p.sampled,
-                headers
-                    .get(TRACESTATE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
+                trace_state(headers),
             ),
             None => {
                 let trace_id = new_trace_id();
@@ -247,6 +324,7 @@ impl Tracer {
     /// The span a `traceparent` this gateway wrote earlier names as parent (a queued job's
     /// submission), continued by a new client span; `None` without a valid one.
     pub fn start_client_under(self: &Arc<Self>, headers: &HeaderMap, name: String) -> Option<Span> {
+        let name = bounded(name);
         let parent = TraceParent::parse(headers.get(TRACEPARENT)?.as_bytes())?;
         Some(Span {
             tracer: self.clone(),
@@ -254,10 +332,7 @@ impl Tracer {
                 trace_id: parent.trace_id,
                 span_id: new_span_id(),
                 parent_span_id: Some(parent.parent_id),
-                trace_state: headers
-                    .get(TRACESTATE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
+                trace_state: trace_state(headers),
                 name,
                 kind: SpanKind::Client,
                 start: SystemTime::now(),
@@ -301,6 +376,7 @@ pub struct SpanParent {
 impl SpanParent {
     /// A child span, starting now.
     pub fn child(&self, name: String, kind: SpanKind) -> Span {
+        let name = bounded(name);
         Span {
             tracer: self.tracer.clone(),
             data: SpanData {
@@ -390,7 +466,10 @@ impl Span {
 
     /// Sets an attribute (replacing one of the same key).
     pub fn set(&mut self, key: &'static str, value: impl Into<AttributeValue>) {
-        let value = value.into();
+        let value = match value.into() {
+            AttributeValue::Str(s) => AttributeValue::Str(bounded(s)),
+            other => other,
+        };
         match self.data.attributes.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
             None => self.data.attributes.push((key, value)),
@@ -399,7 +478,7 @@ impl Span {
 
     /// Marks the span failed.
     pub fn fail(&mut self, why: impl Into<String>) {
-        self.data.error = Some(why.into());
+        self.data.error = Some(bounded(why.into()));
     }
 
     /// Ends the span now and hands it to the sink when it is sampled.
@@ -577,6 +656,27 @@ mod tests {
         let before = sink.0.lock().unwrap().len();
         server.end();
         assert_eq!(sink.0.lock().unwrap().len(), before);
+    }
+
+    #[test]
+    fn long_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(bounded("short".into()), "short");
+        let cut = bounded("é".repeat(MAX_TEXT));
+        assert!(cut.len() <= MAX_TEXT + '…'.len_utf8());
+        assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn tracestate_members_follow_the_w3c_list() {
+        let mut h = HeaderMap::new();
+        h.append(TRACESTATE, " a=1 ,, b@t=x y".parse().unwrap());
+        h.append(TRACESTATE, "c=3".parse().unwrap());
+        assert_eq!(trace_state(&h).as_deref(), Some("a=1,b@t=x y,c=3"));
+        for bad in ["A=1", "a", "a=", "a=1=2", "@a=1", "a@b@c=1", "a=1,Bad=2"] {
+            let mut h = HeaderMap::new();
+            h.insert(TRACESTATE, bad.parse().unwrap());
+            assert_eq!(trace_state(&h), None, "{bad}");
+        }
     }
 
     #[test]

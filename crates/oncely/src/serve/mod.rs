@@ -185,8 +185,11 @@ pub async fn run_reloading(
         crate::cli::redact_store_url(&config.store)
     );
 
+    // Trimmed, as the bearer value it is compared with is: a variable filled from a file
+    // keeps its line end. Only whitespace: unset.
     let admin_token = std::env::var(&config.admin_token_env)
         .ok()
+        .map(|t| t.trim().to_owned())
         .filter(|t| !t.is_empty());
     let admin_state = admin::AdminState {
         store: store.clone(),

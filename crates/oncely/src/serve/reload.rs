@@ -17,8 +17,12 @@
 //! Each reload is one `oncely::reload` log line and one
 //! `oncely_config_reloads_total{result="ok|refused"}`.
 //!
+//! A file with nothing in it (no key, no table: a file caught while it is rewritten in
+//! place) is refused too.
+//!
 //! Read at start only (a change is refused, naming the field): `listen`, `admin_listen`,
-//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`; and the job
+//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`, `[tracing]`
+//! (its exporter is built at start); and the job
 //! key, so a reload that brings the first `job` route to a server started without one
 //! (and without `ONCELY_SECRET_KEY`) is refused too. Applied:
 //! everything else, `drain_timeout` and the routes' `reconcile` settings (the reconciler
@@ -173,7 +177,7 @@ impl Reloader {
 }
 
 /// The config fields a running server cannot take from a reload.
-pub const FIXED: [&str; 7] = [
+pub const FIXED: [&str; 8] = [
     "listen",
     "admin_listen",
     "admin_token_env",
@@ -181,6 +185,7 @@ pub const FIXED: [&str; 7] = [
     "upstream_ca",
     "tls",
     "max_inflight_bytes",
+    "tracing",
 ];
 
 fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
@@ -192,6 +197,7 @@ fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         old.upstream_ca == new.upstream_ca,
         old.tls == new.tls,
         old.max_inflight_bytes == new.max_inflight_bytes,
+        old.tracing == new.tracing,
     ];
     FIXED
         .iter()
@@ -291,6 +297,18 @@ impl Live {
                 "serve was started without --config: there is no file to read again".into(),
             ]);
         };
+        // A file being rewritten in place reads empty for a moment (truncated, or only
+        // its first comment written): that is no config, not one without routes.
+        if std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.parse::<toml::Table>().ok())
+            .is_some_and(|table| table.is_empty())
+        {
+            return Err(vec![format!(
+                "{}: the file is empty (being written?); nothing is changed",
+                path.display()
+            )]);
+        }
         let config = Config::load(path, &source.overrides).map_err(|e| match e {
             ConfigError::Invalid(problems) => problems
                 .iter()

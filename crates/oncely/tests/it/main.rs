@@ -10,6 +10,7 @@ mod cluster;
 mod common;
 mod console;
 mod console_browser;
+mod console_hostile;
 mod contract;
 mod demo;
 mod deploy;

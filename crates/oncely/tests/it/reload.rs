@@ -730,3 +730,192 @@ async fn concurrent_requests_during_repeated_reloads_all_succeed_and_execute_onc
     let gw = Arc::into_inner(gw).unwrap();
     assert_eq!(gw.terminate().code(), Some(0));
 }
+
+/// A config file caught while it is being rewritten in place reads empty (truncated to
+/// nothing, or only a comment so far): a reload then is refused, not taken as "no routes"
+/// (which forwarded guarded calls unguarded, or answered every call 502); so is one that
+/// cannot be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_read_empty_or_unreadable_is_refused_and_the_old_one_kept() {
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    write(&cfg, &config_text(dir.path(), &up, &["/v1/a"], ""));
+    let gw = Gateway::start(
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--store",
+            &format!("sqlite://{}", dir.path().join("ledger.db").display()),
+        ],
+        &[],
+    );
+    assert_eq!(oncely_status(&call(&gw, "/v1/a", "k").await), Some("fresh"));
+    for half_written in ["", "\n  \n", "# oncely config\n"] {
+        write(&cfg, half_written);
+        let line = hup(&gw).await;
+        assert!(
+            line.contains("config reload refused"),
+            "{half_written:?}: {line}"
+        );
+    }
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("config reload: problem") && l.contains("empty")),
+        "{lines}"
+    );
+    // A file that cannot be read (no permission; or gone, as mid-replace) is refused,
+    // the reason logged. (Root reads a mode-000 file: then only the missing file counts.)
+    let mut refused = 3;
+    write(&cfg, &config_text(dir.path(), &up, &["/v1/b"], ""));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o000)).unwrap();
+        if std::fs::read(&cfg).is_err() {
+            assert!(hup(&gw).await.contains("config reload refused"));
+            refused += 1;
+        }
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    std::fs::remove_file(&cfg).unwrap();
+    assert!(hup(&gw).await.contains("config reload refused"));
+    refused += 1;
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("config reload: problem") && l.contains("cannot read config file")),
+        "{lines}"
+    );
+    // The running config is kept: /v1/a is still guarded, /v1/b not.
+    let again = call(&gw, "/v1/a", "k").await;
+    assert_eq!(oncely_status(&again), Some("replayed"));
+    assert_eq!(seen.calls("/v1/a", "k"), 1);
+    assert_eq!(oncely_status(&call(&gw, "/v1/b", "k").await), None);
+    assert_eq!(reloads_metric(&gw, "refused").await, refused);
+    assert_eq!(gw.terminate().code(), Some(0));
+}
+
+/// Replaces the file as an editor or a config manager should: a whole new file renamed
+/// over the old one.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Hundreds of `SIGHUP`s in bursts (the file switching between two configs) while
+/// duplicates run: every call is answered, each key executes once, the process lives on,
+/// and the last file is the one in force afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_storm_while_requests_run_loses_nothing_and_ends_on_the_last_file() {
+    crate::process::raise_fd_limit();
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    let one = config_text(dir.path(), &up, &["/v1/busy"], "");
+    let two = config_text(dir.path(), &up, &["/v1/busy", "/v1/other"], "");
+    write(&cfg, &one);
+    let gw = Arc::new(start(&cfg));
+    let pid = gw.pid().to_string();
+
+    let storm = {
+        let (cfg, one, two, pid) = (cfg.clone(), one.clone(), two.clone(), pid.clone());
+        tokio::task::spawn_blocking(move || {
+            for i in 0..20 {
+                replace(&cfg, if i % 2 == 0 { &two } else { &one });
+                let status = Command::new("kill")
+                    .arg("-HUP")
+                    .args(std::iter::repeat_n(pid.as_str(), 25))
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            replace(&cfg, &two);
+            assert!(Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success());
+        })
+    };
+    const KEYS: usize = 30;
+    const PER_KEY: usize = 6;
+    let mut calls = Vec::new();
+    for round in 0..PER_KEY {
+        for k in 0..KEYS {
+            let gw = gw.clone();
+            calls.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis((round * 10) as u64)).await;
+                call(&gw, "/v1/busy", &format!("key-{k}")).await
+            }));
+        }
+    }
+    let mut fresh = 0;
+    for c in calls {
+        let a = c.await.unwrap();
+        assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+        fresh += usize::from(oncely_status(&a) == Some("fresh"));
+    }
+    storm.await.unwrap();
+    for k in 0..KEYS {
+        assert_eq!(seen.calls("/v1/busy", &format!("key-{k}")), 1, "key-{k}");
+    }
+    assert_eq!(fresh, KEYS);
+    // The last file is in force once the last reload is through: /v1/other guarded.
+    let mut guarded = false;
+    for i in 0..200 {
+        if oncely_status(&call(&gw, "/v1/other", &format!("probe-{i}")).await).is_some() {
+            guarded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(guarded, "{}", gw.lines.lock().unwrap().join("\n"));
+    assert_eq!(reloads_metric(&gw, "refused").await, 0);
+    assert!(reloads_metric(&gw, "ok").await >= 1);
+    let gw = Arc::into_inner(gw).unwrap();
+    assert_eq!(gw.terminate().code(), Some(0));
+}
+
+/// The `[tracing]` section is read at start (the exporter is built then): a reload that
+/// changes it is refused, naming it, rather than answered "reloaded" and not applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tracing_section_is_refused_as_needing_a_restart() {
+    let (up, seen) = counting_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    let tracing = |ratio: &str| {
+        format!("[tracing]\notlp_endpoint = \"http://127.0.0.1:9\"\nsample_ratio = {ratio}\n")
+    };
+    // The section last: the routes are appended after `extra`.
+    let text = |ratio: &str, paths: &[&str]| {
+        let mut t = config_text(dir.path(), &up, paths, "");
+        t.push('\n');
+        t.push_str(&tracing(ratio));
+        t
+    };
+    write(&cfg, &text("1.0", &["/v1/a"]));
+    let gw = start(&cfg);
+    assert_eq!(oncely_status(&call(&gw, "/v1/a", "k").await), Some("fresh"));
+    // Unchanged, with a route added: reloaded.
+    write(&cfg, &text("1.0", &["/v1/a", "/v1/b"]));
+    assert!(hup(&gw).await.contains("config reloaded"));
+    // Changed: refused, named, the running config kept.
+    write(&cfg, &text("0.0", &["/v1/a"]));
+    let line = hup(&gw).await;
+    assert!(line.contains("config reload refused"), "{line}");
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("tracing: changed, and only a restart can change it")),
+        "{lines}"
+    );
+    assert_eq!(oncely_status(&call(&gw, "/v1/b", "k").await), Some("fresh"));
+    assert_eq!(seen.calls("/v1/a", "k"), 1);
+    assert_eq!(gw.terminate().code(), Some(0));
+}

@@ -744,3 +744,207 @@ fn a_bad_tracing_section_is_a_clear_config_error() {
         .unwrap();
     crate::common::assert_usage_error(&o, "tracing.headers_env: $TEST_OTLP_UNSET is not set");
 }
+
+/// A `tracestate` as the W3C list allows it: at most 32 members `key=value`, each key
+/// lower-case letters, digits and `_-*/` (one `@` for a tenant), each value 1 to 256
+/// printable characters but `,` and `=`.
+fn valid_tracestate(ts: &str) -> bool {
+    let members: Vec<&str> = ts
+        .split(',')
+        .map(|m| m.trim_matches([' ', '\t']))
+        .filter(|m| !m.is_empty())
+        .collect();
+    members.len() <= 32
+        && members.iter().all(|m| {
+            let Some((k, v)) = m.split_once('=') else {
+                return false;
+            };
+            !k.is_empty()
+                && k.len() <= 256
+                && k.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b))
+                && !v.is_empty()
+                && v.len() <= 256
+                && v.bytes()
+                    .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+        })
+}
+
+/// Hostile `traceparent` and `tracestate` values: none breaks the request, none reaches
+/// the upstream invalid, a `tracestate` is cut to what the W3C asks to propagate (512
+/// characters, 32 members) in the upstream call and in the exported spans alike, several
+/// `tracestate` headers are one list, and a request with an ordinary trace still gets its
+/// spans exported afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_trace_headers_never_reach_the_upstream_invalid_nor_swell_the_spans() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, "")),
+        ],
+        &[],
+    );
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let many: String = (0..40)
+        .map(|i| format!("k{i}={}", "v".repeat(200)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let huge_future = format!("01-{CALLER_TRACE}-{CALLER_SPAN}-01-{}", "x".repeat(9000));
+    let zero_trace = format!("00-{}-{CALLER_SPAN}-01", "0".repeat(32));
+    let zero_span = format!("00-{CALLER_TRACE}-{}-01", "0".repeat(16));
+    let version_ff = format!("ff-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let with_tab = format!("00-{CALLER_TRACE}-{CALLER_SPAN}\t-01");
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "many",
+            vec![("traceparent", &caller), ("tracestate", &many)],
+        ),
+        (
+            "bad member",
+            vec![
+                ("traceparent", &caller),
+                ("tracestate", "vendor=abc,Bad Key=<script>"),
+            ],
+        ),
+        (
+            "two headers",
+            vec![
+                ("traceparent", &caller),
+                ("tracestate", "a=1"),
+                ("tracestate", "b=2"),
+            ],
+        ),
+        ("huge future", vec![("traceparent", &huge_future)]),
+        ("zero trace", vec![("traceparent", &zero_trace)]),
+        ("zero span", vec![("traceparent", &zero_span)]),
+        ("version ff", vec![("traceparent", &version_ff)]),
+        ("tab", vec![("traceparent", &with_tab)]),
+    ];
+    for (i, (name, headers)) in cases.iter().enumerate() {
+        let res = render(&gw, &format!("{{\"case\":{i}}}"), headers).await;
+        assert_eq!(res.status, 201, "{name}: {}", res.text());
+        assert_eq!(res.header("oncely-status"), "fresh", "{name}");
+    }
+    let calls = seen.calls();
+    assert_eq!(calls.len(), cases.len(), "{calls:?}");
+    for (i, (name, _)) in cases.iter().enumerate() {
+        let call = calls
+            .iter()
+            .find(|c| c["body"] == format!("{{\"case\":{i}}}"))
+            .unwrap();
+        let (trace, _, _) = parse(&call["traceparent"]);
+        assert_ne!(trace, "0".repeat(32), "{name}");
+        if let Some(ts) = call.get("tracestate") {
+            assert!(
+                ts.len() <= 512 && valid_tracestate(ts),
+                "{name}: the upstream got tracestate {ts:?}"
+            );
+        }
+        match *name {
+            "many" | "two headers" | "huge future" => assert_eq!(trace, CALLER_TRACE, "{name}"),
+            "bad member" => {}
+            _ => assert_ne!(trace, CALLER_TRACE, "{name}: a new trace"),
+        }
+    }
+    let by_case = |i: usize| {
+        calls
+            .iter()
+            .find(|c| c["body"] == format!("{{\"case\":{i}}}"))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_case(2)["tracestate"], "a=1,b=2");
+    assert!(
+        by_case(0)["tracestate"].starts_with("k0="),
+        "the first members are kept"
+    );
+
+    // Then an ordinary request: its spans are exported, and no span carries more than
+    // what the W3C asks to propagate.
+    let normal = render(
+        &gw,
+        r#"{"case":"normal"}"#,
+        &[("traceparent", &caller), ("tracestate", "vendor=abc")],
+    )
+    .await;
+    assert_eq!(normal.status, 201);
+    let record = normal.header("oncely-record").to_owned();
+    collector
+        .wait_for(1, |g| {
+            g.span.kind == SpanKind::Server as i32
+                && g.attr("oncely.record").is_some()
+                && g.str("oncely.record") == record
+        })
+        .await;
+    for g in collector.spans.lock().unwrap().iter() {
+        assert!(
+            g.span.trace_state.len() <= 512 && valid_tracestate(&g.span.trace_state),
+            "{}: exported tracestate {:?}",
+            g.span.name,
+            g.span.trace_state
+        );
+    }
+}
+
+/// A tools/call naming a tool of hundreds of kilobytes: the call is answered, and no
+/// exported span carries more than a bounded name or attribute (a span that size would
+/// make the collector refuse the whole batch, other requests' spans with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
+    let collector = Collector::default();
+    let otlp = collector.start().await;
+    let seen = Seen::default();
+    let up = upstream(mcp_server(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{tracing}",
+            db = dir.path().join("ledger.db").display(),
+            tracing = tracing_section(otlp, ""),
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let huge = "t".repeat(300_000);
+    for (id, tool) in [(1, huge.as_str()), (2, "render")] {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": {"text": "hi"}}});
+        let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let spans = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    assert!(spans.iter().any(|g| g.str("oncely.mcp.tool") == "render"));
+    for g in collector.spans.lock().unwrap().iter() {
+        let longest = g
+            .span
+            .attributes
+            .iter()
+            .filter_map(
+                |kv| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(Value::StringValue(s)) => Some(s.len()),
+                    _ => None,
+                },
+            )
+            .max()
+            .unwrap_or(0);
+        assert!(
+            g.span.name.len() <= 1100 && longest <= 1100,
+            "a span of name {} bytes, an attribute of {longest} bytes",
+            g.span.name.len()
+        );
+    }
+}

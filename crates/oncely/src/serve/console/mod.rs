@@ -396,13 +396,15 @@ struct LoginQuery {
     next: Option<String>,
 }
 
-/// Only console pages are places to go after logging in.
+/// Only console pages are places to go after logging in (and only what a `Location`
+/// header can carry: no control characters).
 fn safe_next(next: Option<&str>) -> &str {
     match next {
         Some(n)
             if n.starts_with("/console/")
                 && !n.contains("//")
                 && !n.contains('\\')
+                && !n.contains(|c: char| c.is_control())
                 && !n.starts_with("/console/login") =>
         {
             n
@@ -527,6 +529,7 @@ mod tests {
         assert_eq!(safe_next(Some("https://evil.example/")), "/console/");
         assert_eq!(safe_next(Some("/console//evil.example")), "/console/");
         assert_eq!(safe_next(Some("/console/login?next=x")), "/console/");
+        assert_eq!(safe_next(Some("/console/\nX")), "/console/");
         assert_eq!(safe_next(None), "/console/");
     }
 

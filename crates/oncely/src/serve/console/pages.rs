@@ -312,6 +312,18 @@ pub(super) async fn records(
     ))
 }
 
+/// The text of a body's first bytes, a character the cut went through left out; an
+/// error when they are not text.
+fn preview(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
+    match std::str::from_utf8(bytes) {
+        // Invalid only in a last character cut short (at most 3 bytes of it).
+        Err(e) if e.error_len().is_none() && bytes.len() - e.valid_up_to() < 4 => {
+            std::str::from_utf8(&bytes[..e.valid_up_to()])
+        }
+        other => other,
+    }
+}
+
 fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_owned()
@@ -528,7 +540,7 @@ the log lines do.</p>",
             None => body.push_str(
                 "<p class=\"hint\">The body was not kept (larger than max_response).</p>",
             ),
-            Some(b) => match std::str::from_utf8(&b[..b.len().min(BODY_PREVIEW)]) {
+            Some(b) => match preview(&b[..b.len().min(BODY_PREVIEW)]) {
                 Ok(text) => {
                     let _ = write!(
                         body,
@@ -1122,12 +1134,15 @@ pub(super) async fn redeliver_form(
     Extension(viewer): Extension<Viewer>,
     Path(id): Path<String>,
 ) -> Response {
+    // The id comes from the link's path: one encoded segment in the form's action, so
+    // that `..`, `/`, `?` or `#` in it cannot point the form at another action.
+    let action = format!("/console/webhooks/{}/redeliver", esc(&url_enc(&id)));
     let id = esc(&id);
     confirm_page(
         &viewer,
         "Redeliver",
         &format!("Queue the dead delivery <span class=\"mono\">{id}</span> again: its attempts start over, and the handler gets the same event under the same Idempotency-Key."),
-        &format!("/console/webhooks/{id}/redeliver"),
+        &action,
         "Redeliver",
         "/console/webhooks",
     )
