@@ -10,7 +10,7 @@
 //! - [`canon`]: canonical JSON (RFC 8785, numbers as exact decimals).
 //! - [`fingerprint`]: the SHA-256 request fingerprint.
 //! - [`policy`]: operation classes and which upstream answers are kept.
-//! - [`decide`]: what a claimant does with the record it found (the claim table).
+//! - [`decide`](mod@decide): what a claimant does with the record it found (the claim table).
 //! - [`record`]: the ledger record, its states, and every transition as a pure function.
 //! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
 
