@@ -15,8 +15,9 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, StatusCode};
+use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
 use oncely_core::{
-    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, RecordId, Scope, State, StoredResponse,
+    ClaimSpec, Class, DownstreamKey, Fingerprint, Record, RecordId, Scope, StoredResponse,
     TakeOverOutcome,
 };
 use oncely_store::{Claim, Repeat, RepeatKind, Store, StoreError};
@@ -402,99 +403,122 @@ impl Guard {
                 Detached::Failed(e, _) => return Execution::StoreUnavailable(e.to_string()),
                 Detached::Broken(why) => return Execution::StoreUnavailable(why),
             };
+            // The ledger's clock, read when the decision needs it (afresh for each record).
+            let mut now = None;
             loop {
-                if record.fingerprint != call.fingerprint {
-                    return Execution::KeyReused(record);
-                }
-                match record.state {
-                    State::Completed => return self.answer_completed(record, waited),
-                    State::OutcomeUnknown => return Execution::OutcomeUnknown(record),
+                let wait_left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let seen = Seen {
+                    fingerprint: call.fingerprint,
+                    claimant: Claimant::Call,
+                    waited,
+                    wait_left,
+                };
+                match decide(&record, &seen, now) {
+                    Decided::Refuse(Refusal::KeyReused) => return Execution::KeyReused(record),
+                    step @ (Decided::Replay
+                    | Decided::Join
+                    | Decided::Refuse(Refusal::TooLarge)) => {
+                        return self.answer_completed(record, waited, step)
+                    }
+                    Decided::Refuse(Refusal::OutcomeUnknown) => {
+                        return Execution::OutcomeUnknown(record)
+                    }
                     // The original failed harmlessly while we waited: claim again (and
                     // execute, with the same downstream key, if we win).
-                    State::Released => break,
-                    State::Processing => {}
-                }
-                let now = match self.store.now().await {
-                    Ok(now) => now,
-                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                };
-                if record.lease_lapsed(now) {
-                    let take_over = {
-                        let store = self.store.clone();
-                        let (id, attempt) = (record.id.clone(), record.attempt);
-                        let (owner, lease) = (spec.owner.clone(), call.lease);
-                        async move {
-                            match store.take_over(&id, attempt, &owner, lease).await? {
-                                TakeOverOutcome::Owned(r) => Ok(Step::Owned(r)),
-                                TakeOverOutcome::OutcomeUnknown(r) => Ok(Step::Other(r)),
-                            }
-                        }
-                        .boxed()
-                    };
-                    let f = run.take().expect("run is given back unless owned");
-                    match self.claim_detached(&call, f, take_over).await {
-                        Detached::Owner(record, head) => return owner_answer(record, head).await,
-                        Detached::Other(record, _) => return Execution::OutcomeUnknown(record),
-                        // Someone else moved it first: look again.
-                        Detached::Failed(StoreError::Transition(_), f) => {
-                            run = Some(f);
-                            match self.store.get(&record.id).await {
-                                Ok(Some(r)) => {
-                                    record = r;
-                                    continue;
+                    Decided::ClaimAgain => break,
+                    Decided::ReadClock => match self.store.now().await {
+                        Ok(n) => now = Some(n),
+                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                    },
+                    Decided::TakeOver => {
+                        let take_over = {
+                            let store = self.store.clone();
+                            let (id, attempt) = (record.id.clone(), record.attempt);
+                            let (owner, lease) = (spec.owner.clone(), call.lease);
+                            async move {
+                                match store.take_over(&id, attempt, &owner, lease).await? {
+                                    TakeOverOutcome::Owned(r) => Ok(Step::Owned(r)),
+                                    TakeOverOutcome::OutcomeUnknown(r) => Ok(Step::Other(r)),
                                 }
-                                Ok(None) => break,
-                                Err(e) => return Execution::StoreUnavailable(e.to_string()),
                             }
+                            .boxed()
+                        };
+                        let f = run.take().expect("run is given back unless owned");
+                        match self.claim_detached(&call, f, take_over).await {
+                            Detached::Owner(record, head) => {
+                                return owner_answer(record, head).await
+                            }
+                            Detached::Other(record, _) => return Execution::OutcomeUnknown(record),
+                            // Someone else moved it first: look again.
+                            Detached::Failed(StoreError::Transition(_), f) => {
+                                run = Some(f);
+                                match self.store.get(&record.id).await {
+                                    Ok(Some(r)) => {
+                                        record = r;
+                                        now = None;
+                                    }
+                                    Ok(None) => break,
+                                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                                }
+                            }
+                            Detached::Failed(e, _) => {
+                                return Execution::StoreUnavailable(e.to_string())
+                            }
+                            Detached::Broken(why) => return Execution::StoreUnavailable(why),
                         }
-                        Detached::Failed(e, _) => {
-                            return Execution::StoreUnavailable(e.to_string())
-                        }
-                        Detached::Broken(why) => return Execution::StoreUnavailable(why),
+                    }
+                    Decided::Refuse(Refusal::StillRunning) => {
+                        let retry_after = retry_after(call.wait);
+                        return Execution::InFlight {
+                            record,
+                            retry_after,
+                        };
+                    }
+                    Decided::WaitUntil(lease_until) => {
+                        // Wake up when the owner's lease would lapse, to take over a dead
+                        // owner without waiting the whole `wait`.
+                        let until_lapse = match (lease_until, now) {
+                            (Some(l), Some(now)) => now.until(l) + Duration::from_millis(20),
+                            _ => wait_left,
+                        };
+                        waited = true;
+                        record = match self
+                            .wait_shared(&record.id, wait_left.min(until_lapse))
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(StoreError::NotFound(_)) => break,
+                            Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                        };
+                        now = None;
+                    }
+                    step @ (Decided::Own | Decided::Refuse(Refusal::Failed | Refusal::Ended)) => {
+                        unreachable!("a call is never told {step:?}")
                     }
                 }
-                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if remaining.is_zero() {
-                    let retry_after = retry_after(call.wait);
-                    return Execution::InFlight {
-                        record,
-                        retry_after,
-                    };
-                }
-                // Wake up when the owner's lease would lapse, to take over a dead owner
-                // without waiting the whole `wait`.
-                let until_lapse = record
-                    .lease_until
-                    .map(|l| now.until(l) + Duration::from_millis(20))
-                    .unwrap_or(remaining);
-                waited = true;
-                record = match self
-                    .wait_shared(&record.id, remaining.min(until_lapse))
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(StoreError::NotFound(_)) => break,
-                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                };
             }
         }
         Execution::StoreUnavailable("the ledger kept changing under one claim".into())
     }
 
-    /// A completed record: replay it (or refuse if its body was not kept), and count the
-    /// repeat off the answer's path.
-    pub(crate) fn answer_completed(&self, record: Record, waited: bool) -> Execution {
+    /// A completed record: replay or join it, or refuse it as too large (the `step`
+    /// [`decide`] gave), and count the repeat off the answer's path.
+    pub(crate) fn answer_completed(
+        &self,
+        record: Record,
+        waited: bool,
+        step: Decided,
+    ) -> Execution {
         let kind = if waited {
             RepeatKind::Joined
         } else {
             RepeatKind::Replayed
         };
         self.count_repeat(&record, kind);
-        let has_body = record.response.as_ref().is_some_and(|r| r.body.is_some());
-        match (has_body, waited) {
-            (false, _) => Execution::TooLarge(record),
-            (true, false) => Execution::Replayed(record),
-            (true, true) => Execution::Joined(record),
+        match step {
+            Decided::Replay => Execution::Replayed(record),
+            Decided::Join => Execution::Joined(record),
+            _ => Execution::TooLarge(record),
         }
     }
 
@@ -853,7 +877,7 @@ mod tests {
     use super::*;
     use futures::FutureExt;
     use http_body_util::BodyExt;
-    use oncely_core::Fingerprint;
+    use oncely_core::{Fingerprint, State};
 
     fn call(key: &str) -> GuardedCall {
         GuardedCall {

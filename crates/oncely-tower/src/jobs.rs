@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
 use oncely_core::{ClaimSpec, DownstreamKey, Record, RecordId, State, TakeOverOutcome};
 use oncely_store::queue::while_leased;
 use oncely_store::{Claim, NewTask, Task, TaskOutcome};
@@ -325,38 +326,43 @@ impl Guard {
             Ok(Claim::Existing(record)) => record,
             Err(e) => return Execution::StoreUnavailable(e.to_string()),
         };
-        if record.fingerprint != call.fingerprint {
-            return Execution::KeyReused(record);
-        }
-        match record.state {
-            State::Completed => self.answer_completed(record, false),
-            State::OutcomeUnknown => Execution::OutcomeUnknown(record),
-            // The store reclaims a released record with this fingerprint (and queues it
-            // again); seeing one here means it was released between the store's decision
-            // and now, so report the failure.
-            State::Released => Execution::UpstreamFailed {
-                failure: UpstreamFailure::Lost(failure_text(&record)),
-                record,
-            },
-            State::Processing => {
-                let record = match self.store.wait_for(&record.id, call.wait).await {
-                    Ok(r) => r,
-                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                };
-                match record.state {
-                    State::Completed => self.answer_completed(record, true),
-                    State::OutcomeUnknown => Execution::OutcomeUnknown(record),
-                    State::Released => Execution::UpstreamFailed {
-                        failure: UpstreamFailure::Lost(failure_text(&record)),
-                        record,
-                    },
-                    State::Processing => Execution::Accepted {
-                        record,
-                        first: false,
-                        retry_after: retry_after(call.wait),
-                    },
+        // A duplicate: the claim table says what it gets (it waits once, at most `wait`).
+        let (mut record, mut waited) = (record, false);
+        loop {
+            let seen = Seen {
+                fingerprint: call.fingerprint,
+                claimant: Claimant::JobRequest,
+                waited,
+                wait_left: call.wait,
+            };
+            return match decide(&record, &seen, None) {
+                Decided::Refuse(Refusal::KeyReused) => Execution::KeyReused(record),
+                step @ (Decided::Replay | Decided::Join | Decided::Refuse(Refusal::TooLarge)) => {
+                    self.answer_completed(record, waited, step)
                 }
-            }
+                Decided::Refuse(Refusal::OutcomeUnknown) => Execution::OutcomeUnknown(record),
+                // The store reclaims a released record with this fingerprint (and queues
+                // it again); seeing one here means it was released between the store's
+                // decision and now, or while we waited, so report the failure.
+                Decided::Refuse(Refusal::Failed) => Execution::UpstreamFailed {
+                    failure: UpstreamFailure::Lost(failure_text(&record)),
+                    record,
+                },
+                Decided::Refuse(Refusal::StillRunning) => Execution::Accepted {
+                    record,
+                    first: false,
+                    retry_after: retry_after(call.wait),
+                },
+                Decided::WaitUntil(_) => {
+                    record = match self.store.wait_for(&record.id, call.wait).await {
+                        Ok(r) => r,
+                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                    };
+                    waited = true;
+                    continue;
+                }
+                step => unreachable!("a job's request is never told {step:?}"),
+            };
         }
     }
 
@@ -789,47 +795,60 @@ where
             return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
         }
     };
-    if record.state != State::Processing {
-        // Its last worker recorded it and died before finishing the task.
-        tracing::info!(target: "oncely::jobs", record = %id, state = %record.state, "job already ended; dropping its task");
-        return finish(TaskOutcome::Done, "already ended").await;
-    }
     // The first run executes under the claim the request made; a later run is a take
     // over of a worker that died (attempt + 1, same downstream key).
-    let record = if task.attempts <= 1 {
-        record
-    } else {
-        let now = match store.now().await {
-            Ok(n) => n,
-            Err(e) => return retry_later(guard, &task_fence, policy.lease, e.to_string()).await,
-        };
-        if !record.lease_lapsed(now) {
-            let at = record.lease_until.unwrap_or(now);
-            return finish(
-                TaskOutcome::Retry {
-                    at,
-                    error: "the record is still leased by an earlier run".into(),
-                },
-                "record still leased",
-            )
-            .await;
-        }
-        match store
-            .take_over(&record.id, record.attempt, &guard.new_owner(), policy.lease)
-            .await
-        {
-            Ok(TakeOverOutcome::Owned(r)) => {
-                tracing::info!(target: "oncely::jobs", record = %r.id, attempt = r.attempt, "job's earlier worker stopped mid-call; running it again");
-                r
+    let seen = Seen {
+        fingerprint: record.fingerprint,
+        claimant: Claimant::JobWorker {
+            first_run: task.attempts <= 1,
+        },
+        waited: false,
+        wait_left: Duration::ZERO,
+    };
+    let mut now = None;
+    let record = loop {
+        match decide(&record, &seen, now) {
+            Decided::Refuse(Refusal::Ended) => {
+                // Its last worker recorded it and died before finishing the task.
+                tracing::info!(target: "oncely::jobs", record = %id, state = %record.state, "job already ended; dropping its task");
+                return finish(TaskOutcome::Done, "already ended").await;
             }
-            Ok(TakeOverOutcome::OutcomeUnknown(r)) => {
-                tracing::info!(target: "oncely::jobs", record = %r.id, "job's earlier worker stopped mid-call; outcome unknown");
-                return finish(TaskOutcome::Done, "outcome unknown").await;
+            Decided::Own => break record,
+            Decided::ReadClock => match store.now().await {
+                Ok(n) => now = Some(n),
+                Err(e) => {
+                    return retry_later(guard, &task_fence, policy.lease, e.to_string()).await
+                }
+            },
+            Decided::WaitUntil(lease_until) => {
+                let at = lease_until.or(now).expect("the clock was read");
+                return finish(
+                    TaskOutcome::Retry {
+                        at,
+                        error: "the record is still leased by an earlier run".into(),
+                    },
+                    "record still leased",
+                )
+                .await;
             }
-            Err(e) => {
-                tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "cannot take over a job");
-                return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
-            }
+            Decided::TakeOver => match store
+                .take_over(&record.id, record.attempt, &guard.new_owner(), policy.lease)
+                .await
+            {
+                Ok(TakeOverOutcome::Owned(r)) => {
+                    tracing::info!(target: "oncely::jobs", record = %r.id, attempt = r.attempt, "job's earlier worker stopped mid-call; running it again");
+                    break r;
+                }
+                Ok(TakeOverOutcome::OutcomeUnknown(r)) => {
+                    tracing::info!(target: "oncely::jobs", record = %r.id, "job's earlier worker stopped mid-call; outcome unknown");
+                    return finish(TaskOutcome::Done, "outcome unknown").await;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "cannot take over a job");
+                    return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
+                }
+            },
+            step => unreachable!("a job worker is never told {step:?}"),
         }
     };
     let Some(fence) = record.fence() else {
