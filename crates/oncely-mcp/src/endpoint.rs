@@ -89,20 +89,6 @@ const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", 
 /// Most (principal, task) pairs remembered as detached by `tasks/cancel`.
 const MAX_DETACHED: usize = 10_000;
 
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-];
-
 /// One `[[mcp]]` endpoint: a tower `Service<http::Request<B>>` answering
 /// `Response<McpBody>`. Cheap to clone (shared state behind an `Arc`).
 #[derive(Clone)]
@@ -1458,19 +1444,21 @@ fn workflow_id(headers: &HeaderMap) -> Option<String> {
         })
 }
 
+/// The headers a request is forwarded with: none that cross only one hop (the one policy
+/// of `oncely_tower::headers`, including what `Connection` names), and no `Host` or
+/// `Content-Length` (the client sets its own).
 fn strip_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
-    for h in HOP_BY_HOP {
-        out.remove(*h);
-    }
+    oncely_tower::headers::strip_hop_by_hop(&mut out);
+    out.remove(http::header::HOST);
+    out.remove(http::header::CONTENT_LENGTH);
     out
 }
 
+/// The headers an answer is passed back with: none that cross only one hop.
 fn strip_response_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
-    for h in HOP_BY_HOP.iter().filter(|h| **h != "content-length") {
-        out.remove(*h);
-    }
+    oncely_tower::headers::strip_hop_by_hop(&mut out);
     out
 }
 

@@ -169,24 +169,14 @@ fn sealed_binding(kind: &str, method: &str, path: &str) -> Vec<u8> {
     format!("{kind} {method} {path}").into_bytes()
 }
 
-/// Headers a queued job does not keep: they describe one connection or one message
-/// framing, or are set again when the job runs.
+/// Headers a queued job does not keep: hop-by-hop headers (the one policy of
+/// [`crate::headers`]), and those of one message's framing or set again when it runs.
 fn keep_for_job(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "content-length"
-            | "host"
-            | "idempotency-key"
-            | "expect"
-    )
+    !crate::headers::is_hop_by_hop(name.as_str())
+        && !matches!(
+            name.as_str(),
+            "content-length" | "host" | "idempotency-key" | "expect"
+        )
 }
 
 impl JobRequest {

@@ -16,9 +16,13 @@ use serde_json::{json, Value};
 
 use crate::harness::Gateway;
 
-/// Executions of `tools/call`, by the upstream's count.
+/// Executions of `tools/call`, by the upstream's count, and the headers of every request
+/// it received.
 #[derive(Clone, Default)]
-struct Counter(Arc<AtomicUsize>);
+struct Counter(
+    Arc<AtomicUsize>,
+    Arc<std::sync::Mutex<Vec<http::HeaderMap>>>,
+);
 
 fn answer(message: &Value, counter: &Counter) -> Option<Value> {
     let id = message.get("id")?.clone();
@@ -44,6 +48,7 @@ async fn serve_one(
     req: Request<Incoming>,
     counter: Counter,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    counter.1.lock().unwrap().push(req.headers().clone());
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let out = match &message {
@@ -149,6 +154,41 @@ async fn a_result_over_max_response_reaches_its_caller_and_is_never_run_again() 
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].state, oncely_core::State::Completed);
     assert_eq!(records[0].response.as_ref().unwrap().body, None);
+}
+
+#[tokio::test]
+async fn headers_that_cross_one_hop_are_not_forwarded_including_those_connection_names() {
+    let counter = Counter::default();
+    let url = upstream(counter.clone(), None).await;
+    let gw = Gateway::start(McpConfig::new("/mcp", &url).unwrap()).await;
+
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+    for message in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        call(2, "count"),
+    ] {
+        let req = Request::post(&gw.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", "Bearer sk_edge")
+            .header("connection", "keep-alive, x-connection-only")
+            .header("x-connection-only", "1")
+            .header("proxy-authorization", "Basic c2VjcmV0")
+            .header("x-end-to-end", "kept")
+            .body(Full::new(Bytes::from(message.to_string())))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+    }
+    let seen = counter.1.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "both reached the upstream");
+    for headers in seen {
+        assert_eq!(headers["x-end-to-end"], "kept", "{headers:?}");
+        assert!(headers.get("x-connection-only").is_none(), "{headers:?}");
+        assert!(headers.get("proxy-authorization").is_none(), "{headers:?}");
+    }
+    assert_eq!(counter.0.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
