@@ -54,29 +54,6 @@ impl<'a> Json<'a> {
         (p.i == p.b.len()).then_some(value)
     }
 
-    /// The same document as a parsed `serde_json::Value` holds it. Its integers are
-    /// exact; its other numbers are doubles already (their shortest spelling is used).
-    pub fn from_value(value: &serde_json::Value) -> Json<'static> {
-        use serde_json::Value;
-        match value {
-            Value::Null => Json::Null,
-            Value::Bool(b) => Json::Bool(*b),
-            Value::Number(n) => {
-                let text = n.to_string();
-                Json::Num(Cow::Owned(
-                    canonical_number(&text).map_or(text.clone(), Cow::into_owned),
-                ))
-            }
-            Value::String(s) => Json::Str(Cow::Owned(s.clone())),
-            Value::Array(items) => Json::Arr(items.iter().map(Json::from_value).collect()),
-            Value::Object(map) => Json::Obj(
-                map.iter()
-                    .map(|(k, v)| (Cow::Owned(k.clone()), Json::from_value(v)))
-                    .collect(),
-            ),
-        }
-    }
-
     /// Sorts every object's members in canonical order and keeps only the last of a
     /// repeated name.
     pub fn normalize(&mut self) {
