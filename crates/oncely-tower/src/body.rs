@@ -1,17 +1,18 @@
 //! Bodies: boxing any body (even one that is not `Sync`, like axum's) into [`BoxBody`],
-//! and the channel body through which an owner task streams an upstream answer to its
-//! caller while it records it.
+//! and the edge between HTTP bodies and the engine's streams: an upstream body goes to
+//! the engine as a [`BodyStream`], and the channel through which an owner task streams
+//! an upstream answer to its caller comes back as an HTTP body.
 
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures::Stream;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
-use tokio::sync::mpsc;
+use http_body_util::{BodyDataStream, BodyExt};
+use oncely_engine::{BodyStream, CallerBody};
 
-use crate::budget::Reservation;
 use crate::{BoxBody, BoxError};
 
 /// Boxes any body with `Bytes` chunks into a [`BoxBody`]. Bodies that are not `Sync`
@@ -68,34 +69,25 @@ impl<B: Body> Body for SyncBody<B> {
     }
 }
 
-/// One chunk on its way to an owner's caller, with the share of the in-flight budget
-/// it holds until the caller has read it.
-pub(crate) struct FedChunk {
-    pub(crate) bytes: Bytes,
-    pub(crate) _charge: Option<Reservation>,
+/// An HTTP body as the engine reads it: its data chunks (trailers are skipped).
+pub(crate) fn stream(body: BoxBody) -> BodyStream {
+    Box::pin(BodyDataStream::new(body))
 }
 
-/// The owner's end of its caller's body. It never waits: the owner reads the upstream
-/// at the upstream's pace whatever its caller does, and what the caller has not read yet
-/// waits here (bounded by the in-flight budget, see [`crate::budget`]).
-pub(crate) type Feed = mpsc::UnboundedSender<Result<FedChunk, BoxError>>;
+/// The caller's end of an owner task's answer as an HTTP body: chunks as the owner reads
+/// them, an error if the upstream broke off, and the end once the owner has recorded the
+/// answer. `length` is the answer's `Content-Length`, if it had one.
+pub(crate) fn caller(body: CallerBody, length: Option<u64>) -> BoxBody {
+    let hint = match length {
+        Some(n) => SizeHint::with_exact(n),
+        None => SizeHint::default(),
+    };
+    BoxBody::new(ChannelBody { rx: body, hint })
+}
 
-/// The receiving end of an owner task's answer: chunks as the owner reads them, an
-/// error if the upstream broke off, and the end once the owner has recorded the answer.
-pub(crate) struct ChannelBody {
-    rx: mpsc::UnboundedReceiver<Result<FedChunk, BoxError>>,
+struct ChannelBody {
+    rx: CallerBody,
     hint: SizeHint,
-}
-
-impl ChannelBody {
-    pub(crate) fn new(length: Option<u64>) -> (Feed, ChannelBody) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let hint = match length {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        };
-        (tx, ChannelBody { rx, hint })
-    }
 }
 
 impl Body for ChannelBody {
@@ -106,9 +98,8 @@ impl Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.rx.poll_recv(cx) {
-            // The chunk's charge is given back here: it is the caller's now.
-            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(Frame::data(chunk.bytes)))),
+        match Pin::new(&mut self.rx).poll_next(cx) {
+            Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
@@ -129,20 +120,5 @@ mod tests {
         let body = axum::body::Body::from("hello");
         let boxed = boxed(body);
         assert_eq!(boxed.collect().await.unwrap().to_bytes(), "hello");
-    }
-
-    #[tokio::test]
-    async fn channel_body_ends_when_the_sender_is_dropped() {
-        let (tx, body) = ChannelBody::new(None);
-        tokio::spawn(async move {
-            for b in [&b"a"[..], b"b"] {
-                let chunk = FedChunk {
-                    bytes: Bytes::from_static(b),
-                    _charge: None,
-                };
-                tx.send(Ok(chunk)).unwrap();
-            }
-        });
-        assert_eq!(body.collect().await.unwrap().to_bytes(), "ab");
     }
 }

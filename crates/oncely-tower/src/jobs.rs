@@ -43,24 +43,24 @@
 //! - `GET /_oncely/jobs/ID` and `/result` answer only the principal that started the
 //!   job; anyone else gets 404, so an id reveals nothing.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
 use oncely_core::{ClaimSpec, DownstreamKey, Record, RecordId, State, TakeOverOutcome};
+use oncely_engine::retry_after;
 use oncely_store::queue::while_leased;
 use oncely_store::{Claim, NewTask, Task, TaskOutcome};
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tower::Service;
 
 use crate::body::full;
-use crate::guard::{retry_after, Execution, FreshAnswer, Guard, GuardedCall, UpstreamFailure};
-use crate::idempotency::handle::{log_job, provider_request_id, RequestLog};
-use crate::owner::{self, Head};
+use crate::guard::{Execution, FreshAnswer, Guard, GuardedCall, UpstreamFailure};
+use crate::job_board::{Head, JobBoard};
+use crate::log::{log_job, provider_request_id, RequestLog};
 use crate::policy::{PrincipalSource, RoutePolicy, UnitsRule};
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
 use crate::seal::{self, JobKey};
@@ -83,72 +83,6 @@ pub fn task_kind(route: &str) -> String {
 /// and the record of a worker that died are taken up again about one `lease` later.
 pub fn task_lease(policy: &RoutePolicy) -> Duration {
     policy.lease
-}
-
-/// What the layer and the worker share: the first requests waiting for their job's
-/// answer on this instance, the worker's wake-up, and the job routes by name (to check
-/// a status request's principal).
-#[derive(Default)]
-pub struct JobBoard {
-    waiters: Mutex<HashMap<RecordId, oneshot::Sender<Head>>>,
-    wake: Notify,
-    routes: RwLock<HashMap<String, Arc<RoutePolicy>>>,
-}
-
-impl std::fmt::Debug for JobBoard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let waiting = self.waiters.lock().map(|w| w.len()).unwrap_or(0);
-        f.debug_struct("JobBoard")
-            .field("waiting", &waiting)
-            .finish_non_exhaustive()
-    }
-}
-
-impl JobBoard {
-    /// Makes a route's jobs known (for status requests before any job was submitted).
-    pub fn register_route(&self, policy: Arc<RoutePolicy>) {
-        let mut routes = self.routes.write().expect("job routes lock");
-        routes.insert(policy.name.clone(), policy);
-    }
-
-    fn route(&self, name: &str) -> Option<Arc<RoutePolicy>> {
-        self.routes
-            .read()
-            .expect("job routes lock")
-            .get(name)
-            .cloned()
-    }
-
-    fn wait_head(&self, id: &RecordId) -> oneshot::Receiver<Head> {
-        let (tx, rx) = oneshot::channel();
-        self.waiters
-            .lock()
-            .expect("job waiters lock")
-            .insert(id.clone(), tx);
-        rx
-    }
-
-    fn forget(&self, id: &RecordId) {
-        self.waiters.lock().expect("job waiters lock").remove(id);
-    }
-
-    fn take_head(&self, id: &RecordId) -> Option<oneshot::Sender<Head>> {
-        self.waiters.lock().expect("job waiters lock").remove(id)
-    }
-
-    /// Whether this instance's worker took the head of `id` to send it.
-    fn head_taken(&self, id: &RecordId) -> bool {
-        !self
-            .waiters
-            .lock()
-            .expect("job waiters lock")
-            .contains_key(id)
-    }
-
-    /// Makes the worker look for due jobs now.
-    pub fn wake(&self) {
-        self.wake.notify_one();
-    }
 }
 
 /// A job request: the call, and what the worker needs to make it again later.
@@ -299,12 +233,12 @@ impl Guard {
             class: call.class,
             route: call.route.clone(),
             principal: call.principal.clone(),
-            owner: self.new_owner(),
+            owner: self.engine().new_owner(),
             lease: call.lease,
             workflow_id: call.workflow_id.clone(),
         };
         let record = match self
-            .store
+            .store()
             .claim_with_task(
                 std::slice::from_ref(&spec),
                 None,
@@ -328,7 +262,7 @@ impl Guard {
             return match decide(&record, &seen, None) {
                 Decided::Refuse(Refusal::KeyReused) => Execution::KeyReused(record),
                 step @ (Decided::Replay | Decided::Join | Decided::Refuse(Refusal::TooLarge)) => {
-                    self.answer_completed(record, waited, step)
+                    self.engine().answer_completed(record, waited, step)
                 }
                 Decided::Refuse(Refusal::OutcomeUnknown) => Execution::OutcomeUnknown(record),
                 // The store reclaims a released record with this fingerprint (and queues
@@ -344,7 +278,7 @@ impl Guard {
                     retry_after: retry_after(call.wait),
                 },
                 Decided::WaitUntil(_) => {
-                    record = match self.store.wait_for(&record.id, call.wait).await {
+                    record = match self.store().wait_for(&record.id, call.wait).await {
                         Ok(r) => r,
                         Err(e) => return Execution::StoreUnavailable(e.to_string()),
                     };
@@ -371,7 +305,7 @@ impl Guard {
                 // the record tells.
                 Err(_) => self.after_wait(record.clone(), call).await,
             },
-            r = self.store.wait_for(&record.id, call.wait) => match r {
+            r = self.store().wait_for(&record.id, call.wait) => match r {
                 Ok(r) if r.state == State::Processing => Execution::Accepted {
                     record: r,
                     first: true,
@@ -392,7 +326,7 @@ impl Guard {
     }
 
     async fn after_wait(&self, record: Record, call: &GuardedCall) -> Execution {
-        match self.store.wait_for(&record.id, call.wait).await {
+        match self.store().wait_for(&record.id, call.wait).await {
             Ok(r) if r.state == State::Processing => Execution::Accepted {
                 record: r,
                 first: true,
@@ -413,22 +347,7 @@ fn failure_text(record: &Record) -> String {
 
 /// The first request's answer from what this instance's worker sent.
 fn from_head(record: Record, head: Head) -> Execution {
-    match head {
-        Head::Answer {
-            status,
-            headers,
-            body,
-        } => Execution::Fresh(FreshAnswer {
-            record,
-            status,
-            headers,
-            body,
-        }),
-        Head::Failed { record, failure } => Execution::UpstreamFailed {
-            record: *record,
-            failure,
-        },
-    }
+    head.into_execution(record).map_fresh(crate::guard::fresh)
 }
 
 /// The first request's answer from its ended record (the job ran on another instance).
@@ -538,7 +457,7 @@ pub async fn status_endpoint(guard: &Guard, req: &Request<()>) -> Response<BoxBo
     if id.is_empty() || id.contains('/') {
         return not_found();
     }
-    let record = match guard.store.get(&RecordId(id.to_string())).await {
+    let record = match guard.store().get(&RecordId(id.to_string())).await {
         Ok(Some(r)) if r.class == oncely_core::Class::Job => r,
         Ok(_) => return not_found(),
         Err(e) => {
@@ -708,7 +627,7 @@ async fn work<S, ResBody>(
                 .unwrap_or(options.default_concurrency)
                 .max(1);
             let tasks = match guard
-                .store
+                .store()
                 .lease_tasks_capped(&kind, &owner, limit, task_lease(policy))
                 .await
             {
@@ -722,18 +641,18 @@ async fn work<S, ResBody>(
                 let guard = guard.clone();
                 let policy = policy.clone();
                 let inner = inner.clone();
-                let token = guard.tasks.start();
+                let token = guard.engine().start_task();
                 running.spawn(async move {
                     let _token = token;
                     let Some(fence) = task.fence() else { return };
-                    let store = guard.store.clone();
+                    let store = guard.store().clone();
                     let run = run_job(&guard, &policy, inner, task);
                     while_leased(&*store, &fence, task_lease(&policy), run).await;
                 });
             }
         }
         tokio::select! {
-            _ = guard.jobs.wake.notified() => {}
+            _ = guard.jobs.woken() => {}
             _ = tokio::time::sleep(options.poll_interval) => {}
             Some(_) = running.join_next(), if !running.is_empty() => {}
             _ = stopped.changed() => {}
@@ -752,7 +671,7 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let store = &guard.store;
+    let store = guard.store();
     let Some(task_fence) = task.fence() else {
         return;
     };
@@ -822,7 +741,12 @@ where
                 .await;
             }
             Decided::TakeOver => match store
-                .take_over(&record.id, record.attempt, &guard.new_owner(), policy.lease)
+                .take_over(
+                    &record.id,
+                    record.attempt,
+                    &guard.engine().new_owner(),
+                    policy.lease,
+                )
                 .await
             {
                 Ok(TakeOverOutcome::Owned(r)) => {
@@ -866,7 +790,7 @@ where
         timeout: policy.timeout,
         max_response: policy.max_response,
         workflow_id: record.workflow_id.clone(),
-        units: crate::idempotency::request_units(&policy.units, &job.body),
+        units: crate::upstream::request_units(&policy.units, &job.body),
         answer_before_record: policy.answer_before_record,
     };
     let units_header = match &policy.units {
@@ -886,10 +810,10 @@ where
             span.propagate(req.headers_mut());
             crate::trace::ClientSpan::new(span)
         });
-    let upstream = crate::idempotency::handle::traced(
-        crate::idempotency::call_upstream(inner, req, units_header),
+    let upstream = crate::guard::to_engine(crate::upstream::traced(
+        crate::upstream::call_upstream(inner, req, units_header),
         span,
-    );
+    ));
     // The head goes to the first request if it waits on this instance (else it is only
     // recorded); the upstream's status and request id are noted for the log line.
     let waiter = guard.jobs.take_head(&record.id);
@@ -898,8 +822,10 @@ where
         let head = seen.await.ok()?;
         let noted = match &head {
             Head::Answer {
-                status, headers, ..
-            } => Some((status.as_u16(), provider_request_id(headers))),
+                status,
+                head: headers,
+                ..
+            } => Some((*status, provider_request_id(headers))),
             Head::Failed { .. } => None,
         };
         if let Some(waiter) = waiter {
@@ -910,16 +836,9 @@ where
     tracing::info!(target: "oncely::jobs", record = %record.id, route = %record.route, attempt = record.attempt, "job started");
     let started = Instant::now();
     let ((), noted) = tokio::join!(
-        owner::run(owner::OwnerTask {
-            store: store.clone(),
-            record: record.clone(),
-            fence: fence.clone(),
-            call,
-            upstream,
-            head,
-            token: guard.tasks.start(),
-            budget: guard.budget.clone(),
-        }),
+        guard
+            .engine()
+            .run_owned(record.clone(), fence.clone(), call, upstream, head),
         relay
     );
     match store.get(&record.id).await {
@@ -965,13 +884,13 @@ async fn retry_later(
     after: Duration,
     error: String,
 ) {
-    let at = match guard.store.now().await {
+    let at = match guard.store().now().await {
         Ok(now) => now.plus(after),
         // The store is down: the task's lease lapses and it is leased again anyway.
         Err(_) => return,
     };
     if let Err(e) = guard
-        .store
+        .store()
         .finish_task(fence, TaskOutcome::Retry { at, error })
         .await
     {

@@ -41,14 +41,21 @@
 //!
 //! # Layout
 //!
+//! The engine itself (claim, owner task, repeat counting, in-flight budget) is the crate
+//! `oncely-engine`, which knows no HTTP type; this crate is its HTTP face. Modules depend
+//! on each other in one direction: `guard` on the engine, `jobs` on `guard`, the layer
+//! (`idempotency`) on both.
+//!
 //! - [`policy`]: what a guarded route is ([`RoutePolicy`]) and how one is found per
 //!   request ([`RoutePolicies`]).
-//! - [`guard`]: the engine, protocol-agnostic: [`Guard::execute`] claims, runs the
-//!   owner's call on its own task, waits, replays, refuses; it answers an [`Execution`].
+//! - [`guard`]: the HTTP edge of the engine: [`Guard::execute`] claims, runs the owner's
+//!   call on its own task, waits, replays, refuses (in `oncely_engine`); it answers an
+//!   [`Execution`] with an HTTP status, headers and body.
 //! - [`idempotency`]: the tower layer, a thin translation of requests into
 //!   [`GuardedCall`]s and of [`Execution`]s into responses.
 //! - [`jobs`]: `job` routes: the durable queue's side of the guard ([`Guard::submit_job`]),
-//!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
+//!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`; `job_board`
+//!   (private): what the layer and the worker share ([`JobBoard`]).
 //! - [`seal`]: what a queued job keeps is encrypted with a [`JobKey`] before the store
 //!   sees it.
 //! - [`headers`]: the one header policy: hop-by-hop removal, what is stored and replayed.
@@ -56,32 +63,34 @@
 //! - [`trace`]: W3C trace context in and out, and the spans of guarded requests, handed
 //!   to a [`SpanSink`](trace::SpanSink) (the binary's exports them over OTLP).
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
-//! - `owner` (private): the owner task; `budget` (private): what answers in flight may
-//!   hold; [`wait_for_slot`]: how a sender tells the owner it waits for a slot.
+//! - `upstream` (private): the owner's call to the inner service; `log` (private): the
+//!   request log line; [`wait_for_slot`] (from the engine): how a sender tells the owner
+//!   it waits for a slot.
 
 pub mod body;
-mod budget;
 pub mod guard;
 pub mod headers;
 pub mod idempotency;
+mod job_board;
 pub mod jobs;
-mod owner;
+mod log;
 pub mod policy;
 pub mod problem;
 pub mod seal;
-mod slot;
 pub mod trace;
+mod upstream;
 
 pub use guard::{
     Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,
     UpstreamError, UpstreamFailure,
 };
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
-pub use jobs::{JobBoard, JobRequest, JobWorker, JobWorkerOptions};
+pub use job_board::JobBoard;
+pub use jobs::{JobRequest, JobWorker, JobWorkerOptions};
+pub use oncely_engine::wait_for_slot;
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;
-pub use slot::wait_for_slot;
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

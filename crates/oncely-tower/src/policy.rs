@@ -89,7 +89,7 @@ pub struct RoutePolicy {
     pub max_body: u64,
     /// Larger answers reach their caller but are not stored.
     pub max_response: u64,
-    /// Most upstream calls in flight for this route. The [`JobWorker`](crate::jobs::JobWorker)
+    /// Most upstream calls in flight for this route. The [`JobWorker`](crate::JobWorker)
     /// keeps a `job` route's further jobs queued (durably) until a call ends; for other
     /// classes the embedding service enforces it (the gateway's proxy does).
     pub concurrency: Option<usize>,

@@ -6,22 +6,24 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, FutureExt};
+use futures::future::BoxFuture;
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use oncely_core::{Class, ClientKey, DownstreamKey, FingerprintBuilder, KeyError, Record, Scope};
-use tower::{Service, ServiceExt};
+use tower::Service;
 
-use crate::body::{boxed, full};
+use crate::body::full;
 use crate::guard::{
     Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
 use crate::jobs::JobRequest;
+use crate::log::{log_request, provider_request_id, RequestLog};
 use crate::policy::{KeyMode, PrincipalSource, RoutePolicy, UnitsRule};
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
-use crate::trace::{attr, ClientSpan, Span};
+use crate::trace::{attr, Span};
+use crate::upstream::{call_upstream, request_units, traced};
 use crate::{BoxBody, BoxError};
 
 /// The `Idempotency-Key` header.
@@ -206,21 +208,6 @@ pub(crate) fn request_span<B>(guard: &Guard, route: &str, req: &Request<B>) -> O
     Some(span)
 }
 
-/// The upstream call, its span (if any) ended with its answer.
-pub(crate) fn traced(
-    call: BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
-    span: Option<ClientSpan>,
-) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
-    let Some(span) = span else { return call };
-    Box::pin(call.map(move |result| {
-        match &result {
-            Ok(answer) => span.answered(answer.status.as_u16()),
-            Err(e) => span.failed(e.to_string()),
-        }
-        result
-    }))
-}
-
 /// Ends the request's span (if any) with what the log line says.
 fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     let Some(mut span) = log.span.take() else {
@@ -248,31 +235,6 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
         span.fail(log.status);
     }
     span.end();
-}
-
-/// The owner's call: the inner service on the rebuilt request, its answer boxed.
-pub(crate) fn call_upstream<S, ResBody>(
-    inner: S,
-    req: Request<BoxBody>,
-    units_header: Option<HeaderName>,
-) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
-where
-    S: Service<Request<BoxBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    // A combinator, not an `async` block: rustc cannot prove an `async` block holding
-    // `S::Future` Send for every lifetime of the boxed error type (rust-lang/rust#64552).
-    Box::pin(inner.oneshot(req).map(move |result| match result {
-        Ok(res) => {
-            let (parts, body) = res.into_parts();
-            let units = units_header.map(|name| header_units(&parts.headers, &name));
-            Ok(UpstreamAnswer::new(parts.status, parts.headers, boxed(body)).with_units(units))
-        }
-        Err(e) => Err(upstream_error(e.into())),
-    }))
 }
 
 fn client_key(mode: KeyMode, headers: &HeaderMap) -> Result<Option<ClientKey>, Problem> {
@@ -328,44 +290,6 @@ where
                 "the request body could not be read",
             ))
         }
-    }
-}
-
-/// Units of the request, by the route's rule (`response_header` is read from the answer).
-pub(crate) fn request_units(rule: &UnitsRule, body: &[u8]) -> u64 {
-    match rule {
-        UnitsRule::None | UnitsRule::ResponseHeader(_) => 0,
-        UnitsRule::BodyBytes => body.len() as u64,
-        UnitsRule::Json(pointer) => {
-            let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
-                return 0;
-            };
-            match value.pointer(pointer) {
-                Some(serde_json::Value::String(s)) => s.chars().count() as u64,
-                Some(serde_json::Value::Number(n)) => n
-                    .as_u64()
-                    .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
-                    .unwrap_or(0),
-                _ => 0,
-            }
-        }
-    }
-}
-
-fn header_units(headers: &HeaderMap, name: &HeaderName) -> u64 {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0)
-}
-
-/// An inner service's error: an [`UpstreamError`] it reported, or anything else, which
-/// may hide an effect and so counts as lost after sending.
-fn upstream_error(e: BoxError) -> UpstreamError {
-    match e.downcast::<UpstreamError>() {
-        Ok(u) => *u,
-        Err(other) => UpstreamError::AfterSend(other.to_string()),
     }
 }
 
@@ -542,93 +466,6 @@ fn finish(
     end_span(log, res.status());
     log_request(log);
     res
-}
-
-pub(crate) fn provider_request_id(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("request-id")
-        .or_else(|| headers.get("x-request-id"))
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-}
-
-/// The fields of the one log line of a guarded request.
-#[derive(Debug)]
-pub(crate) struct RequestLog<'a> {
-    pub(crate) record: Option<String>,
-    pub(crate) route: &'a str,
-    pub(crate) principal: Option<&'a str>,
-    pub(crate) status: &'static str,
-    pub(crate) attempt: Option<u32>,
-    pub(crate) workflow_id: Option<&'a str>,
-    pub(crate) upstream_status: Option<u16>,
-    pub(crate) provider_request_id: Option<String>,
-    pub(crate) started: Instant,
-    /// The request's server span, ended with the line (traces on).
-    pub(crate) span: Option<Span>,
-}
-
-/// One log line (target `oncely::request`) and the request counter.
-pub(crate) fn log_request(log: &RequestLog<'_>) {
-    log_line(log, "guarded request")
-}
-
-/// The line of a job's run ended by the worker (see [`crate::jobs`]): the same fields,
-/// with the job's status, and counted like a request.
-pub(crate) fn log_job(log: &RequestLog<'_>) {
-    log_line(log, "job finished")
-}
-
-fn log_line(log: &RequestLog<'_>, message: &'static str) {
-    let duration_ms = log.started.elapsed().as_millis() as u64;
-    tracing::info!(
-        target: "oncely::request",
-        record = log.record.as_deref(),
-        route = log.route,
-        principal = log.principal,
-        status = log.status,
-        attempt = log.attempt,
-        workflow_id = log.workflow_id,
-        upstream_status = log.upstream_status,
-        provider_request_id = log.provider_request_id.as_deref(),
-        duration_ms,
-        "{message}"
-    );
-    request_counter(log.route, log.status).increment(1);
-}
-
-/// Handles of `oncely_requests_total` by route and status, so that counting a request
-/// allocates no label strings and looks nothing up in the recorder's registry. A handle
-/// comes from the recorder installed when its (route, status) is first counted: install
-/// the recorder before serving.
-type Counters =
-    std::collections::HashMap<String, std::collections::HashMap<&'static str, metrics::Counter>>;
-
-static COUNTERS: std::sync::OnceLock<std::sync::RwLock<Counters>> = std::sync::OnceLock::new();
-
-fn request_counter(route: &str, status: &'static str) -> metrics::Counter {
-    let counters = COUNTERS.get_or_init(Default::default);
-    if let Some(c) = counters
-        .read()
-        .expect("request counters lock")
-        .get(route)
-        .and_then(|by_status| by_status.get(status))
-    {
-        return c.clone();
-    }
-    let counter = metrics::counter!(
-        "oncely_requests_total",
-        "route" => route.to_string(),
-        "status" => status
-    );
-    counters
-        .write()
-        .expect("request counters lock")
-        .entry(route.to_string())
-        .or_default()
-        .entry(status)
-        .or_insert(counter)
-        .clone()
 }
 
 #[cfg(test)]

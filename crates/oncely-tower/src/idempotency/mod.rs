@@ -16,7 +16,6 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub(crate) use handle::{call_upstream, request_units};
 pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;
 

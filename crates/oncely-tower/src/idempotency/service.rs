@@ -69,7 +69,7 @@ impl BypassLog {
             span.set(attr::HTTP_STATUS, i64::from(upstream_status));
             span.end();
         }
-        super::handle::log_request(&super::handle::RequestLog {
+        crate::log::log_request(&crate::log::RequestLog {
             record: None,
             route: &self.route,
             principal: self.principal.as_deref(),

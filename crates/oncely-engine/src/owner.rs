@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use http::{HeaderMap, StatusCode};
-use http_body_util::BodyExt;
+use futures::StreamExt;
 use oncely_core::{
     Completion, Disposition, Fence, Record, StoredResponse, Timestamp, UpstreamResult,
 };
@@ -28,14 +26,14 @@ use oncely_store::{Store, StoreError};
 use tokio::sync::oneshot;
 use tokio::time::timeout_at;
 
-use crate::body::{ChannelBody, FedChunk, Feed};
 use crate::budget::{Budget, Reservation};
-use crate::guard::{
-    Classified, GuardedCall, TaskToken, UpstreamAnswer, UpstreamError, UpstreamFailure,
+use crate::call::{
+    Classified, GuardedCall, Head, Upstream, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
-use crate::problem::{REPLAY_SECONDS, REPLAY_UNTIL};
 use crate::slot::{self, Phase, SendGate};
-use crate::{BoxBody, BoxError};
+use crate::stream::{CallerBody, FedChunk, Feed};
+use crate::tasks::TaskToken;
+use crate::BoxError;
 
 /// The first pause before a failed ledger write is tried again; it doubles up to
 /// [`WRITE_RETRY_MAX`].
@@ -47,29 +45,14 @@ const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
 /// tells), so this only bounds the life of a task whose ledger never comes back.
 const WRITE_RETRY_FOR: Duration = Duration::from_secs(3600);
 
-/// What the owner tells its caller first.
-pub(crate) enum Head {
-    /// The upstream answered; the body follows through the channel.
-    Answer {
-        status: StatusCode,
-        headers: HeaderMap,
-        body: BoxBody,
-    },
-    /// No answer: the record as the failure left it.
-    Failed {
-        record: Box<Record>,
-        failure: UpstreamFailure,
-    },
-}
-
 /// Everything one owner task needs.
-pub(crate) struct OwnerTask {
+pub(crate) struct OwnerTask<H> {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) record: Record,
     pub(crate) fence: Fence,
     pub(crate) call: GuardedCall,
-    pub(crate) upstream: BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
-    pub(crate) head: oneshot::Sender<Head>,
+    pub(crate) upstream: Upstream<H>,
+    pub(crate) head: oneshot::Sender<Head<H>>,
     pub(crate) token: TaskToken,
     pub(crate) budget: Arc<Budget>,
 }
@@ -181,7 +164,7 @@ struct Kept {
     charge: Reservation,
 }
 
-pub(crate) async fn run(task: OwnerTask) {
+pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
     let OwnerTask {
         store,
         record,
@@ -281,22 +264,22 @@ pub(crate) async fn run(task: OwnerTask) {
 
     let UpstreamAnswer {
         status,
-        headers,
+        head: passed_on,
         body,
         units,
+        stored_headers,
+        replay_until,
+        replay_seconds,
+        provider_request_id,
         classify,
     } = answer;
-    let length = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let (tx, caller_body) = ChannelBody::new(length);
+    let (tx, caller_body) = CallerBody::new();
     let mut tx = Some(tx);
     if head
         .send(Head::Answer {
             status,
-            headers: headers.clone(),
-            body: BoxBody::new(caller_body),
+            head: passed_on,
+            body: caller_body,
         })
         .is_err()
     {
@@ -314,12 +297,9 @@ pub(crate) async fn run(task: OwnerTask) {
     let mut lost: Option<String> = None;
     let mut body = body;
     loop {
-        let chunk: Bytes = match timeout_at(deadline, body.frame()).await {
+        let chunk: Bytes = match timeout_at(deadline, body.next()).await {
             Ok(None) => break,
-            Ok(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => data,
-                Err(_trailers) => continue,
-            },
+            Ok(Some(Ok(data))) => data,
             Ok(Some(Err(e))) => {
                 lost = Some(format!("upstream body broke off: {e}"));
                 break;
@@ -370,10 +350,7 @@ pub(crate) async fn run(task: OwnerTask) {
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
             settle(&*store, &record, &fence, d, why, call.window).await;
         }
-        None => match call
-            .class
-            .dispose(UpstreamResult::Answered(status.as_u16()))
-        {
+        None => match call.class.dispose(UpstreamResult::Answered(status)) {
             Disposition::Store => {
                 let kept = kept.map(|k| match k.chunks.as_slice() {
                     [one] => one.clone(),
@@ -386,10 +363,10 @@ pub(crate) async fn run(task: OwnerTask) {
                     }
                 });
                 let response = match (classify, kept) {
-                    (Some(classify), Some(kept)) => classify(status, &headers, &kept),
+                    (Some(classify), Some(kept)) => classify(&kept),
                     (_, kept) => Classified::Store(StoredResponse {
-                        status: status.as_u16(),
-                        headers: crate::headers::replayable_headers(&headers),
+                        status,
+                        headers: stored_headers,
                         body: kept,
                     }),
                 };
@@ -422,13 +399,13 @@ pub(crate) async fn run(task: OwnerTask) {
                         return;
                     }
                 };
-                let replay_until = replay_until(&*store, &headers).await;
+                let replay_until = replay_end(&*store, replay_until, replay_seconds).await;
                 let completion = Completion {
                     response,
                     units: units.unwrap_or(call.units),
                     window: call.window,
                     replay_until,
-                    provider_request_id: provider_request_id(&headers),
+                    provider_request_id,
                 };
                 let written = write("complete", &fence, || {
                     store.complete(&fence, completion.clone())
@@ -439,7 +416,7 @@ pub(crate) async fn run(task: OwnerTask) {
                 }
             }
             d => {
-                let why = format!("upstream answered {}", status.as_u16());
+                let why = format!("upstream answered {status}");
                 settle(&*store, &record, &fence, d, why, call.window).await;
             }
         },
@@ -517,11 +494,13 @@ fn log_write_failure(record: &Record, what: &str, e: &StoreError) {
     );
 }
 
-/// The end of the replay window the upstream asked for, if any.
-async fn replay_until(store: &dyn Store, headers: &HeaderMap) -> Option<Timestamp> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let until = text(REPLAY_UNTIL).and_then(|t| Timestamp::parse_rfc3339(t).ok());
-    let seconds = text(REPLAY_SECONDS).and_then(|t| t.trim().parse::<u64>().ok());
+/// The end of the replay window the upstream asked for, if any: the earlier of its
+/// `until` and `seconds` from now (by the ledger's clock).
+async fn replay_end(
+    store: &dyn Store,
+    until: Option<Timestamp>,
+    seconds: Option<u64>,
+) -> Option<Timestamp> {
     let from_seconds = match seconds {
         Some(s) => {
             let now = store.now().await.ok()?;
@@ -533,12 +512,4 @@ async fn replay_until(store: &dyn Store, headers: &HeaderMap) -> Option<Timestam
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-fn provider_request_id(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("request-id")
-        .or_else(|| headers.get("x-request-id"))
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
 }

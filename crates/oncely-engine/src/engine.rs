@@ -1,0 +1,746 @@
+//! The engine: [`Engine::execute`] claims a record, and either runs the upstream call as
+//! its owner on a task of its own, or answers from the ledger (replay, join, refusal).
+//! What a claimant does with the record it found is `oncely_core::decide`; this file only
+//! performs the step it returns.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+use hmac::{Hmac, Mac};
+use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
+use oncely_core::{ClaimSpec, DownstreamKey, Fence, Record, RecordId, TakeOverOutcome};
+use oncely_store::{Claim, RepeatKind, Store, StoreError};
+use sha2::Sha256;
+use tokio::sync::oneshot;
+
+use crate::budget::Budget;
+use crate::call::{Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamFailure};
+use crate::owner;
+use crate::tally::RepeatTally;
+use crate::tasks::{TaskCount, TaskToken};
+
+/// The engine: the ledger, the key principals are hashed with, this instance's owner id,
+/// the count of owned upstream calls (for draining on shutdown), the repeats counted in
+/// memory and the in-flight budget.
+pub struct Engine {
+    store: Arc<dyn Store>,
+    principal_key: Vec<u8>,
+    instance: String,
+    next_owner: AtomicU64,
+    tasks: TaskCount,
+    pub(crate) repeats: Arc<RepeatTally>,
+    budget: Arc<Budget>,
+    waits: Mutex<HashMap<RecordId, SharedWait>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.store)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine on `store`, hashing principals with `principal_key` (HMAC-SHA256).
+    pub fn new(store: Arc<dyn Store>, principal_key: Vec<u8>) -> Engine {
+        let store_for_tally = store.clone();
+        Engine {
+            store,
+            principal_key,
+            instance: format!("inst_{}", uuid::Uuid::now_v7().simple()),
+            next_owner: AtomicU64::new(1),
+            tasks: TaskCount::default(),
+            repeats: Arc::new(RepeatTally::new(store_for_tally)),
+            budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
+            waits: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Bounds what answers in flight may hold in memory, over every route: what owners
+    /// keep of the answers they record and what their callers have not read yet (default
+    /// [`DEFAULT_MAX_INFLIGHT_BYTES`]). See the `budget` module.
+    pub fn with_max_inflight_bytes(mut self, bytes: u64) -> Engine {
+        self.budget = Budget::new(bytes);
+        self
+    }
+
+    /// The ledger.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// This instance's id (owners are `INSTANCE/N`).
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The keyed hash a raw principal is stored as: HMAC-SHA256 in lower-case hex. The
+    /// CLI uses it to filter the ledger by a principal's raw value.
+    pub fn principal_hash(&self, raw: &[u8]) -> String {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.principal_key).expect("HMAC takes any key size");
+        mac.update(raw);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// The principal of a single-tenant route (`principal = "none"`).
+    pub fn single_tenant_principal(&self) -> String {
+        self.principal_hash(b"oncely/single-tenant")
+    }
+
+    /// Owned upstream calls (and their ledger writes) running now.
+    pub fn in_flight(&self) -> usize {
+        self.tasks.current()
+    }
+
+    /// Counts a background task (a job run) until the token is dropped: [`Engine::drain`]
+    /// waits for it.
+    pub fn start_task(&self) -> TaskToken {
+        self.tasks.start()
+    }
+
+    /// Waits until every owned upstream call has finished and been recorded, and every
+    /// repeat has been counted. The binary calls it on shutdown after it stops accepting.
+    pub async fn drain(&self) {
+        self.tasks.wait_idle().await;
+        self.flush_repeats().await;
+    }
+
+    /// Writes the repeats counted in memory so far to the ledger (one `add_repeats` per
+    /// record), and returns once they are written. A background task does this every
+    /// [`REPEAT_FLUSH`]; [`Engine::drain`] does it last.
+    pub async fn flush_repeats(&self) {
+        self.repeats.flush().await
+    }
+
+    /// A new owner id of this instance (`INSTANCE/N`).
+    pub fn new_owner(&self) -> String {
+        format!(
+            "{}/{}",
+            self.instance,
+            self.next_owner.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Runs the owner task of a record this instance already owns (a queued job's run)
+    /// on the current task, to its end: the upstream call, lease renewal, the streaming
+    /// tee into `head`'s body and the fenced completion. Counted by [`Engine::drain`].
+    pub async fn run_owned<H: Send + 'static>(
+        &self,
+        record: Record,
+        fence: Fence,
+        call: GuardedCall,
+        upstream: Upstream<H>,
+        head: oneshot::Sender<Head<H>>,
+    ) {
+        owner::run(owner::OwnerTask {
+            store: self.store.clone(),
+            record,
+            fence,
+            call,
+            upstream,
+            head,
+            token: self.tasks.start(),
+            budget: self.budget.clone(),
+        })
+        .await
+    }
+
+    /// Claims the call's record and executes it once: as its owner (running `run` on a
+    /// task the caller does not own, with the downstream key), or from the ledger
+    /// (replay, join, refusal). `run` is called at most once.
+    pub async fn execute<H, F>(&self, call: GuardedCall, run: F) -> Execution<FreshAnswer<H>>
+    where
+        H: Send + 'static,
+        F: FnOnce(DownstreamKey) -> Upstream<H> + Send + 'static,
+    {
+        let deadline = tokio::time::Instant::now() + call.wait;
+        let spec = ClaimSpec {
+            scope: call.scope.clone(),
+            key: call.key.clone(),
+            fingerprint: call.fingerprint,
+            class: call.class,
+            route: call.route.clone(),
+            principal: call.principal.clone(),
+            owner: self.new_owner(),
+            lease: call.lease,
+            workflow_id: call.workflow_id.clone(),
+        };
+        let mut waited = false;
+        let mut run = Some(run);
+        // Each turn either returns or waits (bounded by `deadline`); the cap only guards
+        // against a store that keeps contradicting itself.
+        for _ in 0..64 {
+            let claim = {
+                let store = self.store.clone();
+                let spec = spec.clone();
+                async move {
+                    match store.claim(&spec).await? {
+                        Claim::Owned(r) => Ok(Step::Owned(r)),
+                        Claim::Existing(r) => Ok(Step::Other(r)),
+                    }
+                }
+                .boxed()
+            };
+            let f = run.take().expect("run is given back unless owned");
+            let mut record = match self.claim_detached(&call, f, claim).await {
+                Detached::Owner(record, head) => return owner_answer(record, head).await,
+                Detached::Other(record, f) => {
+                    run = Some(f);
+                    record
+                }
+                Detached::Failed(e, _) => return Execution::StoreUnavailable(e.to_string()),
+                Detached::Broken(why) => return Execution::StoreUnavailable(why),
+            };
+            // The ledger's clock, read when the decision needs it (afresh for each record).
+            let mut now = None;
+            loop {
+                let wait_left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let seen = Seen {
+                    fingerprint: call.fingerprint,
+                    claimant: Claimant::Call,
+                    waited,
+                    wait_left,
+                };
+                match decide(&record, &seen, now) {
+                    Decided::Refuse(Refusal::KeyReused) => return Execution::KeyReused(record),
+                    step @ (Decided::Replay
+                    | Decided::Join
+                    | Decided::Refuse(Refusal::TooLarge)) => {
+                        return self.answer_completed(record, waited, step)
+                    }
+                    Decided::Refuse(Refusal::OutcomeUnknown) => {
+                        return Execution::OutcomeUnknown(record)
+                    }
+                    // The original failed harmlessly while we waited: claim again (and
+                    // execute, with the same downstream key, if we win).
+                    Decided::ClaimAgain => break,
+                    Decided::ReadClock => match self.store.now().await {
+                        Ok(n) => now = Some(n),
+                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                    },
+                    Decided::TakeOver => {
+                        let take_over = {
+                            let store = self.store.clone();
+                            let (id, attempt) = (record.id.clone(), record.attempt);
+                            let (owner, lease) = (spec.owner.clone(), call.lease);
+                            async move {
+                                match store.take_over(&id, attempt, &owner, lease).await? {
+                                    TakeOverOutcome::Owned(r) => Ok(Step::Owned(r)),
+                                    TakeOverOutcome::OutcomeUnknown(r) => Ok(Step::Other(r)),
+                                }
+                            }
+                            .boxed()
+                        };
+                        let f = run.take().expect("run is given back unless owned");
+                        match self.claim_detached(&call, f, take_over).await {
+                            Detached::Owner(record, head) => {
+                                return owner_answer(record, head).await
+                            }
+                            Detached::Other(record, _) => return Execution::OutcomeUnknown(record),
+                            // Someone else moved it first: look again.
+                            Detached::Failed(StoreError::Transition(_), f) => {
+                                run = Some(f);
+                                match self.store.get(&record.id).await {
+                                    Ok(Some(r)) => {
+                                        record = r;
+                                        now = None;
+                                    }
+                                    Ok(None) => break,
+                                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                                }
+                            }
+                            Detached::Failed(e, _) => {
+                                return Execution::StoreUnavailable(e.to_string())
+                            }
+                            Detached::Broken(why) => return Execution::StoreUnavailable(why),
+                        }
+                    }
+                    Decided::Refuse(Refusal::StillRunning) => {
+                        let retry_after = retry_after(call.wait);
+                        return Execution::InFlight {
+                            record,
+                            retry_after,
+                        };
+                    }
+                    Decided::WaitUntil(lease_until) => {
+                        // Wake up when the owner's lease would lapse, to take over a dead
+                        // owner without waiting the whole `wait`.
+                        let until_lapse = match (lease_until, now) {
+                            (Some(l), Some(now)) => now.until(l) + Duration::from_millis(20),
+                            _ => wait_left,
+                        };
+                        waited = true;
+                        record = match self
+                            .wait_shared(&record.id, wait_left.min(until_lapse))
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(StoreError::NotFound(_)) => break,
+                            Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                        };
+                        now = None;
+                    }
+                    step @ (Decided::Own | Decided::Refuse(Refusal::Failed | Refusal::Ended)) => {
+                        unreachable!("a call is never told {step:?}")
+                    }
+                }
+            }
+        }
+        Execution::StoreUnavailable("the ledger kept changing under one claim".into())
+    }
+
+    /// A completed record: replay or join it, or refuse it as too large (the `step`
+    /// [`decide`] gave), and count the repeat off the answer's path.
+    pub fn answer_completed<F>(&self, record: Record, waited: bool, step: Decided) -> Execution<F> {
+        let kind = if waited {
+            RepeatKind::Joined
+        } else {
+            RepeatKind::Replayed
+        };
+        self.count_repeat(&record, kind);
+        match step {
+            Decided::Replay => Execution::Replayed(record),
+            Decided::Join => Execution::Joined(record),
+            _ => Execution::TooLarge(record),
+        }
+    }
+
+    fn count_repeat(&self, record: &Record, kind: RepeatKind) {
+        self.repeats.add(&record.id, kind, record.units);
+    }
+
+    /// [`Store::wait_for`], shared by every request of this instance waiting on the same
+    /// record: they are woken by one read of it, and share the answer it holds (one
+    /// copy, however many joiners). A request whose own `timeout` ends first reads the
+    /// record as it is then.
+    async fn wait_shared(&self, id: &RecordId, timeout: Duration) -> Result<Record, StoreError> {
+        let shared = {
+            let mut waits = self.waits.lock().expect("waits lock");
+            match waits.get(id) {
+                Some(w) => w.clone(),
+                None => {
+                    let store = self.store.clone();
+                    let key = id.clone();
+                    let w = async move {
+                        store.wait_for(&key, timeout).await.map_err(|e| match e {
+                            StoreError::NotFound(id) => WaitError::NotFound(id),
+                            other => WaitError::Store(other.to_string()),
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    waits.insert(id.clone(), w.clone());
+                    w
+                }
+            }
+        };
+        // Forgotten by whoever leaves it (woken, timed out or cancelled), so that the
+        // next wait reads afresh; the others keep their clones.
+        let _forget = ForgetWait {
+            waits: &self.waits,
+            id,
+            shared: shared.clone(),
+        };
+        match tokio::time::timeout(timeout, shared).await {
+            Ok(Ok(record)) => Ok(record),
+            Ok(Err(WaitError::NotFound(id))) => Err(StoreError::NotFound(id)),
+            Ok(Err(WaitError::Store(e))) => Err(StoreError::Unavailable(e)),
+            Err(_) => self
+                .store
+                .get(id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(id.clone())),
+        }
+    }
+
+    /// Runs `op` (a claim, or a take-over of a lapsed lease) and, when it makes this call
+    /// the owner, starts the owner task with `run`, all on a task the caller does not
+    /// own: a caller that goes away between a committed claim and the owner's start
+    /// would otherwise leave the record processing with nobody running it. Jobs do not
+    /// come here: their calls are queued durably with their claim and run by the
+    /// protocol layer's job worker (through [`Engine::run_owned`]).
+    async fn claim_detached<H, F>(
+        &self,
+        call: &GuardedCall,
+        run: F,
+        op: BoxFuture<'static, Result<Step, StoreError>>,
+    ) -> Detached<H, F>
+    where
+        H: Send + 'static,
+        F: FnOnce(DownstreamKey) -> Upstream<H> + Send + 'static,
+    {
+        // Counted from before the claim, so that a drain waits for a claim in flight.
+        let token = self.tasks.start();
+        let store = self.store.clone();
+        let budget = self.budget.clone();
+        let call = call.clone();
+        let task = tokio::spawn(async move {
+            let record = match op.await {
+                Ok(Step::Owned(record)) => record,
+                Ok(Step::Other(record)) => return Detached::Other(record, run),
+                Err(e) => return Detached::Failed(e, run),
+            };
+            let Some(fence) = record.fence() else {
+                return Detached::Broken(format!("owned record {} has no owner", record.id));
+            };
+            let upstream = run(DownstreamKey::derive(&call.scope, &call.key));
+            let (head_tx, head_rx) = oneshot::channel();
+            tokio::spawn(owner::run(owner::OwnerTask {
+                store,
+                record: record.clone(),
+                fence,
+                call,
+                upstream,
+                head: head_tx,
+                token,
+                budget,
+            }));
+            Detached::Owner(record, head_rx)
+        });
+        match task.await {
+            Ok(d) => d,
+            Err(e) => Detached::Broken(format!("the claim task ended: {e}")),
+        }
+    }
+}
+
+/// The answer of a call this request owns: the owner task's head (or its failure).
+async fn owner_answer<H>(
+    record: Record,
+    head: oneshot::Receiver<Head<H>>,
+) -> Execution<FreshAnswer<H>> {
+    match head.await {
+        Ok(head) => head.into_execution(record),
+        // The owner task panicked: the record stays processing until its lease lapses.
+        Err(_) => Execution::UpstreamFailed {
+            record,
+            failure: UpstreamFailure::Lost("the owner task ended without an answer".into()),
+        },
+    }
+}
+
+/// The default bound of what answers in flight may hold in memory (512 MiB).
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 512 << 20;
+
+/// One `wait_for` shared by the requests of this instance waiting on one record.
+type SharedWait = Shared<BoxFuture<'static, Result<Record, WaitError>>>;
+
+/// A shared wait's error (a [`StoreError`] is not `Clone`).
+#[derive(Debug, Clone)]
+enum WaitError {
+    NotFound(RecordId),
+    Store(String),
+}
+
+/// Removes a shared wait from the map when one of its waiters leaves, unless the map
+/// already holds a newer one.
+struct ForgetWait<'a> {
+    waits: &'a Mutex<HashMap<RecordId, SharedWait>>,
+    id: &'a RecordId,
+    shared: SharedWait,
+}
+
+impl Drop for ForgetWait<'_> {
+    fn drop(&mut self) {
+        let mut waits = self.waits.lock().expect("waits lock");
+        if waits.get(self.id).is_some_and(|w| w.ptr_eq(&self.shared)) {
+            waits.remove(self.id);
+        }
+    }
+}
+
+/// What a claim or a take-over found.
+enum Step {
+    /// This call owns the record now.
+    Owned(Record),
+    /// Someone else's record (an existing one; for a take-over, an `outcome_unknown`).
+    Other(Record),
+}
+
+/// A claim run on a task of its own, with `run` given back when it did not own.
+enum Detached<H, F> {
+    /// Owned, and the owner task runs: its head comes through the receiver.
+    Owner(Record, oneshot::Receiver<Head<H>>),
+    /// Not owned.
+    Other(Record, F),
+    /// The store failed.
+    Failed(StoreError, F),
+    /// Owned, but the record came back without an owner (a store bug), or the task died.
+    Broken(String),
+}
+
+/// When a duplicate refused with `in_flight` should ask again: half the route's `wait`,
+/// between 1 and 60 seconds.
+pub fn retry_after(wait: Duration) -> Duration {
+    (wait / 2).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{Classified, Classifier, UpstreamAnswer};
+    use crate::stream::{BodyStream, CallerBody};
+    use futures::{FutureExt, StreamExt};
+    use oncely_core::{Class, Scope, StoredResponse};
+    use std::sync::atomic::AtomicBool;
+
+    use crate::REPEAT_FLUSH;
+    use oncely_core::{Fingerprint, State};
+
+    fn full(body: &'static str) -> BodyStream {
+        futures::stream::iter([Ok(bytes::Bytes::from_static(body.as_bytes()))]).boxed()
+    }
+
+    async fn read(body: CallerBody) -> Vec<u8> {
+        let chunks: Vec<bytes::Bytes> = body.map(|c| c.unwrap()).collect().await;
+        chunks.concat()
+    }
+
+    fn call(key: &str) -> GuardedCall {
+        GuardedCall {
+            scope: Scope::new("p", "/mcp#render"),
+            key: key.to_string(),
+            fingerprint: Fingerprint([7; 32]),
+            class: Class::Write,
+            route: "/mcp#render".into(),
+            principal: "p".into(),
+            window: Duration::from_secs(60),
+            wait: Duration::from_secs(1),
+            lease: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+            max_response: 1024,
+            workflow_id: None,
+            units: 3,
+            answer_before_record: false,
+        }
+    }
+
+    async fn run_with(guard: &Engine, key: &str, body: &'static str, classify: Classifier) {
+        let execution = guard
+            .execute(call(key), move |_| {
+                async move {
+                    let mut answer = UpstreamAnswer::new(200, (), full(body));
+                    answer.classify = Some(classify);
+                    Ok(answer)
+                }
+                .boxed()
+            })
+            .await;
+        let Execution::Fresh(fresh) = execution else {
+            panic!("expected a fresh execution, got {execution:?}");
+        };
+        // The caller still gets what the upstream sent, byte for byte.
+        let seen = read(fresh.body).await;
+        assert_eq!(seen, body.as_bytes());
+        guard.drain().await;
+    }
+
+    #[tokio::test]
+    async fn a_classifier_decides_what_is_stored_or_released() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Engine::new(store.clone(), b"k".to_vec());
+
+        // Store: the classifier's response is kept, not the upstream's bytes.
+        run_with(
+            &guard,
+            "stored",
+            "event: message\ndata: {\"result\":1}\n\n",
+            Box::new(|body| {
+                assert!(body.starts_with(b"event: message"));
+                Classified::Store(StoredResponse {
+                    status: 200,
+                    headers: vec![("content-type".into(), "application/json".into())],
+                    body: Some(bytes::Bytes::from_static(b"{\"result\":1}")),
+                })
+            }),
+        )
+        .await;
+        match guard
+            .execute::<(), _>(call("stored"), |_| {
+                panic!("a stored answer must not run again")
+            })
+            .await
+        {
+            Execution::Replayed(record) => {
+                let response = record.response.unwrap();
+                assert_eq!(response.body.as_deref(), Some(&b"{\"result\":1}"[..]));
+                assert_eq!(record.units, 3);
+            }
+            other => panic!("expected a replay, got {other:?}"),
+        }
+
+        // Release: nothing is stored and the next identical call executes again.
+        run_with(
+            &guard,
+            "released",
+            "{\"error\":{\"code\":-32000}}",
+            Box::new(|_| Classified::Release("a JSON-RPC error".into())),
+        )
+        .await;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let again = guard
+            .execute(call("released"), move |_| {
+                flag.store(true, Ordering::SeqCst);
+                async { Ok(UpstreamAnswer::new(200, (), full("ok"))) }.boxed()
+            })
+            .await;
+        assert!(matches!(again, Execution::Fresh(_)));
+        assert!(ran.load(Ordering::SeqCst), "a released call executes again");
+        let record = match again {
+            Execution::Fresh(f) => f.record,
+            _ => unreachable!(),
+        };
+        assert_eq!(record.attempt, 2);
+        guard.drain().await;
+        let record = store.get(&record.id).await.unwrap().unwrap();
+        assert_eq!(record.state, State::Completed);
+    }
+
+    #[tokio::test]
+    async fn a_classifier_is_not_called_for_an_answer_too_large_to_keep() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Engine::new(store.clone(), b"k".to_vec());
+        let big: &'static str = Box::leak("x".repeat(2048).into_boxed_str());
+        run_with(
+            &guard,
+            "big",
+            big,
+            Box::new(|_| panic!("not called when the body was not kept")),
+        )
+        .await;
+        assert!(matches!(
+            guard
+                .execute::<(), _>(call("big"), |_| panic!("no second run"))
+                .await,
+            Execution::TooLarge(_)
+        ));
+    }
+
+    async fn completed(guard: &Engine, key: &str) -> Record {
+        let execution = guard
+            .execute(call(key), |_| {
+                async { Ok(UpstreamAnswer::new(200, (), full("done"))) }.boxed()
+            })
+            .await;
+        let Execution::Fresh(fresh) = execution else {
+            panic!("expected a fresh execution, got {execution:?}");
+        };
+        read(fresh.body).await;
+        guard.drain().await;
+        fresh.record
+    }
+
+    async fn replay_n(guard: &Engine, key: &str, n: usize) {
+        for _ in 0..n {
+            match guard
+                .execute::<(), _>(call(key), |_| panic!("no second run"))
+                .await
+            {
+                Execution::Replayed(_) => {}
+                other => panic!("expected a replay, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn replays_are_counted_in_memory_and_written_in_one_sum_per_record() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Engine::new(store.clone(), b"k".to_vec());
+        let a = completed(&guard, "a").await;
+        let b = completed(&guard, "b").await;
+        replay_n(&guard, "a", 37).await;
+        replay_n(&guard, "b", 5).await;
+        guard.flush_repeats().await;
+        let a = store.get(&a.id).await.unwrap().unwrap();
+        let b = store.get(&b.id).await.unwrap().unwrap();
+        assert_eq!((a.repeats, a.repeat_units), (37, 37 * 3));
+        assert_eq!((b.repeats, b.repeat_units), (5, 5 * 3));
+        // A second flush with nothing new adds nothing.
+        guard.flush_repeats().await;
+        let a = store.get(&a.id).await.unwrap().unwrap();
+        assert_eq!(a.repeats, 37);
+    }
+
+    #[tokio::test]
+    async fn each_repeat_is_kept_with_its_kind_and_over_the_cap_only_counted() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let mut guard = Engine::new(store.clone(), b"k".to_vec());
+        let tally = Arc::get_mut(&mut guard.repeats).unwrap();
+        tally.max_events = 3;
+        // No background flush: on a busy machine its tick fell between the replays and
+        // lifted the cap this test is about. The test flushes itself.
+        tally.flusher = AtomicBool::new(true);
+        let a = completed(&guard, "a").await;
+        replay_n(&guard, "a", 5).await;
+        guard.flush_repeats().await;
+        let record = store.get(&a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (record.repeats, record.repeat_units),
+            (5, 15),
+            "all counted"
+        );
+        let events = store.repeat_events(&a.principal, None, 100).await.unwrap();
+        assert_eq!((events.total, events.total_units), (3, 9), "three listed");
+        assert!(events
+            .listed
+            .iter()
+            .all(|e| e.kind == RepeatKind::Replayed && e.units == 3 && e.record == a.id));
+        // The cap is on what waits: after a flush, the next repeats are kept again.
+        replay_n(&guard, "a", 2).await;
+        guard.flush_repeats().await;
+        let events = store.repeat_events(&a.principal, None, 100).await.unwrap();
+        assert_eq!(events.total, 5);
+    }
+
+    #[tokio::test]
+    async fn drain_writes_every_counted_repeat() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Engine::new(store.clone(), b"k".to_vec());
+        let a = completed(&guard, "a").await;
+        replay_n(&guard, "a", 12).await;
+        guard.drain().await;
+        let a = store.get(&a.id).await.unwrap().unwrap();
+        assert_eq!((a.repeats, a.repeat_units), (12, 36));
+    }
+
+    #[tokio::test]
+    async fn the_background_task_writes_repeats_without_a_drain() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Engine::new(store.clone(), b"k".to_vec());
+        let a = completed(&guard, "a").await;
+        replay_n(&guard, "a", 4).await;
+        let deadline = tokio::time::Instant::now() + REPEAT_FLUSH * 10;
+        loop {
+            let r = store.get(&a.id).await.unwrap().unwrap();
+            if r.repeats == 4 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "repeats not written within {:?}: {}",
+                REPEAT_FLUSH * 10,
+                r.repeats
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! The oncely engine: what makes a call safe to repeat, with no protocol in it.
+//!
+//! [`Engine::execute`] claims a call's record on the ledger and either runs the upstream
+//! call as its owner (on a task the caller does not own, with lease renewal, a fenced
+//! completion retried while the record is still its own, and the answer streamed to the
+//! caller while it is recorded), or answers from the ledger (replay, join, refusal).
+//! What a claimant does with the record it found is decided by `oncely_core::decide`.
+//!
+//! The engine knows no HTTP: an answer is plain data (a status as `u16`, the headers a
+//! stored answer keeps as `(name, value)` pairs, a body as a [`futures::Stream`] of
+//! [`bytes::Bytes`]). The protocol layers (`oncely-tower` for HTTP routes and queued
+//! jobs, `oncely-mcp` through it) convert from and to their own types at their edge;
+//! they depend on the engine, never the reverse.
+//!
+//! # Layout
+//!
+//! - [`call`]: what goes in and comes out, in plain data ([`GuardedCall`],
+//!   [`UpstreamAnswer`], [`Head`], [`Execution`]).
+//! - [`engine`]: [`Engine`]: claim, wait, replay, refuse, and start the owner task.
+//! - `owner` (private): the owner task.
+//! - `tally` (private): repeats counted in memory and written in sums.
+//! - `budget` (private): what answers in flight may hold.
+//! - `slot`: [`wait_for_slot`], how a sender tells the owner it waits for a slot.
+//! - [`stream`]: the body types, [`BodyStream`] in and [`CallerBody`] out.
+
+mod budget;
+pub mod call;
+pub mod engine;
+mod owner;
+mod slot;
+pub mod stream;
+mod tally;
+mod tasks;
+
+pub use call::{
+    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamAnswer,
+    UpstreamError, UpstreamFailure,
+};
+pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};
+pub use slot::wait_for_slot;
+pub use stream::{BodyStream, CallerBody};
+pub use tally::REPEAT_FLUSH;
+pub use tasks::TaskToken;
+
+/// Any error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
