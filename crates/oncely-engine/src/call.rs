@@ -117,7 +117,7 @@ pub struct GuardedCall {
     pub class: Class,
     /// The route's name, as the ledger shows it.
     pub route: String,
-    /// The principal's keyed hash ([`Guard::principal_hash`]).
+    /// The principal's keyed hash ([`Engine::principal_hash`](crate::Engine::principal_hash)).
     pub principal: String,
     /// How long a completed result is replayed.
     pub window: Duration,

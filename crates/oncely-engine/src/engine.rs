@@ -113,7 +113,7 @@ impl Engine {
 
     /// Writes the repeats counted in memory so far to the ledger (one `add_repeats` per
     /// record), and returns once they are written. A background task does this every
-    /// [`REPEAT_FLUSH`]; [`Engine::drain`] does it last.
+    /// [`REPEAT_FLUSH`](crate::REPEAT_FLUSH); [`Engine::drain`] does it last.
     pub async fn flush_repeats(&self) {
         self.repeats.flush().await
     }
@@ -296,7 +296,7 @@ impl Engine {
     }
 
     /// A completed record: replay or join it, or refuse it as too large (the `step`
-    /// [`decide`] gave), and count the repeat off the answer's path.
+    /// [`decide()`] gave), and count the repeat off the answer's path.
     pub fn answer_completed<F>(&self, record: Record, waited: bool, step: Decided) -> Execution<F> {
         let kind = if waited {
             RepeatKind::Joined
