@@ -127,6 +127,21 @@ impl Engine {
         )
     }
 
+    /// What claiming `call` asks of the ledger, with a new owner id of this instance.
+    pub fn claim_spec(&self, call: &GuardedCall) -> ClaimSpec {
+        ClaimSpec {
+            scope: call.scope.clone(),
+            key: call.key.clone(),
+            fingerprint: call.fingerprint,
+            class: call.class,
+            route: call.route.clone(),
+            principal: call.principal.clone(),
+            owner: self.new_owner(),
+            lease: call.lease,
+            workflow_id: call.workflow_id.clone(),
+        }
+    }
+
     /// Runs the owner task of a record this instance already owns (a queued job's run)
     /// on the current task, to its end: the upstream call, lease renewal, the streaming
     /// tee into `head`'s body and the fenced completion. Counted by [`Engine::drain`].
@@ -160,17 +175,7 @@ impl Engine {
         F: FnOnce(DownstreamKey) -> Upstream<H> + Send + 'static,
     {
         let deadline = tokio::time::Instant::now() + call.wait;
-        let spec = ClaimSpec {
-            scope: call.scope.clone(),
-            key: call.key.clone(),
-            fingerprint: call.fingerprint,
-            class: call.class,
-            route: call.route.clone(),
-            principal: call.principal.clone(),
-            owner: self.new_owner(),
-            lease: call.lease,
-            workflow_id: call.workflow_id.clone(),
-        };
+        let spec = self.claim_spec(&call);
         let mut waited = false;
         let mut run = Some(run);
         // Each turn either returns or waits (bounded by `deadline`); the cap only guards

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
-use oncely_core::{ClaimSpec, DownstreamKey, Record, RecordId, State, TakeOverOutcome};
+use oncely_core::{DownstreamKey, Record, RecordId, State, TakeOverOutcome};
 use oncely_engine::retry_after;
 use oncely_store::queue::while_leased;
 use oncely_store::{Claim, NewTask, Task, TaskOutcome};
@@ -226,17 +226,7 @@ impl Guard {
         job: JobRequest,
     ) -> Execution {
         self.jobs.register_route(policy.clone());
-        let spec = ClaimSpec {
-            scope: call.scope.clone(),
-            key: call.key.clone(),
-            fingerprint: call.fingerprint,
-            class: call.class,
-            route: call.route.clone(),
-            principal: call.principal.clone(),
-            owner: self.engine().new_owner(),
-            lease: call.lease,
-            workflow_id: call.workflow_id.clone(),
-        };
+        let spec = self.engine().claim_spec(&call);
         let record = match self
             .store()
             .claim_with_task(
