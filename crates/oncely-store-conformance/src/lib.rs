@@ -9,7 +9,7 @@
 //! |-------|---------|----------------------|
 //! | [`ledger_tests!`] | [`ledger`]: claims, fencing, take-over, resolution | `Ledger` |
 //! | [`waiting_tests!`] | [`waiting`]: wake-ups, also across instances | `Ledger + Waiting` |
-//! | [`admin_tests!`] | [`admin`]: expiry and purge, listing, usage, statements, secrets, reconciliation schedules | `Ledger + Admin` |
+//! | [`admin_tests!`] | [`admin`]: expiry, listing, usage, secrets, schedules | `Ledger + Admin` |
 //! | [`task_queue_tests!`] | [`task_queue`]: claims with tasks, leases, retries, caps | `Ledger + TaskQueue` |
 //!
 //! ```ignore
