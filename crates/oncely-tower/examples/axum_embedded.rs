@@ -6,6 +6,9 @@
 //! then, in another terminal, twice:
 //! `curl -si -X POST localhost:3000/v1/render -H 'authorization: Bearer sk_demo' -d '{"text":"hello"}'`
 //! (the first answer is `Oncely-Status: fresh`, the second `replayed`).
+//!
+//! The layer compiles no database driver: an embedder adds `oncely-store` with the one it
+//! uses, here `oncely-store = { version = "0.1", features = ["sqlite"] }`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

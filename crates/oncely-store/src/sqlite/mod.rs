@@ -36,9 +36,9 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use crate::memory::usage_from_rows;
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Repeat,
-    RepeatEvents, Result, Store, StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId,
-    TaskOutcome, TaskState, Usage,
+    new_record_id, Admin, Claim, Clock, Finished, Ledger, ListFilter, NewTask, ReconcileSchedule,
+    Repeat, RepeatEvents, Result, Store, StoreError, StoreOptions, Task, TaskCounts, TaskFence,
+    TaskId, TaskOutcome, TaskQueue, TaskState, Usage, Waiting,
 };
 
 mod checkpoint;
@@ -340,7 +340,7 @@ fn claim_in(
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Ledger for SqliteStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
         // A replayable record answers at once: nothing can take its key before it expires.
         if let Some(r) = self.cache.get(&spec.scope, &spec.key, self.clock.now()) {
@@ -459,57 +459,12 @@ impl Store for SqliteStore {
         Ok(found)
     }
 
-    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
-        wait_until_settled(&self.waiters, id, timeout, || {
-            // Called after the subscription exists: the watcher now sees a waiter and
-            // checks for other instances' commits until it is gone.
-            self.watcher.nudge();
-            self.get(id)
-        })
-        .await
-    }
-
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
         self.transition(id, move |r, now| {
             r.resolve(resolution, now)?;
             Ok(r.clone())
         })
         .await
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        let filter = filter.clone();
-        self.read(move |conn| rows::list(conn, &filter)).await
-    }
-
-    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
-        self.reconcile_get(id).await
-    }
-
-    async fn schedule_reconcile(
-        &self,
-        id: &RecordId,
-        seen: ReconcileSchedule,
-        next: ReconcileSchedule,
-    ) -> Result<bool> {
-        self.reconcile_set(id, seen, next).await
-    }
-
-    async fn purge_expired(&self) -> Result<u64> {
-        self.writer
-            .run(|conn, now| {
-                let gone = conn
-                    .prepare_cached(
-                        "DELETE FROM records WHERE (state = 'completed' \
-                         AND (expires_at IS NULL OR expires_at <= ?1)) \
-                         OR (state = 'released' AND expires_at <= ?1)",
-                    )
-                    .and_then(|mut st| st.execute([now.0]))
-                    .map_err(sql_error)?;
-                repeats::purge(conn, now)?;
-                Ok((gone as u64, None))
-            })
-            .await
     }
 
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
@@ -552,22 +507,6 @@ impl Store for SqliteStore {
         out
     }
 
-    async fn repeat_events(
-        &self,
-        principal: &str,
-        since: Option<Timestamp>,
-        limit: usize,
-    ) -> Result<RepeatEvents> {
-        let principal = principal.to_string();
-        self.read(move |conn| repeats::list(conn, &principal, since, limit))
-            .await
-    }
-
-    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
-        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
-        Ok(usage_from_rows(rows))
-    }
-
     async fn now(&self) -> Result<Timestamp> {
         Ok(self.clock.now())
     }
@@ -581,27 +520,23 @@ impl Store for SqliteStore {
         // The writer too: a ledger that can be read but not written is not healthy.
         self.writer.run(|_, _| Ok(((), None))).await
     }
+}
 
-    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
-        let name = name.to_string();
-        self.writer
-            .run(move |conn, _now| {
-                let fresh = rand::random::<[u8; 32]>().to_vec();
-                conn.prepare_cached("INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)")
-                    .and_then(|mut st| st.execute(params![name, fresh]))
-                    .map_err(sql_error)?;
-                let value: Option<Vec<u8>> = conn
-                    .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
-                    .and_then(|mut st| st.query_row([&name], |row| row.get(0)).optional())
-                    .map_err(sql_error)?;
-                let value = value.ok_or_else(|| {
-                    StoreError::Unavailable(format!("the secret {name:?} was not kept"))
-                })?;
-                Ok((value, None))
-            })
-            .await
+#[async_trait]
+impl Waiting for SqliteStore {
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
+        wait_until_settled(&self.waiters, id, timeout, || {
+            // Called after the subscription exists: the watcher now sees a waiter and
+            // checks for other instances' commits until it is gone.
+            self.watcher.nudge();
+            self.get(id)
+        })
+        .await
     }
+}
 
+#[async_trait]
+impl TaskQueue for SqliteStore {
     async fn claim_with_task(
         &self,
         specs: &[ClaimSpec],
@@ -654,5 +589,79 @@ impl Store for SqliteStore {
 
     async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
         self.queue_counts(kind).await
+    }
+}
+
+#[async_trait]
+impl Admin for SqliteStore {
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let filter = filter.clone();
+        self.read(move |conn| rows::list(conn, &filter)).await
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        self.writer
+            .run(|conn, now| {
+                let gone = conn
+                    .prepare_cached(
+                        "DELETE FROM records WHERE (state = 'completed' \
+                         AND (expires_at IS NULL OR expires_at <= ?1)) \
+                         OR (state = 'released' AND expires_at <= ?1)",
+                    )
+                    .and_then(|mut st| st.execute([now.0]))
+                    .map_err(sql_error)?;
+                repeats::purge(conn, now)?;
+                Ok((gone as u64, None))
+            })
+            .await
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let principal = principal.to_string();
+        self.read(move |conn| repeats::list(conn, &principal, since, limit))
+            .await
+    }
+
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
+        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
+        Ok(usage_from_rows(rows))
+    }
+
+    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
+        let name = name.to_string();
+        self.writer
+            .run(move |conn, _now| {
+                let fresh = rand::random::<[u8; 32]>().to_vec();
+                conn.prepare_cached("INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)")
+                    .and_then(|mut st| st.execute(params![name, fresh]))
+                    .map_err(sql_error)?;
+                let value: Option<Vec<u8>> = conn
+                    .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
+                    .and_then(|mut st| st.query_row([&name], |row| row.get(0)).optional())
+                    .map_err(sql_error)?;
+                let value = value.ok_or_else(|| {
+                    StoreError::Unavailable(format!("the secret {name:?} was not kept"))
+                })?;
+                Ok((value, None))
+            })
+            .await
+    }
+
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        self.reconcile_get(id).await
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        self.reconcile_set(id, seen, next).await
     }
 }

@@ -14,7 +14,9 @@ use oncely_core::{
     TakeOverOutcome, Timestamp,
 };
 use oncely_store::memory::MemoryStore;
-use oncely_store::{Claim, ListFilter, ManualClock, Store, StoreError, Usage};
+use oncely_store::{
+    Admin, Claim, Ledger, ListFilter, ManualClock, StoreError, TaskQueue, Usage, Waiting,
+};
 use tower::{service_fn, Layer, ServiceExt};
 
 use crate::body::full;
@@ -824,7 +826,7 @@ fn down<T>() -> oncely_store::Result<T> {
 }
 
 #[async_trait]
-impl Store for DownStore {
+impl Ledger for DownStore {
     async fn claim(&self, _: &ClaimSpec) -> oncely_store::Result<Claim> {
         down()
     }
@@ -860,22 +862,10 @@ impl Store for DownStore {
     async fn lookup(&self, _: &Scope, _: &str) -> oncely_store::Result<Option<Record>> {
         down()
     }
-    async fn wait_for(&self, _: &RecordId, _: Duration) -> oncely_store::Result<Record> {
-        down()
-    }
     async fn resolve(&self, _: &RecordId, _: Resolution) -> oncely_store::Result<Record> {
         down()
     }
-    async fn list(&self, _: &ListFilter) -> oncely_store::Result<Vec<Record>> {
-        down()
-    }
-    async fn purge_expired(&self) -> oncely_store::Result<u64> {
-        down()
-    }
     async fn add_repeats(&self, _: &RecordId, _: u64, _: u64) -> oncely_store::Result<()> {
-        down()
-    }
-    async fn usage(&self, _: Option<Timestamp>) -> oncely_store::Result<Usage> {
         down()
     }
     async fn now(&self) -> oncely_store::Result<Timestamp> {
@@ -884,9 +874,17 @@ impl Store for DownStore {
     async fn ping(&self) -> oncely_store::Result<()> {
         down()
     }
-    async fn secret(&self, _: &str) -> oncely_store::Result<Vec<u8>> {
+}
+
+#[async_trait]
+impl Waiting for DownStore {
+    async fn wait_for(&self, _: &RecordId, _: Duration) -> oncely_store::Result<Record> {
         down()
     }
+}
+
+#[async_trait]
+impl TaskQueue for DownStore {
     async fn claim_with_task(
         &self,
         _: &[ClaimSpec],
@@ -940,6 +938,22 @@ impl Store for DownStore {
         down()
     }
     async fn task_counts(&self, _: &str) -> oncely_store::Result<oncely_store::TaskCounts> {
+        down()
+    }
+}
+
+#[async_trait]
+impl Admin for DownStore {
+    async fn list(&self, _: &ListFilter) -> oncely_store::Result<Vec<Record>> {
+        down()
+    }
+    async fn purge_expired(&self) -> oncely_store::Result<u64> {
+        down()
+    }
+    async fn usage(&self, _: Option<Timestamp>) -> oncely_store::Result<Usage> {
+        down()
+    }
+    async fn secret(&self, _: &str) -> oncely_store::Result<Vec<u8>> {
         down()
     }
 }
