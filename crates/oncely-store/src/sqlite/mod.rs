@@ -42,6 +42,7 @@ use crate::{
 };
 
 mod checkpoint;
+mod durable;
 mod leases;
 mod queue;
 mod readers;
@@ -100,6 +101,7 @@ pub struct SqliteStore {
     cache: Arc<ReplayCache>,
     clock: Arc<dyn Clock>,
     migrated: Vec<u32>,
+    durability: Arc<durable::Durability>,
     _checkpointer: checkpoint::Checkpointer,
 }
 
@@ -142,12 +144,15 @@ impl SqliteStore {
         &self.migrated
     }
 
-    fn read<T, F>(&self, read: F) -> impl std::future::Future<Output = Result<T>> + '_
+    async fn read<T, F>(&self, read: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
-        self.readers.run(read)
+        let found = self.readers.run(read).await?;
+        // What the read saw may be committed but not yet synced ([`durable`]).
+        self.durability.settled().await?;
+        Ok(found)
     }
 
     /// Applies a fenced or guarded transition to one record inside the writer.
@@ -185,7 +190,11 @@ fn open_blocking(
     )
     .map_err(|e| cannot_open(sql_error(e)))?;
     schema::configure_common(&conn, settings.busy_timeout).map_err(cannot_open)?;
-    schema::configure_writer(&conn, synchronous).map_err(|e| match e {
+    // With FULL, the WAL's fsync runs on the syncer thread after SQLite's commit
+    // ([`durable`]); the writer's own connection then need not sync in `COMMIT`.
+    let pipelined = synchronous == "FULL";
+    let writer_sync = if pipelined { "NORMAL" } else { synchronous };
+    schema::configure_writer(&conn, writer_sync).map_err(|e| match e {
         StoreError::Config(_) => e,
         other => cannot_open(other),
     })?;
@@ -204,6 +213,15 @@ fn open_blocking(
     let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
     let waiters = Arc::new(Waiters::default());
     let cache = Arc::new(ReplayCache::default());
+    let durability = durable::Durability::new();
+    let syncer = if pipelined {
+        Some((
+            durable::Syncer::start(path.clone(), Arc::clone(&durability)).map_err(cannot_open)?,
+            Arc::clone(&durability),
+        ))
+    } else {
+        None
+    };
     let writer = Writer::start(
         conn,
         Shared {
@@ -213,6 +231,7 @@ fn open_blocking(
             group_size: settings.group_size,
             watch_interval: settings.watch_interval,
             committed: dirty,
+            syncer,
         },
     )?;
     let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
@@ -229,6 +248,7 @@ fn open_blocking(
         cache,
         clock,
         migrated,
+        durability,
         _checkpointer: checkpointer,
     })
 }
