@@ -286,6 +286,22 @@ async fn key_missing_and_key_invalid() {
     assert_eq!(up.calls(), 0);
 }
 
+/// The built-in key sources read no body: a request refused for its key is refused
+/// before its body is read, whatever its size.
+#[tokio::test]
+async fn a_key_refused_from_the_head_is_refused_before_the_body_is_read() {
+    let s = setup();
+    let up = Upstream::echo();
+    let mut p = policy(Class::Write);
+    p.key = Arc::new(KeyMode::Header);
+    p.max_body = 8;
+    let svc = layer(&s, p, &up);
+    let (st, _, body) = send(&svc, req("123456789", None, ALICE)).await;
+    assert_eq!(st, 400);
+    assert_eq!(code(&body), "key_missing");
+    assert_eq!(up.calls(), 0);
+}
+
 #[tokio::test]
 async fn body_too_large_never_reaches_the_upstream() {
     let s = setup();
