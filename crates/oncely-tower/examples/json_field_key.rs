@@ -86,19 +86,19 @@ pub(crate) fn app(guard: Arc<Guard>, orders: Arc<AtomicUsize>) -> Router {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = open("sqlite://oncely-example.db", StoreOptions::default()).await?;
-    // Principals are stored as HMAC-SHA256 with a key kept in the store itself.
-    let principal_key = store.secret("principal-key").await?;
-    let guard = Arc::new(Guard::new(store, principal_key));
-    let app = app(guard.clone(), Arc::new(AtomicUsize::new(0)));
-
+    let guard = Arc::new(Guard::new(
+        store.clone(),
+        store.secret("principal-key").await?,
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    println!("orders on http://{}/v1/orders", listener.local_addr()?);
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    axum::serve(listener, app(guard.clone(), Arc::default()))
+        .with_graceful_shutdown(ctrl_c)
         .await?;
-    // Every order that was being placed is finished and recorded before the process ends.
+    // Orders being placed at Ctrl-C are finished and recorded before the process ends.
     guard.drain().await;
     Ok(())
 }
