@@ -41,8 +41,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guard = Arc::new(Guard::new(store, principal_key));
 
     let mut policy = RoutePolicy::new("POST /v1/render", Class::Write);
-    policy.key = KeyMode::HeaderOrFingerprint;
-    policy.units = UnitsRule::Json("/text".into());
+    policy.key = Arc::new(KeyMode::HeaderOrFingerprint);
+    policy.units = Arc::new(UnitsRule::Json("/text".into()));
     let policy = Arc::new(policy);
     let routes = move |method: &Method, path: &str| {
         (method == Method::POST && path == "/v1/render").then(|| policy.clone())

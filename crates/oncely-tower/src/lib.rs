@@ -20,7 +20,7 @@
 //! let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
 //! let guard = Arc::new(Guard::new(store, b"principal hashing key".to_vec()));
 //! let mut render = RoutePolicy::new("POST /v1/render", Class::Write);
-//! render.principal = PrincipalSource::None; // one tenant
+//! render.principal = Arc::new(PrincipalSource::None); // one tenant
 //! let render = Arc::new(render);
 //! let routes = move |m: &Method, p: &str| (m == Method::POST && p == "/v1/render").then(|| render.clone());
 //!
@@ -43,6 +43,9 @@
 //!
 //! - [`policy`]: what a guarded route is ([`RoutePolicy`]) and how one is found per
 //!   request ([`RoutePolicies`]).
+//! - [`sources`]: the extension points of a route, as traits: where the key comes from
+//!   ([`MakeKey`]), who the caller is ([`MakePrincipal`]), what a call is worth
+//!   ([`MakeUnits`]).
 //! - [`guard`]: the engine, protocol-agnostic: [`Guard::execute`] claims, runs the
 //!   owner's call on its own task, waits, replays, refuses; it answers an [`Execution`].
 //! - [`idempotency`]: the tower layer, a thin translation of requests into
@@ -70,6 +73,7 @@ pub mod policy;
 pub mod problem;
 pub mod seal;
 mod slot;
+pub mod sources;
 pub mod trace;
 
 pub use guard::{
@@ -82,6 +86,7 @@ pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;
 pub use slot::wait_for_slot;
+pub use sources::{MakeKey, MakePrincipal, MakeUnits, RequestHead};
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -16,7 +16,7 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub(crate) use handle::{call_upstream, request_units};
+pub(crate) use handle::call_upstream;
 pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;
 

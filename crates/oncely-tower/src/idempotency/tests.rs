@@ -247,7 +247,7 @@ async fn unguarded_routes_and_reads_are_forwarded_untouched() {
 
     let read = layer(&s, policy(Class::Read), &up);
     let mut none = policy(Class::Write);
-    none.key = KeyMode::None;
+    none.key = Arc::new(KeyMode::None);
     let keyless = layer(&s, none, &up);
     for svc in [&read, &keyless] {
         for _ in 0..2 {
@@ -263,7 +263,7 @@ async fn key_missing_and_key_invalid() {
     let s = setup();
     let up = Upstream::echo();
     let mut p = policy(Class::Write);
-    p.key = KeyMode::Header;
+    p.key = Arc::new(KeyMode::Header);
     let svc = layer(&s, p, &up);
     let (st, h, body) = send(&svc, req("x", None, ALICE)).await;
     assert_eq!(st, 400);
@@ -285,6 +285,22 @@ async fn key_missing_and_key_invalid() {
     let (st, _, body) = send(&svc, two).await;
     assert_eq!(st, 400);
     assert_eq!(code(&body), "key_invalid");
+    assert_eq!(up.calls(), 0);
+}
+
+/// The built-in key sources read no body: a request refused for its key is refused
+/// before its body is read, whatever its size.
+#[tokio::test]
+async fn a_key_refused_from_the_head_is_refused_before_the_body_is_read() {
+    let s = setup();
+    let up = Upstream::echo();
+    let mut p = policy(Class::Write);
+    p.key = Arc::new(KeyMode::Header);
+    p.max_body = 8;
+    let svc = layer(&s, p, &up);
+    let (st, _, body) = send(&svc, req("123456789", None, ALICE)).await;
+    assert_eq!(st, 400);
+    assert_eq!(code(&body), "key_missing");
     assert_eq!(up.calls(), 0);
 }
 
@@ -337,7 +353,7 @@ async fn fingerprint_keys_canonicalise_json_and_honour_ignore_fields() {
     let s = setup();
     let up = Upstream::echo();
     let mut p = policy(Class::Write);
-    p.key = KeyMode::Fingerprint;
+    p.key = Arc::new(KeyMode::Fingerprint);
     p.ignore_fields = vec!["/request_id".into()];
     let svc = layer(&s, p, &up);
     let (_, h, _) = send(
@@ -435,7 +451,7 @@ async fn single_tenant_routes_need_no_principal() {
     let s = setup();
     let up = Upstream::echo();
     let mut p = policy(Class::Write);
-    p.principal = PrincipalSource::None;
+    p.principal = Arc::new(PrincipalSource::None);
     let svc = layer(&s, p, &up);
     send(&svc, req("x", Some("k"), None)).await;
     let (_, h, _) = send(&svc, req("x", Some("k"), Some("anyone"))).await;
@@ -785,7 +801,7 @@ async fn units_by_rule() {
     ];
     for (i, (rule, body, units)) in cases.into_iter().enumerate() {
         let mut p = policy(Class::Write);
-        p.units = rule.clone();
+        p.units = Arc::new(rule.clone());
         p.name = format!("route {i}");
         let svc = layer(&s, p, &up);
         let (_, h, _) = send(&svc, req(body, Some("k"), ALICE)).await;

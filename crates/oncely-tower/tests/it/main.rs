@@ -2,4 +2,5 @@
 //! client, and the SQLite ledger in a temporary file.
 
 mod gateway;
+mod json_field_key;
 mod scenarios;
