@@ -2,14 +2,60 @@
 //!
 //! The binary parses the TOML table; this module turns its strings into one validated,
 //! typed [`McpConfig`] (durations, the upstream URL, the principal source, the tools).
+//! The principal source and the units rule are the layer's extension points
+//! ([`MakePrincipal`], [`MakeUnits`]), as on HTTP routes.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Uri};
+use http::Uri;
 use oncely_core::parse_duration;
+use oncely_tower::{MakePrincipal, MakeUnits, PrincipalSource, UnitsRule};
 
-use crate::principal::JwtVerifier;
 use crate::McpError;
+
+/// Parses an endpoint's `units`: `call` (one unit per call, [`UnitsRule::Fixed`]`(1)`) or
+/// `json:POINTER` into the call's `arguments` (a string counts its characters, a number
+/// its non-negative, truncated value, anything else 0).
+pub fn parse_units(text: &str) -> Result<UnitsRule, McpError> {
+    match text {
+        "call" | "calls" => Ok(UnitsRule::Fixed(1)),
+        _ => match text.strip_prefix("json:") {
+            Some(p) if p.is_empty() || p.starts_with('/') => Ok(UnitsRule::Json(p.to_string())),
+            _ => Err(McpError::Config(format!(
+                "units {text:?}: use \"call\" or \"json:/POINTER\" (into the tool's arguments)"
+            ))),
+        },
+    }
+}
+
+/// Who the caller of an endpoint is, as configured: a built-in source, or a claim of a
+/// verified JWT bearer token (`jwt:sub`), whose key is read when the endpoint is built
+/// (into a [`JwtVerifier`](crate::principal::JwtVerifier), so a reload reads a JWKS file
+/// again). A refreshed OAuth token is still the same account; a token that does not verify
+/// is never trusted for a replay: its call is forwarded unguarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpPrincipal {
+    /// `header:NAME` or `none`.
+    Source(PrincipalSource),
+    /// `jwt:CLAIM`.
+    Jwt {
+        /// The claim, e.g. `sub`.
+        claim: String,
+        /// Where the verification key comes from.
+        key: JwtKey,
+    },
+}
+
+/// Where a JWT principal's verification key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwtKey {
+    /// An HMAC secret in this environment variable (`jwt_secret_env`).
+    SecretEnv(String),
+    /// A JWKS document in this file (`jwks_file`).
+    JwksFile(PathBuf),
+}
 
 /// Which tools are guarded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,78 +68,6 @@ pub enum ToolSelection {
     Named(Vec<String>),
 }
 
-/// How many billing units one execution is worth.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum UnitsRule {
-    /// One unit per call (the default for tools).
-    #[default]
-    Call,
-    /// A JSON pointer into the call's `arguments`: a string counts its characters, a
-    /// number its (non-negative, truncated) value, anything else 0. `json:/text`.
-    Json(String),
-}
-
-impl UnitsRule {
-    /// Parses `call` or `json:POINTER`.
-    pub fn parse(text: &str) -> Result<UnitsRule, McpError> {
-        match text {
-            "call" | "calls" => Ok(UnitsRule::Call),
-            _ => match text.strip_prefix("json:") {
-                Some(p) if p.is_empty() || p.starts_with('/') => Ok(UnitsRule::Json(p.to_string())),
-                _ => Err(McpError::Config(format!(
-                    "units {text:?}: use \"call\" or \"json:/POINTER\" (into the tool's arguments)"
-                ))),
-            },
-        }
-    }
-
-    /// The units of one call with these `arguments`.
-    pub fn units(&self, arguments: &serde_json::Value) -> u64 {
-        match self {
-            UnitsRule::Call => 1,
-            UnitsRule::Json(pointer) => match arguments.pointer(pointer) {
-                Some(serde_json::Value::String(s)) => s.chars().count() as u64,
-                Some(serde_json::Value::Number(n)) => n
-                    .as_u64()
-                    .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
-                    .unwrap_or(0),
-                _ => 0,
-            },
-        }
-    }
-}
-
-/// What identifies the account a call acts for.
-#[derive(Debug, Clone)]
-pub enum PrincipalSource {
-    /// The raw value of this header, stored only as a keyed hash. A call without it is
-    /// forwarded unguarded.
-    Header(HeaderName),
-    /// A claim of a verified JWT bearer token (`jwt:sub`): a refreshed OAuth token is still
-    /// the same account. A token that does not verify is never trusted for a replay: its
-    /// call is forwarded unguarded.
-    Jwt(JwtVerifier),
-    /// Single tenant: every caller is one account.
-    None,
-}
-
-impl PrincipalSource {
-    /// Parses `header:NAME` or `none`; `jwt:CLAIM` needs a key, see [`JwtVerifier`].
-    pub fn parse(text: &str) -> Result<PrincipalSource, McpError> {
-        if text == "none" {
-            return Ok(PrincipalSource::None);
-        }
-        if let Some(name) = text.strip_prefix("header:") {
-            return HeaderName::from_bytes(name.as_bytes())
-                .map(PrincipalSource::Header)
-                .map_err(|_| McpError::Config(format!("principal {text:?}: bad header name")));
-        }
-        Err(McpError::Config(format!(
-            "principal {text:?}: use header:NAME, none, or jwt:CLAIM with jwt_secret_env or jwks_file"
-        )))
-    }
-}
-
 /// One `[[mcp]]` endpoint, resolved.
 #[derive(Debug, Clone)]
 pub struct McpConfig {
@@ -101,8 +75,9 @@ pub struct McpConfig {
     pub path: String,
     /// The upstream MCP endpoint, `http://HOST:PORT/PATH` or `https://...`.
     pub upstream: Uri,
-    /// Who the caller is. Default `header:authorization`.
-    pub principal: PrincipalSource,
+    /// Who the caller is. Default `header:authorization` (a [`PrincipalSource`]); with
+    /// `jwt:CLAIM` a [`JwtVerifier`](crate::principal::JwtVerifier).
+    pub principal: Arc<dyn MakePrincipal>,
     /// Which tools are guarded. Default `["*"]`.
     pub tools: ToolSelection,
     /// How long a completed result is replayed. Default 3h.
@@ -114,8 +89,9 @@ pub struct McpConfig {
     pub lease: Duration,
     /// The most a guarded call may take upstream. Default 120s.
     pub timeout: Duration,
-    /// Billing units per call. Default one per call.
-    pub units: UnitsRule,
+    /// Billing units per call, from the call's `arguments`. Default one per call
+    /// ([`UnitsRule::Fixed`]`(1)`).
+    pub units: Arc<dyn MakeUnits>,
     /// Largest request body read. Default 10 MiB.
     pub max_body: usize,
     /// Largest tool result stored; a larger one reaches its caller and is not kept.
@@ -144,13 +120,13 @@ impl McpConfig {
         Ok(McpConfig {
             path: path.to_string(),
             upstream: uri,
-            principal: PrincipalSource::Header(http::header::AUTHORIZATION),
+            principal: Arc::new(PrincipalSource::Header(http::header::AUTHORIZATION)),
             tools: ToolSelection::AllButReadOnly,
             window: Duration::from_secs(3 * 3600),
             wait: Duration::from_secs(20),
             lease: Duration::from_secs(30),
             timeout: Duration::from_secs(120),
-            units: UnitsRule::Call,
+            units: Arc::new(UnitsRule::Fixed(1)),
             max_body: 10 << 20,
             max_response: 32 << 20,
             actions: Vec::new(),
@@ -242,17 +218,21 @@ mod tests {
 
     #[test]
     fn units_count_characters_of_a_pointer_into_arguments() {
-        let rule = UnitsRule::parse("json:/text").unwrap();
-        assert_eq!(rule.units(&json!({"text": "héllo"})), 5);
-        assert_eq!(rule.units(&json!({"other": 1})), 0);
-        assert_eq!(
-            UnitsRule::parse("json:/n")
-                .unwrap()
-                .units(&json!({"n": 7.9})),
-            7
-        );
-        assert_eq!(UnitsRule::Call.units(&json!({})), 1);
-        assert!(UnitsRule::parse("body_bytes").is_err());
+        let headers = http::HeaderMap::new();
+        let head = oncely_tower::RequestHead {
+            method: &http::Method::POST,
+            target: "/mcp",
+            headers: &headers,
+        };
+        let units = |rule: UnitsRule, arguments: serde_json::Value| {
+            rule.request_units(&head, arguments.to_string().as_bytes())
+        };
+        let rule = parse_units("json:/text").unwrap();
+        assert_eq!(units(rule.clone(), json!({"text": "héllo"})), 5);
+        assert_eq!(units(rule, json!({"other": 1})), 0);
+        assert_eq!(units(parse_units("json:/n").unwrap(), json!({"n": 7.9})), 7);
+        assert_eq!(units(parse_units("call").unwrap(), json!({})), 1);
+        assert!(parse_units("body_bytes").is_err());
     }
 
     #[test]
@@ -269,7 +249,6 @@ mod tests {
             c.with_duration("wait", "2s").unwrap().wait,
             Duration::from_secs(2)
         );
-        assert!(PrincipalSource::parse("cookie:x").is_err());
     }
 
     #[test]

@@ -58,15 +58,15 @@ use hyper_util::rt::TokioExecutor;
 use oncely_core::{DownstreamKey, Record, RecordId, Scope, State, StoredResponse};
 use oncely_tower::trace::{attr, Span};
 use oncely_tower::{
-    Classified, Classifier, Execution, Guard, GuardedCall, UpstreamAnswer, UpstreamError,
-    UpstreamFailure,
+    Classified, Classifier, Execution, Guard, GuardedCall, RequestHead, UpstreamAnswer,
+    UpstreamError, UpstreamFailure,
 };
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::body::{full, BreakAsEnd, McpBody, Tap, UntilCancelled};
 use crate::catalog::ToolCatalog;
-use crate::config::{McpConfig, PrincipalSource};
+use crate::config::McpConfig;
 use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
 use crate::sse;
 use crate::tasks;
@@ -623,33 +623,11 @@ impl Inner {
     /// The principal's keyed hash (the gateway's [`Guard::principal_hash`], so one account
     /// is one principal on HTTP routes and MCP endpoints alike), or `None` when the call is
     /// not to be guarded.
-    fn principal(&self, headers: &HeaderMap) -> Option<String> {
-        match &self.config.principal {
-            PrincipalSource::None => Some(self.guard.single_tenant_principal()),
-            // An empty header is a missing one: it names no account.
-            PrincipalSource::Header(name) => headers
-                .get(name)
-                .filter(|v| !v.is_empty())
-                .map(|v| self.guard.principal_hash(v.as_bytes())),
-            PrincipalSource::Jwt(verifier) => {
-                let token = header_str(headers, "authorization")?;
-                let token = token
-                    .strip_prefix("Bearer ")
-                    .or_else(|| token.strip_prefix("bearer "))?;
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs() as i64)
-                    .unwrap_or(0);
-                match verifier.verify(token.trim(), now) {
-                    Ok(claim) => Some(self.guard.principal_hash(claim.as_bytes())),
-                    Err(e) => {
-                        tracing::info!(route = %self.config.path, reason = %e,
-                            "unverifiable token: tools/call forwarded unguarded");
-                        None
-                    }
-                }
-            }
-        }
+    fn principal(&self, parts: &http::request::Parts) -> Option<String> {
+        self.config
+            .principal
+            .make_principal(&RequestHead::of_parts(parts))
+            .map(|raw| self.guard.principal_hash(&raw))
     }
 
     /// Reads a guarded call, or `None` when it is forwarded as it is.
@@ -664,11 +642,13 @@ impl Inner {
         if CONTINUATION_PARAMS.iter().any(|k| params.get(*k).is_some()) {
             return None;
         }
-        let principal = self.principal(&parts.headers)?;
+        let principal = self.principal(parts)?;
+        // The units rule sees the call's arguments as the body (`{}` when absent).
+        let arguments = jsonrpc::arguments_text(text).unwrap_or("{}");
         let units = self
             .config
             .units
-            .units(params.get("arguments").unwrap_or(&json!({})));
+            .request_units(&RequestHead::of_parts(parts), arguments.as_bytes());
         // The arguments as written, not as `message` holds them: a parsed number is a
         // double once it is past 64 bits or has many digits.
         let fingerprint = jsonrpc::call_fingerprint(
@@ -1021,7 +1001,7 @@ impl Inner {
         if !task_id.starts_with("rec_") {
             return None;
         }
-        let principal = self.principal(&parts.headers)?;
+        let principal = self.principal(parts)?;
         let record = match self.guard.store().get(&RecordId(task_id.to_string())).await {
             Ok(Some(record)) => record,
             Ok(None) => return None,

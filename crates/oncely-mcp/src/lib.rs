@@ -56,8 +56,9 @@ pub mod tasks;
 mod body;
 
 pub use body::McpBody;
-pub use config::{McpConfig, PrincipalSource, ToolSelection, UnitsRule};
+pub use config::{parse_units, JwtKey, McpConfig, McpPrincipal, ToolSelection};
 pub use endpoint::{McpEndpoint, UpstreamClient};
+pub use oncely_tower::{PrincipalSource, UnitsRule};
 
 /// Why an MCP endpoint could not be built.
 #[derive(Debug, thiserror::Error)]

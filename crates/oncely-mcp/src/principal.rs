@@ -414,6 +414,32 @@ impl JwtVerifier {
     }
 }
 
+/// A `jwt:CLAIM` principal: the claim of a bearer token that verifies now. A missing or
+/// unverifiable token names no account: its call is forwarded unguarded.
+impl oncely_tower::MakePrincipal for JwtVerifier {
+    fn make_principal<'a>(
+        &self,
+        head: &oncely_tower::RequestHead<'a>,
+    ) -> Option<std::borrow::Cow<'a, [u8]>> {
+        let token = head.headers.get("authorization")?.to_str().ok()?;
+        let token = token
+            .strip_prefix("Bearer ")
+            .or_else(|| token.strip_prefix("bearer "))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        match self.verify(token.trim(), now) {
+            Ok(claim) => Some(std::borrow::Cow::Owned(claim.into_bytes())),
+            Err(e) => {
+                tracing::info!(claim = %self.claim, reason = %e,
+                    "unverifiable token: tools/call forwarded unguarded");
+                None
+            }
+        }
+    }
+}
+
 /// Signs an HS256 token (tests and examples).
 pub fn sign_hs256(claims: &Value, secret: &[u8]) -> String {
     let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use oncely_core::{ClaimSpec, Class, RecordId, Scope};
-use oncely_store::conformance::{completion, spec};
 use oncely_store::postgres::PgStore;
 use oncely_store::sqlite::SqliteStore;
 use oncely_store::{Claim, Store, StoreOptions};
+use oncely_store_conformance::{completion, spec};
 use tokio::runtime::Runtime;
 
 /// Concurrent callers measured.

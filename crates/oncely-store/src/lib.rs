@@ -1,18 +1,28 @@
-//! The oncely ledger: one [`Store`] trait and its backends.
+//! The oncely ledger: the [`Store`] traits and their backends.
 //!
-//! - [`sqlite`]: the embedded default (`sqlite://oncely.db`): one writer thread that
-//!   commits in groups, read connections for lookups, in-process wake-ups.
-//! - [`postgres`]: for several gateway instances on one database (`postgres://...`):
-//!   `INSERT ... ON CONFLICT DO NOTHING` claims, LISTEN/NOTIFY wake-ups, the database's clock.
-//! - [`memory`]: for unit tests only.
+//! [`Store`] is the umbrella of four small traits, one per concern: [`Ledger`] (the
+//! transitions of one record), [`Waiting`] (wake-ups), [`TaskQueue`] (the durable queue)
+//! and [`Admin`] (listing, purging, usage, secrets, reconciliation schedules). A backend
+//! implements the four; a caller or a fake that needs less uses only the ones it needs.
 //!
-//! Every backend passes the same [`conformance`] suite (feature `conformance`). The rules
-//! of every transition live in `oncely_core::record`; a backend only makes them atomic and
-//! durable.
+//! - `sqlite` (feature `sqlite`): the embedded default (`sqlite://oncely.db`): one writer
+//!   thread that commits in groups, read connections for lookups, in-process wake-ups.
+//! - `postgres` (feature `postgres`): for several gateway instances on one database
+//!   (`postgres://...`): `INSERT ... ON CONFLICT DO NOTHING` claims, LISTEN/NOTIFY
+//!   wake-ups, the database's clock.
+//! - [`memory`]: for unit tests only (always compiled).
 //!
-//! A guarded request costs one store round trip for a replay ([`Store::claim`] returns the
-//! completed record) and two for a fresh execution ([`Store::claim`], then
-//! [`Store::complete`] or [`Store::release`]).
+//! Each driver is a cargo feature (`sqlite`, `postgres`; both on by default), so a crate
+//! that embeds the ledger compiles only the database driver it uses; [`open`] names the
+//! missing feature for a URL whose driver is not compiled in.
+//!
+//! Every backend passes the same conformance suite (the test-support crate
+//! `oncely-store-conformance`, one section per small trait). The rules of every transition
+//! live in `oncely_core::record`; a backend only makes them atomic and durable.
+//!
+//! A guarded request costs one store round trip for a replay ([`Ledger::claim`] returns the
+//! completed record) and two for a fresh execution ([`Ledger::claim`], then
+//! [`Ledger::complete`] or [`Ledger::release`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,14 +35,12 @@ use oncely_core::{
 };
 
 pub mod clock;
-#[cfg(feature = "conformance")]
-pub mod conformance;
 pub mod memory;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod queue;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(feature = "conformance")]
-pub mod testing;
 mod waiters;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -90,7 +98,7 @@ impl Claim {
 /// What a take-over of a lapsed lease did.
 pub use oncely_core::TakeOverOutcome;
 
-/// Filters for [`Store::list`].
+/// Filters for [`Admin::list`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListFilter {
     /// Only records in this state.
@@ -206,10 +214,18 @@ pub struct ReconcileSchedule {
     pub next_at: Option<Timestamp>,
 }
 
-/// The ledger. Every method is one round trip to the database, and every state change
-/// follows `oncely_core::record`.
+/// The whole ledger: every small trait. A backend implements [`Ledger`], [`Waiting`],
+/// [`TaskQueue`] and [`Admin`] and is a `Store` through the blanket impl; a caller that
+/// needs less takes `Arc<dyn Ledger>` (an `Arc<dyn Store>` upcasts to it). Every method is
+/// one round trip to the database, and every state change follows `oncely_core::record`.
+pub trait Store: Ledger + Waiting + TaskQueue + Admin {}
+
+impl<T: Ledger + Waiting + TaskQueue + Admin + ?Sized> Store for T {}
+
+/// The transitions of one record and its reads: claim, complete, release, take over,
+/// resolve, count repeats.
 #[async_trait]
-pub trait Store: Send + Sync + fmt::Debug + 'static {
+pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Atomically claims `(spec.scope, spec.key)`: inserts a processing record owned by
     /// `spec.owner` when none exists (or reuses a released row with the same fingerprint,
     /// or an expired completed one), else returns the existing record unchanged. Never
@@ -251,89 +267,42 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// The record holding `(scope, key)`, if any.
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>>;
 
-    /// Waits until the record leaves `processing` or `timeout` passes, then returns it as
-    /// it is. Wakes as soon as any instance on the same database writes it; no polling
-    /// within an instance.
-    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record>;
-
     /// Reconciliation: outcome_unknown → completed or released.
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record>;
-
-    /// Records, newest first.
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
-
-    /// Deletes completed and released records whose window ended; returns how many.
-    async fn purge_expired(&self) -> Result<u64>;
 
     /// Counts `count` repeats answered from the record, worth `units` each in total.
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()>;
 
-    /// Counts `repeats` of the record like [`Store::add_repeats`] and keeps each of them
+    /// Counts `repeats` of the record like [`Ledger::add_repeats`] and keeps each of them
     /// (time, kind, units) for statements, in the same write. The events expire with
-    /// the record's window ([`Store::purge_expired`]). A store that keeps no events only
+    /// the record's window ([`Admin::purge_expired`]). A store that keeps no events only
     /// counts them.
     async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
         let units = repeats.iter().map(|r| r.units).sum();
         self.add_repeats(id, repeats.len() as u64, units).await
     }
 
-    /// The repeats of `principal` (its keyed hash) answered since `since` (all when
-    /// `None`), oldest first: at most `limit` listed, the totals over all of them.
-    async fn repeat_events(
-        &self,
-        principal: &str,
-        since: Option<Timestamp>,
-        limit: usize,
-    ) -> Result<RepeatEvents> {
-        let _ = (principal, since, limit);
-        Err(StoreError::Unavailable(
-            "this store keeps no repeat events".into(),
-        ))
-    }
-
-    /// Usage per principal of records completed since `since` (all when `None`).
-    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage>;
-
     /// The store's clock (the database's, for PostgreSQL).
     async fn now(&self) -> Result<Timestamp>;
 
     /// Answers when the database does (health checks).
     async fn ping(&self) -> Result<()>;
+}
 
-    /// A secret generated once and kept in the store (e.g. the key that principals are
-    /// hashed with when none is configured). Every instance on the database gets the
-    /// same value.
-    async fn secret(&self, name: &str) -> Result<Vec<u8>>;
+/// Waiting for a record to leave `processing`, woken by any instance on the database.
+#[async_trait]
+pub trait Waiting: Send + Sync + fmt::Debug + 'static {
+    /// Waits until the record leaves `processing` or `timeout` passes, then returns it as
+    /// it is. Wakes as soon as any instance on the same database writes it; no polling
+    /// within an instance.
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record>;
+}
 
-    /// The reconciliation schedule of an `outcome_unknown` record (`None` for any other
-    /// state, or no such record).
-    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
-        let _ = id;
-        Err(StoreError::Unavailable(
-            "this store keeps no reconciliation schedule".into(),
-        ))
-    }
-
-    /// Sets the reconciliation schedule of an `outcome_unknown` record to `next` only if
-    /// it is still `seen` (compare and set); answers whether it did. An instance that
-    /// moves the schedule from what it read to "attempt n + 1, held until ..." is the
-    /// only one to ask the upstream for that attempt.
-    async fn schedule_reconcile(
-        &self,
-        id: &RecordId,
-        seen: ReconcileSchedule,
-        next: ReconcileSchedule,
-    ) -> Result<bool> {
-        let _ = (id, seen, next);
-        Err(StoreError::Unavailable(
-            "this store keeps no reconciliation schedule".into(),
-        ))
-    }
-
-    // The durable task queue ([`queue`]).
-
+/// The durable task queue ([`queue`]): claims that enqueue work, leases, fenced finishes.
+#[async_trait]
+pub trait TaskQueue: Send + Sync + fmt::Debug + 'static {
     /// Claims every spec and enqueues `task`, in one transaction, only if every claim is
-    /// granted as [`Store::claim`] would grant it (no row; an expired completed one,
+    /// granted as [`Ledger::claim`] would grant it (no row; an expired completed one,
     /// replaced by a new record; or a released one with the same fingerprint, reclaimed
     /// under its id with attempt + 1): then the records exist (completed with
     /// `completion` when given, else processing and owned by their spec's owner), the task
@@ -360,7 +329,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         lease: Duration,
     ) -> Result<Vec<Task>>;
 
-    /// Like [`Store::lease_tasks`], under a cap that every instance on the database
+    /// Like [`TaskQueue::lease_tasks`], under a cap that every instance on the database
     /// shares: leases due tasks of `kind` only while fewer than `max_running` of them are
     /// running under a live lease, counting and leasing in one atomic step, so workers
     /// leasing at once on several instances never exceed the cap together. (A job
@@ -397,7 +366,75 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn requeue_task(&self, id: &TaskId) -> Result<Task>;
 
     /// How many tasks of `kind` are pending, running and dead.
-    async fn task_counts(&self, kind: &str) -> Result<TaskCounts>;
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+        let mut counts = TaskCounts::default();
+        for task in self.list_tasks(kind, None).await? {
+            match task.state {
+                TaskState::Pending => counts.pending += 1,
+                TaskState::Running => counts.running += 1,
+                TaskState::Dead => counts.dead += 1,
+            }
+        }
+        Ok(counts)
+    }
+}
+
+/// Administration and the server's own duties: listing, purging, usage, statements,
+/// secrets and reconciliation schedules.
+#[async_trait]
+pub trait Admin: Send + Sync + fmt::Debug + 'static {
+    /// Records, newest first.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
+
+    /// Deletes completed and released records whose window ended; returns how many.
+    async fn purge_expired(&self) -> Result<u64>;
+
+    /// The repeats of `principal` (its keyed hash) answered since `since` (all when
+    /// `None`), oldest first: at most `limit` listed, the totals over all of them.
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let _ = (principal, since, limit);
+        Err(StoreError::Unavailable(
+            "this store keeps no repeat events".into(),
+        ))
+    }
+
+    /// Usage per principal of records completed since `since` (all when `None`).
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage>;
+
+    /// A secret generated once and kept in the store (e.g. the key that principals are
+    /// hashed with when none is configured). Every instance on the database gets the
+    /// same value.
+    async fn secret(&self, name: &str) -> Result<Vec<u8>>;
+
+    /// The reconciliation schedule of an `outcome_unknown` record (`None` for any other
+    /// state, or no such record).
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        let _ = id;
+        Err(StoreError::Unavailable(
+            "this store keeps no reconciliation schedule".into(),
+        ))
+    }
+
+    /// Sets the reconciliation schedule of an `outcome_unknown` record to `next` only if
+    /// it is still `seen` (compare and set); answers whether it did. An instance that
+    /// moves the schedule from what it read to "attempt n + 1, held until ..." is the
+    /// only one to ask the upstream for that attempt.
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        let _ = (id, seen, next);
+        Err(StoreError::Unavailable(
+            "this store keeps no reconciliation schedule".into(),
+        ))
+    }
 }
 
 /// Options common to every backend.
@@ -431,9 +468,9 @@ pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
                 "sqlite:// needs a file path, e.g. sqlite://oncely.db".into(),
             ));
         }
-        sqlite::open(path, options).await
+        open_sqlite(path, options).await
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        postgres::open(url, options).await
+        open_postgres(url, options).await
     } else if url == "memory:" || url == "memory://" {
         Ok(Arc::new(memory::MemoryStore::new(options.clock)))
     } else {
@@ -443,7 +480,81 @@ pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     }
 }
 
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(path: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    sqlite::open(path, options).await
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(_: &str, _: StoreOptions) -> Result<Arc<dyn Store>> {
+    Err(missing_driver("sqlite://", "sqlite"))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    postgres::open(url, options).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_: &str, _: StoreOptions) -> Result<Arc<dyn Store>> {
+    Err(missing_driver("postgres://", "postgres"))
+}
+
+/// The error for a store URL whose driver was not compiled in.
+#[cfg(not(all(feature = "sqlite", feature = "postgres")))]
+fn missing_driver(scheme: &str, feature: &str) -> StoreError {
+    StoreError::Config(format!(
+        "{scheme} stores are not compiled into this build: enable the `{feature}` feature \
+         of oncely-store"
+    ))
+}
+
 /// A new record id: time-ordered, opaque.
 pub fn new_record_id() -> RecordId {
     RecordId(format!("rec_{}", uuid::Uuid::now_v7().simple()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_error(result: Result<Arc<dyn Store>>) -> String {
+        match result {
+            Err(StoreError::Config(message)) => message,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn open_memory_and_refuses_unknown_schemes() {
+        let store = open("memory:", StoreOptions::default()).await.unwrap();
+        store.ping().await.unwrap();
+        let message = config_error(open("mysql://db", StoreOptions::default()).await);
+        assert!(message.contains("unknown store"), "{message}");
+    }
+
+    /// Built without the `sqlite` feature (`scripts/test` runs these tests with
+    /// `--no-default-features`), a `sqlite://` URL names the feature to enable.
+    #[cfg(not(feature = "sqlite"))]
+    #[tokio::test]
+    async fn open_names_the_missing_sqlite_feature() {
+        let message = config_error(open("sqlite://ledger.db", StoreOptions::default()).await);
+        assert!(message.contains("`sqlite` feature"), "{message}");
+        assert!(message.contains("sqlite://"), "{message}");
+        assert!(
+            !std::path::Path::new("ledger.db").exists(),
+            "no file was created"
+        );
+    }
+
+    /// Built without the `postgres` feature, a `postgres://` (or `postgresql://`) URL
+    /// names the feature to enable.
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn open_names_the_missing_postgres_feature() {
+        for url in ["postgres://u@127.0.0.1/db", "postgresql://u@127.0.0.1/db"] {
+            let message = config_error(open(url, StoreOptions::default()).await);
+            assert!(message.contains("`postgres` feature"), "{message}");
+        }
+    }
 }

@@ -12,12 +12,12 @@ use oncely_core::{
     Timestamp,
 };
 
-use crate::queue::{Finished, NewTask, Task, TaskCounts, TaskError, TaskFence, TaskId};
+use crate::queue::{Finished, NewTask, Task, TaskError, TaskFence, TaskId};
 use crate::queue::{TaskOutcome, TaskState};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, ListFilter, ReconcileSchedule, Repeat, RepeatEvent, RepeatEvents,
-    Result, Store, StoreError, Usage, UsageRow,
+    new_record_id, Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent,
+    RepeatEvents, Result, StoreError, TaskQueue, Usage, UsageRow, Waiting,
 };
 
 #[derive(Debug, Default)]
@@ -88,7 +88,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl Ledger for MemoryStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
         let now = self.clock.now();
         let mut data = self.data.lock().expect("memory store lock");
@@ -175,75 +175,11 @@ impl Store for MemoryStore {
             .cloned())
     }
 
-    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
-        wait_until_settled(&self.waiters, id, timeout, || async { self.get(id).await }).await
-    }
-
-    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
-        Ok(self
-            .data
-            .lock()
-            .expect("memory store lock")
-            .reconcile_schedule(id))
-    }
-
-    async fn schedule_reconcile(
-        &self,
-        id: &RecordId,
-        seen: ReconcileSchedule,
-        next: ReconcileSchedule,
-    ) -> Result<bool> {
-        let mut data = self.data.lock().expect("memory store lock");
-        if data.reconcile_schedule(id) != Some(seen) {
-            return Ok(false);
-        }
-        let since = data.records[id].updated_at;
-        data.reconcile.insert(id.clone(), (since, next));
-        Ok(true)
-    }
-
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
         self.with_record(id, |r, now| {
             r.resolve(resolution, now)?;
             Ok(r.clone())
         })
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        let data = self.data.lock().expect("memory store lock");
-        let mut out: Vec<Record> = data
-            .records
-            .values()
-            .filter(|r| filter.state.is_none_or(|s| r.state == s))
-            .filter(|r| filter.principal.as_ref().is_none_or(|p| &r.principal == p))
-            .filter(|r| filter.route.as_ref().is_none_or(|p| &r.route == p))
-            .cloned()
-            .collect();
-        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-        if let Some(limit) = filter.limit {
-            out.truncate(limit);
-        }
-        Ok(out)
-    }
-
-    async fn purge_expired(&self) -> Result<u64> {
-        let now = self.clock.now();
-        let mut data = self.data.lock().expect("memory store lock");
-        let doomed: Vec<Record> = data
-            .records
-            .values()
-            .filter(|r| r.is_expired(now))
-            .cloned()
-            .collect();
-        for r in &doomed {
-            data.records.remove(&r.id);
-            data.by_key.remove(&(r.scope.clone(), r.key.clone()));
-        }
-        let Data {
-            records, repeats, ..
-        } = &mut *data;
-        repeats.retain(|(_, e)| records.contains_key(&e.record));
-        Ok(doomed.len() as u64)
     }
 
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
@@ -281,51 +217,6 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn repeat_events(
-        &self,
-        principal: &str,
-        since: Option<Timestamp>,
-        limit: usize,
-    ) -> Result<RepeatEvents> {
-        let data = self.data.lock().expect("memory store lock");
-        let mut matching: Vec<&RepeatEvent> = data
-            .repeats
-            .iter()
-            .filter(|(p, e)| {
-                p == principal
-                    && since.is_none_or(|s| e.at >= s)
-                    && data.records.contains_key(&e.record)
-            })
-            .map(|(_, e)| e)
-            .collect();
-        matching.sort_by_key(|e| e.at);
-        Ok(RepeatEvents {
-            total: matching.len() as u64,
-            total_units: matching.iter().map(|e| e.units).sum(),
-            listed: matching.into_iter().take(limit).cloned().collect(),
-        })
-    }
-
-    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
-        let data = self.data.lock().expect("memory store lock");
-        let mut rows: HashMap<String, UsageRow> = HashMap::new();
-        for r in data.records.values() {
-            let Some(done) = r.completed_at else { continue };
-            if r.state != State::Completed || since.is_some_and(|s| done < s) {
-                continue;
-            }
-            let row = rows.entry(r.principal.clone()).or_insert_with(|| UsageRow {
-                principal: r.principal.clone(),
-                ..UsageRow::default()
-            });
-            row.fresh += 1;
-            row.fresh_units += r.units;
-            row.repeats += r.repeats;
-            row.repeat_units += r.repeat_units;
-        }
-        Ok(usage_from_rows(rows.into_values().collect()))
-    }
-
     async fn now(&self) -> Result<Timestamp> {
         Ok(self.clock.now())
     }
@@ -333,16 +224,17 @@ impl Store for MemoryStore {
     async fn ping(&self) -> Result<()> {
         Ok(())
     }
+}
 
-    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
-        let mut data = self.data.lock().expect("memory store lock");
-        Ok(data
-            .secrets
-            .entry(name.to_string())
-            .or_insert_with(|| rand::random::<[u8; 32]>().to_vec())
-            .clone())
+#[async_trait]
+impl Waiting for MemoryStore {
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
+        wait_until_settled(&self.waiters, id, timeout, || async { self.get(id).await }).await
     }
+}
 
+#[async_trait]
+impl TaskQueue for MemoryStore {
     async fn claim_with_task(
         &self,
         specs: &[ClaimSpec],
@@ -479,18 +371,122 @@ impl Store for MemoryStore {
         *task = copy.clone();
         Ok(copy)
     }
+}
 
-    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+#[async_trait]
+impl Admin for MemoryStore {
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let data = self.data.lock().expect("memory store lock");
-        let mut counts = TaskCounts::default();
-        for t in data.tasks.values().filter(|t| t.kind == kind) {
-            match t.state {
-                TaskState::Pending => counts.pending += 1,
-                TaskState::Running => counts.running += 1,
-                TaskState::Dead => counts.dead += 1,
-            }
+        let mut out: Vec<Record> = data
+            .records
+            .values()
+            .filter(|r| filter.state.is_none_or(|s| r.state == s))
+            .filter(|r| filter.principal.as_ref().is_none_or(|p| &r.principal == p))
+            .filter(|r| filter.route.as_ref().is_none_or(|p| &r.route == p))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+        if let Some(limit) = filter.limit {
+            out.truncate(limit);
         }
-        Ok(counts)
+        Ok(out)
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        let now = self.clock.now();
+        let mut data = self.data.lock().expect("memory store lock");
+        let doomed: Vec<Record> = data
+            .records
+            .values()
+            .filter(|r| r.is_expired(now))
+            .cloned()
+            .collect();
+        for r in &doomed {
+            data.records.remove(&r.id);
+            data.by_key.remove(&(r.scope.clone(), r.key.clone()));
+        }
+        let Data {
+            records, repeats, ..
+        } = &mut *data;
+        repeats.retain(|(_, e)| records.contains_key(&e.record));
+        Ok(doomed.len() as u64)
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut matching: Vec<&RepeatEvent> = data
+            .repeats
+            .iter()
+            .filter(|(p, e)| {
+                p == principal
+                    && since.is_none_or(|s| e.at >= s)
+                    && data.records.contains_key(&e.record)
+            })
+            .map(|(_, e)| e)
+            .collect();
+        matching.sort_by_key(|e| e.at);
+        Ok(RepeatEvents {
+            total: matching.len() as u64,
+            total_units: matching.iter().map(|e| e.units).sum(),
+            listed: matching.into_iter().take(limit).cloned().collect(),
+        })
+    }
+
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut rows: HashMap<String, UsageRow> = HashMap::new();
+        for r in data.records.values() {
+            let Some(done) = r.completed_at else { continue };
+            if r.state != State::Completed || since.is_some_and(|s| done < s) {
+                continue;
+            }
+            let row = rows.entry(r.principal.clone()).or_insert_with(|| UsageRow {
+                principal: r.principal.clone(),
+                ..UsageRow::default()
+            });
+            row.fresh += 1;
+            row.fresh_units += r.units;
+            row.repeats += r.repeats;
+            row.repeat_units += r.repeat_units;
+        }
+        Ok(usage_from_rows(rows.into_values().collect()))
+    }
+
+    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
+        let mut data = self.data.lock().expect("memory store lock");
+        Ok(data
+            .secrets
+            .entry(name.to_string())
+            .or_insert_with(|| rand::random::<[u8; 32]>().to_vec())
+            .clone())
+    }
+
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        Ok(self
+            .data
+            .lock()
+            .expect("memory store lock")
+            .reconcile_schedule(id))
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        let mut data = self.data.lock().expect("memory store lock");
+        if data.reconcile_schedule(id) != Some(seen) {
+            return Ok(false);
+        }
+        let since = data.records[id].updated_at;
+        data.reconcile.insert(id.clone(), (since, next));
+        Ok(true)
     }
 }
 
@@ -526,7 +522,7 @@ fn lease_due(
 pub(crate) type ClaimPlan = Result<Vec<(Option<RecordId>, Record)>, Record>;
 
 /// Decides an all-or-nothing claim of `specs` with [`decide_claim`], like
-/// [`Store::claim`](crate::Store::claim) does for one key: either every claim is granted
+/// [`Ledger::claim`](crate::Ledger::claim) does for one key: either every claim is granted
 /// and the records to write, each with the id of the row it replaces, or the first
 /// existing record that refuses it. A key no row holds gets a new record; a completed
 /// row past its window is replaced by a new intention (new id, attempt 1); a released

@@ -43,9 +43,9 @@ use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Repeat,
-    RepeatEvent, RepeatEvents, RepeatKind, Result, Store, StoreError, StoreOptions, Task,
-    TaskCounts, TaskFence, TaskId, TaskOutcome, TaskState, Usage, UsageRow,
+    new_record_id, Admin, Claim, Clock, Finished, Ledger, ListFilter, NewTask, ReconcileSchedule,
+    Repeat, RepeatEvent, RepeatEvents, RepeatKind, Result, Store, StoreError, StoreOptions, Task,
+    TaskCounts, TaskFence, TaskId, TaskOutcome, TaskQueue, TaskState, Usage, UsageRow, Waiting,
 };
 
 mod batch;
@@ -328,7 +328,7 @@ impl Drop for WaitingGuard {
 }
 
 #[async_trait]
-impl Store for PgStore {
+impl Ledger for PgStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
         let offset = self.offset();
         // A completed record answers from memory until (shortly before) it expires: no
@@ -502,91 +502,12 @@ impl Store for PgStore {
             .transpose()
     }
 
-    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        // Subscribe before the first read, so a NOTIFY that arrives in between still wakes.
-        let sub = self.inner.waiters.subscribe(id);
-        let notified = sub.notify().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let (first, counted) = self.start_waiting(id).await?;
-        let _guard = counted.then(|| WaitingGuard {
-            pool: self.inner.pool.clone(),
-            id: id.clone(),
-        });
-        let mut record = first.ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        loop {
-            if record.state != State::Processing {
-                return Ok(record);
-            }
-            if tokio::time::timeout_at(deadline, notified.as_mut())
-                .await
-                .is_err()
-            {
-                return Ok(record);
-            }
-            notified.set(sub.notify().notified());
-            notified.as_mut().enable();
-            record = self
-                .get(id)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        }
-    }
-
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
         self.locked(id, |r, now| {
             r.resolve(resolution, now)?;
             Ok(r.clone())
         })
         .await
-    }
-
-    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
-        self.reconcile_get(id).await
-    }
-
-    async fn schedule_reconcile(
-        &self,
-        id: &RecordId,
-        seen: ReconcileSchedule,
-        next: ReconcileSchedule,
-    ) -> Result<bool> {
-        self.reconcile_set(id, seen, next).await
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        let state = filter.state.map(State::as_str);
-        let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
-        self.query(
-            &SQL.list,
-            &[&state, &filter.principal, &filter.route, &limit],
-        )
-        .await?
-        .iter()
-        .map(record_from_row)
-        .collect()
-    }
-
-    async fn purge_expired(&self) -> Result<u64> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&SQL.purge)
-            .await
-            .map_err(unavailable)?;
-        let gone = client
-            .execute(&stmt, &[&self.offset()])
-            .await
-            .map_err(unavailable)?;
-        let stmt = client
-            .prepare_cached(&SQL.purge_repeats)
-            .await
-            .map_err(unavailable)?;
-        client
-            .execute(&stmt, &[&self.offset()])
-            .await
-            .map_err(unavailable)?;
-        Ok(gone)
     }
 
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
@@ -637,6 +558,149 @@ impl Store for PgStore {
             return Err(StoreError::NotFound(id.clone()));
         }
         Ok(())
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        let row = self
+            .query_opt(&SQL.now, &[&self.offset()])
+            .await?
+            .ok_or_else(|| StoreError::Unavailable("the database returned no time".into()))?;
+        Ok(Timestamp(row.try_get(0).map_err(corrupt)?))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(unavailable)?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Waiting for PgStore {
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Subscribe before the first read, so a NOTIFY that arrives in between still wakes.
+        let sub = self.inner.waiters.subscribe(id);
+        let notified = sub.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let (first, counted) = self.start_waiting(id).await?;
+        let _guard = counted.then(|| WaitingGuard {
+            pool: self.inner.pool.clone(),
+            id: id.clone(),
+        });
+        let mut record = first.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        loop {
+            if record.state != State::Processing {
+                return Ok(record);
+            }
+            if tokio::time::timeout_at(deadline, notified.as_mut())
+                .await
+                .is_err()
+            {
+                return Ok(record);
+            }
+            notified.set(sub.notify().notified());
+            notified.as_mut().enable();
+            record = self
+                .get(id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        }
+    }
+}
+
+#[async_trait]
+impl TaskQueue for PgStore {
+    async fn claim_with_task(
+        &self,
+        specs: &[ClaimSpec],
+        completion: Option<Completion>,
+        task: NewTask,
+    ) -> Result<Claim> {
+        self.queue_claim_with_task(specs, completion, task).await
+    }
+
+    async fn lease_tasks(
+        &self,
+        kind: &str,
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        self.queue_lease(kind, owner, max, lease).await
+    }
+
+    async fn lease_tasks_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        self.queue_lease_capped(kind, owner, max_running, lease)
+            .await
+    }
+
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        self.queue_renew(fence, lease).await
+    }
+
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
+        self.queue_finish(fence, outcome).await
+    }
+
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
+        self.queue_get(id).await
+    }
+
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
+        self.queue_list(kind, state).await
+    }
+
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
+        self.queue_requeue(id).await
+    }
+
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+        self.queue_counts(kind).await
+    }
+}
+
+#[async_trait]
+impl Admin for PgStore {
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let state = filter.state.map(State::as_str);
+        let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
+        self.query(
+            &SQL.list,
+            &[&state, &filter.principal, &filter.route, &limit],
+        )
+        .await?
+        .iter()
+        .map(record_from_row)
+        .collect()
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&SQL.purge)
+            .await
+            .map_err(unavailable)?;
+        let gone = client
+            .execute(&stmt, &[&self.offset()])
+            .await
+            .map_err(unavailable)?;
+        let stmt = client
+            .prepare_cached(&SQL.purge_repeats)
+            .await
+            .map_err(unavailable)?;
+        client
+            .execute(&stmt, &[&self.offset()])
+            .await
+            .map_err(unavailable)?;
+        Ok(gone)
     }
 
     async fn repeat_events(
@@ -695,20 +759,6 @@ impl Store for PgStore {
         Ok(usage_from_rows(rows))
     }
 
-    async fn now(&self) -> Result<Timestamp> {
-        let row = self
-            .query_opt(&SQL.now, &[&self.offset()])
-            .await?
-            .ok_or_else(|| StoreError::Unavailable("the database returned no time".into()))?;
-        Ok(Timestamp(row.try_get(0).map_err(corrupt)?))
-    }
-
-    async fn ping(&self) -> Result<()> {
-        let client = self.client().await?;
-        client.simple_query("SELECT 1").await.map_err(unavailable)?;
-        Ok(())
-    }
-
     async fn secret(&self, name: &str) -> Result<Vec<u8>> {
         let candidate = rand::random::<[u8; 32]>().to_vec();
         let client = self.client().await?;
@@ -733,58 +783,17 @@ impl Store for PgStore {
         row.try_get(0).map_err(corrupt)
     }
 
-    async fn claim_with_task(
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        self.reconcile_get(id).await
+    }
+
+    async fn schedule_reconcile(
         &self,
-        specs: &[ClaimSpec],
-        completion: Option<Completion>,
-        task: NewTask,
-    ) -> Result<Claim> {
-        self.queue_claim_with_task(specs, completion, task).await
-    }
-
-    async fn lease_tasks(
-        &self,
-        kind: &str,
-        owner: &str,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        self.queue_lease(kind, owner, max, lease).await
-    }
-
-    async fn lease_tasks_capped(
-        &self,
-        kind: &str,
-        owner: &str,
-        max_running: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        self.queue_lease_capped(kind, owner, max_running, lease)
-            .await
-    }
-
-    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
-        self.queue_renew(fence, lease).await
-    }
-
-    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
-        self.queue_finish(fence, outcome).await
-    }
-
-    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
-        self.queue_get(id).await
-    }
-
-    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
-        self.queue_list(kind, state).await
-    }
-
-    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
-        self.queue_requeue(id).await
-    }
-
-    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
-        self.queue_counts(kind).await
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        self.reconcile_set(id, seen, next).await
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Webhook deliveries (kind `webhook`) and queued jobs (kind `job`) are tasks. A task is
 //! created together with the ledger records that claim its work, in one transaction
-//! ([`Store::claim_with_task`](crate::Store::claim_with_task)): either every claim is
+//! ([`TaskQueue::claim_with_task`](crate::TaskQueue::claim_with_task)): either every claim is
 //! granted (a new key, an expired one, or a released record retried under its id) and the
 //! task exists, or nothing was written. Workers then lease due tasks, run them,
 //! and finish them, fenced by owner and attempt exactly like records:

@@ -1,4 +1,4 @@
-//! In-process wake-ups for [`Store::wait_for`](crate::Store::wait_for).
+//! In-process wake-ups for [`Waiting::wait_for`](crate::Waiting::wait_for).
 //!
 //! A waiter subscribes to a record id *before* it reads the record, so a completion that
 //! lands between the read and the wait still wakes it. Entries exist only while someone
@@ -49,6 +49,7 @@ impl Waiters {
     }
 
     /// Wakes every waiter (e.g. after another instance wrote to a shared file).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn wake_all(&self) {
         let all: Vec<Arc<Notify>> = self
             .map
@@ -63,6 +64,7 @@ impl Waiters {
     }
 
     /// Whether nobody waits in this process.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn is_empty(&self) -> bool {
         self.map.lock().expect("waiters lock").is_empty()
     }

@@ -6,6 +6,9 @@
 //! then, in another terminal, twice:
 //! `curl -si -X POST localhost:3000/v1/render -H 'authorization: Bearer sk_demo' -d '{"text":"hello"}'`
 //! (the first answer is `Oncely-Status: fresh`, the second `replayed`).
+//!
+//! The layer compiles no database driver: an embedder adds `oncely-store` with the one it
+//! uses, here `oncely-store = { version = "0.1", features = ["sqlite"] }`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,8 +41,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guard = Arc::new(Guard::new(store, principal_key));
 
     let mut policy = RoutePolicy::new("POST /v1/render", Class::Write);
-    policy.key = KeyMode::HeaderOrFingerprint;
-    policy.units = UnitsRule::Json("/text".into());
+    policy.key = Arc::new(KeyMode::HeaderOrFingerprint);
+    policy.units = Arc::new(UnitsRule::Json("/text".into()));
     let policy = Arc::new(policy);
     let routes = move |method: &Method, path: &str| {
         (method == Method::POST && path == "/v1/render").then(|| policy.clone())

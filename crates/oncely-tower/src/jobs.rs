@@ -61,9 +61,10 @@ use crate::body::full;
 use crate::guard::{Execution, FreshAnswer, Guard, GuardedCall, UpstreamFailure};
 use crate::job_board::{Head, JobBoard};
 use crate::log::{log_job, provider_request_id, RequestLog};
-use crate::policy::{PrincipalSource, RoutePolicy, UnitsRule};
+use crate::policy::RoutePolicy;
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
 use crate::seal::{self, JobKey};
+use crate::sources::RequestHead;
 use crate::{BoxBody, BoxError};
 
 /// Where job status lives on the gateway's own listener.
@@ -462,14 +463,10 @@ pub async fn status_endpoint(guard: &Guard, req: &Request<()>) -> Response<BoxBo
     let Some(policy) = guard.jobs.route(&record.route) else {
         return not_found();
     };
-    let principal = match &policy.principal {
-        PrincipalSource::Header(name) => req
-            .headers()
-            .get(name)
-            .filter(|v| !v.is_empty())
-            .map(|v| guard.principal_hash(v.as_bytes())),
-        PrincipalSource::None => Some(guard.single_tenant_principal()),
-    };
+    let principal = policy
+        .principal
+        .make_principal(&RequestHead::of(req))
+        .map(|raw| guard.principal_hash(&raw));
     if principal.as_deref() != Some(record.principal.as_str()) {
         return not_found();
     }
@@ -780,12 +777,15 @@ where
         timeout: policy.timeout,
         max_response: policy.max_response,
         workflow_id: record.workflow_id.clone(),
-        units: crate::upstream::request_units(&policy.units, &job.body),
+        units: policy.units.request_units(
+            &RequestHead {
+                method: &job.method,
+                target: &job.target,
+                headers: &job.headers,
+            },
+            &job.body,
+        ),
         answer_before_record: policy.answer_before_record,
-    };
-    let units_header = match &policy.units {
-        UnitsRule::ResponseHeader(name) => Some(name.clone()),
-        _ => None,
     };
     let mut req = job.upstream_request(&key);
     // The submission left its span as the stored `traceparent`: the run continues it.
@@ -801,7 +801,7 @@ where
             crate::trace::ClientSpan::new(span)
         });
     let upstream = crate::guard::to_engine(crate::upstream::traced(
-        crate::upstream::call_upstream(inner, req, units_header),
+        crate::upstream::call_upstream(inner, req, policy.units.clone()),
         span,
     ));
     // The head goes to the first request if it waits on this instance (else it is only

@@ -20,7 +20,7 @@
 //! let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
 //! let guard = Arc::new(Guard::new(store, b"principal hashing key".to_vec()));
 //! let mut render = RoutePolicy::new("POST /v1/render", Class::Write);
-//! render.principal = PrincipalSource::None; // one tenant
+//! render.principal = Arc::new(PrincipalSource::None); // one tenant
 //! let render = Arc::new(render);
 //! let routes = move |m: &Method, p: &str| (m == Method::POST && p == "/v1/render").then(|| render.clone());
 //!
@@ -48,6 +48,9 @@
 //!
 //! - [`policy`]: what a guarded route is ([`RoutePolicy`]) and how one is found per
 //!   request ([`RoutePolicies`]).
+//! - [`sources`]: the extension points of a route, as traits: where the key comes from
+//!   ([`MakeKey`]), who the caller is ([`MakePrincipal`]), what a call is worth
+//!   ([`MakeUnits`]).
 //! - [`guard`]: the HTTP edge of the engine: [`Guard::execute`] claims, runs the owner's
 //!   call on its own task, waits, replays, refuses (in `oncely_engine`); it answers an
 //!   [`Execution`] with an HTTP status, headers and body.
@@ -77,6 +80,7 @@ mod log;
 pub mod policy;
 pub mod problem;
 pub mod seal;
+pub mod sources;
 pub mod trace;
 mod upstream;
 
@@ -91,6 +95,7 @@ pub use oncely_engine::wait_for_slot;
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;
+pub use sources::{MakeKey, MakePrincipal, MakeUnits, RequestHead};
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,11 +1,15 @@
 //! What a guarded route is: the resolved, validated policy the gateway's config (or an
 //! embedding service) hands to the layer, and the small trait that finds it per request.
+//! The built-in key sources, principal sources and units rules are the values below; each
+//! implements its extension trait of [`crate::sources`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 use oncely_core::Class;
+
+use crate::sources::{MakeKey, MakePrincipal, MakeUnits};
 
 /// Where a request's idempotency key comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +39,8 @@ pub enum UnitsRule {
     /// The upstream answer's header, read as a non-negative integer (absent or
     /// unreadable: 0).
     ResponseHeader(HeaderName),
+    /// The same units for every execution (an MCP tool call's `call` is one).
+    Fixed(u64),
 }
 
 /// What identifies the account a request acts for.
@@ -58,25 +64,25 @@ pub struct GuardWhen {
 }
 
 /// One guarded route, everything resolved and validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RoutePolicy {
     /// The configured pattern, e.g. `POST /v1/render`; shown as the ledger's `route` and
     /// used as the `route` label of metrics.
     pub name: String,
     /// The operation class.
     pub class: Class,
-    /// Where the key comes from.
-    pub key: KeyMode,
-    /// What identifies the account.
-    pub principal: PrincipalSource,
+    /// Where the key comes from (a [`KeyMode`], or any [`MakeKey`]).
+    pub key: Arc<dyn MakeKey>,
+    /// What identifies the account (a [`PrincipalSource`], or any [`MakePrincipal`]).
+    pub principal: Arc<dyn MakePrincipal>,
     /// Headers that are part of the fingerprint.
     pub fingerprint_headers: Vec<HeaderName>,
     /// JSON pointers left out of the fingerprint.
     pub ignore_fields: Vec<String>,
     /// Only these callers are guarded.
     pub guard_when: Option<GuardWhen>,
-    /// Billing units of one execution.
-    pub units: UnitsRule,
+    /// Billing units of one execution (a [`UnitsRule`], or any [`MakeUnits`]).
+    pub units: Arc<dyn MakeUnits>,
     /// How long a completed result is replayed.
     pub window: Duration,
     /// How long a duplicate waits for an in-flight original.
@@ -107,12 +113,12 @@ impl RoutePolicy {
         RoutePolicy {
             name: name.into(),
             class,
-            key: KeyMode::HeaderOrFingerprint,
-            principal: PrincipalSource::Header(http::header::AUTHORIZATION),
+            key: Arc::new(KeyMode::HeaderOrFingerprint),
+            principal: Arc::new(PrincipalSource::Header(http::header::AUTHORIZATION)),
             fingerprint_headers: Vec::new(),
             ignore_fields: Vec::new(),
             guard_when: None,
-            units: UnitsRule::None,
+            units: Arc::new(UnitsRule::None),
             window: Duration::from_secs(3 * 3600),
             wait: Duration::from_secs(20),
             lease: Duration::from_secs(30),
@@ -127,7 +133,7 @@ impl RoutePolicy {
     /// Whether requests on this route are deduplicated at all (`read` and `key = none`
     /// are forwarded every time).
     pub fn deduplicates(&self) -> bool {
-        self.class != Class::Read && self.key != KeyMode::None
+        self.class != Class::Read && self.key.deduplicates()
     }
 }
 
@@ -165,7 +171,7 @@ mod tests {
     fn reads_and_keyless_routes_are_not_deduplicated() {
         let mut p = RoutePolicy::new("r", Class::Write);
         assert!(p.deduplicates());
-        p.key = KeyMode::None;
+        p.key = Arc::new(KeyMode::None);
         assert!(!p.deduplicates());
         let r = RoutePolicy::new("r", Class::Read);
         assert!(!r.deduplicates());

@@ -304,3 +304,73 @@ impl Pki {
         Arc::new(c)
     }
 }
+
+/// A principal source of one's own (the `x-account` header) and the built-in units rule
+/// `json:/text` are the layer's extension points on an MCP endpoint too: the account
+/// scopes the replay, its absence forwards the call unguarded, and the units are counted
+/// from the call's `arguments`.
+#[tokio::test]
+async fn mcp_principal_and_units_are_the_layers_extension_points() {
+    #[derive(Debug)]
+    struct AccountHeader;
+    impl oncely_tower::MakePrincipal for AccountHeader {
+        fn make_principal<'a>(
+            &self,
+            head: &oncely_tower::RequestHead<'a>,
+        ) -> Option<std::borrow::Cow<'a, [u8]>> {
+            head.headers
+                .get("x-account")
+                .map(|v| std::borrow::Cow::Borrowed(v.as_bytes()))
+        }
+    }
+    let counter = Counter::default();
+    let url = upstream(counter.clone(), None).await;
+    let mut config = McpConfig::new("/mcp", &url).unwrap();
+    config.principal = Arc::new(AccountHeader);
+    config.units = Arc::new(oncely_mcp::parse_units("json:/text").unwrap());
+    let gw = Gateway::start(config).await;
+
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+    let send = |account: Option<&'static str>, id: i64, arguments: Value| {
+        let mut req = Request::post(&gw.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(account) = account {
+            req = req.header("x-account", account);
+        }
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "count", "arguments": arguments}});
+        let req = req
+            .body(Full::new(Bytes::from(message.to_string())))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let resp = client.request(req).await.unwrap();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        }
+    };
+    let hello = json!({"text": "héllo"});
+    assert_eq!(
+        replay_status(&send(Some("a"), 1, hello.clone()).await),
+        None
+    );
+    gw.guard.drain().await;
+    let again = send(Some("a"), 2, hello.clone()).await;
+    assert_eq!(replay_status(&again), Some("replayed"), "{again}");
+    assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+    // Another account is another scope; no account is not guarded.
+    assert_eq!(
+        replay_status(&send(Some("b"), 3, hello.clone()).await),
+        None
+    );
+    assert_eq!(replay_status(&send(None, 4, hello.clone()).await), None);
+    assert_eq!(replay_status(&send(None, 5, hello).await), None);
+    gw.guard.drain().await;
+    assert_eq!(counter.0.load(Ordering::SeqCst), 4);
+
+    let records = gw.store.list(&Default::default()).await.unwrap();
+    assert_eq!(records.len(), 2, "one record per account, none unguarded");
+    assert!(records.iter().all(|r| r.units == 5), "{records:?}");
+    assert_ne!(records[0].principal, records[1].principal);
+}

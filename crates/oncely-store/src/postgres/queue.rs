@@ -25,7 +25,7 @@ use tokio_postgres::Row;
 
 use super::{corrupt, record_from_row, unavailable, PgStore, ResponseColumns, COLUMNS, NOW};
 use crate::queue::{headers_from_json, headers_to_json, LAPSED_ON_LAST_ATTEMPT};
-use crate::Store;
+use crate::Ledger;
 use crate::{
     new_record_id, Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError,
     TaskFence, TaskId, TaskOutcome, TaskState,

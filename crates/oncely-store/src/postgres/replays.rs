@@ -7,7 +7,7 @@
 //! sharing the database, for as long as the record is replayable. The cache stays honest
 //! this way:
 //!
-//! - it answers only [`Store::claim`](crate::Store::claim) (not `get`, `lookup` or
+//! - it answers only [`Ledger::claim`](crate::Ledger::claim) (not `get`, `lookup` or
 //!   `list`, which show the counters), and only with records that were read completed,
 //!   i.e. from a durable completion;
 //! - an entry keeps the database's time when it was read, and "now" is that time plus the

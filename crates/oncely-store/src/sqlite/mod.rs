@@ -36,12 +36,13 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use crate::memory::usage_from_rows;
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Claim, Clock, Finished, ListFilter, NewTask, ReconcileSchedule, Repeat,
-    RepeatEvents, Result, Store, StoreError, StoreOptions, Task, TaskCounts, TaskFence, TaskId,
-    TaskOutcome, TaskState, Usage,
+    new_record_id, Admin, Claim, Clock, Finished, Ledger, ListFilter, NewTask, ReconcileSchedule,
+    Repeat, RepeatEvents, Result, Store, StoreError, StoreOptions, Task, TaskCounts, TaskFence,
+    TaskId, TaskOutcome, TaskQueue, TaskState, Usage, Waiting,
 };
 
 mod checkpoint;
+mod durable;
 mod leases;
 mod queue;
 mod readers;
@@ -100,6 +101,7 @@ pub struct SqliteStore {
     cache: Arc<ReplayCache>,
     clock: Arc<dyn Clock>,
     migrated: Vec<u32>,
+    durability: Arc<durable::Durability>,
     _checkpointer: checkpoint::Checkpointer,
 }
 
@@ -142,12 +144,15 @@ impl SqliteStore {
         &self.migrated
     }
 
-    fn read<T, F>(&self, read: F) -> impl std::future::Future<Output = Result<T>> + '_
+    async fn read<T, F>(&self, read: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
-        self.readers.run(read)
+        let found = self.readers.run(read).await?;
+        // What the read saw may be committed but not yet synced ([`durable`]).
+        self.durability.settled().await?;
+        Ok(found)
     }
 
     /// Applies a fenced or guarded transition to one record inside the writer.
@@ -185,7 +190,11 @@ fn open_blocking(
     )
     .map_err(|e| cannot_open(sql_error(e)))?;
     schema::configure_common(&conn, settings.busy_timeout).map_err(cannot_open)?;
-    schema::configure_writer(&conn, synchronous).map_err(|e| match e {
+    // With FULL, the WAL's fsync runs on the syncer thread after SQLite's commit
+    // ([`durable`]); the writer's own connection then need not sync in `COMMIT`.
+    let pipelined = synchronous == "FULL";
+    let writer_sync = if pipelined { "NORMAL" } else { synchronous };
+    schema::configure_writer(&conn, writer_sync).map_err(|e| match e {
         StoreError::Config(_) => e,
         other => cannot_open(other),
     })?;
@@ -204,6 +213,15 @@ fn open_blocking(
     let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
     let waiters = Arc::new(Waiters::default());
     let cache = Arc::new(ReplayCache::default());
+    let durability = durable::Durability::new();
+    let syncer = if pipelined {
+        Some((
+            durable::Syncer::start(path.clone(), Arc::clone(&durability)).map_err(cannot_open)?,
+            Arc::clone(&durability),
+        ))
+    } else {
+        None
+    };
     let writer = Writer::start(
         conn,
         Shared {
@@ -213,6 +231,7 @@ fn open_blocking(
             group_size: settings.group_size,
             watch_interval: settings.watch_interval,
             committed: dirty,
+            syncer,
         },
     )?;
     let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
@@ -229,6 +248,7 @@ fn open_blocking(
         cache,
         clock,
         migrated,
+        durability,
         _checkpointer: checkpointer,
     })
 }
@@ -340,7 +360,7 @@ fn claim_in(
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Ledger for SqliteStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
         // A replayable record answers at once: nothing can take its key before it expires.
         if let Some(r) = self.cache.get(&spec.scope, &spec.key, self.clock.now()) {
@@ -459,57 +479,12 @@ impl Store for SqliteStore {
         Ok(found)
     }
 
-    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
-        wait_until_settled(&self.waiters, id, timeout, || {
-            // Called after the subscription exists: the watcher now sees a waiter and
-            // checks for other instances' commits until it is gone.
-            self.watcher.nudge();
-            self.get(id)
-        })
-        .await
-    }
-
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
         self.transition(id, move |r, now| {
             r.resolve(resolution, now)?;
             Ok(r.clone())
         })
         .await
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        let filter = filter.clone();
-        self.read(move |conn| rows::list(conn, &filter)).await
-    }
-
-    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
-        self.reconcile_get(id).await
-    }
-
-    async fn schedule_reconcile(
-        &self,
-        id: &RecordId,
-        seen: ReconcileSchedule,
-        next: ReconcileSchedule,
-    ) -> Result<bool> {
-        self.reconcile_set(id, seen, next).await
-    }
-
-    async fn purge_expired(&self) -> Result<u64> {
-        self.writer
-            .run(|conn, now| {
-                let gone = conn
-                    .prepare_cached(
-                        "DELETE FROM records WHERE (state = 'completed' \
-                         AND (expires_at IS NULL OR expires_at <= ?1)) \
-                         OR (state = 'released' AND expires_at <= ?1)",
-                    )
-                    .and_then(|mut st| st.execute([now.0]))
-                    .map_err(sql_error)?;
-                repeats::purge(conn, now)?;
-                Ok((gone as u64, None))
-            })
-            .await
     }
 
     async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
@@ -552,22 +527,6 @@ impl Store for SqliteStore {
         out
     }
 
-    async fn repeat_events(
-        &self,
-        principal: &str,
-        since: Option<Timestamp>,
-        limit: usize,
-    ) -> Result<RepeatEvents> {
-        let principal = principal.to_string();
-        self.read(move |conn| repeats::list(conn, &principal, since, limit))
-            .await
-    }
-
-    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
-        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
-        Ok(usage_from_rows(rows))
-    }
-
     async fn now(&self) -> Result<Timestamp> {
         Ok(self.clock.now())
     }
@@ -581,27 +540,23 @@ impl Store for SqliteStore {
         // The writer too: a ledger that can be read but not written is not healthy.
         self.writer.run(|_, _| Ok(((), None))).await
     }
+}
 
-    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
-        let name = name.to_string();
-        self.writer
-            .run(move |conn, _now| {
-                let fresh = rand::random::<[u8; 32]>().to_vec();
-                conn.prepare_cached("INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)")
-                    .and_then(|mut st| st.execute(params![name, fresh]))
-                    .map_err(sql_error)?;
-                let value: Option<Vec<u8>> = conn
-                    .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
-                    .and_then(|mut st| st.query_row([&name], |row| row.get(0)).optional())
-                    .map_err(sql_error)?;
-                let value = value.ok_or_else(|| {
-                    StoreError::Unavailable(format!("the secret {name:?} was not kept"))
-                })?;
-                Ok((value, None))
-            })
-            .await
+#[async_trait]
+impl Waiting for SqliteStore {
+    async fn wait_for(&self, id: &RecordId, timeout: Duration) -> Result<Record> {
+        wait_until_settled(&self.waiters, id, timeout, || {
+            // Called after the subscription exists: the watcher now sees a waiter and
+            // checks for other instances' commits until it is gone.
+            self.watcher.nudge();
+            self.get(id)
+        })
+        .await
     }
+}
 
+#[async_trait]
+impl TaskQueue for SqliteStore {
     async fn claim_with_task(
         &self,
         specs: &[ClaimSpec],
@@ -654,5 +609,79 @@ impl Store for SqliteStore {
 
     async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
         self.queue_counts(kind).await
+    }
+}
+
+#[async_trait]
+impl Admin for SqliteStore {
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let filter = filter.clone();
+        self.read(move |conn| rows::list(conn, &filter)).await
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        self.writer
+            .run(|conn, now| {
+                let gone = conn
+                    .prepare_cached(
+                        "DELETE FROM records WHERE (state = 'completed' \
+                         AND (expires_at IS NULL OR expires_at <= ?1)) \
+                         OR (state = 'released' AND expires_at <= ?1)",
+                    )
+                    .and_then(|mut st| st.execute([now.0]))
+                    .map_err(sql_error)?;
+                repeats::purge(conn, now)?;
+                Ok((gone as u64, None))
+            })
+            .await
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let principal = principal.to_string();
+        self.read(move |conn| repeats::list(conn, &principal, since, limit))
+            .await
+    }
+
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
+        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
+        Ok(usage_from_rows(rows))
+    }
+
+    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
+        let name = name.to_string();
+        self.writer
+            .run(move |conn, _now| {
+                let fresh = rand::random::<[u8; 32]>().to_vec();
+                conn.prepare_cached("INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)")
+                    .and_then(|mut st| st.execute(params![name, fresh]))
+                    .map_err(sql_error)?;
+                let value: Option<Vec<u8>> = conn
+                    .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
+                    .and_then(|mut st| st.query_row([&name], |row| row.get(0)).optional())
+                    .map_err(sql_error)?;
+                let value = value.ok_or_else(|| {
+                    StoreError::Unavailable(format!("the secret {name:?} was not kept"))
+                })?;
+                Ok((value, None))
+            })
+            .await
+    }
+
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        self.reconcile_get(id).await
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        self.reconcile_set(id, seen, next).await
     }
 }

@@ -5,7 +5,9 @@
 //! first command, drains whatever else is already waiting (up to a group's size), runs
 //! them all in one `BEGIN IMMEDIATE ... COMMIT`, and only then replies: an answer means
 //! the change is on disk. With `synchronous=FULL` one fsync is then shared by the whole
-//! group, which is what makes FULL affordable under load.
+//! group, which is what makes FULL affordable under load; that fsync runs on the syncer
+//! thread ([`super::durable`]) while this thread goes on with the next group, and the
+//! group's callers are answered (and its waiters woken) once it is done.
 //!
 //! Each command reads its row, applies the pure transition of `oncely_core::record`, and
 //! writes the row back only if the transition was allowed, so a refused transition
@@ -23,6 +25,7 @@ use oncely_core::{RecordId, Timestamp};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::durable::{Batch, Durability, Syncer};
 use super::replays::ReplayCache;
 use super::sql_error;
 use crate::waiters::Waiters;
@@ -148,13 +151,24 @@ pub(super) struct Shared {
     pub(super) watch_interval: Duration,
     /// Set after each commit: the checkpointer has frames to copy.
     pub(super) committed: Arc<std::sync::atomic::AtomicBool>,
+    /// With `synchronous = FULL`: the thread that fsyncs the WAL after each commit, and
+    /// the commit sequence it reports durable. `None`: SQLite syncs (or does not) in
+    /// `COMMIT` itself.
+    pub(super) syncer: Option<(Syncer, Arc<Durability>)>,
 }
 
 /// `PRAGMA data_version` of the writer's connection: it changes only when another
 /// connection commits.
 fn data_version(conn: &Connection) -> Option<i64> {
-    conn.query_row("PRAGMA data_version", [], |row| row.get(0))
+    conn.prepare_cached("PRAGMA data_version")
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
         .ok()
+}
+
+/// Runs a statement without parameters from the connection's statement cache (`BEGIN`
+/// and `COMMIT` run for every group; `execute_batch` would parse them each time).
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
@@ -165,6 +179,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         group_size,
         watch_interval,
         committed,
+        syncer,
     } = shared;
     let group_size = group_size.max(1);
     let mut group: Vec<Box<dyn Command>> = Vec::with_capacity(group_size);
@@ -197,7 +212,13 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
                 Err(_) => break,
             }
         }
-        let failed = commit_group(&conn, &mut group, clock.as_ref(), &mut woken);
+        // After a failed fsync nothing more is written: what the kernel could not flush
+        // may be gone, and a later success would hide that.
+        let lost = syncer.as_ref().and_then(|(_, d)| d.failure());
+        let failed = match lost {
+            Some(why) => Some(why),
+            None => commit_group(&conn, &mut group, clock.as_ref(), &mut woken),
+        };
         if failed.is_none() {
             committed.store(true, std::sync::atomic::Ordering::Release);
         }
@@ -205,6 +226,25 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         if let Some(why) = &failed {
             tracing::warn!(commands = group.len(), error = %why, "a ledger write group failed");
             woken.clear();
+        } else if let Some((syncer, durability)) = &syncer {
+            // Answered once the syncer has made this commit durable.
+            let done = std::mem::replace(&mut group, Vec::with_capacity(group_size));
+            let wake = std::mem::take(&mut woken);
+            let waiters = Arc::clone(&waiters);
+            syncer.push(Batch {
+                seq: durability.commit(),
+                done: Box::new(move |failed| {
+                    if failed.is_none() {
+                        for id in &wake {
+                            waiters.wake(id);
+                        }
+                    }
+                    for c in done {
+                        c.finish(failed);
+                    }
+                }),
+            });
+            continue;
         }
         for id in woken.drain(..) {
             waiters.wake(&id);
@@ -212,6 +252,9 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         for c in group.drain(..) {
             c.finish(failed.as_deref());
         }
+    }
+    if let Some((syncer, _)) = syncer {
+        syncer.finish();
     }
     // Every handle is gone: close the connection (SQLite checkpoints the WAL on close).
     if let Err((_, e)) = conn.close() {
@@ -226,7 +269,7 @@ fn commit_group(
     clock: &dyn Clock,
     woken: &mut Vec<RecordId>,
 ) -> Option<String> {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
         return Some(sql_error(e).to_string());
     }
     for c in group.iter_mut() {
@@ -241,7 +284,7 @@ fn commit_group(
             woken.push(id);
         }
     }
-    match conn.execute_batch("COMMIT") {
+    match run_cached(conn, "COMMIT") {
         Ok(()) => None,
         Err(e) => {
             let why = sql_error(e).to_string();
@@ -270,6 +313,7 @@ mod tests {
                 group_size: 16,
                 watch_interval: Duration::from_millis(50),
                 committed: Arc::default(),
+                syncer: None,
             },
         )
         .unwrap()

@@ -1,5 +1,7 @@
 //! Integration tests of the stores: the conformance suite against each backend.
 
 mod memory;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;

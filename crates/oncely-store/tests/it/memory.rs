@@ -4,9 +4,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use oncely_store::conformance::Harness;
 use oncely_store::memory::MemoryStore;
 use oncely_store::{ManualClock, Store};
+use oncely_store_conformance::Harness;
 
 #[derive(Default)]
 struct MemoryHarness {
@@ -16,6 +16,8 @@ struct MemoryHarness {
 
 #[async_trait]
 impl Harness for MemoryHarness {
+    type Store = dyn Store;
+
     async fn store(&self) -> Arc<dyn Store> {
         let store = MemoryStore::new(Arc::new(self.clock.clone()));
         *self.last.lock().unwrap() = Some(store.clone());
@@ -32,4 +34,4 @@ impl Harness for MemoryHarness {
     }
 }
 
-oncely_store::conformance_tests!(MemoryHarness::default());
+oncely_store_conformance::conformance_tests!(MemoryHarness::default());

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oncely_core::{Class, State, TransitionError};
-use oncely_store::conformance::{completion, spec, Harness, LEASE};
 use oncely_store::postgres::{migrations::MIGRATIONS, PgStore};
-use oncely_store::testing::{fresh_pg_schema, shared_pg_url, PgServer};
-use oncely_store::{Claim, ManualClock, Store, StoreError, StoreOptions};
+use oncely_store::{Admin, Claim, Ledger, ManualClock, Store, StoreError, StoreOptions, Waiting};
+use oncely_store_conformance::testing::{fresh_pg_schema, shared_pg_url, PgServer};
+use oncely_store_conformance::{completion, spec, Harness, LEASE};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 fn options(clock: &ManualClock) -> StoreOptions {
@@ -31,6 +31,8 @@ struct PgHarness {
 
 #[async_trait]
 impl Harness for PgHarness {
+    type Store = dyn Store;
+
     async fn store(&self) -> Arc<dyn Store> {
         let url = fresh_pg_schema(&shared_pg_url()).await;
         *self.url.lock().unwrap() = Some(url.clone());
@@ -47,7 +49,7 @@ impl Harness for PgHarness {
     }
 }
 
-oncely_store::conformance_tests!(PgHarness::default());
+oncely_store_conformance::conformance_tests!(PgHarness::default());
 
 fn owned(c: Claim) -> oncely_core::Record {
     match c {

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use oncely_core::{Class, State};
-use oncely_store::conformance::{completion, spec, Harness};
 use oncely_store::sqlite::{SqliteSettings, SqliteStore, SCHEMA_VERSION};
-use oncely_store::{Claim, ManualClock, Store, StoreError, StoreOptions};
+use oncely_store::{Admin, Claim, Ledger, ManualClock, Store, StoreError, StoreOptions, TaskQueue};
+use oncely_store_conformance::{completion, spec, Harness};
 use tempfile::TempDir;
 
 /// A temporary directory with `ledger.db`; every store shares one manual clock.
@@ -46,6 +46,8 @@ impl SqliteHarness {
 
 #[async_trait]
 impl Harness for SqliteHarness {
+    type Store = dyn Store;
+
     async fn store(&self) -> Arc<dyn Store> {
         Arc::new(self.open().await)
     }
@@ -60,7 +62,7 @@ impl Harness for SqliteHarness {
     }
 }
 
-oncely_store::conformance_tests!(SqliteHarness::new());
+oncely_store_conformance::conformance_tests!(SqliteHarness::new());
 
 fn owned(c: Claim) -> oncely_core::Record {
     match c {
@@ -395,7 +397,7 @@ async fn cached_replays_follow_other_instances_and_expiry() {
         panic!("a completed record is replayed")
     };
     assert_eq!(replay.repeats, 2);
-    h.clock.advance(oncely_store::conformance::WINDOW);
+    h.clock.advance(oncely_store_conformance::WINDOW);
     let renewed = owned(
         a.claim(&spec("alice", "c", "{}", Class::Write, "z"))
             .await
@@ -418,7 +420,7 @@ async fn cached_replays_follow_other_instances_and_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_step_lapses_no_lease() {
     use oncely_core::{TakeOverOutcome, TransitionError};
-    use oncely_store::conformance::{new_task, LEASE};
+    use oncely_store_conformance::{new_task, LEASE};
     let h = SqliteHarness::new();
     let store = h.open().await;
     let other = h.open().await;

@@ -11,7 +11,7 @@ use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncely_core::{Class, ClientKey, DownstreamKey, FingerprintBuilder, KeyError, Record, Scope};
+use oncely_core::{Class, DownstreamKey, FingerprintBuilder, Record, Scope};
 use tower::Service;
 
 use crate::body::full;
@@ -20,14 +20,15 @@ use crate::guard::{
 };
 use crate::jobs::JobRequest;
 use crate::log::{log_request, provider_request_id, RequestLog};
-use crate::policy::{KeyMode, PrincipalSource, RoutePolicy, UnitsRule};
+use crate::policy::RoutePolicy;
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::sources::RequestHead;
 use crate::trace::{attr, Span};
-use crate::upstream::{call_upstream, request_units, traced};
+use crate::upstream::{call_upstream, traced};
 use crate::{BoxBody, BoxError};
 
 /// The `Idempotency-Key` header.
-pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub(crate) use crate::sources::IDEMPOTENCY_KEY;
 
 /// What to do with a request on a matched route.
 #[derive(Debug)]
@@ -44,14 +45,10 @@ pub(crate) fn decide<B>(guard: &Guard, policy: &RoutePolicy, req: &Request<B>) -
     if !policy.deduplicates() {
         return Decision::Forward;
     }
-    let principal = match &policy.principal {
-        PrincipalSource::Header(name) => req
-            .headers()
-            .get(name)
-            .filter(|v| !v.is_empty())
-            .map(|v| guard.principal_hash(v.as_bytes())),
-        PrincipalSource::None => Some(guard.single_tenant_principal()),
-    };
+    let principal = policy
+        .principal
+        .make_principal(&RequestHead::of(req))
+        .map(|raw| guard.principal_hash(&raw));
     if let Some(when) = &policy.guard_when {
         let matches = req
             .headers()
@@ -118,17 +115,30 @@ where
     log.workflow_id = workflow.as_deref();
     let (mut parts, body) = req.into_parts();
 
-    let client_key = match client_key(policy.key, &parts.headers) {
+    // A key source that does not read the body refuses before the body is read; one
+    // that does sees the headers as the client sent them, too.
+    let mut body = Some(body);
+    let mut bytes = Bytes::new();
+    if policy.key.reads_body() {
+        let unread = body.take().expect("the body is read once");
+        bytes = match read_body(unread, &parts.headers, policy.max_body).await {
+            Ok(b) => b,
+            Err(p) => return refuse(p, &mut log),
+        };
+    }
+    let client_key = match policy.key.make_key(&RequestHead::of_parts(&parts), &bytes) {
         Ok(k) => k,
         Err(p) => return refuse(p, &mut log),
     };
     // Hop-by-hop headers go now, before the downstream key is set: a caller's
     // `Connection: idempotency-key` must not remove the key the upstream gets.
     crate::headers::strip_hop_by_hop(&mut parts.headers);
-    let bytes = match read_body(body, &parts.headers, policy.max_body).await {
-        Ok(b) => b,
-        Err(p) => return refuse(p, &mut log),
-    };
+    if let Some(unread) = body {
+        bytes = match read_body(unread, &parts.headers, policy.max_body).await {
+            Ok(b) => b,
+            Err(p) => return refuse(p, &mut log),
+        };
+    }
 
     let path_and_query = parts
         .uri
@@ -160,14 +170,13 @@ where
         timeout: policy.timeout,
         max_response: policy.max_response,
         workflow_id: workflow.clone(),
-        units: request_units(&policy.units, &bytes),
+        units: policy
+            .units
+            .request_units(&RequestHead::of_parts(&parts), &bytes),
         answer_before_record: policy.answer_before_record,
     };
 
-    let units_header = match &policy.units {
-        UnitsRule::ResponseHeader(name) => Some(name.clone()),
-        _ => None,
-    };
+    let units = policy.units.clone();
     // A queued job's upstream call continues this request's trace when it runs.
     if let (Some(span), Class::Job) = (&log.span, policy.class) {
         span.propagate(&mut parts.headers);
@@ -189,7 +198,7 @@ where
         );
         let span = upstream_span.map(|parent| parent.upstream_call(&mut parts.headers, &parts.method));
         let req = Request::from_parts(parts, full(bytes));
-        traced(call_upstream(inner, req, units_header), span)
+        traced(call_upstream(inner, req, units), span)
     };
 
     let execution = match job {
@@ -237,29 +246,6 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     span.end();
 }
 
-fn client_key(mode: KeyMode, headers: &HeaderMap) -> Result<Option<ClientKey>, Problem> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let raw = values.next();
-    // Idempotency-Key is one structured-field Item: two header lines name two keys, and
-    // no single intention. Refuse rather than pick one.
-    if mode != KeyMode::Fingerprint && values.next().is_some() {
-        return Err(Problem::new(
-            ProblemCode::KeyInvalid,
-            "the request carries more than one Idempotency-Key header",
-        ));
-    }
-    match (mode, raw) {
-        (KeyMode::Fingerprint, _) => Ok(None),
-        (KeyMode::Header, None) => Err(Problem::new(
-            ProblemCode::KeyMissing,
-            KeyError::Missing.to_string(),
-        )),
-        (_, None) => Ok(None),
-        (_, Some(v)) => ClientKey::parse(v.as_bytes())
-            .map(Some)
-            .map_err(|e| Problem::new(ProblemCode::KeyInvalid, e.to_string())),
-    }
-}
 
 async fn read_body<B>(body: B, headers: &HeaderMap, max: u64) -> Result<Bytes, Problem>
 where

@@ -14,7 +14,9 @@ use oncely_core::{
     TakeOverOutcome, Timestamp,
 };
 use oncely_store::memory::MemoryStore;
-use oncely_store::{Claim, ListFilter, ManualClock, Store, StoreError, Usage};
+use oncely_store::{
+    Admin, Claim, Ledger, ListFilter, ManualClock, StoreError, TaskQueue, Usage, Waiting,
+};
 use tower::{service_fn, Layer, ServiceExt};
 
 use crate::body::full;
@@ -245,7 +247,7 @@ async fn unguarded_routes_and_reads_are_forwarded_untouched() {
 
     let read = layer(&s, policy(Class::Read), &up);
     let mut none = policy(Class::Write);
-    none.key = KeyMode::None;
+    none.key = Arc::new(KeyMode::None);
     let keyless = layer(&s, none, &up);
     for svc in [&read, &keyless] {
         for _ in 0..2 {
@@ -261,7 +263,7 @@ async fn key_missing_and_key_invalid() {
     let s = setup();
     let up = Upstream::echo();
     let mut p = policy(Class::Write);
-    p.key = KeyMode::Header;
+    p.key = Arc::new(KeyMode::Header);
     let svc = layer(&s, p, &up);
     let (st, h, body) = send(&svc, req("x", None, ALICE)).await;
     assert_eq!(st, 400);
@@ -283,6 +285,22 @@ async fn key_missing_and_key_invalid() {
     let (st, _, body) = send(&svc, two).await;
     assert_eq!(st, 400);
     assert_eq!(code(&body), "key_invalid");
+    assert_eq!(up.calls(), 0);
+}
+
+/// The built-in key sources read no body: a request refused for its key is refused
+/// before its body is read, whatever its size.
+#[tokio::test]
+async fn a_key_refused_from_the_head_is_refused_before_the_body_is_read() {
+    let s = setup();
+    let up = Upstream::echo();
+    let mut p = policy(Class::Write);
+    p.key = Arc::new(KeyMode::Header);
+    p.max_body = 8;
+    let svc = layer(&s, p, &up);
+    let (st, _, body) = send(&svc, req("123456789", None, ALICE)).await;
+    assert_eq!(st, 400);
+    assert_eq!(code(&body), "key_missing");
     assert_eq!(up.calls(), 0);
 }
 
@@ -335,7 +353,7 @@ async fn fingerprint_keys_canonicalise_json_and_honour_ignore_fields() {
     let s = setup();
     let up = Upstream::echo();
     let mut p = policy(Class::Write);
-    p.key = KeyMode::Fingerprint;
+    p.key = Arc::new(KeyMode::Fingerprint);
     p.ignore_fields = vec!["/request_id".into()];
     let svc = layer(&s, p, &up);
     let (_, h, _) = send(
@@ -433,7 +451,7 @@ async fn single_tenant_routes_need_no_principal() {
     let s = setup();
     let up = Upstream::echo();
     let mut p = policy(Class::Write);
-    p.principal = PrincipalSource::None;
+    p.principal = Arc::new(PrincipalSource::None);
     let svc = layer(&s, p, &up);
     send(&svc, req("x", Some("k"), None)).await;
     let (_, h, _) = send(&svc, req("x", Some("k"), Some("anyone"))).await;
@@ -783,7 +801,7 @@ async fn units_by_rule() {
     ];
     for (i, (rule, body, units)) in cases.into_iter().enumerate() {
         let mut p = policy(Class::Write);
-        p.units = rule.clone();
+        p.units = Arc::new(rule.clone());
         p.name = format!("route {i}");
         let svc = layer(&s, p, &up);
         let (_, h, _) = send(&svc, req(body, Some("k"), ALICE)).await;
@@ -824,7 +842,7 @@ fn down<T>() -> oncely_store::Result<T> {
 }
 
 #[async_trait]
-impl Store for DownStore {
+impl Ledger for DownStore {
     async fn claim(&self, _: &ClaimSpec) -> oncely_store::Result<Claim> {
         down()
     }
@@ -860,22 +878,10 @@ impl Store for DownStore {
     async fn lookup(&self, _: &Scope, _: &str) -> oncely_store::Result<Option<Record>> {
         down()
     }
-    async fn wait_for(&self, _: &RecordId, _: Duration) -> oncely_store::Result<Record> {
-        down()
-    }
     async fn resolve(&self, _: &RecordId, _: Resolution) -> oncely_store::Result<Record> {
         down()
     }
-    async fn list(&self, _: &ListFilter) -> oncely_store::Result<Vec<Record>> {
-        down()
-    }
-    async fn purge_expired(&self) -> oncely_store::Result<u64> {
-        down()
-    }
     async fn add_repeats(&self, _: &RecordId, _: u64, _: u64) -> oncely_store::Result<()> {
-        down()
-    }
-    async fn usage(&self, _: Option<Timestamp>) -> oncely_store::Result<Usage> {
         down()
     }
     async fn now(&self) -> oncely_store::Result<Timestamp> {
@@ -884,9 +890,17 @@ impl Store for DownStore {
     async fn ping(&self) -> oncely_store::Result<()> {
         down()
     }
-    async fn secret(&self, _: &str) -> oncely_store::Result<Vec<u8>> {
+}
+
+#[async_trait]
+impl Waiting for DownStore {
+    async fn wait_for(&self, _: &RecordId, _: Duration) -> oncely_store::Result<Record> {
         down()
     }
+}
+
+#[async_trait]
+impl TaskQueue for DownStore {
     async fn claim_with_task(
         &self,
         _: &[ClaimSpec],
@@ -940,6 +954,22 @@ impl Store for DownStore {
         down()
     }
     async fn task_counts(&self, _: &str) -> oncely_store::Result<oncely_store::TaskCounts> {
+        down()
+    }
+}
+
+#[async_trait]
+impl Admin for DownStore {
+    async fn list(&self, _: &ListFilter) -> oncely_store::Result<Vec<Record>> {
+        down()
+    }
+    async fn purge_expired(&self) -> oncely_store::Result<u64> {
+        down()
+    }
+    async fn usage(&self, _: Option<Timestamp>) -> oncely_store::Result<Usage> {
+        down()
+    }
+    async fn secret(&self, _: &str) -> oncely_store::Result<Vec<u8>> {
         down()
     }
 }

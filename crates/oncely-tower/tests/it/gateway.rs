@@ -124,8 +124,8 @@ fn routes() -> impl oncely_tower::RoutePolicies {
         p
     };
     let mut render = base("POST /v1/render", Class::Write);
-    render.key = KeyMode::Fingerprint;
-    render.units = UnitsRule::Json("/text".into());
+    render.key = Arc::new(KeyMode::Fingerprint);
+    render.units = Arc::new(UnitsRule::Json("/text".into()));
     table.insert("/v1/render", Arc::new(render));
     let mut short_wait = base("POST /v1/short-wait", Class::Write);
     short_wait.wait = Duration::from_millis(200);

@@ -2,5 +2,6 @@
 //! client, and the SQLite ledger in a temporary file.
 
 mod gateway;
+mod json_field_key;
 mod layering;
 mod scenarios;

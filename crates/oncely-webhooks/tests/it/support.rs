@@ -16,8 +16,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_store::testing::{fresh_pg_schema, shared_pg_url};
 use oncely_store::{Store, StoreOptions};
+use oncely_store_conformance::testing::{fresh_pg_schema, shared_pg_url};
 use oncely_webhooks::{
     sign, DeliveryWorker, Scheme, Secrets, Verifier, WebhookConfig, WebhookEndpoint, WorkerOptions,
 };

@@ -18,11 +18,12 @@ use http_body_util::{BodyExt, Full};
 use oncely_core::units::format_duration;
 use oncely_core::{Class, State};
 use oncely_store::ListFilter;
+use oncely_tower::KeyMode;
 use serde_json::{json, Value};
 
 use super::store::{open_url, redact};
 use super::{Failure, Outcome};
-use crate::config::{Config, KeySource, McpEndpoint, Overrides, Route};
+use crate::config::{Config, McpEndpoint, Overrides, Route};
 
 /// A completed call that took this long or longer is one an assistant has likely given
 /// up on: such a route should be a `job`.
@@ -648,12 +649,12 @@ fn configured_mcp<'a>(config: Option<&'a Config>, source: &str) -> Option<&'a Mc
         .find(|m| norm(&m.upstream.to_string()) == norm(source))
 }
 
-fn key_name(k: KeySource) -> &'static str {
+fn key_name(k: KeyMode) -> &'static str {
     match k {
-        KeySource::Header => "header",
-        KeySource::Fingerprint => "fingerprint",
-        KeySource::HeaderOrFingerprint => "header-or-fingerprint",
-        KeySource::None => "none",
+        KeyMode::Header => "header",
+        KeyMode::Fingerprint => "fingerprint",
+        KeyMode::HeaderOrFingerprint => "header-or-fingerprint",
+        KeyMode::None => "none",
     }
 }
 
@@ -697,7 +698,7 @@ fn assess(f: Found, config: Option<&Config>, durations: &HashMap<String, Vec<Dur
         Target::Http { method, path, .. } => {
             if let Some(route) = configured_route(config, &f) {
                 let class = route.class;
-                let guarded = class != Class::Read && route.key != KeySource::None;
+                let guarded = class != Class::Read && route.key != KeyMode::None;
                 let mut gaps = Vec::new();
                 let at = format!("(in the route {})", route.name);
                 if class == Class::Action && route.reconcile.is_none() {

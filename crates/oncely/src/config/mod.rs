@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, Uri};
 use oncely_core::Class;
+use oncely_mcp::{JwtKey, McpPrincipal};
+use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, UnitsRule};
 use toml::Table;
 
 pub use pattern::{normalize_path, PathError, PathPattern};
@@ -139,93 +141,33 @@ impl std::fmt::Display for MethodMatch {
     }
 }
 
-/// Where a route's key comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeySource {
-    /// The client's `Idempotency-Key`; missing is 400.
-    Header,
-    /// A hash of the request.
-    Fingerprint,
-    /// The header when present, else the fingerprint.
-    HeaderOrFingerprint,
-    /// No key: the route is never deduplicated.
-    None,
-}
-
-impl KeySource {
-    fn parse(text: &str) -> Result<KeySource, String> {
-        Ok(match text {
-            "header" => KeySource::Header,
-            "fingerprint" => KeySource::Fingerprint,
-            "header-or-fingerprint" => KeySource::HeaderOrFingerprint,
-            "none" => KeySource::None,
-            other => {
-                return Err(format!(
+/// A route's `key`.
+fn key_mode(text: &str) -> Result<KeyMode, String> {
+    Ok(match text {
+        "header" => KeyMode::Header,
+        "fingerprint" => KeyMode::Fingerprint,
+        "header-or-fingerprint" => KeyMode::HeaderOrFingerprint,
+        "none" => KeyMode::None,
+        other => {
+            return Err(format!(
                 "unknown key {other:?} (use header, fingerprint, header-or-fingerprint or none)"
             ))
-            }
-        })
-    }
-}
-
-/// What identifies the account on a route.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrincipalRule {
-    /// A request header's value (hashed before it is stored).
-    Header(HeaderName),
-    /// A verified JWT claim (MCP endpoints only).
-    Jwt {
-        /// The claim, e.g. `sub`.
-        claim: String,
-        /// Where the verification key comes from.
-        key: JwtKey,
-    },
-    /// Single-tenant: every caller is one account.
-    None,
-}
-
-/// How a JWT principal is verified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JwtKey {
-    /// An HMAC secret in this environment variable.
-    SecretEnv(String),
-    /// A JWKS document in this file.
-    JwksFile(PathBuf),
-}
-
-/// Only callers whose `header` starts with `prefix` are guarded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GuardWhen {
-    /// The header to look at.
-    pub header: HeaderName,
-    /// The prefix its value must start with (empty: present at all).
-    pub prefix: String,
-}
-
-/// How billing units of an execution are counted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UnitsSource {
-    /// The request body's length in bytes.
-    BodyBytes,
-    /// A JSON pointer into the request body: a string's length in characters, or a number.
-    Json(String),
-    /// A number in the upstream's response header.
-    ResponseHeader(HeaderName),
-}
-
-impl UnitsSource {
-    fn parse(text: &str) -> Result<UnitsSource, String> {
-        if text == "body_bytes" {
-            Ok(UnitsSource::BodyBytes)
-        } else if let Some(p) = text.strip_prefix("json:") {
-            pointer(p).map(|()| UnitsSource::Json(p.to_owned()))
-        } else if let Some(name) = text.strip_prefix("response_header:") {
-            header_name(name).map(UnitsSource::ResponseHeader)
-        } else {
-            Err(format!(
-                "unknown units {text:?} (use body_bytes, json:/POINTER or response_header:NAME)"
-            ))
         }
+    })
+}
+
+/// A route's `units`.
+fn units_rule(text: &str) -> Result<UnitsRule, String> {
+    if text == "body_bytes" {
+        Ok(UnitsRule::BodyBytes)
+    } else if let Some(p) = text.strip_prefix("json:") {
+        pointer(p).map(|()| UnitsRule::Json(p.to_owned()))
+    } else if let Some(name) = text.strip_prefix("response_header:") {
+        header_name(name).map(UnitsRule::ResponseHeader)
+    } else {
+        Err(format!(
+            "unknown units {text:?} (use body_bytes, json:/POINTER or response_header:NAME)"
+        ))
     }
 }
 
@@ -289,17 +231,17 @@ pub struct Route {
     /// Operation class (default `write`).
     pub class: Class,
     /// Key source (default `header-or-fingerprint`).
-    pub key: KeySource,
+    pub key: KeyMode,
     /// Principal (default `header:authorization`).
-    pub principal: PrincipalRule,
+    pub principal: PrincipalSource,
     /// Headers that are part of the fingerprint (lower case).
     pub fingerprint_headers: Vec<HeaderName>,
     /// JSON pointers left out of the fingerprint.
     pub ignore_fields: Vec<String>,
     /// Only these callers are guarded.
     pub guard_when: Option<GuardWhen>,
-    /// Billing units.
-    pub units: Option<UnitsSource>,
+    /// Billing units (default none).
+    pub units: UnitsRule,
     /// The upstream (the route's own, or the top-level one).
     pub upstream: Option<Upstream>,
     /// Upstream timeout (default 120s).
@@ -334,7 +276,7 @@ pub struct McpEndpoint {
     /// The upstream MCP server.
     pub upstream: Upstream,
     /// What identifies the account.
-    pub principal: PrincipalRule,
+    pub principal: McpPrincipal,
     /// Tools to guard (`*` = every tool not marked readOnlyHint).
     pub tools: Vec<String>,
     /// Guarded tools of class `action` (names, `*` wildcards); the rest are `write`.
@@ -345,7 +287,7 @@ pub struct McpEndpoint {
     pub wait: Duration,
     /// Billing units per guarded call (an extension): `call` (default) or
     /// `json:/POINTER` into the tool's `arguments`.
-    pub units: oncely_mcp::UnitsRule,
+    pub units: UnitsRule,
     /// Upstream timeout of a guarded call (an extension; default 120s).
     pub timeout: Duration,
     /// The owner's lease (an extension; default 30s).
@@ -523,12 +465,12 @@ const WEBHOOK_KEYS: &[&str] = &[
 struct RouteFields {
     method: Option<MethodMatch>,
     class: Option<Class>,
-    key: Option<KeySource>,
-    principal: Option<PrincipalRule>,
+    key: Option<KeyMode>,
+    principal: Option<PrincipalSource>,
     fingerprint_headers: Option<Vec<HeaderName>>,
     ignore_fields: Option<Vec<String>>,
     guard_when: Option<GuardWhen>,
-    units: Option<UnitsSource>,
+    units: Option<UnitsRule>,
     upstream: Option<Upstream>,
     timeout: Option<Duration>,
     lease: Option<Duration>,
@@ -575,17 +517,17 @@ fn env_name(text: &str) -> Result<(), String> {
 }
 
 /// `header:NAME`, `none`, and (when `jwt` is allowed) `jwt:CLAIM`.
-fn principal(text: &str, allow_jwt: bool) -> Result<PrincipalRule, String> {
+fn principal(text: &str, allow_jwt: bool) -> Result<McpPrincipal, String> {
     if text == "none" {
-        Ok(PrincipalRule::None)
+        Ok(McpPrincipal::Source(PrincipalSource::None))
     } else if let Some(name) = text.strip_prefix("header:") {
-        header_name(name).map(PrincipalRule::Header)
+        header_name(name).map(|h| McpPrincipal::Source(PrincipalSource::Header(h)))
     } else if let (true, Some(claim)) = (allow_jwt, text.strip_prefix("jwt:")) {
         if claim.is_empty() {
             Err("jwt: needs a claim name, e.g. jwt:sub".into())
         } else {
             // The key is filled in by the caller.
-            Ok(PrincipalRule::Jwt {
+            Ok(McpPrincipal::Jwt {
                 claim: claim.to_owned(),
                 key: JwtKey::SecretEnv(String::new()),
             })
@@ -598,6 +540,14 @@ fn principal(text: &str, allow_jwt: bool) -> Result<PrincipalRule, String> {
         Err(format!(
             "unknown principal {text:?} (use header:NAME or none)"
         ))
+    }
+}
+
+/// A route's `principal`: `header:NAME` or `none`.
+fn route_principal(text: &str) -> Result<PrincipalSource, String> {
+    match principal(text, false)? {
+        McpPrincipal::Source(source) => Ok(source),
+        McpPrincipal::Jwt { .. } => unreachable!("jwt:CLAIM is refused on routes"),
     }
 }
 
@@ -631,10 +581,10 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
         );
     }
     if let Some(k) = read::string(t, loc, "key", problems) {
-        f.key = check(problems, loc, "key", KeySource::parse(k));
+        f.key = check(problems, loc, "key", key_mode(k));
     }
     if let Some(p) = read::string(t, loc, "principal", problems) {
-        f.principal = check(problems, loc, "principal", principal(p, false));
+        f.principal = check(problems, loc, "principal", route_principal(p));
     }
     if let Some(names) = read::strings(t, loc, "fingerprint_headers", problems) {
         let mut out = Vec::new();
@@ -673,7 +623,7 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
         });
     }
     if let Some(u) = read::string(t, loc, "units", problems) {
-        f.units = check(problems, loc, "units", UnitsSource::parse(u));
+        f.units = check(problems, loc, "units", units_rule(u));
     }
     if let Some(u) = read::string(t, loc, "upstream", problems) {
         f.upstream = check(problems, loc, "upstream", Upstream::parse(u));
@@ -1011,12 +961,12 @@ impl Route {
             method: MethodMatch::Any,
             path: PathPattern::parse("/{*rest}").expect("a valid pattern"),
             class: Class::Write,
-            key: KeySource::HeaderOrFingerprint,
-            principal: PrincipalRule::Header(http::header::AUTHORIZATION),
+            key: KeyMode::HeaderOrFingerprint,
+            principal: PrincipalSource::Header(http::header::AUTHORIZATION),
             fingerprint_headers: Vec::new(),
             ignore_fields: Vec::new(),
             guard_when: None,
-            units: None,
+            units: UnitsRule::None,
             upstream: None,
             timeout: Duration::from_secs(120),
             lease: Duration::from_secs(30),
@@ -1055,7 +1005,7 @@ impl Route {
                 .or(d.ignore_fields.clone())
                 .unwrap_or_default(),
             guard_when: f.guard_when.or(d.guard_when.clone()),
-            units: f.units.or(d.units.clone()),
+            units: f.units.or(d.units.clone()).unwrap_or(b.units),
             upstream,
             timeout: f.timeout.or(d.timeout).unwrap_or(b.timeout),
             lease: f.lease.or(d.lease).unwrap_or(b.lease),
@@ -1123,12 +1073,12 @@ fn mcp_endpoint(
     }
     let principal = match read::string(t, loc, "principal", p) {
         Some(text) => match check(p, loc, "principal", principal(text, true)) {
-            Some(PrincipalRule::Jwt { claim, .. }) => match (secret_env, jwks_file) {
-                (Some(e), None) => Some(PrincipalRule::Jwt {
+            Some(McpPrincipal::Jwt { claim, .. }) => match (secret_env, jwks_file) {
+                (Some(e), None) => Some(McpPrincipal::Jwt {
                     claim,
                     key: JwtKey::SecretEnv(e.to_owned()),
                 }),
-                (None, Some(f)) => Some(PrincipalRule::Jwt {
+                (None, Some(f)) => Some(McpPrincipal::Jwt {
                     claim,
                     key: JwtKey::JwksFile(relative(base, f)),
                 }),
@@ -1149,9 +1099,11 @@ fn mcp_endpoint(
             },
             other => other,
         },
-        None => Some(PrincipalRule::Header(http::header::AUTHORIZATION)),
+        None => Some(McpPrincipal::Source(PrincipalSource::Header(
+            http::header::AUTHORIZATION,
+        ))),
     };
-    if !matches!(principal, Some(PrincipalRule::Jwt { .. }) | None)
+    if !matches!(principal, Some(McpPrincipal::Jwt { .. }) | None)
         && (secret_env.is_some() || jwks_file.is_some())
     {
         p.add(
@@ -1174,7 +1126,7 @@ fn mcp_endpoint(
         ("jwt_issuer", jwt_issuer.is_some()),
         ("jwt_require_exp", t.contains_key("jwt_require_exp")),
     ] {
-        if set && !matches!(principal, Some(PrincipalRule::Jwt { .. }) | None) {
+        if set && !matches!(principal, Some(McpPrincipal::Jwt { .. }) | None) {
             p.add(at(loc, key), "is set but principal is not jwt:CLAIM");
         }
     }
@@ -1204,9 +1156,9 @@ fn mcp_endpoint(
             p,
             loc,
             "units",
-            oncely_mcp::UnitsRule::parse(text).map_err(|e| e.to_string()),
+            oncely_mcp::parse_units(text).map_err(|e| e.to_string()),
         ),
-        None => Some(oncely_mcp::UnitsRule::Call),
+        None => Some(UnitsRule::Fixed(1)),
     };
     Some(McpEndpoint {
         path: path?,
@@ -1389,7 +1341,7 @@ mod tests {
         let r = &c.routes[0];
         assert_eq!(r.name, "POST /v1/render");
         assert_eq!(r.class, Class::Write);
-        assert_eq!(r.units, Some(UnitsSource::Json("/text".into())));
+        assert_eq!(r.units, UnitsRule::Json("/text".into()));
         assert_eq!(
             r.upstream.as_ref().unwrap().to_string(),
             "http://127.0.0.1:3001/"
@@ -1572,7 +1524,7 @@ guard_when = { header = "authorization", prefx = "x" }
             ]
         );
         assert!(c.routes.iter().all(|r| r.class == Class::Write
-            && r.key == KeySource::HeaderOrFingerprint
+            && r.key == KeyMode::HeaderOrFingerprint
             && r.upstream.is_some()));
     }
 

@@ -8,10 +8,10 @@ use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use oncely_mcp::principal::JwtVerifier;
-use oncely_mcp::{McpConfig, McpEndpoint, PrincipalSource};
+use oncely_mcp::{JwtKey, McpConfig, McpEndpoint, McpPrincipal};
 use oncely_tower::{BoxBody, Guard};
 
-use crate::config::{Config, JwtKey, McpEndpoint as McpEntry, PrincipalRule};
+use crate::config::{Config, McpEndpoint as McpEntry};
 
 /// The configured MCP endpoints, by path.
 #[derive(Clone, Debug, Default)]
@@ -60,7 +60,7 @@ impl McpEndpoints {
             };
             let jwks = matches!(
                 entry.principal,
-                PrincipalRule::Jwt {
+                McpPrincipal::Jwt {
                     key: JwtKey::JwksFile(_),
                     ..
                 }
@@ -112,13 +112,15 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
     mcp.wait = entry.wait;
     mcp.timeout = entry.timeout;
     mcp.lease = entry.lease;
-    mcp.units = entry.units.clone();
+    mcp.units = Arc::new(entry.units.clone());
     mcp.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
     mcp.max_response = usize::try_from(config.max_response).unwrap_or(usize::MAX);
-    mcp.principal = match &entry.principal {
-        PrincipalRule::Header(name) => PrincipalSource::Header(name.clone()),
-        PrincipalRule::None => PrincipalSource::None,
-        PrincipalRule::Jwt {
+    let verifier = match &entry.principal {
+        McpPrincipal::Source(source) => {
+            mcp.principal = Arc::new(source.clone());
+            return Ok(mcp);
+        }
+        McpPrincipal::Jwt {
             claim,
             key: JwtKey::SecretEnv(var),
         } => {
@@ -126,26 +128,24 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
                 .ok()
                 .filter(|s| !s.is_empty())
                 .with_context(|| format!("jwt_secret_env: ${var} is not set"))?;
-            PrincipalSource::Jwt(JwtVerifier::hs256(claim, secret.as_bytes())?)
+            JwtVerifier::hs256(claim, secret.as_bytes())?
         }
-        PrincipalRule::Jwt {
+        McpPrincipal::Jwt {
             claim,
             key: JwtKey::JwksFile(path),
         } => {
             let jwks = std::fs::read_to_string(path)
                 .with_context(|| format!("jwks_file: cannot read {}", path.display()))?;
-            PrincipalSource::Jwt(JwtVerifier::from_jwks(claim, &jwks)?)
+            JwtVerifier::from_jwks(claim, &jwks)?
         }
     };
-    if let PrincipalSource::Jwt(verifier) = &mut mcp.principal {
-        let mut v = verifier.clone().require_exp(entry.jwt_require_exp);
-        if let Some(aud) = &entry.jwt_audience {
-            v = v.with_audience(aud);
-        }
-        if let Some(iss) = &entry.jwt_issuer {
-            v = v.with_issuer(iss);
-        }
-        *verifier = v;
+    let mut v = verifier.require_exp(entry.jwt_require_exp);
+    if let Some(aud) = &entry.jwt_audience {
+        v = v.with_audience(aud);
     }
+    if let Some(iss) = &entry.jwt_issuer {
+        v = v.with_issuer(iss);
+    }
+    mcp.principal = Arc::new(v);
     Ok(mcp)
 }

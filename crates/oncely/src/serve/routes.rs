@@ -9,14 +9,11 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response};
 use oncely_tower::problem::ONCELY_STATUS;
-use oncely_tower::{
-    BoxBody, GuardWhen, KeyMode, PrincipalSource, Problem, ProblemCode, RoutePolicies, RoutePolicy,
-    UnitsRule,
-};
+use oncely_tower::{BoxBody, Problem, ProblemCode, RoutePolicies, RoutePolicy};
 use tokio::sync::Semaphore;
 
 use super::retry::RetryPolicy;
-use crate::config::{Config, KeySource, PrincipalRule, Route, UnitsSource, Upstream};
+use crate::config::{Config, Route, Upstream};
 
 /// One configured route, resolved.
 #[derive(Debug)]
@@ -42,29 +39,12 @@ struct Inner {
 /// The guard policy of a configured route.
 pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
     let mut p = RoutePolicy::new(route.name.clone(), route.class);
-    p.key = match route.key {
-        KeySource::Header => KeyMode::Header,
-        KeySource::Fingerprint => KeyMode::Fingerprint,
-        KeySource::HeaderOrFingerprint => KeyMode::HeaderOrFingerprint,
-        KeySource::None => KeyMode::None,
-    };
-    p.principal = match &route.principal {
-        PrincipalRule::Header(h) => PrincipalSource::Header(h.clone()),
-        // Routes only take header:NAME or none; jwt is an MCP principal.
-        PrincipalRule::None | PrincipalRule::Jwt { .. } => PrincipalSource::None,
-    };
+    p.key = Arc::new(route.key);
+    p.principal = Arc::new(route.principal.clone());
     p.fingerprint_headers = route.fingerprint_headers.clone();
     p.ignore_fields = route.ignore_fields.clone();
-    p.guard_when = route.guard_when.as_ref().map(|g| GuardWhen {
-        header: g.header.clone(),
-        prefix: g.prefix.clone(),
-    });
-    p.units = match &route.units {
-        None => UnitsRule::None,
-        Some(UnitsSource::BodyBytes) => UnitsRule::BodyBytes,
-        Some(UnitsSource::Json(ptr)) => UnitsRule::Json(ptr.clone()),
-        Some(UnitsSource::ResponseHeader(h)) => UnitsRule::ResponseHeader(h.clone()),
-    };
+    p.guard_when = route.guard_when.clone();
+    p.units = Arc::new(route.units.clone());
     p.window = route.window;
     p.wait = route.wait;
     p.lease = route.lease;
@@ -243,7 +223,13 @@ class = "read"
         assert_eq!(p.name, "POST /v1/render");
         assert_eq!(p.class, oncely_core::Class::Action);
         assert_eq!(p.max_body, 1024);
-        assert_eq!(p.units, UnitsRule::Json("/text".into()));
+        let headers = http::HeaderMap::new();
+        let head = oncely_tower::RequestHead {
+            method: &Method::POST,
+            target: "/v1/render",
+            headers: &headers,
+        };
+        assert_eq!(p.units.request_units(&head, br#"{"text":"abc"}"#), 3);
         let (up, limit) = t.target(&Method::POST, "/v1/render").unwrap();
         assert_eq!(up.uri.port_u16(), Some(2));
         assert_eq!(limit.unwrap().available_permits(), 2);

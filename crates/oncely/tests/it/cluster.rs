@@ -16,8 +16,8 @@ use axum::routing::{get, post};
 
 use crate::common::{get as http_get, post as http_post, upstream, Answer, Gateway};
 
-use oncely_store::testing::PgServer;
-pub(crate) use oncely_store::testing::{
+use oncely_store_conformance::testing::PgServer;
+pub(crate) use oncely_store_conformance::testing::{
     fresh_pg_schema as fresh_schema, shared_pg_url as shared_url,
 };
 

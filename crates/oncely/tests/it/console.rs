@@ -664,8 +664,10 @@ async fn reconcile_now_purge_and_search_with_a_bearer_header() {
 /// in flight, and resolves them in the shared ledger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_the_console_of_one_instance_sees_and_resolves_another_s_records() {
-    let store =
-        oncely_store::testing::fresh_pg_schema(&oncely_store::testing::shared_pg_url()).await;
+    let store = oncely_store_conformance::testing::fresh_pg_schema(
+        &oncely_store_conformance::testing::shared_pg_url(),
+    )
+    .await;
     let s = setup_on(Some(store)).await;
     let other = another_instance(&s);
     let auth = format!("Bearer {TOKEN}");

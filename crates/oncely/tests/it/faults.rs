@@ -13,7 +13,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use oncely_store::testing::PgServer;
+use oncely_store_conformance::testing::PgServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -1,4 +1,4 @@
-//! Test support shared by every crate's integration tests (feature `conformance`): a real
+//! Test support shared by every crate's integration tests: a real
 //! PostgreSQL server for the tests, and a fresh schema per test on it.
 //!
 //! The shared server is `ONCELY_TEST_PG_URL` (set by `scripts/test`, which starts a

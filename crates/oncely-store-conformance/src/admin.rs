@@ -1,0 +1,618 @@
+//! The [`Admin`] section: expiry and purge, listing, principals kept apart, usage and
+//! statements, secrets, reconciliation schedules.
+
+use std::time::Duration;
+
+use oncely_core::{Class, Resolution, Scope, State, TakeOverOutcome};
+use oncely_store::{Admin, Ledger, ListFilter, StoreError};
+
+use crate::{completion, existing, owned, spec, Harness, LEASE, WINDOW};
+
+/// Expiry frees the key: after the window a claim owns a new record; purge removes it.
+pub async fn expiry_frees_the_key<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{}", 5))
+        .await
+        .unwrap();
+    let other = owned(
+        store
+            .claim(&spec("alice", "other", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    h.advance(WINDOW - Duration::from_secs(1));
+    existing(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        0,
+        "nothing has expired yet"
+    );
+    h.advance(Duration::from_secs(2));
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
+    assert_eq!(
+        store.get(&r.id).await.unwrap(),
+        None,
+        "the expired record is gone"
+    );
+    assert!(
+        store.get(&other.id).await.unwrap().is_some(),
+        "a processing record is never purged"
+    );
+    let fresh = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(fresh.attempt, 1);
+    // An expired record that was not purged yet is also renewed by a claim.
+    store
+        .complete(&fresh.fence().unwrap(), completion("{}", 5))
+        .await
+        .unwrap();
+    h.advance(WINDOW + Duration::from_secs(1));
+    let again = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "c"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(again.id, fresh.id);
+    assert_eq!(again.repeats, 0);
+}
+
+/// A released record is executed again by the next identical claim: same id, attempt 2.
+/// A released record expires with its window like a completed one: until then a
+/// different body under its key is refused (the caller answers 422); after, that body
+/// owns a new record, and purge removes expired released records.
+pub async fn released_records_expire_with_their_window<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let released = store
+        .release(&r.fence().unwrap(), Some("upstream 401".into()), WINDOW)
+        .await
+        .unwrap();
+    assert!(released.expires_at.is_some(), "{released:?}");
+    let flood = owned(
+        store
+            .claim(&spec("alice", "flood", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .release(&flood.fence().unwrap(), None, WINDOW)
+        .await
+        .unwrap();
+    h.advance(WINDOW - Duration::from_secs(1));
+    existing(
+        store
+            .claim(&spec("alice", "k", "{\"x\":1}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.purge_expired().await.unwrap(), 0, "not expired yet");
+    h.advance(Duration::from_secs(2));
+    let fresh = owned(
+        store
+            .claim(&spec("alice", "k", "{\"x\":1}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(fresh.id, r.id, "a new intention gets a new record");
+    assert_eq!(fresh.attempt, 1);
+    assert_eq!(fresh.expires_at, None);
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        1,
+        "the other released record is purged"
+    );
+    assert_eq!(store.get(&flood.id).await.unwrap(), None);
+    assert!(store.get(&fresh.id).await.unwrap().is_some());
+}
+
+/// An action whose owner's lease lapsed becomes outcome_unknown, never runs again.
+pub async fn lapsed_action_becomes_outcome_unknown<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "order", "{}", Class::Action, "a"))
+            .await
+            .unwrap(),
+    );
+    h.advance(LEASE + Duration::from_secs(1));
+    let TakeOverOutcome::OutcomeUnknown(u) = store.take_over(&r.id, 1, "b", LEASE).await.unwrap()
+    else {
+        panic!("an action must not be executed again")
+    };
+    assert_eq!(u.state, State::OutcomeUnknown);
+    assert!(u.last_error.is_some());
+    let again = existing(
+        store
+            .claim(&spec("alice", "order", "{}", Class::Action, "c"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.state, State::OutcomeUnknown);
+    h.advance(WINDOW * 4);
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        0,
+        "outcome_unknown never expires by itself"
+    );
+    existing(
+        store
+            .claim(&spec("alice", "order", "{}", Class::Action, "c"))
+            .await
+            .unwrap(),
+    );
+}
+
+/// One principal never reads another's record: the same client key under two principals
+/// names two records, and neither's claim returns the other's response.
+pub async fn principals_are_isolated<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let store = h.store().await;
+    let a = owned(
+        store
+            .claim(&spec("alice", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&a.fence().unwrap(), completion("{\"for\":\"alice\"}", 3))
+        .await
+        .unwrap();
+    let b = owned(
+        store
+            .claim(&spec("bob", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(a.id, b.id);
+    assert_ne!(a.scope, b.scope);
+    assert!(b.response.is_none());
+    store
+        .complete(&b.fence().unwrap(), completion("{\"for\":\"bob\"}", 3))
+        .await
+        .unwrap();
+    let again_b = existing(
+        store
+            .claim(&spec("bob", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        again_b.response.unwrap().body.as_deref(),
+        Some(&b"{\"for\":\"bob\"}"[..])
+    );
+    assert_eq!(again_b.principal, "bob");
+    let again_a = existing(
+        store
+            .claim(&spec("alice", "same-key", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        again_a.response.unwrap().body.as_deref(),
+        Some(&b"{\"for\":\"alice\"}"[..])
+    );
+    let only_bob = store
+        .list(&ListFilter {
+            principal: Some("bob".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(only_bob.len(), 1);
+    assert_eq!(only_bob[0].id, b.id);
+    assert_eq!(
+        store
+            .lookup(&Scope::new("mallory", "POST /v1/render"), "same-key")
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// Listing filters by state, principal and route, newest first.
+pub async fn list_filters_newest_first<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let store = h.store().await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let r = owned(
+            store
+                .claim(&spec("alice", &format!("k{i}"), "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        ids.push(r.clone());
+        h.advance(Duration::from_millis(5));
+    }
+    store
+        .complete(&ids[0].fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    store
+        .release(&ids[1].fence().unwrap(), None, WINDOW)
+        .await
+        .unwrap();
+    let all = store.list(&ListFilter::default()).await.unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+        ids.iter().rev().map(|r| r.id.clone()).collect::<Vec<_>>()
+    );
+    let processing = store
+        .list(&ListFilter {
+            state: Some(State::Processing),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(processing.len(), 2);
+    assert!(processing.iter().all(|r| r.state == State::Processing));
+    let completed = store
+        .list(&ListFilter {
+            state: Some(State::Completed),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].id, ids[0].id);
+    let by_route = store
+        .list(&ListFilter {
+            route: Some("POST /v1/render".into()),
+            limit: Some(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_route.len(), 2);
+    assert_eq!(by_route[0].id, ids[3].id);
+    let none = store
+        .list(&ListFilter {
+            route: Some("GET /nothing".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+}
+
+/// Repeats are counted per record and add up per principal in usage.
+pub async fn repeats_and_usage<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let store = h.store().await;
+    for (principal, key, units) in [
+        ("alice", "a1", 100u64),
+        ("alice", "a2", 50),
+        ("bob", "b1", 7),
+    ] {
+        let r = owned(
+            store
+                .claim(&spec(principal, key, "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&r.fence().unwrap(), completion("{}", units))
+            .await
+            .unwrap();
+        if key == "a1" {
+            store.add_repeats(&r.id, 2, 200).await.unwrap();
+            store.add_repeats(&r.id, 1, 100).await.unwrap();
+        }
+    }
+    let processing = owned(
+        store
+            .claim(&spec("carol", "c1", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    let a1 = store
+        .lookup(&Scope::new("alice", "POST /v1/render"), "a1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((a1.repeats, a1.repeat_units), (3, 300));
+    let usage = store.usage(None).await.unwrap();
+    assert_eq!(usage.totals.fresh, 3);
+    assert_eq!(usage.totals.fresh_units, 157);
+    assert_eq!(usage.totals.repeats, 3);
+    assert_eq!(usage.totals.repeat_units, 300);
+    assert_eq!(
+        usage.by_principal.len(),
+        2,
+        "only completed executions are charged: {usage:?}"
+    );
+    let alice = usage
+        .by_principal
+        .iter()
+        .find(|r| r.principal == "alice")
+        .unwrap();
+    assert_eq!(
+        (
+            alice.fresh,
+            alice.fresh_units,
+            alice.repeats,
+            alice.repeat_units
+        ),
+        (2, 150, 3, 300)
+    );
+    let bob = usage
+        .by_principal
+        .iter()
+        .find(|r| r.principal == "bob")
+        .unwrap();
+    assert_eq!(
+        (bob.fresh, bob.fresh_units, bob.repeats, bob.repeat_units),
+        (1, 7, 0, 0)
+    );
+    let future = store.now().await.unwrap().plus(Duration::from_secs(60));
+    assert_eq!(store.usage(Some(future)).await.unwrap().totals.fresh, 0);
+    assert!(store
+        .add_repeats(&oncely_store::new_record_id(), 1, 1)
+        .await
+        .is_err());
+    drop(processing);
+}
+
+/// Each repeat is kept with its time, kind and units, listed per principal oldest first
+/// (capped, with exact totals), counted on the record like `add_repeats`, and purged with
+/// the record.
+pub async fn repeat_events_for_statements<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    use oncely_store::{Repeat, RepeatKind};
+    let store = h.store().await;
+    let mut ids = Vec::new();
+    for (principal, key, units) in [("alice", "a1", 10u64), ("bob", "b1", 3)] {
+        let r = owned(
+            store
+                .claim(&spec(principal, key, "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&r.fence().unwrap(), completion("{}", units))
+            .await
+            .unwrap();
+        ids.push(r.id);
+    }
+    let t0 = store.now().await.unwrap();
+    let at = |ms: u64| t0.plus(Duration::from_millis(ms));
+    let alice = [
+        Repeat {
+            at: at(1),
+            kind: RepeatKind::Joined,
+            units: 10,
+        },
+        Repeat {
+            at: at(5),
+            kind: RepeatKind::Replayed,
+            units: 10,
+        },
+        Repeat {
+            at: at(9),
+            kind: RepeatKind::Replayed,
+            units: 10,
+        },
+    ];
+    store.record_repeats(&ids[0], &alice[..2]).await.unwrap();
+    store.record_repeats(&ids[0], &alice[2..]).await.unwrap();
+    store
+        .record_repeats(
+            &ids[1],
+            &[Repeat {
+                at: at(2),
+                kind: RepeatKind::Replayed,
+                units: 3,
+            }],
+        )
+        .await
+        .unwrap();
+    let a1 = store.get(&ids[0]).await.unwrap().unwrap();
+    assert_eq!((a1.repeats, a1.repeat_units), (3, 30));
+    let all = store.repeat_events("alice", None, 100).await.unwrap();
+    assert_eq!((all.total, all.total_units), (3, 30));
+    let seen: Vec<_> = all.listed.iter().map(|e| (e.at, e.kind, e.units)).collect();
+    assert_eq!(
+        seen,
+        alice
+            .iter()
+            .map(|r| (r.at, r.kind, r.units))
+            .collect::<Vec<_>>()
+    );
+    assert!(all
+        .listed
+        .iter()
+        .all(|e| e.record == ids[0] && e.route == "POST /v1/render"));
+    let capped = store.repeat_events("alice", None, 1).await.unwrap();
+    assert_eq!(
+        (capped.listed.len(), capped.total, capped.total_units),
+        (1, 3, 30)
+    );
+    assert_eq!(capped.listed[0].kind, RepeatKind::Joined);
+    let later = store
+        .repeat_events("alice", Some(at(5)), 100)
+        .await
+        .unwrap();
+    assert_eq!((later.listed.len(), later.total), (2, 2));
+    let bob = store.repeat_events("bob", None, 100).await.unwrap();
+    assert_eq!((bob.total, bob.total_units, bob.listed.len()), (1, 3, 1));
+    assert_eq!(
+        store.repeat_events("carol", None, 100).await.unwrap().total,
+        0
+    );
+    assert!(matches!(
+        store
+            .record_repeats(&oncely_store::new_record_id(), &alice[..1])
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    // The events go with their record's window.
+    h.advance(WINDOW + Duration::from_secs(1));
+    assert_eq!(store.purge_expired().await.unwrap(), 2);
+    assert_eq!(
+        store.repeat_events("alice", None, 100).await.unwrap().total,
+        0
+    );
+    assert_eq!(
+        store.repeat_events("bob", None, 100).await.unwrap().total,
+        0
+    );
+}
+
+/// A secret is generated once and shared by every instance on the database.
+pub async fn secrets_are_stable_and_shared<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    let a = h.store().await;
+    let s1 = a.secret("principal-key").await.unwrap();
+    assert!(s1.len() >= 16);
+    assert_eq!(a.secret("principal-key").await.unwrap(), s1);
+    let b = h.second().await;
+    assert_eq!(b.secret("principal-key").await.unwrap(), s1);
+    assert_ne!(a.secret("other").await.unwrap(), s1);
+    a.ping().await.unwrap();
+}
+
+/// The reconciliation schedule of an outcome_unknown record is kept in the ledger and
+/// shared by instances: a compare and set, so that of two instances racing for one
+/// attempt exactly one wins; it is `None` outside outcome_unknown, and a record that
+/// leaves the state and comes back starts afresh.
+pub async fn reconcile_schedule_is_shared_and_compared<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    use oncely_store::ReconcileSchedule;
+    let store = h.store().await;
+    let second = h.second().await;
+    let a = owned(
+        store
+            .claim(&spec("alice", "rs", "{}", Class::Action, "o"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.reconcile_schedule(&a.id).await.unwrap(), None);
+    let fresh = ReconcileSchedule::default();
+    let held = |n: u32, at: i64| ReconcileSchedule {
+        attempts: n,
+        next_at: Some(oncely_core::Timestamp(at)),
+    };
+    assert!(
+        !store
+            .schedule_reconcile(&a.id, fresh, held(1, 10))
+            .await
+            .unwrap(),
+        "no schedule while processing"
+    );
+    store
+        .mark_unknown(&a.fence().unwrap(), "timeout after send".into())
+        .await
+        .unwrap();
+    assert_eq!(store.reconcile_schedule(&a.id).await.unwrap(), Some(fresh));
+    // Ten instances race for attempt 1: one wins.
+    let racers: Vec<_> = (0..10)
+        .map(|i| {
+            let s = if i % 2 == 0 {
+                store.clone()
+            } else {
+                second.clone()
+            };
+            let id = a.id.clone();
+            tokio::spawn(async move {
+                s.schedule_reconcile(&id, fresh, held(1, 1_000 + i))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for r in racers {
+        won += usize::from(r.await.unwrap());
+    }
+    assert_eq!(won, 1, "one instance takes the attempt");
+    let now = second.reconcile_schedule(&a.id).await.unwrap().unwrap();
+    assert_eq!(now.attempts, 1, "the other instance sees it");
+    assert!(
+        !store
+            .schedule_reconcile(&a.id, fresh, held(1, 5))
+            .await
+            .unwrap(),
+        "a stale view is refused"
+    );
+    assert!(second
+        .schedule_reconcile(&a.id, now, held(1, 99_000))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.reconcile_schedule(&a.id).await.unwrap(),
+        Some(held(1, 99_000))
+    );
+    // Released by reconciliation, reclaimed, unknown again: a new schedule.
+    store
+        .resolve(
+            &a.id,
+            Resolution::Released {
+                window: std::time::Duration::from_secs(3600),
+                reason: "404".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.reconcile_schedule(&a.id).await.unwrap(), None);
+    h.advance(Duration::from_millis(5));
+    let again = owned(
+        store
+            .claim(&spec("alice", "rs", "{}", Class::Action, "o2"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.id, a.id);
+    h.advance(Duration::from_millis(5));
+    store
+        .mark_unknown(&again.fence().unwrap(), "reset".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        second.reconcile_schedule(&a.id).await.unwrap(),
+        Some(fresh),
+        "a new stay in outcome_unknown starts afresh"
+    );
+}

@@ -1,0 +1,148 @@
+//! What one fresh request costs the SQLite writer thread: runs claim + complete for N
+//! fresh keys from C concurrent callers and reports, per request, the writer thread's
+//! CPU time and the bytes it wrote (WAL frames), and the checkpointer's, read from
+//! `/proc/self/task/*/{stat,io}` (Linux). CPU time per request is what bounds the fresh
+//! path under load, and unlike throughput it holds on a busy machine.
+//!
+//! `cargo run --release -p oncely-store --example writer_cost -- [N] [CALLERS]`
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse};
+use oncely_store::sqlite::SqliteStore;
+use oncely_store::{Claim, Store, StoreOptions};
+
+/// CPU ticks (utime + stime) and bytes written of every thread whose name starts with
+/// `prefix`.
+fn thread_cost(prefix: &str) -> (u64, u64) {
+    let mut ticks = 0;
+    let mut written = 0;
+    for entry in std::fs::read_dir("/proc/self/task").expect("/proc") {
+        let dir = entry.expect("task").path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.trim().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Fields after the ")" of the name: state is field 3; utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        let io = std::fs::read_to_string(dir.join("io")).unwrap_or_default();
+        for line in io.lines() {
+            if let Some(v) = line.strip_prefix("wchar: ") {
+                written += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    (ticks, written)
+}
+
+fn spec(i: u64) -> ClaimSpec {
+    let principal = "p_bench";
+    let route = "POST /v1/render";
+    let body = format!("{{\"prompt\":\"fresh {i}\"}}");
+    ClaimSpec {
+        scope: Scope::new(principal, route),
+        key: format!("fp_{i:016x}_{}", "k".repeat(40)),
+        fingerprint: FingerprintBuilder::new(principal, "POST", "/v1/render")
+            .body(body.as_bytes(), &[]),
+        class: Class::Action,
+        route: route.to_string(),
+        principal: principal.to_string(),
+        owner: "owner-1".to_string(),
+        lease: Duration::from_secs(30),
+        workflow_id: None,
+    }
+}
+
+fn completion() -> Completion {
+    Completion {
+        response: StoredResponse {
+            status: 200,
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("content-length".into(), "27".into()),
+            ],
+            body: Some(bytes::Bytes::from_static(
+                b"{\"id\":\"r-1\",\"status\":\"ok\"}",
+            )),
+        },
+        units: 1,
+        window: Duration::from_secs(86_400),
+        replay_until: None,
+        provider_request_id: None,
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let callers: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(32);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(
+        rt.block_on(SqliteStore::open(
+            &dir.path().join("cost.db"),
+            StoreOptions::default(),
+        ))
+        .expect("open"),
+    );
+    let tick_us = 1_000_000 / 100; // USER_HZ is 100 on Linux
+    let next = Arc::new(AtomicU64::new(0));
+    let run = |count: u64| {
+        let started = Instant::now();
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for _ in 0..callers {
+                let store = store.clone();
+                let next = next.clone();
+                let end = next.load(Ordering::Relaxed) + count;
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= end {
+                            break;
+                        }
+                        let Claim::Owned(record) = store.claim(&spec(i)).await.expect("claim")
+                        else {
+                            panic!("fresh key found existing")
+                        };
+                        store
+                            .complete(&record.fence().expect("owned"), completion())
+                            .await
+                            .expect("complete");
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("caller");
+            }
+        });
+        started.elapsed()
+    };
+    // Warm up (pages, statement caches), then measure.
+    run(n / 10);
+    let (w0, b0) = thread_cost("oncely-sqlite-w");
+    let (c0, cb0) = thread_cost("oncely-sqlite-c");
+    let done_before = next.load(Ordering::Relaxed);
+    let wall = run(n);
+    let done = next.load(Ordering::Relaxed) - done_before;
+    let (w1, b1) = thread_cost("oncely-sqlite-w");
+    let (c1, cb1) = thread_cost("oncely-sqlite-c");
+    let per = |v: u64| v as f64 / done as f64;
+    println!(
+        "requests {done} callers {callers}: {:.0} req/s; writer {:.1} us CPU and {:.0} bytes \
+         written per request; checkpointer {:.1} us CPU and {:.0} bytes per request",
+        done as f64 / wall.as_secs_f64(),
+        per((w1 - w0) * tick_us),
+        per(b1 - b0),
+        per((c1 - c0) * tick_us),
+        per(cb1 - cb0),
+    );
+}

@@ -1,0 +1,258 @@
+//! The extension points of a guarded route, as tower-http's `MakeRequestId`: where the
+//! client's key comes from ([`MakeKey`]), which account a request acts for
+//! ([`MakePrincipal`]), and what one execution is worth ([`MakeUnits`]). A
+//! [`RoutePolicy`](crate::RoutePolicy) holds one of each behind an `Arc`; the built-in
+//! ones are the config's values ([`KeyMode`], [`PrincipalSource`], [`UnitsRule`]), and a
+//! service adds its own by implementing a trait: no proxy code changes. The MCP proxy
+//! uses the same traits for its principal and units.
+
+use std::borrow::Cow;
+use std::fmt::Debug;
+
+use http::{HeaderMap, Method};
+use oncely_core::{ClientKey, KeyError};
+
+use crate::policy::{KeyMode, PrincipalSource, UnitsRule};
+use crate::problem::{Problem, ProblemCode};
+
+/// The `Idempotency-Key` header.
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The raw identity of a single-tenant route's one account (`principal = "none"`).
+pub const SINGLE_TENANT: &[u8] = b"oncely/single-tenant";
+
+/// The head of a request as an extension point sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The path and query, e.g. `/v1/render?fast=1`.
+    pub target: &'a str,
+    /// The headers as the client sent them.
+    pub headers: &'a HeaderMap,
+}
+
+impl<'a> RequestHead<'a> {
+    /// The head of `req`.
+    pub fn of<B>(req: &'a http::Request<B>) -> RequestHead<'a> {
+        RequestHead {
+            method: req.method(),
+            target: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+            headers: req.headers(),
+        }
+    }
+
+    /// The head of a request taken apart.
+    pub fn of_parts(parts: &'a http::request::Parts) -> RequestHead<'a> {
+        RequestHead {
+            method: &parts.method,
+            target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+            headers: &parts.headers,
+        }
+    }
+}
+
+/// Where a request's idempotency key comes from.
+pub trait MakeKey: Debug + Send + Sync + 'static {
+    /// The client's key of this request: `Ok(None)` when it has none (the request's
+    /// fingerprint is then its key), `Err` to refuse the request with that problem (a
+    /// 400 `key_missing` or `key_invalid`). `body` is the whole request body when
+    /// [`reads_body`](MakeKey::reads_body) says so, else empty: the key is made before the
+    /// body is read, and a request refused for its key is refused without reading it.
+    fn make_key(&self, head: &RequestHead<'_>, body: &[u8]) -> Result<Option<ClientKey>, Problem>;
+
+    /// Whether [`make_key`](MakeKey::make_key) needs the body (default: no).
+    fn reads_body(&self) -> bool {
+        false
+    }
+
+    /// Whether the route deduplicates at all (default: yes). A route that does not is
+    /// forwarded untouched.
+    fn deduplicates(&self) -> bool {
+        true
+    }
+}
+
+/// Which account a request acts for.
+pub trait MakePrincipal: Debug + Send + Sync + 'static {
+    /// The account's raw identity (the guard stores only its keyed hash), or `None`: the
+    /// request names no account it can be trusted for, and is forwarded unguarded
+    /// (`bypassed`).
+    fn make_principal<'a>(&self, head: &RequestHead<'a>) -> Option<Cow<'a, [u8]>>;
+}
+
+/// How many billing units one execution is worth (what a repeat was not charged).
+pub trait MakeUnits: Debug + Send + Sync + 'static {
+    /// The units of a request, from its head and its whole body (for an MCP tool call,
+    /// the body is the call's `arguments`).
+    fn request_units(&self, head: &RequestHead<'_>, body: &[u8]) -> u64;
+
+    /// The units read from the upstream answer's headers, which then replace the
+    /// request's (default: none, the request's stand).
+    fn response_units(&self, headers: &HeaderMap) -> Option<u64> {
+        let _ = headers;
+        None
+    }
+}
+
+impl MakeKey for KeyMode {
+    fn make_key(&self, head: &RequestHead<'_>, _body: &[u8]) -> Result<Option<ClientKey>, Problem> {
+        let mode = *self;
+        let mut values = head.headers.get_all(IDEMPOTENCY_KEY).iter();
+        let raw = values.next();
+        // Idempotency-Key is one structured-field Item: two header lines name two keys,
+        // and no single intention. Refuse rather than pick one.
+        if mode != KeyMode::Fingerprint && values.next().is_some() {
+            return Err(Problem::new(
+                ProblemCode::KeyInvalid,
+                "the request carries more than one Idempotency-Key header",
+            ));
+        }
+        match (mode, raw) {
+            (KeyMode::Fingerprint, _) => Ok(None),
+            (KeyMode::Header, None) => Err(Problem::new(
+                ProblemCode::KeyMissing,
+                KeyError::Missing.to_string(),
+            )),
+            (_, None) => Ok(None),
+            (_, Some(v)) => ClientKey::parse(v.as_bytes())
+                .map(Some)
+                .map_err(|e| Problem::new(ProblemCode::KeyInvalid, e.to_string())),
+        }
+    }
+
+    fn deduplicates(&self) -> bool {
+        *self != KeyMode::None
+    }
+}
+
+impl MakePrincipal for PrincipalSource {
+    fn make_principal<'a>(&self, head: &RequestHead<'a>) -> Option<Cow<'a, [u8]>> {
+        match self {
+            // An empty header is a missing one: it names no account.
+            PrincipalSource::Header(name) => head
+                .headers
+                .get(name)
+                .filter(|v| !v.is_empty())
+                .map(|v| Cow::Borrowed(v.as_bytes())),
+            PrincipalSource::None => Some(Cow::Borrowed(SINGLE_TENANT)),
+        }
+    }
+}
+
+impl MakeUnits for UnitsRule {
+    fn request_units(&self, _head: &RequestHead<'_>, body: &[u8]) -> u64 {
+        match self {
+            UnitsRule::None | UnitsRule::ResponseHeader(_) => 0,
+            UnitsRule::Fixed(n) => *n,
+            UnitsRule::BodyBytes => body.len() as u64,
+            UnitsRule::Json(pointer) => {
+                let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+                    return 0;
+                };
+                json_units(value.pointer(pointer))
+            }
+        }
+    }
+
+    fn response_units(&self, headers: &HeaderMap) -> Option<u64> {
+        match self {
+            UnitsRule::ResponseHeader(name) => Some(
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// A JSON value's units: a string counts its characters, a number its (non-negative,
+/// truncated) value, anything else 0.
+fn json_units(value: Option<&serde_json::Value>) -> u64 {
+    match value {
+        Some(serde_json::Value::String(s)) => s.chars().count() as u64,
+        Some(serde_json::Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &HeaderMap) -> RequestHead<'_> {
+        RequestHead {
+            method: &Method::POST,
+            target: "/",
+            headers,
+        }
+    }
+
+    #[test]
+    fn built_in_units_rules() {
+        let h = HeaderMap::new();
+        let body = br#"{"text":"h\u00e9llo","n":7.9}"#;
+        assert_eq!(
+            UnitsRule::Json("/text".into()).request_units(&head(&h), body),
+            5
+        );
+        assert_eq!(
+            UnitsRule::Json("/n".into()).request_units(&head(&h), body),
+            7
+        );
+        assert_eq!(
+            UnitsRule::Json("/x".into()).request_units(&head(&h), body),
+            0
+        );
+        assert_eq!(UnitsRule::Fixed(1).request_units(&head(&h), body), 1);
+        assert_eq!(UnitsRule::None.response_units(&h), None);
+        let mut answer = HeaderMap::new();
+        answer.insert("x-units", " 12 ".parse().unwrap());
+        let rule = UnitsRule::ResponseHeader(http::HeaderName::from_static("x-units"));
+        assert_eq!(rule.response_units(&answer), Some(12));
+        assert_eq!(rule.response_units(&h), Some(0));
+    }
+
+    #[test]
+    fn built_in_principals_and_keys() {
+        let mut h = HeaderMap::new();
+        let by_auth = PrincipalSource::Header(http::header::AUTHORIZATION);
+        assert_eq!(by_auth.make_principal(&head(&h)), None);
+        h.insert("authorization", "".parse().unwrap());
+        assert_eq!(by_auth.make_principal(&head(&h)), None, "empty is missing");
+        h.insert("authorization", "Bearer a".parse().unwrap());
+        assert_eq!(
+            by_auth.make_principal(&head(&h)).as_deref(),
+            Some(&b"Bearer a"[..])
+        );
+        assert_eq!(
+            PrincipalSource::None.make_principal(&head(&h)).as_deref(),
+            Some(SINGLE_TENANT)
+        );
+        assert!(KeyMode::Header.make_key(&head(&h), b"").is_err());
+        assert_eq!(
+            KeyMode::HeaderOrFingerprint.make_key(&head(&h), b""),
+            Ok(None)
+        );
+        h.append(IDEMPOTENCY_KEY, "k1".parse().unwrap());
+        assert_eq!(
+            KeyMode::Header
+                .make_key(&head(&h), b"")
+                .unwrap()
+                .map(|k| k.as_str().to_string()),
+            Some("k1".into())
+        );
+        assert_eq!(KeyMode::Fingerprint.make_key(&head(&h), b""), Ok(None));
+        h.append(IDEMPOTENCY_KEY, "k2".parse().unwrap());
+        assert!(KeyMode::HeaderOrFingerprint
+            .make_key(&head(&h), b"")
+            .is_err());
+        assert!(!KeyMode::None.deduplicates() && KeyMode::Header.deduplicates());
+    }
+}
