@@ -1,13 +1,13 @@
 //! Jobs: slow work the gateway owns, queued durably in the ledger's database.
 //!
 //! A `job` route's request is claimed **and** queued in one transaction
-//! ([`Store::claim_with_task`](oncely_store::Store::claim_with_task)): the ledger record
+//! ([`Store::claim_with_task`](oncely_store::TaskQueue::claim_with_task)): the ledger record
 //! (whose id is the job id) and a task of kind `job:ROUTE` holding what the upstream call
 //! needs (method, path and query, the headers worth forwarding, the body; all but the
 //! method and path sealed with the guard's [`JobKey`] when it has one). A
 //! [`JobWorker`] per gateway instance leases due tasks, at most `concurrency` running per
 //! route on all instances together
-//! ([`Store::lease_tasks_capped`](oncely_store::Store::lease_tasks_capped)), and runs
+//! ([`Store::lease_tasks_capped`](oncely_store::TaskQueue::lease_tasks_capped)), and runs
 //! each through the same owner
 //! machinery as any guarded call (downstream key, lease renewal, recording). Then the
 //! task is finished and deleted with its body.

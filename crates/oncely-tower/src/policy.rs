@@ -1,7 +1,7 @@
 //! What a guarded route is: the resolved, validated policy the gateway's config (or an
 //! embedding service) hands to the layer, and the small trait that finds it per request.
-//! The built-in key sources, principal sources and units rules are the values below; each
-//! implements its extension trait of [`crate::sources`].
+//! The built-in key sources, principal sources and units rules live with their traits in
+//! [`crate::sources`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,49 +9,8 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use oncely_core::Class;
 
+pub use crate::sources::{KeyMode, PrincipalSource, UnitsRule};
 use crate::sources::{MakeKey, MakePrincipal, MakeUnits};
-
-/// Where a request's idempotency key comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyMode {
-    /// The client's `Idempotency-Key` header; a request without one gets 400 `key_missing`.
-    Header,
-    /// No client key: the key is the request's fingerprint.
-    Fingerprint,
-    /// The header when present, else the fingerprint.
-    HeaderOrFingerprint,
-    /// Not deduplicated: the request is forwarded untouched.
-    None,
-}
-
-/// How many billing units one execution is worth (what a repeat was not charged).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum UnitsRule {
-    /// No units (0).
-    #[default]
-    None,
-    /// The request body's length in bytes.
-    BodyBytes,
-    /// A JSON pointer into the **request** body: a string counts its characters, a
-    /// number its (non-negative, truncated) value; anything else counts 0. The seed's
-    /// render service charges per character of `/text`, which is `json:/text`.
-    Json(String),
-    /// The upstream answer's header, read as a non-negative integer (absent or
-    /// unreadable: 0).
-    ResponseHeader(HeaderName),
-    /// The same units for every execution (an MCP tool call's `call` is one).
-    Fixed(u64),
-}
-
-/// What identifies the account a request acts for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrincipalSource {
-    /// The raw value of this header (e.g. `authorization`); it is stored only as a keyed
-    /// hash. A request without it is forwarded unguarded (`bypassed`).
-    Header(HeaderName),
-    /// A single-tenant route: every caller is one account.
-    None,
-}
 
 /// Only requests whose `header` starts with `prefix` are guarded; the rest are forwarded
 /// with `Oncely-Status: bypassed` (a website's "regenerate" button wants a new take).

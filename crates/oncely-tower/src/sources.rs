@@ -9,10 +9,9 @@
 use std::borrow::Cow;
 use std::fmt::Debug;
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 use oncely_core::{ClientKey, KeyError};
 
-use crate::policy::{KeyMode, PrincipalSource, UnitsRule};
 use crate::problem::{Problem, ProblemCode};
 
 /// The `Idempotency-Key` header.
@@ -180,6 +179,48 @@ fn json_units(value: Option<&serde_json::Value>) -> u64 {
             .unwrap_or(0),
         _ => 0,
     }
+}
+
+/// Where a request's idempotency key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    /// The client's `Idempotency-Key` header; a request without one gets 400 `key_missing`.
+    Header,
+    /// No client key: the key is the request's fingerprint.
+    Fingerprint,
+    /// The header when present, else the fingerprint.
+    HeaderOrFingerprint,
+    /// Not deduplicated: the request is forwarded untouched.
+    None,
+}
+
+/// How many billing units one execution is worth (what a repeat was not charged).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum UnitsRule {
+    /// No units (0).
+    #[default]
+    None,
+    /// The request body's length in bytes.
+    BodyBytes,
+    /// A JSON pointer into the **request** body: a string counts its characters, a
+    /// number its (non-negative, truncated) value; anything else counts 0. The seed's
+    /// render service charges per character of `/text`, which is `json:/text`.
+    Json(String),
+    /// The upstream answer's header, read as a non-negative integer (absent or
+    /// unreadable: 0).
+    ResponseHeader(HeaderName),
+    /// The same units for every execution (an MCP tool call's `call` is one).
+    Fixed(u64),
+}
+
+/// What identifies the account a request acts for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrincipalSource {
+    /// The raw value of this header (e.g. `authorization`); it is stored only as a keyed
+    /// hash. A request without it is forwarded unguarded (`bypassed`).
+    Header(HeaderName),
+    /// A single-tenant route: every caller is one account.
+    None,
 }
 
 #[cfg(test)]

@@ -246,7 +246,6 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     span.end();
 }
 
-
 async fn read_body<B>(body: B, headers: &HeaderMap, max: u64) -> Result<Bytes, Problem>
 where
     B: Body<Data = Bytes>,
