@@ -6,7 +6,7 @@
 //! In JSON, the one line per guarded request (target `oncely::request`) carries every one
 //! of those keys, `null` when the request has no such value (tracing leaves an absent
 //! `Option` out), so a reader can rely on each key being there. That line is written by
-//! [`request_line`] straight into the output buffer (it is the one line per request, and
+//! `request_line` straight into the output buffer (it is the one line per request, and
 //! the general JSON formatter was a tenth of a replay's CPU); every other event goes
 //! through tracing-subscriber's JSON format.
 //!

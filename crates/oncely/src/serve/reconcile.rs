@@ -236,7 +236,7 @@ const HOLD_MARGIN: Duration = Duration::from_secs(5);
 /// became unknown (its `updated_at`), so that a call still running upstream is not taken
 /// for one that never happened; inconclusive answers are retried with doubling delays up
 /// to `max_attempts`. The schedule (attempts so far, next time) is kept in the ledger
-/// ([`Store::schedule_reconcile`]): a restarted server continues it, and of several
+/// ([`Admin::schedule_reconcile`](oncely_store::Admin::schedule_reconcile)): a restarted server continues it, and of several
 /// instances on one database only the one that moved the schedule to the next attempt
 /// asks. Each scan takes the routes of the config current then (`SIGHUP` changes it).
 pub async fn run_loop(
