@@ -51,8 +51,8 @@
 //!   the [`JobWorker`] that runs queued jobs, and `/_oncely/jobs/ID`.
 //! - [`seal`]: what a queued job keeps is encrypted with a [`JobKey`] before the store
 //!   sees it.
-//! - [`headers`]: the one header policy: hop-by-hop removal, what is stored and replayed.
-//! - [`problem`]: the gateway's own errors, `application/problem+json`.
+//! - [`headers`], [`problem`]: re-exported from `oncely-http` (the one header policy;
+//!   the gateway's own errors, `application/problem+json`).
 //! - [`trace`]: W3C trace context in and out, and the spans of guarded requests, handed
 //!   to a [`SpanSink`](trace::SpanSink) (the binary's exports them over OTLP).
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
@@ -62,15 +62,15 @@
 pub mod body;
 mod budget;
 pub mod guard;
-pub mod headers;
 pub mod idempotency;
 pub mod jobs;
 mod owner;
 pub mod policy;
-pub mod problem;
 pub mod seal;
 mod slot;
 pub mod trace;
+
+pub use oncely_http::{headers, problem};
 
 pub use guard::{
     Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,

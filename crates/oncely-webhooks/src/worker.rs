@@ -22,9 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use oncely_http::client::{ClientOptions, UpstreamClient};
 use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
 use tokio::sync::{watch, Notify};
@@ -83,17 +81,20 @@ pub struct DeliveryWorker {
     handle: JoinHandle<()>,
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = UpstreamClient<Full<Bytes>>;
 
 impl DeliveryWorker {
     /// Starts delivering the store's webhook tasks (on the current tokio runtime).
     pub fn start(store: Arc<dyn Store>, options: WorkerOptions) -> DeliveryWorker {
         let waker = Waker::default();
         let (stop, stopped) = watch::channel(false);
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(10)));
-        let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+        // The gateway's one upstream client (`oncely_http::client`): `deliver_to` may be
+        // `https://` too, verified against the same roots as every upstream.
+        let client_options = ClientOptions {
+            connect_timeout: Some(Duration::from_secs(10)),
+            ..ClientOptions::default()
+        };
+        let client: HttpClient = oncely_http::client::upstream_client_or_warn(&client_options);
         let run = Run {
             store,
             options,

@@ -16,19 +16,14 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use oncely_http::client::ClientOptions;
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -36,63 +31,19 @@ use super::routes::RouteTable;
 use crate::config::Upstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
-pub const EXTRA_CA_ENV: &str = "ONCELY_EXTRA_CA_FILE";
+pub use oncely_http::client::EXTRA_CA_ENV;
 
-/// The pooled HTTP/HTTPS client every upstream call goes through.
+/// The pooled HTTP/HTTPS client every upstream call goes through (`oncely_http::client`).
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
-    client: Client<HttpsConnector<HttpConnector>, BoxBody>,
-}
-
-/// The rustls provider oncely uses, explicitly, so that no other crate's choice of
-/// provider can make the process-wide default ambiguous.
-pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-pub(crate) fn read_certificates(
-    path: &Path,
-) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
-    let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let certs = rustls_pemfile::certs(&mut pem.as_slice())
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", path.display());
-    Ok(certs)
+    client: oncely_http::client::UpstreamClient<BoxBody>,
 }
 
 impl UpstreamClient {
     /// A client trusting the system's roots, plus `extra_ca` and `$ONCELY_EXTRA_CA_FILE`.
     pub fn new(extra_ca: Option<&Path>) -> anyhow::Result<UpstreamClient> {
-        let mut roots = rustls::RootCertStore::empty();
-        // A missing or partly unreadable system store is not fatal: plain http upstreams
-        // and an explicit CA file still work.
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            let _ = roots.add(cert);
-        }
-        let env_ca = std::env::var_os(EXTRA_CA_ENV).map(std::path::PathBuf::from);
-        for path in extra_ca.map(Path::to_path_buf).into_iter().chain(env_ca) {
-            for cert in read_certificates(&path)? {
-                roots
-                    .add(cert)
-                    .with_context(|| format!("{}: unusable CA certificate", path.display()))?;
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
-            .with_safe_default_protocol_versions()
-            .context("TLS setup")?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let options = ClientOptions::with_extra_ca(extra_ca);
+        let client = oncely_http::client::upstream_client(&options)?;
         Ok(UpstreamClient { client })
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use oncely_http::problem::{Problem, ProblemCode};
 use oncely_store::Store;
 use oncely_tower::BoxBody;
 use oncely_webhooks::worker::{DeliveryWorker, WorkerOptions};
@@ -110,14 +111,8 @@ impl WebhookPaths {
 }
 
 fn method_not_allowed() -> Response<BoxBody> {
-    let mut res = Response::new(oncely_tower::body::full(bytes::Bytes::from_static(
-        br#"{"type":"about:blank","title":"Method Not Allowed","status":405,"code":"method_not_allowed","detail":"webhook endpoints take POST"}"#,
-    )));
-    *res.status_mut() = http::StatusCode::METHOD_NOT_ALLOWED;
-    res.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/problem+json"),
-    );
+    let mut res =
+        Problem::new(ProblemCode::MethodNotAllowed, "webhook endpoints take POST").into_response();
     res.headers_mut()
         .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
     res
