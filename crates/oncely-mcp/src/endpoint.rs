@@ -47,13 +47,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use oncely_core::{DownstreamKey, Record, RecordId, Scope, State, StoredResponse};
 use oncely_http::client::ClientOptions;
-use oncely_http::problem::{Problem, ProblemCode};
+use oncely_http::problem::{
+    Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS,
+};
 use oncely_http::request_log::{Counted, RequestLine};
 use oncely_tower::trace::{attr, Span};
 use oncely_tower::{
@@ -1126,7 +1128,7 @@ impl Inner {
         let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
         mark(resp.headers_mut(), kind, record);
         resp.headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         resp
     }
 
@@ -1409,10 +1411,10 @@ fn strip_response_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
 
 fn mark(headers: &mut HeaderMap, status: &str, record: &Record) {
     if let Ok(v) = HeaderValue::from_str(status) {
-        headers.insert(HeaderName::from_static("oncely-status"), v);
+        headers.insert(ONCELY_STATUS, v);
     }
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
-        headers.insert(HeaderName::from_static("oncely-record"), v);
+        headers.insert(ONCELY_RECORD, v);
     }
     if status == "fresh" {
         headers.remove(http::header::CONTENT_LENGTH);
@@ -1495,8 +1497,7 @@ fn respond(call: &Call, mut result: Value, record: &Record) -> Response<McpBody>
     for_revision(&mut result, call.modern);
     let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
-        resp.headers_mut()
-            .insert(HeaderName::from_static("oncely-record"), v);
+        resp.headers_mut().insert(ONCELY_RECORD, v);
     }
     resp
 }

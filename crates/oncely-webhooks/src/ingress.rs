@@ -43,7 +43,7 @@ use http::{header, HeaderMap, HeaderValue, Request};
 use oncely_core::{
     ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse, Timestamp,
 };
-use oncely_http::problem::{Problem, ProblemCode};
+use oncely_http::problem::{Problem, ProblemCode, ONCELY_RECORD, ONCELY_STATUS};
 use oncely_store::{Claim, NewTask, Store, StoreError};
 use sha2::{Digest, Sha256};
 
@@ -391,9 +391,9 @@ pub fn signed_content_key(body: &[u8]) -> String {
 fn acknowledged(status: &'static str, record: &str) -> Response {
     let mut res = Response::new(Body::empty());
     let h = res.headers_mut();
-    h.insert("oncely-status", HeaderValue::from_static(status));
+    h.insert(ONCELY_STATUS, HeaderValue::from_static(status));
     if let Ok(v) = HeaderValue::from_str(record) {
-        h.insert("oncely-record", v);
+        h.insert(ONCELY_RECORD, v);
     }
     res
 }
