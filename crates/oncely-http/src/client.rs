@@ -195,6 +195,19 @@ where
     })
 }
 
+/// An error with its sources, `a: b: c`: what a failed upstream call is logged and
+/// reported as (a hyper-util error alone says only "client error (Connect)").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +241,8 @@ mod tests {
         })
         .unwrap_err();
         assert!(matches!(err, ClientError::Read { .. }), "{err}");
+        // The chain names the cause too.
+        assert!(error_chain(&err).contains("missing.pem"), "{err}");
         assert!(err.to_string().contains("missing.pem"), "{err}");
 
         let empty = dir.path().join("empty.pem");

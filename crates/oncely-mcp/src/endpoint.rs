@@ -52,7 +52,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use oncely_core::{DownstreamKey, Record, RecordId, Scope, State, StoredResponse};
-use oncely_http::client::ClientOptions;
+use oncely_http::client::{error_chain, ClientOptions};
 use oncely_http::problem::{
     Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS,
 };
@@ -1301,17 +1301,6 @@ async fn responses_of(resp: Response<McpBody>, ids: &[Value]) -> Vec<Value> {
                 })
         })
         .collect()
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Whether a request is of the stateless era (2026-07-28 or later): its

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
-use oncely_http::client::{ClientOptions, UpstreamClient};
+use oncely_http::client::{error_chain, ClientOptions, UpstreamClient};
 use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
 use tokio::sync::{watch, Notify};
@@ -332,17 +332,6 @@ pub fn backoff_ceiling(base: Duration, attempt: u32) -> Duration {
     base.checked_mul(factor)
         .unwrap_or(MAX_BACKOFF)
         .min(MAX_BACKOFF)
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

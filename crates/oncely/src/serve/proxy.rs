@@ -23,7 +23,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use oncely_http::client::ClientOptions;
+use oncely_http::client::{error_chain, ClientOptions};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -61,17 +61,6 @@ impl UpstreamClient {
             }
         })
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Who the client is, put on each request by the connection that received it.
