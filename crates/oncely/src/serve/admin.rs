@@ -320,7 +320,7 @@ async fn resolve(
                 http::HeaderValue::from_str(&value)
                     .map_err(|_| bad(format!("the value of {name:?} is not a header value")))?;
                 // The one storing policy: a replay never carries set-cookie and the like.
-                if oncely_tower::headers::is_replayable(&name) {
+                if oncely_http::headers::is_replayable(&name) {
                     headers.push((name.to_ascii_lowercase(), value));
                 }
             }

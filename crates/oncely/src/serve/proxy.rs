@@ -1,16 +1,17 @@
 //! The reverse proxy: a tower `Service<Request<BoxBody>>` on hyper-util's pooled client.
 //!
 //! It picks the upstream of the first matching route (else the default), rewrites the
-//! URI, drops hop-by-hop headers both ways (`Connection` and the headers it names,
-//! `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), adds
-//! `Forwarded` and `X-Forwarded-For`/`-Proto`/`-Host`, and streams both bodies. Client
-//! errors become [`UpstreamError`]s: a failed connect (refused, DNS, TLS handshake) is
-//! [`UpstreamError::BeforeSend`], anything later [`UpstreamError::AfterSend`], which is
-//! what the guard needs to tell "nothing happened" from "something may have".
+//! URI, drops hop-by-hop headers both ways (the one policy, `oncely_http::headers`),
+//! adds `Forwarded` and `X-Forwarded-For`/`-Proto`/`-Host`, and streams both bodies.
+//! Client errors become [`UpstreamError`]s: a failed connect (refused, DNS, TLS
+//! handshake) is [`UpstreamError::BeforeSend`], anything later
+//! [`UpstreamError::AfterSend`], which is what the guard needs to tell "nothing
+//! happened" from "something may have".
 //!
 //! `https://` upstreams are verified against the system's root certificates, plus the
 //! PEM file named by the config's `upstream_ca` or the environment variable
-//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests).
+//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests): the one upstream
+//! client, `oncely_http::client`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -72,8 +73,8 @@ pub struct ClientInfo {
     pub https: bool,
 }
 
-/// Removes hop-by-hop headers (the one policy, in `oncely_tower::headers`).
-pub use oncely_tower::headers::strip_hop_by_hop;
+/// Removes hop-by-hop headers (the one policy, in `oncely_http::headers`).
+pub use oncely_http::headers::strip_hop_by_hop;
 
 /// Adds `X-Forwarded-For` (appended to any the client sent), `X-Forwarded-Proto`,
 /// `X-Forwarded-Host` and `Forwarded` (RFC 7239, appended).
