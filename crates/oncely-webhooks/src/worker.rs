@@ -16,6 +16,7 @@
 //! The worker wakes at once when this process's ingress queues an event ([`Waker`]) and
 //! polls every `poll_interval` for retries that come due and other instances' tasks.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,13 +87,24 @@ type HttpClient = UpstreamClient<Full<Bytes>>;
 impl DeliveryWorker {
     /// Starts delivering the store's webhook tasks (on the current tokio runtime).
     pub fn start(store: Arc<dyn Store>, options: WorkerOptions) -> DeliveryWorker {
+        DeliveryWorker::start_trusting(store, options, None)
+    }
+
+    /// Starts delivering, trusting the PEM certificates of `extra_ca` (the config's
+    /// `upstream_ca`) for `https://` targets besides the system's roots and
+    /// `$ONCELY_EXTRA_CA_FILE`.
+    pub fn start_trusting(
+        store: Arc<dyn Store>,
+        options: WorkerOptions,
+        extra_ca: Option<&Path>,
+    ) -> DeliveryWorker {
         let waker = Waker::default();
         let (stop, stopped) = watch::channel(false);
         // The gateway's one upstream client (`oncely_http::client`): `deliver_to` may be
         // `https://` too, verified against the same roots as every upstream.
         let client_options = ClientOptions {
             connect_timeout: Some(Duration::from_secs(10)),
-            ..ClientOptions::default()
+            ..ClientOptions::with_extra_ca(extra_ca)
         };
         let client: HttpClient = oncely_http::client::upstream_client_or_warn(&client_options);
         let run = Run {

@@ -184,3 +184,94 @@ async fn mcp_calls_log_the_request_line_of_every_guarded_request() {
         assert_eq!(line["workflow_id"], serde_json::Value::Null, "{line}");
     }
 }
+
+/// Webhook deliveries go through the gateway's one upstream client: an `https://`
+/// `deliver_to` (the docs allow it) is reached and verified against `upstream_ca` like
+/// any upstream. (The delivery worker had a plain-HTTP client of its own, which refused
+/// every `https://` target.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_deliveries_reach_an_https_handler_trusted_by_upstream_ca() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let pki = crate::common::TestPki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.write(dir.path());
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let counter = delivered.clone();
+    let handler = crate::common::https_upstream(
+        &pki,
+        axum::Router::new().route(
+            "/internal",
+            route_post(move |headers: axum::http::HeaderMap| {
+                let counter = counter.clone();
+                async move {
+                    assert_eq!(headers["idempotency-key"], "evt_tls_1");
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    "ok"
+                }
+            }),
+        ),
+    )
+    .await;
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+store = "sqlite://{db}"
+upstream = "http://127.0.0.1:9"
+upstream_ca = "ca.pem"
+
+[[webhooks]]
+path = "/hooks"
+verify = "standard"
+secret_env = "TOOLKIT_TEST_WEBHOOK_SECRET"
+deliver_to = "https://localhost:{port}/internal"
+deliver_timeout = "2s"
+retry_backoff = "20ms"
+"#,
+            db = dir.path().join("ledger.db").display(),
+            port = handler.port()
+        ),
+    )
+    .unwrap();
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let gw = Gateway::start(
+        &["--config", cfg.to_str().unwrap()],
+        &[("TOOLKIT_TEST_WEBHOOK_SECRET", secret)],
+    );
+    let scheme: oncely_webhooks::Scheme = "standard".parse().unwrap();
+    let secrets = oncely_webhooks::Secrets::parse(&scheme, secret).unwrap();
+    let body = r#"{"type":"invoice.paid","id":"evt_tls_1"}"#;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let signed = oncely_webhooks::sign(
+        &scheme,
+        secrets.primary(),
+        "evt_tls_1",
+        now,
+        body.as_bytes(),
+    );
+    let mut headers: Vec<(&str, &str)> = signed
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    headers.push(("content-type", "application/json"));
+    let a = post(&gw.url("/hooks"), body, &headers).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    for _ in 0..200 {
+        if delivered.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        delivered.load(Ordering::SeqCst),
+        1,
+        "delivered over TLS: {}",
+        gw.lines.lock().unwrap().join("\n")
+    );
+}
