@@ -47,15 +47,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use oncely_core::{DownstreamKey, Record, RecordId, Scope, State, StoredResponse};
+use oncely_http::client::{error_chain, ClientOptions};
+use oncely_http::problem::{
+    Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS,
+};
+use oncely_http::request_log::{Counted, RequestLine};
 use oncely_tower::trace::{attr, Span};
 use oncely_tower::{
     Classified, Classifier, Execution, Guard, GuardedCall, RequestHead, UpstreamAnswer,
@@ -72,12 +73,12 @@ use crate::sse;
 use crate::tasks;
 use crate::{BoxError, McpError};
 
-/// The pooled HTTP/HTTPS client the endpoint forwards with.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// The pooled HTTP/HTTPS client the endpoint forwards with (`oncely_http::client`).
+pub type UpstreamClient = oncely_http::client::UpstreamClient<Full<Bytes>>;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams
 /// (the gateway's proxy reads the same one).
-pub const EXTRA_CA_ENV: &str = "ONCELY_EXTRA_CA_FILE";
+pub use oncely_http::client::EXTRA_CA_ENV;
 
 /// JSON-RPC error code of MCP 2026-07-28 for routing headers that disagree with the body.
 pub const HEADER_MISMATCH: i64 = -32020;
@@ -125,71 +126,21 @@ struct Inner {
 impl McpEndpoint {
     /// A pooled HTTP/1.1 client for `http://` and `https://` upstreams, trusting the
     /// system's root certificates, plus the PEM certificates in `extra_ca` and in the file
-    /// `$ONCELY_EXTRA_CA_FILE` names.
+    /// `$ONCELY_EXTRA_CA_FILE` names (`oncely_http::client`, the gateway's one client).
     pub fn client(extra_ca: Option<&Path>) -> Result<UpstreamClient, McpError> {
-        let mut roots = rustls::RootCertStore::empty();
-        // A missing system store is not fatal: http upstreams and a CA file still work.
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        let env_ca = std::env::var_os(EXTRA_CA_ENV).map(std::path::PathBuf::from);
-        for path in extra_ca.map(Path::to_path_buf).into_iter().chain(env_ca) {
-            let pem = std::fs::read(&path)
-                .map_err(|e| McpError::Config(format!("cannot read {}: {e}", path.display())))?;
-            let certs = rustls_pemfile::certs(&mut pem.as_slice())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| McpError::Config(format!("{}: not PEM: {e}", path.display())))?;
-            if certs.is_empty() {
-                return Err(McpError::Config(format!(
-                    "{} holds no certificate",
-                    path.display()
-                )));
-            }
-            for cert in certs {
-                roots.add(cert).map_err(|e| {
-                    McpError::Config(format!("{}: unusable CA certificate: {e}", path.display()))
-                })?;
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| McpError::Config(format!("TLS setup: {e}")))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        Ok(Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector))
+        let options = ClientOptions {
+            pool_idle_timeout: Some(Duration::from_secs(60)),
+            ..ClientOptions::with_extra_ca(extra_ca)
+        };
+        oncely_http::client::upstream_client(&options).map_err(|e| McpError::Config(e.to_string()))
     }
 
-    /// A client trusting the system's roots (and `$ONCELY_EXTRA_CA_FILE`).
+    /// A client trusting the system's roots (and `$ONCELY_EXTRA_CA_FILE`; when that file
+    /// cannot be used, it is left out with a warning).
     pub fn default_client() -> UpstreamClient {
-        McpEndpoint::client(None).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "extra CA file ignored");
-            let mut http = HttpConnector::new();
-            http.enforce_http(false);
-            let connector = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(
-                    rustls::ClientConfig::builder_with_provider(Arc::new(
-                        rustls::crypto::ring::default_provider(),
-                    ))
-                    .with_safe_default_protocol_versions()
-                    .expect("ring supports the default versions")
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-                )
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(http);
-            Client::builder(TokioExecutor::new()).build(connector)
+        oncely_http::client::upstream_client_or_warn(&ClientOptions {
+            pool_idle_timeout: Some(Duration::from_secs(60)),
+            ..ClientOptions::default()
         })
     }
 
@@ -318,14 +269,12 @@ impl Inner {
                     .is_some();
                 return if too_large {
                     problem(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "body_too_large",
+                        ProblemCode::BodyTooLarge,
                         "the request body is over max_body",
                     )
                 } else {
                     problem(
-                        StatusCode::BAD_REQUEST,
-                        "body_unreadable",
+                        ProblemCode::BodyUnreadable,
                         "the request body could not be read",
                     )
                 };
@@ -597,8 +546,7 @@ impl Inner {
             Err(e) => {
                 tracing::warn!(route = %self.config.path, error = %e, "upstream unreachable");
                 return problem(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
+                    ProblemCode::UpstreamUnreachable,
                     "the MCP server could not be reached",
                 );
             }
@@ -823,8 +771,7 @@ impl Inner {
                     span.end();
                 }
                 problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
+                    ProblemCode::StoreUnavailable,
                     "the ledger cannot be reached; the tool call was not forwarded",
                 )
             }
@@ -839,27 +786,23 @@ impl Inner {
                     UpstreamFailure::Unreachable(e) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream unreachable");
                         problem(
-                            StatusCode::BAD_GATEWAY,
-                            "upstream_unreachable",
+                            ProblemCode::UpstreamUnreachable,
                             "the MCP server could not be reached",
                         )
                     }
                     UpstreamFailure::Lost(e) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
                         problem(
-                            StatusCode::BAD_GATEWAY,
-                            "upstream_failed",
+                            ProblemCode::UpstreamFailed,
                             "the MCP server's answer broke off",
                         )
                     }
                     UpstreamFailure::Timeout => problem(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "upstream_timeout",
+                        ProblemCode::UpstreamTimeout,
                         "the MCP server did not answer within timeout",
                     ),
                     UpstreamFailure::Busy => problem(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "upstream_busy",
+                        ProblemCode::UpstreamBusy,
                         "the MCP server's every slot stayed taken; the call was not sent",
                     ),
                 }
@@ -939,8 +882,7 @@ impl Inner {
                     Ok(Err(e)) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
                         problem(
-                            StatusCode::BAD_GATEWAY,
-                            "upstream_failed",
+                            ProblemCode::UpstreamFailed,
                             "the MCP server's answer broke off",
                         )
                     }
@@ -1120,7 +1062,7 @@ impl Inner {
     fn replay(
         &self,
         record: &Record,
-        kind: &str,
+        kind: &'static str,
         call: &Call,
         started: Instant,
     ) -> Response<McpBody> {
@@ -1166,7 +1108,7 @@ impl Inner {
         let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
         mark(resp.headers_mut(), kind, record);
         resp.headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         resp
     }
 
@@ -1212,7 +1154,7 @@ impl Inner {
         &self,
         call: &Call,
         record: &Record,
-        status: &str,
+        status: &'static str,
         upstream_status: Option<u16>,
         started: Instant,
     ) {
@@ -1233,19 +1175,24 @@ impl Inner {
         }
         // Labels are bounded: a tool no listing or config named counts as `other`.
         let tool = self.catalog.metric_label(&self.config.tools, &call.tool);
-        metrics::counter!("oncely_requests_total", "route" => self.config.route_of(tool), "status" => status.to_string(), "tool" => tool.to_string())
-            .increment(1);
-        tracing::info!(
-            record = %record.id,
-            route = %call.guarded.route,
-            tool = %call.tool,
-            principal = %call.guarded.principal,
+        RequestLine {
+            record: Some(record.id.as_str()),
+            route: call.guarded.route.as_str(),
+            principal: Some(call.guarded.principal.as_str()),
             status,
-            attempt = record.attempt,
-            workflow_id = record.workflow_id.as_deref().unwrap_or(""),
-            upstream_status = upstream_status.unwrap_or(0),
-            duration_ms = started.elapsed().as_millis() as u64,
-            "mcp tools/call"
+            attempt: Some(record.attempt),
+            workflow_id: record.workflow_id.as_deref(),
+            upstream_status,
+            provider_request_id: None,
+            duration_ms: started.elapsed().as_millis() as u64,
+            tool: Some(call.tool.as_str()),
+        }
+        .emit_counted_as(
+            "mcp tools/call",
+            Counted {
+                route: &self.config.route_of(tool),
+                tool,
+            },
         );
     }
 }
@@ -1336,17 +1283,6 @@ async fn responses_of(resp: Response<McpBody>, ids: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// Whether a request is of the stateless era (2026-07-28 or later): its
 /// `MCP-Protocol-Version` names a revision without the initialize handshake.
 fn is_modern(headers: &HeaderMap) -> bool {
@@ -1425,11 +1361,11 @@ fn workflow_id(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The headers a request is forwarded with: none that cross only one hop (the one policy
-/// of `oncely_tower::headers`, including what `Connection` names), and no `Host` or
+/// of `oncely_http::headers`, including what `Connection` names), and no `Host` or
 /// `Content-Length` (the client sets its own).
 fn strip_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
-    oncely_tower::headers::strip_hop_by_hop(&mut out);
+    oncely_http::headers::strip_hop_by_hop(&mut out);
     out.remove(http::header::HOST);
     out.remove(http::header::CONTENT_LENGTH);
     out
@@ -1438,16 +1374,16 @@ fn strip_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
 /// The headers an answer is passed back with: none that cross only one hop.
 fn strip_response_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
-    oncely_tower::headers::strip_hop_by_hop(&mut out);
+    oncely_http::headers::strip_hop_by_hop(&mut out);
     out
 }
 
 fn mark(headers: &mut HeaderMap, status: &str, record: &Record) {
     if let Ok(v) = HeaderValue::from_str(status) {
-        headers.insert(HeaderName::from_static("oncely-status"), v);
+        headers.insert(ONCELY_STATUS, v);
     }
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
-        headers.insert(HeaderName::from_static("oncely-record"), v);
+        headers.insert(ONCELY_RECORD, v);
     }
     if status == "fresh" {
         headers.remove(http::header::CONTENT_LENGTH);
@@ -1530,21 +1466,14 @@ fn respond(call: &Call, mut result: Value, record: &Record) -> Response<McpBody>
     for_revision(&mut result, call.modern);
     let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
-        resp.headers_mut()
-            .insert(HeaderName::from_static("oncely-record"), v);
+        resp.headers_mut().insert(ONCELY_RECORD, v);
     }
     resp
 }
 
-fn problem(status: StatusCode, code: &str, detail: &str) -> Response<McpBody> {
-    let body = json!({"type": "about:blank", "title": status.canonical_reason().unwrap_or(""), "status": status.as_u16(), "code": code, "detail": detail});
-    let mut resp = Response::new(full(serde_json::to_vec(&body).unwrap_or_default()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    resp
+/// A problem+json answer (the one renderer, `oncely_http::problem`).
+fn problem(code: ProblemCode, detail: &str) -> Response<McpBody> {
+    Problem::new(code, detail).into_response()
 }
 
 /// The answer to a request its client cancelled: an event stream without the response.

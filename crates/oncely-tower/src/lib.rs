@@ -61,8 +61,8 @@
 //!   (private): what the layer and the worker share ([`JobBoard`]).
 //! - [`seal`]: what a queued job keeps is encrypted with a [`JobKey`] before the store
 //!   sees it.
-//! - [`headers`]: the one header policy: hop-by-hop removal, what is stored and replayed.
-//! - [`problem`]: the gateway's own errors, `application/problem+json`.
+//! - [`headers`], [`problem`]: re-exported from `oncely-http` (the one header policy;
+//!   the gateway's own errors, `application/problem+json`).
 //! - [`trace`]: W3C trace context in and out, and the spans of guarded requests, handed
 //!   to a [`SpanSink`](trace::SpanSink) (the binary's exports them over OTLP).
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
@@ -72,17 +72,17 @@
 
 pub mod body;
 pub mod guard;
-pub mod headers;
 pub mod idempotency;
 mod job_board;
 pub mod jobs;
 mod log;
 pub mod policy;
-pub mod problem;
 pub mod seal;
 pub mod sources;
 pub mod trace;
 mod upstream;
+
+pub use oncely_http::{headers, problem};
 
 pub use guard::{
     Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,

@@ -1,4 +1,5 @@
-//! The one log line of a guarded request (and of a job's run) and the request counter.
+//! The fields of the one log line of a guarded request (and of a job's run); the line and
+//! the request counter are `oncely_http::request_log`'s.
 
 use std::time::Instant;
 
@@ -30,7 +31,7 @@ pub(crate) struct RequestLog<'a> {
     pub(crate) span: Option<Span>,
 }
 
-/// One log line (target `oncely::request`) and the request counter.
+/// One log line (target `oncely::request`) and the request counter (`oncely_http::request_log`).
 pub(crate) fn log_request(log: &RequestLog<'_>) {
     log_line(log, "guarded request")
 }
@@ -42,53 +43,17 @@ pub(crate) fn log_job(log: &RequestLog<'_>) {
 }
 
 fn log_line(log: &RequestLog<'_>, message: &'static str) {
-    let duration_ms = log.started.elapsed().as_millis() as u64;
-    tracing::info!(
-        target: "oncely::request",
-        record = log.record.as_deref(),
-        route = log.route,
-        principal = log.principal,
-        status = log.status,
-        attempt = log.attempt,
-        workflow_id = log.workflow_id,
-        upstream_status = log.upstream_status,
-        provider_request_id = log.provider_request_id.as_deref(),
-        duration_ms,
-        "{message}"
-    );
-    request_counter(log.route, log.status).increment(1);
-}
-
-/// Handles of `oncely_requests_total` by route and status, so that counting a request
-/// allocates no label strings and looks nothing up in the recorder's registry. A handle
-/// comes from the recorder installed when its (route, status) is first counted: install
-/// the recorder before serving.
-type Counters =
-    std::collections::HashMap<String, std::collections::HashMap<&'static str, metrics::Counter>>;
-
-static COUNTERS: std::sync::OnceLock<std::sync::RwLock<Counters>> = std::sync::OnceLock::new();
-
-fn request_counter(route: &str, status: &'static str) -> metrics::Counter {
-    let counters = COUNTERS.get_or_init(Default::default);
-    if let Some(c) = counters
-        .read()
-        .expect("request counters lock")
-        .get(route)
-        .and_then(|by_status| by_status.get(status))
-    {
-        return c.clone();
+    oncely_http::request_log::RequestLine {
+        record: log.record.as_deref(),
+        route: log.route,
+        principal: log.principal,
+        status: log.status,
+        attempt: log.attempt,
+        workflow_id: log.workflow_id,
+        upstream_status: log.upstream_status,
+        provider_request_id: log.provider_request_id.as_deref(),
+        duration_ms: log.started.elapsed().as_millis() as u64,
+        tool: None,
     }
-    let counter = metrics::counter!(
-        "oncely_requests_total",
-        "route" => route.to_string(),
-        "status" => status
-    );
-    counters
-        .write()
-        .expect("request counters lock")
-        .entry(route.to_string())
-        .or_default()
-        .entry(status)
-        .or_insert(counter)
-        .clone()
+    .emit(message);
 }

@@ -39,10 +39,11 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
-use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Request};
 use oncely_core::{
     ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse, Timestamp,
 };
+use oncely_http::problem::{Problem, ProblemCode, ONCELY_RECORD, ONCELY_STATUS};
 use oncely_store::{Claim, NewTask, Store, StoreError};
 use sha2::{Digest, Sha256};
 
@@ -186,9 +187,7 @@ impl WebhookEndpoint {
                     return inner.rejected_too_large();
                 }
                 return problem(
-                    StatusCode::BAD_REQUEST,
-                    "body_unreadable",
-                    "Request body unreadable",
+                    ProblemCode::BodyUnreadable,
                     &format!("the request body could not be read: {e}"),
                 );
             }
@@ -211,9 +210,7 @@ impl Inner {
             "webhook event rejected"
         );
         problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "Body too large",
+            ProblemCode::BodyTooLarge,
             &format!(
                 "the body is over this webhook's limit of {} bytes",
                 self.config.max_body
@@ -221,20 +218,16 @@ impl Inner {
         )
     }
 
-    fn rejected(&self, code: &str, detail: &str) -> Response {
+    fn rejected(&self, code: ProblemCode, detail: &str) -> Response {
         metrics::counter!("oncely_webhook_events_total", "result" => "rejected").increment(1);
         tracing::info!(
             webhook = %self.config.path,
             state = "rejected",
-            code,
+            code = code.as_str(),
             reason = detail,
             "webhook event rejected"
         );
-        let title = match code {
-            "signature_invalid" => "Signature invalid",
-            _ => "Event id missing",
-        };
-        problem(StatusCode::BAD_REQUEST, code, title, detail)
+        problem(code, detail)
     }
 
     async fn accept(&self, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -243,11 +236,11 @@ impl Inner {
             .map_or(0, |d| d.as_millis() as i64);
         let verified = match self.config.verifier.verify(headers, body, now_ms / 1000) {
             Ok(v) => v,
-            Err(e) => return self.rejected("signature_invalid", &e.to_string()),
+            Err(e) => return self.rejected(ProblemCode::SignatureInvalid, &e.to_string()),
         };
         let Some(event_id) = verified.event_id else {
             return self.rejected(
-                "event_id_missing",
+                ProblemCode::EventIdMissing,
                 "the delivery verified, but its event id cannot be found (the body or \
                  header that should hold it is missing, empty or not a string or integer)",
             );
@@ -398,38 +391,23 @@ pub fn signed_content_key(body: &[u8]) -> String {
 fn acknowledged(status: &'static str, record: &str) -> Response {
     let mut res = Response::new(Body::empty());
     let h = res.headers_mut();
-    h.insert("oncely-status", HeaderValue::from_static(status));
+    h.insert(ONCELY_STATUS, HeaderValue::from_static(status));
     if let Ok(v) = HeaderValue::from_str(record) {
-        h.insert("oncely-record", v);
+        h.insert(ONCELY_RECORD, v);
     }
     res
 }
 
 fn store_problem(e: &StoreError) -> Response {
     problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store_unavailable",
-        "Store unavailable",
+        ProblemCode::StoreUnavailable,
         &format!("the event was not recorded, so it is not acknowledged; send it again: {e}"),
     )
 }
 
-/// An `application/problem+json` answer (RFC 9457) with a `code` member.
-pub(crate) fn problem(status: StatusCode, code: &str, title: &str, detail: &str) -> Response {
-    let doc = serde_json::json!({
-        "type": format!("urn:oncely:problem:{code}"),
-        "title": title,
-        "status": status.as_u16(),
-        "code": code,
-        "detail": detail,
-    });
-    let mut res = Response::new(Body::from(doc.to_string()));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    res
+/// An `application/problem+json` answer (the one renderer, `oncely_http::problem`).
+pub(crate) fn problem(code: ProblemCode, detail: &str) -> Response {
+    Problem::new(code, detail).render().map(Body::from)
 }
 
 #[cfg(test)]

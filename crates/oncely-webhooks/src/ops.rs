@@ -16,7 +16,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http::StatusCode;
+use oncely_http::problem::ProblemCode;
 use oncely_store::{Store, StoreError, Task, TaskError, TaskId, TaskState};
 use serde::Serialize;
 
@@ -140,18 +140,8 @@ async fn redeliver_handler(State(admin): State<Admin>, Path(id): Path<String>) -
 fn error_response(e: &StoreError) -> Response {
     let detail = e.to_string();
     match e {
-        StoreError::Task(TaskError::NotFound(_)) => problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "No such delivery",
-            &detail,
-        ),
-        StoreError::Task(_) => problem(StatusCode::CONFLICT, "not_dead", "Not dead", &detail),
-        _ => problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            "Store unavailable",
-            &detail,
-        ),
+        StoreError::Task(TaskError::NotFound(_)) => problem(ProblemCode::NotFound, &detail),
+        StoreError::Task(_) => problem(ProblemCode::NotDead, &detail),
+        _ => problem(ProblemCode::StoreUnavailable, &detail),
     }
 }

@@ -16,15 +16,14 @@
 //! The worker wakes at once when this process's ingress queues an event ([`Waker`]) and
 //! polls every `poll_interval` for retries that come due and other instances' tasks.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use oncely_http::client::{error_chain, ClientOptions, UpstreamClient};
 use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
 use tokio::sync::{watch, Notify};
@@ -83,17 +82,31 @@ pub struct DeliveryWorker {
     handle: JoinHandle<()>,
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = UpstreamClient<Full<Bytes>>;
 
 impl DeliveryWorker {
     /// Starts delivering the store's webhook tasks (on the current tokio runtime).
     pub fn start(store: Arc<dyn Store>, options: WorkerOptions) -> DeliveryWorker {
+        DeliveryWorker::start_trusting(store, options, None)
+    }
+
+    /// Starts delivering, trusting the PEM certificates of `extra_ca` (the config's
+    /// `upstream_ca`) for `https://` targets besides the system's roots and
+    /// `$ONCELY_EXTRA_CA_FILE`.
+    pub fn start_trusting(
+        store: Arc<dyn Store>,
+        options: WorkerOptions,
+        extra_ca: Option<&Path>,
+    ) -> DeliveryWorker {
         let waker = Waker::default();
         let (stop, stopped) = watch::channel(false);
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(10)));
-        let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+        // The gateway's one upstream client (`oncely_http::client`): `deliver_to` may be
+        // `https://` too, verified against the same roots as every upstream.
+        let client_options = ClientOptions {
+            connect_timeout: Some(Duration::from_secs(10)),
+            ..ClientOptions::with_extra_ca(extra_ca)
+        };
+        let client: HttpClient = oncely_http::client::upstream_client_or_warn(&client_options);
         let run = Run {
             store,
             options,
@@ -331,17 +344,6 @@ pub fn backoff_ceiling(base: Duration, attempt: u32) -> Duration {
     base.checked_mul(factor)
         .unwrap_or(MAX_BACKOFF)
         .min(MAX_BACKOFF)
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

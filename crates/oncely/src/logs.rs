@@ -25,21 +25,11 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
-/// The target of the per-request log line (oncely-tower's).
-const REQUEST_TARGET: &str = "oncely::request";
+/// The target of the per-request log line (`oncely_http::request_log`'s).
+const REQUEST_TARGET: &str = oncely_http::request_log::TARGET;
 
 /// The keys every JSON request line carries.
-pub const REQUEST_FIELDS: [&str; 9] = [
-    "record",
-    "route",
-    "principal",
-    "status",
-    "attempt",
-    "workflow_id",
-    "upstream_status",
-    "provider_request_id",
-    "duration_ms",
-];
+pub const REQUEST_FIELDS: [&str; 9] = oncely_http::request_log::FIELDS;
 
 /// Flushes the buffered log lines when dropped (see [`init`]).
 #[must_use = "dropping the guard stops the log writer"]

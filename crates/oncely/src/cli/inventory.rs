@@ -17,6 +17,7 @@ use clap::Args;
 use http_body_util::{BodyExt, Full};
 use oncely_core::units::format_duration;
 use oncely_core::{Class, State};
+use oncely_http::client::error_chain;
 use oncely_store::ListFilter;
 use oncely_tower::KeyMode;
 use serde_json::{json, Value};
@@ -425,17 +426,6 @@ impl McpSession {
         };
         let _ = tokio::time::timeout(MCP_TIMEOUT, self.client.request(req)).await;
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 // ---------------------------------------------------------------------------------------

@@ -27,9 +27,9 @@ use axum::{Json, Router};
 use base64::Engine;
 use metrics_exporter_prometheus::PrometheusHandle;
 use oncely_core::{RecordId, Resolution, State as RecordState, StoredResponse};
+use oncely_http::problem::{Problem, ProblemCode};
 use oncely_store::{ListFilter, Store, StoreError};
 use serde::Deserialize;
-use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use crate::config::{Config, Route};
@@ -51,40 +51,28 @@ pub struct AdminState {
     pub webhooks: Router,
 }
 
-/// An admin API error: one type, rendered as problem+json, internals hidden.
+/// An admin API error: one type, rendered as problem+json (`oncely_http::problem`, the
+/// one renderer), internals hidden.
 #[derive(Debug)]
-pub struct AdminError {
-    status: StatusCode,
-    code: &'static str,
-    detail: String,
-}
+pub struct AdminError(Problem);
 
 impl AdminError {
-    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> AdminError {
-        AdminError {
-            status,
-            code,
-            detail: detail.into(),
-        }
+    fn new(code: ProblemCode, detail: impl Into<String>) -> AdminError {
+        AdminError(Problem::new(code, detail))
     }
 }
 
 impl From<StoreError> for AdminError {
     fn from(e: StoreError) -> AdminError {
         match e {
-            StoreError::NotFound(id) => AdminError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no ledger record {id}"),
-            ),
-            StoreError::Transition(t) => {
-                AdminError::new(StatusCode::CONFLICT, "wrong_state", t.to_string())
+            StoreError::NotFound(id) => {
+                AdminError::new(ProblemCode::NotFound, format!("no ledger record {id}"))
             }
+            StoreError::Transition(t) => AdminError::new(ProblemCode::WrongState, t.to_string()),
             other => {
                 tracing::warn!(error = %other, "admin API: store failure");
                 AdminError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
+                    ProblemCode::StoreUnavailable,
                     "the ledger cannot be reached",
                 )
             }
@@ -94,19 +82,7 @@ impl From<StoreError> for AdminError {
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
-        let body = json!({
-            "type": "about:blank",
-            "title": self.status.canonical_reason().unwrap_or("error"),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-            "code": self.code,
-        });
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/problem+json")],
-            body.to_string(),
-        )
-            .into_response()
+        self.0.render().map(axum::body::Body::from)
     }
 }
 
@@ -127,9 +103,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .merge(guarded)
-        .fallback(|| async {
-            AdminError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
-        })
+        .fallback(|| async { AdminError::new(ProblemCode::NotFound, "no such admin route") })
         .with_state(state.clone())
         .merge(webhooks)
         .merge(super::console::router(state))
@@ -138,8 +112,7 @@ pub fn router(state: AdminState) -> Router {
 async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Response {
     let Some(token) = &state.token else {
         return AdminError::new(
-            StatusCode::FORBIDDEN,
-            "admin_disabled",
+            ProblemCode::AdminDisabled,
             format!(
                 "the admin API is closed: set {} to a token to open it",
                 state.config.admin_token_env
@@ -157,8 +130,7 @@ async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Resp
         Some(g) if bool::from(g.as_bytes().ct_eq(token.as_bytes())) => next.run(req).await,
         _ => {
             let mut res = AdminError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ProblemCode::Unauthorized,
                 "a valid Authorization: Bearer token is required",
             )
             .into_response();
@@ -206,7 +178,7 @@ async fn list(
         None | Some("") => None,
         Some(s) => Some(
             s.parse::<RecordState>()
-                .map_err(|e| AdminError::new(StatusCode::BAD_REQUEST, "bad_request", e))?,
+                .map_err(|e| AdminError::new(ProblemCode::BadRequest, e))?,
         ),
     };
     // As `ledger list --principal P`: the stored hash, or the raw value hashed.
@@ -300,7 +272,7 @@ impl ResolveHeaders {
 }
 
 fn bad(detail: impl Into<String>) -> AdminError {
-    AdminError::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    AdminError::new(ProblemCode::BadRequest, detail)
 }
 
 async fn resolve(
@@ -348,7 +320,7 @@ async fn resolve(
                 http::HeaderValue::from_str(&value)
                     .map_err(|_| bad(format!("the value of {name:?} is not a header value")))?;
                 // The one storing policy: a replay never carries set-cookie and the like.
-                if oncely_tower::headers::is_replayable(&name) {
+                if oncely_http::headers::is_replayable(&name) {
                     headers.push((name.to_ascii_lowercase(), value));
                 }
             }

@@ -2,7 +2,7 @@
 //!
 //! | metric | kind | labels |
 //! | --- | --- | --- |
-//! | `oncely_requests_total` | counter | `route`, `status` (the `Oncely-Status` values; a job run the worker ended counts once more with the job's status: `completed`, `failed`, `outcome_unknown`); counted by oncely-tower; MCP calls add `tool`, a tool name a `tools/list` answer or the config named, else `other` (a client picks the names it calls) |
+//! | `oncely_requests_total` | counter | `route`, `status` (the `Oncely-Status` values; a job run the worker ended counts once more with the job's status: `completed`, `failed`, `outcome_unknown`); counted by `oncely_http::request_log`; MCP calls add `tool`, a tool name a `tools/list` answer or the config named, else `other` (a client picks the names it calls) |
 //! | `oncely_upstream_seconds` | histogram | time to the upstream's answer head |
 //! | `oncely_in_flight` | gauge | upstream calls whose answer is not finished |
 //! | `oncely_outcome_unknown` | gauge | records awaiting reconciliation, refreshed from the store |
@@ -77,8 +77,7 @@ pub fn describe<'a>(routes: impl Iterator<Item = &'a str>) {
     );
     for route in routes {
         for status in STATUSES {
-            metrics::counter!("oncely_requests_total", "route" => route.to_owned(), "status" => status)
-                .increment(0);
+            oncely_http::request_log::request_counter(route, status).increment(0);
         }
     }
     for result in DELIVERY_RESULTS {

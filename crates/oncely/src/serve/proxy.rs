@@ -1,34 +1,30 @@
 //! The reverse proxy: a tower `Service<Request<BoxBody>>` on hyper-util's pooled client.
 //!
 //! It picks the upstream of the first matching route (else the default), rewrites the
-//! URI, drops hop-by-hop headers both ways (`Connection` and the headers it names,
-//! `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), adds
-//! `Forwarded` and `X-Forwarded-For`/`-Proto`/`-Host`, and streams both bodies. Client
-//! errors become [`UpstreamError`]s: a failed connect (refused, DNS, TLS handshake) is
-//! [`UpstreamError::BeforeSend`], anything later [`UpstreamError::AfterSend`], which is
-//! what the guard needs to tell "nothing happened" from "something may have".
+//! URI, drops hop-by-hop headers both ways (the one policy, `oncely_http::headers`),
+//! adds `Forwarded` and `X-Forwarded-For`/`-Proto`/`-Host`, and streams both bodies.
+//! Client errors become [`UpstreamError`]s: a failed connect (refused, DNS, TLS
+//! handshake) is [`UpstreamError::BeforeSend`], anything later
+//! [`UpstreamError::AfterSend`], which is what the guard needs to tell "nothing
+//! happened" from "something may have".
 //!
 //! `https://` upstreams are verified against the system's root certificates, plus the
 //! PEM file named by the config's `upstream_ca` or the environment variable
-//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests).
+//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests): the one upstream
+//! client, `oncely_http::client`.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use oncely_http::client::{error_chain, ClientOptions};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -36,63 +32,19 @@ use super::routes::RouteTable;
 use crate::config::Upstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
-pub const EXTRA_CA_ENV: &str = "ONCELY_EXTRA_CA_FILE";
+pub use oncely_http::client::EXTRA_CA_ENV;
 
-/// The pooled HTTP/HTTPS client every upstream call goes through.
+/// The pooled HTTP/HTTPS client every upstream call goes through (`oncely_http::client`).
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
-    client: Client<HttpsConnector<HttpConnector>, BoxBody>,
-}
-
-/// The rustls provider oncely uses, explicitly, so that no other crate's choice of
-/// provider can make the process-wide default ambiguous.
-pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-pub(crate) fn read_certificates(
-    path: &Path,
-) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
-    let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let certs = rustls_pemfile::certs(&mut pem.as_slice())
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", path.display());
-    Ok(certs)
+    client: oncely_http::client::UpstreamClient<BoxBody>,
 }
 
 impl UpstreamClient {
     /// A client trusting the system's roots, plus `extra_ca` and `$ONCELY_EXTRA_CA_FILE`.
     pub fn new(extra_ca: Option<&Path>) -> anyhow::Result<UpstreamClient> {
-        let mut roots = rustls::RootCertStore::empty();
-        // A missing or partly unreadable system store is not fatal: plain http upstreams
-        // and an explicit CA file still work.
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            let _ = roots.add(cert);
-        }
-        let env_ca = std::env::var_os(EXTRA_CA_ENV).map(std::path::PathBuf::from);
-        for path in extra_ca.map(Path::to_path_buf).into_iter().chain(env_ca) {
-            for cert in read_certificates(&path)? {
-                roots
-                    .add(cert)
-                    .with_context(|| format!("{}: unusable CA certificate", path.display()))?;
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
-            .with_safe_default_protocol_versions()
-            .context("TLS setup")?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let options = ClientOptions::with_extra_ca(extra_ca);
+        let client = oncely_http::client::upstream_client(&options)?;
         Ok(UpstreamClient { client })
     }
 
@@ -112,17 +64,6 @@ impl UpstreamClient {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// Who the client is, put on each request by the connection that received it.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientInfo {
@@ -132,8 +73,8 @@ pub struct ClientInfo {
     pub https: bool,
 }
 
-/// Removes hop-by-hop headers (the one policy, in `oncely_tower::headers`).
-pub use oncely_tower::headers::strip_hop_by_hop;
+/// Removes hop-by-hop headers (the one policy, in `oncely_http::headers`).
+pub use oncely_http::headers::strip_hop_by_hop;
 
 /// Adds `X-Forwarded-For` (appended to any the client sent), `X-Forwarded-Proto`,
 /// `X-Forwarded-Host` and `Forwarded` (RFC 7239, appended).

@@ -78,7 +78,7 @@ pub async fn ask(
     let status = parts.status.as_u16();
     if parts.status.is_success() {
         // The one storing policy: no set-cookie, no hop-by-hop or oncely headers.
-        let headers = oncely_tower::headers::replayable_headers(&parts.headers);
+        let headers = oncely_http::headers::replayable_headers(&parts.headers);
         Verdict::Resolve(Resolution::Completed {
             response: StoredResponse {
                 status,

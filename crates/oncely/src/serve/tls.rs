@@ -10,20 +10,21 @@ use crate::config::TlsFiles;
 
 /// Loads the certificate chain and private key.
 pub fn server_config(files: &TlsFiles) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let certs = super::proxy::read_certificates(&files.cert)?;
+    let certs = oncely_http::client::read_certificates(&files.cert)?;
     let key = read_key(&files.key)?;
-    let mut config = rustls::ServerConfig::builder_with_provider(super::proxy::crypto_provider())
-        .with_safe_default_protocol_versions()
-        .context("TLS setup")?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .with_context(|| {
-            format!(
-                "{} and {} do not make a usable certificate and key",
-                files.cert.display(),
-                files.key.display()
-            )
-        })?;
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(oncely_http::client::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .context("TLS setup")?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .with_context(|| {
+                format!(
+                    "{} and {} do not make a usable certificate and key",
+                    files.cert.display(),
+                    files.key.display()
+                )
+            })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

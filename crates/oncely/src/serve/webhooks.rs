@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use oncely_http::problem::{Problem, ProblemCode};
 use oncely_store::Store;
 use oncely_tower::BoxBody;
 use oncely_webhooks::worker::{DeliveryWorker, WorkerOptions};
@@ -29,13 +30,7 @@ impl Webhooks {
         if config.webhooks.is_empty() {
             return Ok(Webhooks::default());
         }
-        // One worker delivers for every endpoint: the shortest lease serves them all
-        // (a shorter lease only means more frequent renewals).
-        let mut options = WorkerOptions::default();
-        if let Some(lease) = config.webhooks.iter().map(|w| w.lease).min() {
-            options.lease = lease;
-        }
-        let worker = DeliveryWorker::start(store.clone(), options);
+        let worker = start_worker(config, store);
         let endpoints = build(config, store, &worker)?;
         Ok(Webhooks {
             endpoints: Arc::new(endpoints),
@@ -58,11 +53,7 @@ impl Webhooks {
             resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;
         }
         if self.worker.is_none() {
-            let mut options = WorkerOptions::default();
-            if let Some(lease) = config.webhooks.iter().map(|w| w.lease).min() {
-                options.lease = lease;
-            }
-            self.worker = Some(DeliveryWorker::start(store.clone(), options));
+            self.worker = Some(start_worker(config, store));
         }
         let worker = self.worker.as_ref().expect("a worker");
         self.endpoints = Arc::new(build(config, store, worker)?);
@@ -110,17 +101,22 @@ impl WebhookPaths {
 }
 
 fn method_not_allowed() -> Response<BoxBody> {
-    let mut res = Response::new(oncely_tower::body::full(bytes::Bytes::from_static(
-        br#"{"type":"about:blank","title":"Method Not Allowed","status":405,"code":"method_not_allowed","detail":"webhook endpoints take POST"}"#,
-    )));
-    *res.status_mut() = http::StatusCode::METHOD_NOT_ALLOWED;
-    res.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/problem+json"),
-    );
+    let mut res =
+        Problem::new(ProblemCode::MethodNotAllowed, "webhook endpoints take POST").into_response();
     res.headers_mut()
         .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
     res
+}
+
+/// The one worker that delivers for every endpoint: the shortest lease serves them all
+/// (a shorter lease only means more frequent renewals), and `https://` targets are
+/// verified like upstreams (system roots, `upstream_ca`, `$ONCELY_EXTRA_CA_FILE`).
+fn start_worker(config: &Config, store: &Arc<dyn Store>) -> DeliveryWorker {
+    let mut options = WorkerOptions::default();
+    if let Some(lease) = config.webhooks.iter().map(|w| w.lease).min() {
+        options.lease = lease;
+    }
+    DeliveryWorker::start_trusting(store.clone(), options, config.upstream_ca.as_deref())
 }
 
 fn build(

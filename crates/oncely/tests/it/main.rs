@@ -19,6 +19,7 @@ mod durable;
 mod e2e;
 mod faults;
 mod hostile;
+mod http_toolkit;
 mod inventory;
 mod jobs;
 mod mcp;

@@ -695,7 +695,7 @@ fn resolution(f: &ResolveForm, window: Duration) -> Result<Resolution, String> {
                 http::HeaderValue::from_str(value)
                     .map_err(|_| format!("the value of {name:?} is not a header value"))?;
                 // The one storing policy: a replay never carries set-cookie and the like.
-                if oncely_tower::headers::is_replayable(name) {
+                if oncely_http::headers::is_replayable(name) {
                     headers.push((name.to_ascii_lowercase(), value.to_owned()));
                 }
             }

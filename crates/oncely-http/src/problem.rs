@@ -1,13 +1,15 @@
-//! The gateway's own error answers (and the names of oncely's headers): `application/problem+json` (RFC 9457) with a `code`
-//! member. One type, [`Problem`], turns into a response and never shows internals: the
-//! cause (a store error, an upstream error) is logged where it happens, and the client
-//! gets a fixed title and a detail written for it.
+//! Every error answer oncely writes itself (and the names of oncely's headers):
+//! `application/problem+json` (RFC 9457) with a `code` member. One type, [`Problem`],
+//! turns into a response and never shows internals: the cause (a store error, an upstream
+//! error) is logged where it happens, and the client gets a fixed title and a detail
+//! written for it. The gateway's routes, the MCP endpoints, the webhook endpoints and the
+//! admin API all answer through it, so they agree on `type` (`urn:oncely:problem:CODE`),
+//! `title` (one per code) and the members (`docs/problems.md`).
 
 use std::fmt;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::BodyExt;
 use oncely_core::{RecordId, Timestamp};
 
 use crate::BoxBody;
@@ -23,7 +25,7 @@ pub const REPLAY_UNTIL: &str = "oncely-replay-until";
 /// Upstream to gateway: its answer is good for this many seconds at most.
 pub const REPLAY_SECONDS: &str = "oncely-replay-seconds";
 
-/// What went wrong, as the contract names it.
+/// What went wrong, as the contract and `docs/problems.md` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ProblemCode {
@@ -63,12 +65,31 @@ pub enum ProblemCode {
     /// 409: the job's upstream call failed; its record was released, so sending the
     /// original request again runs it again. Not in the contract's table; an extension.
     JobFailed,
+    /// 400 (webhooks): the signature does not verify, or its timestamp is outside
+    /// `tolerance`; nothing was recorded.
+    SignatureInvalid,
+    /// 400 (webhooks): the delivery verified but its event id is missing or empty.
+    EventIdMissing,
+    /// 405 (webhooks): an endpoint was called with a method other than `POST`.
+    MethodNotAllowed,
+    /// 502 (MCP): the MCP server's answer broke off after it started.
+    UpstreamFailed,
+    /// 400 (admin): a query or body the admin API cannot use.
+    BadRequest,
+    /// 401 (admin): no bearer token, or a wrong one.
+    Unauthorized,
+    /// 403 (admin): the token variable is unset or empty, so the admin API is closed.
+    AdminDisabled,
+    /// 409 (admin): a resolution of a record that is not `outcome_unknown`.
+    WrongState,
+    /// 409 (admin): `redeliver` of a webhook delivery that is not dead-lettered.
+    NotDead,
 }
 
 impl ProblemCode {
     /// Every code, in the order of the `as_str` arms (`docs/problems.md` is checked
     /// against it).
-    pub const ALL: [ProblemCode; 15] = [
+    pub const ALL: [ProblemCode; 24] = [
         ProblemCode::KeyMissing,
         ProblemCode::KeyInvalid,
         ProblemCode::PathInvalid,
@@ -84,6 +105,15 @@ impl ProblemCode {
         ProblemCode::UpstreamBusy,
         ProblemCode::NotFound,
         ProblemCode::JobFailed,
+        ProblemCode::SignatureInvalid,
+        ProblemCode::EventIdMissing,
+        ProblemCode::MethodNotAllowed,
+        ProblemCode::UpstreamFailed,
+        ProblemCode::BadRequest,
+        ProblemCode::Unauthorized,
+        ProblemCode::AdminDisabled,
+        ProblemCode::WrongState,
+        ProblemCode::NotDead,
     ];
 
     /// The `code` member.
@@ -104,6 +134,15 @@ impl ProblemCode {
             ProblemCode::UpstreamBusy => "upstream_busy",
             ProblemCode::NotFound => "not_found",
             ProblemCode::JobFailed => "job_failed",
+            ProblemCode::SignatureInvalid => "signature_invalid",
+            ProblemCode::EventIdMissing => "event_id_missing",
+            ProblemCode::MethodNotAllowed => "method_not_allowed",
+            ProblemCode::UpstreamFailed => "upstream_failed",
+            ProblemCode::BadRequest => "bad_request",
+            ProblemCode::Unauthorized => "unauthorized",
+            ProblemCode::AdminDisabled => "admin_disabled",
+            ProblemCode::WrongState => "wrong_state",
+            ProblemCode::NotDead => "not_dead",
         }
     }
 
@@ -113,15 +152,25 @@ impl ProblemCode {
             ProblemCode::KeyMissing
             | ProblemCode::KeyInvalid
             | ProblemCode::PathInvalid
-            | ProblemCode::BodyUnreadable => StatusCode::BAD_REQUEST,
+            | ProblemCode::BodyUnreadable
+            | ProblemCode::SignatureInvalid
+            | ProblemCode::EventIdMissing
+            | ProblemCode::BadRequest => StatusCode::BAD_REQUEST,
+            ProblemCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProblemCode::AdminDisabled => StatusCode::FORBIDDEN,
+            ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProblemCode::InFlight
             | ProblemCode::OutcomeUnknown
             | ProblemCode::ResultTooLarge
-            | ProblemCode::JobFailed => StatusCode::CONFLICT,
+            | ProblemCode::JobFailed
+            | ProblemCode::WrongState
+            | ProblemCode::NotDead => StatusCode::CONFLICT,
             ProblemCode::NotFound => StatusCode::NOT_FOUND,
             ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProblemCode::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            ProblemCode::UpstreamUnreachable | ProblemCode::UpstreamFailed => {
+                StatusCode::BAD_GATEWAY
+            }
             ProblemCode::StoreUnavailable | ProblemCode::UpstreamBusy => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -147,6 +196,15 @@ impl ProblemCode {
             ProblemCode::UpstreamBusy => "Upstream busy",
             ProblemCode::NotFound => "Not found",
             ProblemCode::JobFailed => "Job failed",
+            ProblemCode::SignatureInvalid => "Signature invalid",
+            ProblemCode::EventIdMissing => "Event id missing",
+            ProblemCode::MethodNotAllowed => "Method not allowed",
+            ProblemCode::UpstreamFailed => "Upstream answer broke off",
+            ProblemCode::BadRequest => "Bad request",
+            ProblemCode::Unauthorized => "Unauthorized",
+            ProblemCode::AdminDisabled => "Admin API disabled",
+            ProblemCode::WrongState => "Wrong state",
+            ProblemCode::NotDead => "Not dead",
         }
     }
 }
@@ -227,14 +285,21 @@ impl Problem {
     }
 
     /// The answer: status, `Content-Type: application/problem+json`, `Oncely-Record`
-    /// and `Retry-After` when known. The caller adds `Oncely-Status`.
+    /// and `Retry-After` when known, with the document as its body. The caller adds
+    /// `Oncely-Status` (and, for the webhook endpoints' 405, `Allow`).
     pub fn into_response(self) -> Response<BoxBody> {
-        let body = Bytes::from(self.to_json().to_string());
-        let mut res = Response::new(
-            http_body_util::Full::new(body)
+        use http_body_util::BodyExt;
+        self.render().map(|doc| {
+            http_body_util::Full::new(doc)
                 .map_err(|never| match never {})
-                .boxed(),
-        );
+                .boxed()
+        })
+    }
+
+    /// The same answer with the document as bytes, for a caller with a body type of its
+    /// own (`problem.render().map(axum::body::Body::from)`).
+    pub fn render(&self) -> Response<Bytes> {
+        let mut res = Response::new(Bytes::from(self.to_json().to_string()));
         *res.status_mut() = self.code.status();
         let h = res.headers_mut();
         h.insert(
@@ -278,6 +343,7 @@ mod tests {
 
     #[tokio::test]
     async fn renders_rfc9457_with_code() {
+        use http_body_util::BodyExt;
         let p = Problem::new(ProblemCode::InFlight, "still running")
             .with_record(&RecordId("rec_1".into()))
             .with_retry_after(0);
@@ -309,8 +375,43 @@ mod tests {
             (UpstreamUnreachable, 502),
             (StoreUnavailable, 503),
             (UpstreamTimeout, 504),
+            (SignatureInvalid, 400),
+            (EventIdMissing, 400),
+            (BadRequest, 400),
+            (Unauthorized, 401),
+            (AdminDisabled, 403),
+            (NotFound, 404),
+            (MethodNotAllowed, 405),
+            (WrongState, 409),
+            (NotDead, 409),
+            (UpstreamFailed, 502),
+            (UpstreamBusy, 503),
         ] {
             assert_eq!(code.status().as_u16(), status, "{code}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod one_shape {
+    use super::*;
+
+    /// Every code renders the same document shape, whoever writes it (gateway, MCP,
+    /// webhooks, admin): `type` names the code, `title` is the code's own, `status`
+    /// matches the answer's.
+    #[test]
+    fn every_code_renders_one_shape() {
+        for code in ProblemCode::ALL {
+            let res = Problem::new(code, "why").render();
+            assert_eq!(res.status(), code.status());
+            assert_eq!(res.headers()["content-type"], "application/problem+json");
+            let doc: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+            assert_eq!(doc["type"], format!("urn:oncely:problem:{code}"));
+            assert_eq!(doc["title"], code.title());
+            assert_eq!(doc["status"], code.status().as_u16());
+            assert_eq!(doc["code"], code.as_str());
+            assert_eq!(doc["detail"], "why");
+            assert!(doc.get("record").is_none() && doc.get("retry_after").is_none());
         }
     }
 }
