@@ -12,10 +12,12 @@
 //! - [`policy`]: operation classes and which upstream answers are kept.
 //! - [`decide`](mod@decide): what a claimant does with the record it found (the claim table).
 //! - [`record`]: the ledger record, its states, and every transition as a pure function.
+//! - [`errors`]: an error's text with its sources.
 //! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
 
 pub mod canon;
 pub mod decide;
+pub mod errors;
 pub mod fingerprint;
 pub mod key;
 pub mod policy;
@@ -23,6 +25,7 @@ pub mod record;
 pub mod units;
 
 pub use decide::{decide, Claimant, Refusal, Seen, Step};
+pub use errors::error_chain;
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintBuilder};
 pub use key::{ClientKey, DownstreamKey, KeyError, Scope};
 pub use policy::{is_storable, Class, Disposition, UpstreamResult};

@@ -88,11 +88,6 @@ impl Engine {
         hex::encode(mac.finalize().into_bytes())
     }
 
-    /// The principal of a single-tenant route (`principal = "none"`).
-    pub fn single_tenant_principal(&self) -> String {
-        self.principal_hash(b"oncely/single-tenant")
-    }
-
     /// Owned upstream calls (and their ledger writes) running now.
     pub fn in_flight(&self) -> usize {
         self.tasks.current()

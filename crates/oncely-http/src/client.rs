@@ -195,18 +195,8 @@ where
     })
 }
 
-/// An error with its sources, `a: b: c`: what a failed upstream call is logged and
-/// reported as (a hyper-util error alone says only "client error (Connect)").
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+/// An error with its sources, `a: b: c` (the core's, named here for the client's callers).
+pub use oncely_core::error_chain;
 
 #[cfg(test)]
 mod tests {

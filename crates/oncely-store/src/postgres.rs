@@ -100,7 +100,10 @@ impl PgStore {
     /// pending migrations, and starts listening for wake-ups.
     pub async fn connect(url: &str, options: StoreOptions) -> Result<PgStore> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            StoreError::Config(format!("bad PostgreSQL URL: {}", error_text_of(&e)))
+            StoreError::Config(format!(
+                "bad PostgreSQL URL: {}",
+                oncely_core::error_chain(&e)
+            ))
         })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
@@ -1147,19 +1150,8 @@ fn attempt_param(attempt: u32) -> i32 {
 pub(crate) fn error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => error_text_of(e),
+        None => oncely_core::error_chain(e),
     }
-}
-
-fn error_text_of(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 pub(crate) fn unavailable(e: tokio_postgres::Error) -> StoreError {

@@ -187,11 +187,6 @@ impl Guard {
         self.engine.principal_hash(raw)
     }
 
-    /// The principal of a single-tenant route (`principal = "none"`).
-    pub fn single_tenant_principal(&self) -> String {
-        self.engine.single_tenant_principal()
-    }
-
     /// Owned upstream calls (and their ledger writes) running now.
     pub fn in_flight(&self) -> usize {
         self.engine.in_flight()
