@@ -57,7 +57,8 @@ impl Durability {
         })
     }
 
-    /// Counts one committed group; returns its sequence number.
+    /// Counts one group about to commit; returns its sequence number. Counted before the
+    /// `COMMIT`, so that no read can see the group's changes and not its number.
     pub(super) fn commit(&self) -> u64 {
         self.committed.fetch_add(1, Ordering::AcqRel) + 1
     }

@@ -215,6 +215,10 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         // After a failed fsync nothing more is written: what the kernel could not flush
         // may be gone, and a later success would hide that.
         let lost = syncer.as_ref().and_then(|(_, d)| d.failure());
+        // The group's sequence number is counted before its `COMMIT` makes it visible:
+        // a read that sees the commit then also sees the number, and waits for its sync
+        // ([`Durability::settled`]).
+        let seq = syncer.as_ref().map(|(_, d)| d.commit());
         let failed = match lost {
             Some(why) => Some(why),
             None => commit_group(&conn, &mut group, clock.as_ref(), &mut woken),
@@ -226,13 +230,21 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         if let Some(why) = &failed {
             tracing::warn!(commands = group.len(), error = %why, "a ledger write group failed");
             woken.clear();
-        } else if let Some((syncer, durability)) = &syncer {
+            if let (Some((syncer, _)), Some(seq)) = (&syncer, seq) {
+                // Nothing of this group was committed; its number still has to be
+                // passed, or reads that counted it would wait for it forever.
+                syncer.push(Batch {
+                    seq,
+                    done: Box::new(|_| {}),
+                });
+            }
+        } else if let (Some((syncer, _)), Some(seq)) = (&syncer, seq) {
             // Answered once the syncer has made this commit durable.
             let done = std::mem::replace(&mut group, Vec::with_capacity(group_size));
             let wake = std::mem::take(&mut woken);
             let waiters = Arc::clone(&waiters);
             syncer.push(Batch {
-                seq: durability.commit(),
+                seq,
                 done: Box::new(move |failed| {
                     if failed.is_none() {
                         for id in &wake {
