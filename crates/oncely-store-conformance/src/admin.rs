@@ -497,6 +497,54 @@ where
     );
 }
 
+/// Many repeats in one write (a busy record's flush: hundreds of replays in one tally) are
+/// all kept, in order, each with its own time, kind and units.
+pub async fn many_repeat_events_in_one_write_are_all_kept<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    use oncely_store::{Repeat, RepeatKind};
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("dora", "d1", "{}", Class::Write, "o"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{}", 2))
+        .await
+        .unwrap();
+    let t0 = store.now().await.unwrap();
+    // 64 + 64 + 22: whole statements and a shorter last one, where a store batches.
+    let events: Vec<Repeat> = (0..150u64)
+        .map(|i| Repeat {
+            at: t0.plus(Duration::from_millis(i)),
+            kind: if i % 3 == 0 {
+                RepeatKind::Joined
+            } else {
+                RepeatKind::Replayed
+            },
+            units: i % 5,
+        })
+        .collect();
+    store.record_repeats(&r.id, &events).await.unwrap();
+    store.record_repeats(&r.id, &events[..1]).await.unwrap();
+    let units: u64 = events.iter().map(|e| e.units).sum::<u64>() + events[0].units;
+    let record = store.get(&r.id).await.unwrap().unwrap();
+    assert_eq!((record.repeats, record.repeat_units), (151, units));
+    let all = store.repeat_events("dora", None, 1000).await.unwrap();
+    assert_eq!((all.total, all.total_units), (151, units));
+    let mut expected: Vec<_> = events.iter().map(|e| (e.at, e.kind, e.units)).collect();
+    expected.insert(1, (events[0].at, events[0].kind, events[0].units));
+    let seen: Vec<_> = all.listed.iter().map(|e| (e.at, e.kind, e.units)).collect();
+    assert_eq!(seen, expected);
+    assert!(all
+        .listed
+        .iter()
+        .all(|e| e.record == r.id && e.route == "POST /v1/render"));
+}
+
 /// A secret is generated once and shared by every instance on the database.
 pub async fn secrets_are_stable_and_shared<H: Harness + ?Sized>(h: &H)
 where

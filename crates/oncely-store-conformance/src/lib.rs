@@ -175,6 +175,7 @@ macro_rules! admin_tests {
             list_filters_newest_first,
             repeats_and_usage,
             repeat_events_for_statements,
+            many_repeat_events_in_one_write_are_all_kept,
             secrets_are_stable_and_shared,
             reconcile_schedule_is_shared_and_compared,
         );

@@ -24,6 +24,35 @@ CREATE INDEX repeat_events_principal ON repeat_events (principal, at);
 CREATE INDEX repeat_events_expires ON repeat_events (expires_at);
 "#;
 
+/// How many events one `INSERT` writes. A replay under load is one event, so the writer
+/// inserts thousands a second: one statement per row (an `INSERT ... SELECT` each, with
+/// its own statement journal) was most of the writer's time on replays.
+const ROWS_PER_INSERT: usize = 64;
+
+/// `INSERT INTO repeat_events ... VALUES (...), (...)` with `rows` rows of seven values.
+fn insert_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at) VALUES ",
+    );
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        let n = row * 7;
+        sql.push_str(&format!(
+            "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+            n + 1,
+            n + 2,
+            n + 3,
+            n + 4,
+            n + 5,
+            n + 6,
+            n + 7
+        ));
+    }
+    sql
+}
+
 /// Counts the repeats on the record and keeps each one (inside the writer's transaction).
 pub(super) fn record(conn: &Connection, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
     let units: u64 = repeats.iter().map(|r| r.units).sum();
@@ -37,15 +66,35 @@ pub(super) fn record(conn: &Connection, id: &RecordId, repeats: &[Repeat]) -> Re
     if changed == 0 {
         return Err(StoreError::NotFound(id.clone()));
     }
-    let mut st = conn
-        .prepare_cached(
-            "INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at) \
-             SELECT id, principal, route, ?2, ?3, ?4, expires_at FROM records WHERE id = ?1",
-        )
+    if repeats.is_empty() {
+        return Ok(());
+    }
+    // Each event copies its record's principal, route and expiry, read once here.
+    let (principal, route, expires_at): (String, String, Option<i64>) = conn
+        .prepare_cached("SELECT principal, route, expires_at FROM records WHERE id = ?1")
+        .and_then(|mut st| st.query_row([&id.0], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))
         .map_err(sql_error)?;
-    for r in repeats {
-        st.execute(params![id.0, r.at.0, r.kind.as_str(), r.units as i64])
-            .map_err(sql_error)?;
+    static FULL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| insert_sql(ROWS_PER_INSERT));
+    for chunk in repeats.chunks(ROWS_PER_INSERT) {
+        let rows: Vec<(i64, &str, i64)> = chunk
+            .iter()
+            .map(|r| (r.at.0, r.kind.as_str(), r.units as i64))
+            .collect();
+        let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(rows.len() * 7);
+        for (at, kind, units) in &rows {
+            values.extend_from_slice(&[&id.0, &principal, &route, at, kind, units, &expires_at]);
+        }
+        // The full-size statement stays in the connection's cache; a shorter last chunk's
+        // is prepared for this once (its length varies, and would crowd the cache).
+        if chunk.len() == ROWS_PER_INSERT {
+            conn.prepare_cached(&FULL)
+                .and_then(|mut st| st.execute(values.as_slice()))
+        } else {
+            conn.prepare(&insert_sql(chunk.len()))
+                .and_then(|mut st| st.execute(values.as_slice()))
+        }
+        .map_err(sql_error)?;
     }
     Ok(())
 }
