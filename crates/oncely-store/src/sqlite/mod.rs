@@ -324,6 +324,14 @@ fn claim_in(
     now: Timestamp,
     mono: Duration,
 ) -> Result<Applied<Claim>> {
+    // Most claims are of a new key: try the insert first (what `decide_claim` says for
+    // no row), and read the row only when one already holds the key. The single writer
+    // (and `BEGIN IMMEDIATE` between processes) keeps the two steps one decision.
+    let record = Record::new_claim(new_record_id(), spec, now);
+    if rows::insert_new(conn, &record)? {
+        leases::record_remaining(&record, mono);
+        return Ok((Claim::Owned(record), None));
+    }
     let existing = rows::by_key(conn, &spec.scope, &spec.key)?;
     let decision = decide_claim(existing.as_ref(), spec, now);
     let claim = match (decision, existing) {

@@ -4,6 +4,7 @@
 use oncely_core::{Fingerprint, Record, RecordId, Scope, StoredResponse, Timestamp};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::sync::LazyLock;
 
 use super::sql_error;
 use crate::{ListFilter, Result, StoreError, UsageRow};
@@ -132,33 +133,52 @@ fn values(r: &Record) -> Result<[Value; 24]> {
     ])
 }
 
+/// `INSERT INTO records (COLUMNS) VALUES (?1, ..., ?24)` with `tail` after it.
+fn insert_sql(tail: &str) -> String {
+    let placeholders = (1..=24).map(|i| format!("?{i}")).collect::<Vec<_>>();
+    format!(
+        "INSERT INTO records ({COLUMNS}) VALUES ({}){tail}",
+        placeholders.join(", ")
+    )
+}
+
 /// Inserts a new record.
 pub(super) fn insert(conn: &Connection, r: &Record) -> Result<()> {
-    let placeholders = (1..=24).map(|i| format!("?{i}")).collect::<Vec<_>>();
+    static SQL: LazyLock<String> = LazyLock::new(|| insert_sql(""));
     let vals = values(r)?;
-    conn.prepare_cached(&format!(
-        "INSERT INTO records ({COLUMNS}) VALUES ({})",
-        placeholders.join(", ")
-    ))
-    .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
-    .map_err(sql_error)?;
+    conn.prepare_cached(&SQL)
+        .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
+        .map_err(sql_error)?;
     Ok(())
+}
+
+/// Inserts a new record unless a row already holds its `(scope, key)`; returns whether it
+/// did. One statement where a claim of a new key used to read first and then insert.
+pub(super) fn insert_new(conn: &Connection, r: &Record) -> Result<bool> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| insert_sql(" ON CONFLICT (scope, key) DO NOTHING"));
+    let vals = values(r)?;
+    let inserted = conn
+        .prepare_cached(&SQL)
+        .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
+        .map_err(sql_error)?;
+    Ok(inserted == 1)
 }
 
 /// Overwrites the row that had id `old_id` with `r` (whose id may be new: a renewed key).
 pub(super) fn update(conn: &Connection, old_id: &RecordId, r: &Record) -> Result<()> {
-    let sets = COLUMNS
-        .split(", ")
-        .enumerate()
-        .map(|(i, c)| format!("{c} = ?{}", i + 1))
-        .collect::<Vec<_>>();
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        let sets = COLUMNS
+            .split(", ")
+            .enumerate()
+            .map(|(i, c)| format!("{c} = ?{}", i + 1))
+            .collect::<Vec<_>>();
+        format!("UPDATE records SET {} WHERE id = ?25", sets.join(", "))
+    });
     let mut vals = values(r)?.to_vec();
     vals.push(Value::Text(old_id.0.clone()));
     let changed = conn
-        .prepare_cached(&format!(
-            "UPDATE records SET {} WHERE id = ?25",
-            sets.join(", ")
-        ))
+        .prepare_cached(&SQL)
         .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
         .map_err(sql_error)?;
     if changed == 0 {
@@ -191,20 +211,26 @@ const MUTABLE: [(&str, usize); 16] = [
 
 /// Writes back what a transition changed in `r` (same id, same identity).
 pub(super) fn update_state(conn: &Connection, r: &Record) -> Result<()> {
-    let all = values(r)?;
-    let sets = MUTABLE
-        .iter()
-        .enumerate()
-        .map(|(i, (c, _))| format!("{c} = ?{}", i + 1))
-        .collect::<Vec<_>>();
-    let mut vals: Vec<Value> = MUTABLE.iter().map(|(_, i)| all[*i].clone()).collect();
-    vals.push(Value::Text(r.id.0.clone()));
-    let changed = conn
-        .prepare_cached(&format!(
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        let sets = MUTABLE
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| format!("{c} = ?{}", i + 1))
+            .collect::<Vec<_>>();
+        format!(
             "UPDATE records SET {} WHERE id = ?{}",
             sets.join(", "),
             MUTABLE.len() + 1
-        ))
+        )
+    });
+    let mut all = values(r)?;
+    let mut vals: Vec<Value> = MUTABLE
+        .iter()
+        .map(|(_, i)| std::mem::replace(&mut all[*i], Value::Null))
+        .collect();
+    vals.push(Value::Text(r.id.0.clone()));
+    let changed = conn
+        .prepare_cached(&SQL)
         .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
         .map_err(sql_error)?;
     if changed == 0 {
