@@ -204,7 +204,7 @@ async fn resolve(args: ResolveArgs) -> Outcome {
                 headers: args
                     .headers
                     .iter()
-                    .filter(|(n, _)| oncely_tower::headers::is_replayable(n))
+                    .filter(|(n, _)| oncely_http::headers::is_replayable(n))
                     .cloned()
                     .collect(),
                 body: Some(body.into()),

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response};
-use oncely_tower::problem::ONCELY_STATUS;
+use oncely_http::problem::ONCELY_STATUS;
 use oncely_tower::{BoxBody, Problem, ProblemCode, RoutePolicies, RoutePolicy};
 use tokio::sync::Semaphore;
 
