@@ -637,8 +637,9 @@ fn mcp_server(seen: Seen) -> axum::Router {
         .with_state(seen)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the_trace() {
+/// A gateway with one MCP endpoint (the server of [`mcp_server`]) on SQLite, exporting
+/// its spans to a fresh collector.
+async fn mcp_gateway() -> (Collector, Seen, Gateway, tempfile::TempDir) {
     let collector = Collector::default();
     let otlp = collector.start().await;
     let seen = Seen::default();
@@ -655,6 +656,12 @@ async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the
     )
     .unwrap();
     let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    (collector, seen, gw, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the_trace() {
+    let (collector, seen, gw, _dir) = mcp_gateway().await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let headers = [
         ALICE,
@@ -896,22 +903,7 @@ async fn hostile_trace_headers_never_reach_the_upstream_invalid_nor_swell_the_sp
 /// make the collector refuse the whole batch, other requests' spans with it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
-    let seen = Seen::default();
-    let up = upstream(mcp_server(seen.clone())).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("oncely.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{tracing}",
-            db = dir.path().join("ledger.db").display(),
-            tracing = tracing_section(otlp, ""),
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let (collector, _seen, gw, _dir) = mcp_gateway().await;
     let headers = [
         ALICE,
         ("content-type", "application/json"),
