@@ -335,11 +335,6 @@ fn claim_in(
     let existing = rows::by_key(conn, &spec.scope, &spec.key)?;
     let decision = decide_claim(existing.as_ref(), spec, now);
     let claim = match (decision, existing) {
-        (ClaimDecision::Insert, _) => {
-            let record = Record::new_claim(new_record_id(), spec, now);
-            rows::insert(conn, &record)?;
-            Claim::Owned(record)
-        }
         (ClaimDecision::Existing, Some(record)) => {
             Claim::Existing(leases::as_observed(record, now, mono))
         }
