@@ -483,3 +483,44 @@ async fn a_wall_clock_step_lapses_no_lease() {
     );
     assert_eq!(again[0].attempts, 2);
 }
+
+/// With `synchronous = FULL` the WAL is fsynced by the syncer thread before a write is
+/// answered. When that sync fails (here: the WAL is gone from under the syncer, as a
+/// failing disk would make it), the write that waited is refused, and so is every later
+/// write and read: what the kernel could not flush may be lost, so nothing the ledger
+/// shows since can be trusted as durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_refuses_the_write_and_every_later_write_and_read() {
+    let h = SqliteHarness::new();
+    let store = h.open().await;
+    // A read connection opened before the failure, which can still read the file.
+    assert!(store
+        .get(&oncely_store::new_record_id())
+        .await
+        .unwrap()
+        .is_none());
+    let mut wal = h.path().into_os_string();
+    wal.push("-wal");
+    std::fs::remove_file(&wal).expect("the ledger runs in WAL mode");
+
+    let first = spec("alice", "k1", "{}", Class::Write, "a");
+    let err = store.claim(&first).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Unavailable(m) if m.contains("syncing")),
+        "{err:?}"
+    );
+    // The claim's row is committed in SQLite but was never durable: no read shows it.
+    let err = store.lookup(&first.scope, &first.key).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    let err = store.get(&oncely_store::new_record_id()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    // And nothing more is written.
+    let err = store
+        .claim(&spec("bob", "k2", "{}", Class::Write, "b"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Unavailable(m) if m.contains("refuses writes")),
+        "{err:?}"
+    );
+}
