@@ -8,11 +8,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse};
+use oncely_core::Class;
 use oncely_store::sqlite::SqliteStore;
 use oncely_store::{Claim, Store, StoreOptions};
+use oncely_store_conformance::{completion, spec};
 
 /// CPU ticks (utime + stime) and bytes written of every thread whose name starts with
 /// `prefix`.
@@ -38,43 +39,6 @@ fn thread_cost(prefix: &str) -> (u64, u64) {
         }
     }
     (ticks, written)
-}
-
-fn spec(i: u64) -> ClaimSpec {
-    let principal = "p_bench";
-    let route = "POST /v1/render";
-    let body = format!("{{\"prompt\":\"fresh {i}\"}}");
-    ClaimSpec {
-        scope: Scope::new(principal, route),
-        key: format!("fp_{i:016x}_{}", "k".repeat(40)),
-        fingerprint: FingerprintBuilder::new(principal, "POST", "/v1/render")
-            .body(body.as_bytes(), &[]),
-        class: Class::Action,
-        route: route.to_string(),
-        principal: principal.to_string(),
-        owner: "owner-1".to_string(),
-        lease: Duration::from_secs(30),
-        workflow_id: None,
-    }
-}
-
-fn completion() -> Completion {
-    Completion {
-        response: StoredResponse {
-            status: 200,
-            headers: vec![
-                ("content-type".into(), "application/json".into()),
-                ("content-length".into(), "27".into()),
-            ],
-            body: Some(bytes::Bytes::from_static(
-                b"{\"id\":\"r-1\",\"status\":\"ok\"}",
-            )),
-        },
-        units: 1,
-        window: Duration::from_secs(86_400),
-        replay_until: None,
-        provider_request_id: None,
-    }
 }
 
 fn main() {
@@ -109,12 +73,24 @@ fn main() {
                         if i >= end {
                             break;
                         }
-                        let Claim::Owned(record) = store.claim(&spec(i)).await.expect("claim")
+                        let Claim::Owned(record) = store
+                            .claim(&spec(
+                                "p_bench",
+                                &format!("fresh-{i}"),
+                                &format!("{{\"prompt\":{i}}}"),
+                                Class::Action,
+                                "owner-1",
+                            ))
+                            .await
+                            .expect("claim")
                         else {
                             panic!("fresh key found existing")
                         };
                         store
-                            .complete(&record.fence().expect("owned"), completion())
+                            .complete(
+                                &record.fence().expect("owned"),
+                                completion("{\"id\":\"r-1\"}", 1),
+                            )
                             .await
                             .expect("complete");
                     }
