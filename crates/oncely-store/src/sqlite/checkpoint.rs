@@ -9,6 +9,18 @@
 //! passive checkpoint takes no lock the writer needs; the writer starts the WAL over once
 //! a checkpoint has copied all of it. Other processes on the file (the CLI, other
 //! instances) keep SQLite's own checkpoints.
+//!
+//! Under steady load that never happens on its own: while this thread copies, the writer
+//! appends, so no passive checkpoint ever ends with the whole WAL copied, SQLite never
+//! starts the WAL over, and the file grows without end (1.1 GB in ten seconds of fresh
+//! requests). Every frame then extends the file: new blocks, zeroed pages, and an
+//! `fdatasync` that has to commit the file's size too. So when a checkpoint finds the
+//! WAL longer than [`SqliteSettings::wal_restart_pages`](super::SqliteSettings), it asks
+//! the writer to finish the job: between two groups, with no write under way, the writer
+//! runs a passive checkpoint of its own, which has only the frames appended since this
+//! thread's to copy and so copies them all, and its next write starts the WAL over from
+//! the beginning of the file (unless a read still uses the old frames; then the next
+//! request tries again).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +36,28 @@ use crate::{Result, StoreError};
 /// How often the checkpointer looks for commits to copy into the database file.
 pub(super) const EVERY: Duration = Duration::from_millis(100);
 
+/// The WAL length (pages) past which the writer is asked to start the WAL over: 16 MiB
+/// with 4 KiB pages, one segment of SQLite's WAL index.
+pub(super) const RESTART_PAGES: u32 = 4096;
+
+/// What the checkpointer and the writer share.
+#[derive(Debug, Default)]
+pub(super) struct WalState {
+    /// Set by the writer after each commit: there are frames to copy.
+    pub(super) dirty: AtomicBool,
+    /// Set by the checkpointer when the WAL has grown past the limit: the writer should
+    /// finish a checkpoint so that its next write starts the WAL over.
+    pub(super) restart: AtomicBool,
+}
+
+/// Runs a passive checkpoint on `conn`; returns the WAL's length and how much of it is
+/// now copied into the database file, in pages.
+pub(super) fn passive(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get(1)?, row.get(2)?))
+    })
+}
+
 /// Stops its thread when dropped.
 #[derive(Debug)]
 pub(super) struct Checkpointer {
@@ -31,12 +65,15 @@ pub(super) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Starts checkpointing `path`; `dirty` is set by the writer after each commit.
+    /// Starts checkpointing `path` every `every`; asks the writer (through `wal`) to
+    /// start the WAL over once it is longer than `restart_pages`.
     pub(super) fn start(
         path: &Path,
         busy_timeout: Duration,
         synchronous: &str,
-        dirty: Arc<AtomicBool>,
+        every: Duration,
+        restart_pages: u32,
+        wal: Arc<WalState>,
     ) -> Result<Checkpointer> {
         let conn = Connection::open_with_flags(
             path,
@@ -53,11 +90,18 @@ impl Checkpointer {
             .name("oncely-sqlite-ckpt".into())
             .spawn(move || {
                 while !stopped.load(Ordering::Relaxed) {
-                    thread::sleep(EVERY);
-                    if dirty.swap(false, Ordering::AcqRel) {
-                        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    thread::sleep(every);
+                    if !wal.dirty.swap(false, Ordering::AcqRel) {
+                        continue;
+                    }
+                    match passive(&conn) {
+                        Ok((pages, _)) if pages > i64::from(restart_pages) => {
+                            wal.restart.store(true, Ordering::Release);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
                             tracing::debug!(error = %e, "a WAL checkpoint failed; trying again later");
-                            dirty.store(true, Ordering::Release);
+                            wal.dirty.store(true, Ordering::Release);
                         }
                     }
                 }

@@ -77,6 +77,12 @@ pub struct SqliteSettings {
     pub readers: usize,
     /// How often a waiter's instance checks for commits of other instances.
     pub watch_interval: Duration,
+    /// How often the checkpointer copies committed WAL frames into the database file.
+    pub checkpoint_every: Duration,
+    /// The WAL length, in pages, past which the writer finishes a checkpoint between two
+    /// groups so that its next write starts the WAL over (under steady load a passive
+    /// checkpoint alone never lets it, and the file would grow without end).
+    pub wal_restart_pages: u32,
 }
 
 impl Default for SqliteSettings {
@@ -86,6 +92,8 @@ impl Default for SqliteSettings {
             group_size: 256,
             readers: 8,
             watch_interval: readers::WATCH_INTERVAL,
+            checkpoint_every: checkpoint::EVERY,
+            wal_restart_pages: checkpoint::RESTART_PAGES,
         }
     }
 }
@@ -202,12 +210,14 @@ fn open_blocking(
     // Checkpoints run on a thread of their own ([`checkpoint`]), not inside commits.
     conn.pragma_update(None, "wal_autocheckpoint", 0)
         .map_err(sql_error)?;
-    let dirty = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wal = Arc::new(checkpoint::WalState::default());
     let checkpointer = checkpoint::Checkpointer::start(
         &path,
         settings.busy_timeout,
         synchronous,
-        Arc::clone(&dirty),
+        settings.checkpoint_every,
+        settings.wal_restart_pages,
+        Arc::clone(&wal),
     )
     .map_err(cannot_open)?;
     let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
@@ -230,7 +240,7 @@ fn open_blocking(
             cache: Arc::clone(&cache),
             group_size: settings.group_size,
             watch_interval: settings.watch_interval,
-            committed: dirty,
+            wal,
             syncer,
         },
     )?;

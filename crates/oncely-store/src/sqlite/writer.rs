@@ -16,6 +16,7 @@
 //! whole transaction (disk full, I/O error), or the commit fails, every command of the
 //! group is answered `StoreError::Unavailable`.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
@@ -25,6 +26,7 @@ use oncely_core::{RecordId, Timestamp};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::checkpoint::{self, WalState};
 use super::durable::{Batch, Durability, Syncer};
 use super::replays::ReplayCache;
 use super::sql_error;
@@ -149,8 +151,9 @@ pub(super) struct Shared {
     /// How often an idle writer checks for other connections' commits while the cache
     /// holds records.
     pub(super) watch_interval: Duration,
-    /// Set after each commit: the checkpointer has frames to copy.
-    pub(super) committed: Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with the checkpointer: set after each commit (frames to copy); read before
+    /// each group (start the WAL over).
+    pub(super) wal: Arc<WalState>,
     /// With `synchronous = FULL`: the thread that fsyncs the WAL after each commit, and
     /// the commit sequence it reports durable. `None`: SQLite syncs (or does not) in
     /// `COMMIT` itself.
@@ -178,7 +181,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         cache,
         group_size,
         watch_interval,
-        committed,
+        wal,
         syncer,
     } = shared;
     let group_size = group_size.max(1);
@@ -205,6 +208,9 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
+        if wal.restart.swap(false, Ordering::AcqRel) {
+            restart_wal(&conn);
+        }
         group.push(first);
         while group.len() < group_size {
             match rx.try_recv() {
@@ -224,7 +230,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
             None => commit_group(&conn, &mut group, clock.as_ref(), &mut woken),
         };
         if failed.is_none() {
-            committed.store(true, std::sync::atomic::Ordering::Release);
+            wal.dirty.store(true, Ordering::Release);
         }
         foreign_commits(&conn);
         if let Some(why) = &failed {
@@ -271,6 +277,20 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
     // Every handle is gone: close the connection (SQLite checkpoints the WAL on close).
     if let Err((_, e)) = conn.close() {
         tracing::warn!(error = %e, "closing the ledger writer connection failed");
+    }
+}
+
+/// Copies what the checkpointer has not yet copied of the WAL, so that the next write
+/// starts the WAL over at the beginning of the file ([`super::checkpoint`]). Runs between
+/// two groups: no write of this connection is under way, so nothing new is appended
+/// while it copies. The checkpoint syncs the WAL before copying it, so it never copies a
+/// frame that a power cut could take back.
+fn restart_wal(conn: &Connection) {
+    match checkpoint::passive(conn) {
+        Ok((pages, copied)) => {
+            tracing::debug!(pages, copied, "checkpointed the WAL to start it over");
+        }
+        Err(e) => tracing::debug!(error = %e, "a WAL checkpoint of the writer failed"),
     }
 }
 
@@ -324,7 +344,7 @@ mod tests {
                 cache: Arc::default(),
                 group_size: 16,
                 watch_interval: Duration::from_millis(50),
-                committed: Arc::default(),
+                wal: Arc::default(),
                 syncer: None,
             },
         )
