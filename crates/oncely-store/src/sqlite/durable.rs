@@ -88,6 +88,15 @@ impl Durability {
         }
     }
 
+    /// Whether every group up to `seq` is synced, or syncing has failed (then nothing
+    /// more will be, and waiting for it is pointless).
+    pub(super) fn through(&self, seq: u64) -> bool {
+        match &*self.synced.borrow() {
+            Synced::Upto(n) => *n >= seq,
+            Synced::Failed(_) => true,
+        }
+    }
+
     fn synced_upto(&self, seq: u64) {
         self.synced.send_if_modified(|s| match s {
             Synced::Upto(n) if *n < seq => {
@@ -117,20 +126,29 @@ pub(super) struct Batch {
 pub(super) struct Syncer {
     tx: mpsc::Sender<Batch>,
     thread: thread::JoinHandle<()>,
+    rounds: crossbeam_channel::Receiver<()>,
 }
 
 impl Syncer {
     /// Starts the syncer thread for the WAL of the database at `db`.
     pub(super) fn start(db: PathBuf, durability: Arc<Durability>) -> Result<Syncer> {
         let (tx, rx) = mpsc::channel::<Batch>();
+        // One pending signal is enough: the writer reads where syncing stands anyway.
+        let (round, rounds) = crossbeam_channel::bounded(1);
         let mut wal = db.into_os_string();
         wal.push("-wal");
         let wal = PathBuf::from(wal);
         let thread = thread::Builder::new()
             .name("oncely-sqlite-sync".into())
-            .spawn(move || run(wal, rx, durability))
+            .spawn(move || run(wal, rx, durability, round))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the ledger syncer: {e}")))?;
-        Ok(Syncer { tx, thread })
+        Ok(Syncer { tx, thread, rounds })
+    }
+
+    /// Signalled after each sync (each round of batches answered): the writer, holding a
+    /// group open while a sync runs, commits it then.
+    pub(super) fn rounds(&self) -> crossbeam_channel::Receiver<()> {
+        self.rounds.clone()
     }
 
     /// Syncs and answers what is queued, then stops the thread. The writer calls it
@@ -148,7 +166,12 @@ impl Syncer {
     }
 }
 
-fn run(wal: PathBuf, rx: mpsc::Receiver<Batch>, durability: Arc<Durability>) {
+fn run(
+    wal: PathBuf,
+    rx: mpsc::Receiver<Batch>,
+    durability: Arc<Durability>,
+    round: crossbeam_channel::Sender<()>,
+) {
     let mut file: Option<File> = None;
     let mut waiting: Vec<Batch> = Vec::new();
     while let Ok(first) = rx.recv() {
@@ -176,6 +199,7 @@ fn run(wal: PathBuf, rx: mpsc::Receiver<Batch>, durability: Arc<Durability>) {
         for batch in waiting.drain(..) {
             (batch.done)(failed.as_deref());
         }
+        let _ = round.try_send(());
     }
 }
 

@@ -2,12 +2,18 @@
 //! groups.
 //!
 //! Callers send a [`Command`] over a channel and await its reply. The thread takes the
-//! first command, drains whatever else is already waiting (up to a group's size), runs
-//! them all in one `BEGIN IMMEDIATE ... COMMIT`, and only then replies: an answer means
-//! the change is on disk. With `synchronous=FULL` one fsync is then shared by the whole
-//! group, which is what makes FULL affordable under load; that fsync runs on the syncer
-//! thread ([`super::durable`]) while this thread goes on with the next group, and the
-//! group's callers are answered (and its waiters woken) once it is done.
+//! first command, opens a transaction (`BEGIN IMMEDIATE`), applies it and whatever else
+//! is already waiting, and commits the group; only then, and once the commit is durable,
+//! does it reply: an answer means the change is on disk. With `synchronous=FULL` one
+//! fsync is shared by the whole group, which is what makes FULL affordable under load;
+//! that fsync runs on the syncer thread ([`super::durable`]), and the group's callers
+//! are answered (and its waiters woken) once it is done.
+//!
+//! While the syncer is still busy with the last commit, the next group stays open and
+//! takes in the commands that arrive (up to a group's size), and commits when the sync
+//! is done: its callers would have waited for that next sync anyway, and one commit of
+//! many commands writes each page it shares (the tables' and indexes' last pages) into
+//! the WAL once, where many small commits wrote it again each time.
 //!
 //! Each command reads its row, applies the pure transition of `oncely_core::record`, and
 //! writes the row back only if the transition was allowed, so a refused transition
@@ -16,8 +22,8 @@
 //! whole transaction (disk full, I/O error), or the commit fails, every command of the
 //! group is answered `StoreError::Unavailable`.
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -103,13 +109,13 @@ where
 /// The handle callers send commands through. Dropping every handle stops the thread.
 #[derive(Debug, Clone)]
 pub(super) struct Writer {
-    tx: mpsc::Sender<Box<dyn Command>>,
+    tx: Sender<Box<dyn Command>>,
 }
 
 impl Writer {
     /// Starts the writer thread on `conn`.
     pub(super) fn start(conn: Connection, shared: Shared) -> Result<Writer> {
-        let (tx, rx) = mpsc::channel::<Box<dyn Command>>();
+        let (tx, rx) = crossbeam_channel::unbounded::<Box<dyn Command>>();
         thread::Builder::new()
             .name("oncely-sqlite-writer".into())
             .spawn(move || run(conn, rx, shared))
@@ -174,7 +180,66 @@ fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
+/// What woke the writer while a group was open.
+enum Event {
+    Command(Box<dyn Command>),
+    /// The syncer finished a sync.
+    Synced,
+    /// Every handle is gone.
+    Closed,
+}
+
+/// The group being built: commands applied inside an open transaction, not committed yet.
+struct Group {
+    commands: Vec<Box<dyn Command>>,
+    /// The records whose waiters to wake once the group is durable.
+    woken: Vec<RecordId>,
+    /// Why SQLite rolled the transaction back under one of the commands, if it did: the
+    /// commands before it are lost too, and the group has to end.
+    rolled_back: Option<String>,
+}
+
+impl Group {
+    fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// Applies `command` inside the group's transaction, opening it if needed. When the
+    /// transaction cannot open, the command is answered with why, which is returned.
+    fn add(
+        &mut self,
+        conn: &Connection,
+        mut command: Box<dyn Command>,
+        now: Timestamp,
+        lost: Option<String>,
+    ) -> Result<(), String> {
+        if self.commands.is_empty() {
+            // After a failed fsync nothing more is written: what the kernel could not
+            // flush may be gone, and a later success would hide that.
+            let opened = match lost {
+                Some(why) => Err(why),
+                None => run_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_error(e).to_string()),
+            };
+            if let Err(why) = opened {
+                command.finish(Some(&why));
+                return Err(why);
+            }
+        }
+        let outcome = command.apply(conn, now);
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (I/O error, disk full): the
+            // earlier commands of the group are lost too.
+            let why = outcome.err().unwrap_or_default();
+            self.rolled_back = Some(format!("the ledger's transaction was rolled back: {why}"));
+        } else if let Ok(Some(id)) = outcome {
+            self.woken.push(id);
+        }
+        self.commands.push(command);
+        Ok(())
+    }
+}
+
+fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
     let Shared {
         clock,
         waiters,
@@ -185,8 +250,16 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         syncer,
     } = shared;
     let group_size = group_size.max(1);
-    let mut group: Vec<Box<dyn Command>> = Vec::with_capacity(group_size);
-    let mut woken: Vec<RecordId> = Vec::new();
+    let mut group = Group {
+        commands: Vec::with_capacity(group_size),
+        woken: Vec::new(),
+        rolled_back: None,
+    };
+    // The last commit handed to the syncer: a group stays open until it is durable.
+    let mut handed = 0;
+    let rounds = syncer
+        .as_ref()
+        .map_or_else(crossbeam_channel::never, |(s, _)| s.rounds());
     let mut version = data_version(&conn);
     let mut foreign_commits = |conn: &Connection| {
         let now = data_version(conn);
@@ -196,79 +269,63 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
         }
     };
     loop {
-        // An idle writer still looks for other connections' commits while the cache
-        // holds records, so that their counters are not shown stale for long.
-        let first = match rx.recv_timeout(watch_interval) {
-            Ok(c) => c,
-            Err(RecvTimeoutError::Timeout) => {
-                if !cache.is_empty() {
-                    foreign_commits(&conn);
+        let event = if group.is_empty() {
+            // An idle writer still looks for other connections' commits while the cache
+            // holds records, so that their counters are not shown stale for long.
+            match rx.recv_timeout(watch_interval) {
+                Ok(c) => Event::Command(c),
+                Err(RecvTimeoutError::Timeout) => {
+                    if !cache.is_empty() {
+                        foreign_commits(&conn);
+                    }
+                    continue;
                 }
-                continue;
+                Err(RecvTimeoutError::Disconnected) => break,
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+        } else {
+            crossbeam_channel::select! {
+                recv(rx) -> c => c.map_or(Event::Closed, Event::Command),
+                recv(rounds) -> _ => Event::Synced,
+            }
         };
-        if wal.restart.swap(false, Ordering::AcqRel) {
-            restart_wal(&conn);
-        }
-        group.push(first);
-        while group.len() < group_size {
-            match rx.try_recv() {
-                Ok(c) => group.push(c),
-                Err(_) => break,
+        let closed = matches!(event, Event::Closed);
+        if let Event::Command(first) = event {
+            if group.is_empty() && wal.restart.swap(false, Ordering::AcqRel) {
+                restart_wal(&conn);
+            }
+            let lost = || syncer.as_ref().and_then(|(_, d)| d.failure());
+            let mut opened = group.add(&conn, first, clock.now(), lost());
+            let mut taken = 1;
+            while taken < group_size && group.rolled_back.is_none() {
+                let Ok(c) = rx.try_recv() else { break };
+                taken += 1;
+                match &opened {
+                    Ok(()) => opened = group.add(&conn, c, clock.now(), lost()),
+                    // The transaction could not open (another process holds the lock
+                    // past the busy timeout, or a sync failed): what is waiting now is
+                    // answered with the same, as one group, not after a wait each.
+                    Err(why) => c.finish(Some(why)),
+                }
             }
         }
-        // After a failed fsync nothing more is written: what the kernel could not flush
-        // may be gone, and a later success would hide that.
-        let lost = syncer.as_ref().and_then(|(_, d)| d.failure());
-        // The group's sequence number is counted before its `COMMIT` makes it visible:
-        // a read that sees the commit then also sees the number, and waits for its sync
-        // ([`Durability::settled`]).
-        let seq = syncer.as_ref().map(|(_, d)| d.commit());
-        let failed = match lost {
-            Some(why) => Some(why),
-            None => commit_group(&conn, &mut group, clock.as_ref(), &mut woken),
-        };
-        if failed.is_none() {
-            wal.dirty.store(true, Ordering::Release);
-        }
-        foreign_commits(&conn);
-        if let Some(why) = &failed {
-            tracing::warn!(commands = group.len(), error = %why, "a ledger write group failed");
-            woken.clear();
-            if let (Some((syncer, _)), Some(seq)) = (&syncer, seq) {
-                // Nothing of this group was committed; its number still has to be
-                // passed, or reads that counted it would wait for it forever.
-                syncer.push(Batch {
-                    seq,
-                    done: Box::new(|_| {}),
-                });
+        // While the syncer is busy with the last commit, the group stays open and takes
+        // in what arrives: its callers would wait for the next sync anyway, and one
+        // commit of many commands writes each shared page (the tables' and indexes' last
+        // pages) once, where many small commits wrote it again each time.
+        let syncer_free = syncer.as_ref().is_none_or(|(_, d)| d.through(handed));
+        let end = !group.is_empty()
+            && (syncer_free
+                || closed
+                || group.commands.len() >= group_size
+                || group.rolled_back.is_some());
+        if end {
+            if let Some(seq) = commit(&conn, &mut group, &syncer, &waiters, &wal) {
+                handed = seq;
             }
-        } else if let (Some((syncer, _)), Some(seq)) = (&syncer, seq) {
-            // Answered once the syncer has made this commit durable.
-            let done = std::mem::replace(&mut group, Vec::with_capacity(group_size));
-            let wake = std::mem::take(&mut woken);
-            let waiters = Arc::clone(&waiters);
-            syncer.push(Batch {
-                seq,
-                done: Box::new(move |failed| {
-                    if failed.is_none() {
-                        for id in &wake {
-                            waiters.wake(id);
-                        }
-                    }
-                    for c in done {
-                        c.finish(failed);
-                    }
-                }),
-            });
-            continue;
+            foreign_commits(&conn);
         }
-        for id in woken.drain(..) {
-            waiters.wake(&id);
-        }
-        for c in group.drain(..) {
-            c.finish(failed.as_deref());
+        if closed {
+            break;
         }
     }
     if let Some((syncer, _)) = syncer {
@@ -277,6 +334,87 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Command>>, shared: Shared) {
     // Every handle is gone: close the connection (SQLite checkpoints the WAL on close).
     if let Err((_, e)) = conn.close() {
         tracing::warn!(error = %e, "closing the ledger writer connection failed");
+    }
+}
+
+/// Commits the open group and has its callers answered: by the syncer once the commit
+/// is durable (returns the commit's sequence number), or at once (without a syncer, or
+/// when the group failed).
+fn commit(
+    conn: &Connection,
+    group: &mut Group,
+    syncer: &Option<(Syncer, Arc<Durability>)>,
+    waiters: &Arc<Waiters>,
+    wal: &WalState,
+) -> Option<u64> {
+    let mut seq = None;
+    let failed = if let Some(why) = group.rolled_back.take() {
+        Some(why)
+    } else if let Some(why) = syncer.as_ref().and_then(|(_, d)| d.failure()) {
+        let _ = conn.execute_batch("ROLLBACK");
+        Some(why)
+    } else {
+        // The sequence number is counted before `COMMIT` makes the group visible: a
+        // read that sees the commit then also sees the number, and waits for its sync
+        // ([`Durability::settled`]).
+        seq = syncer.as_ref().map(|(_, d)| d.commit());
+        match run_cached(conn, "COMMIT") {
+            Ok(()) => None,
+            Err(e) => {
+                let why = sql_error(e).to_string();
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Some(why)
+            }
+        }
+    };
+    let commands = std::mem::take(&mut group.commands);
+    let woken = std::mem::take(&mut group.woken);
+    if failed.is_none() {
+        wal.dirty.store(true, Ordering::Release);
+    }
+    match (syncer, seq) {
+        (Some((syncer, _)), Some(seq)) if failed.is_none() => {
+            // Answered once the syncer has made this commit durable.
+            let waiters = Arc::clone(waiters);
+            syncer.push(Batch {
+                seq,
+                done: Box::new(move |failed| {
+                    if failed.is_none() {
+                        for id in &woken {
+                            waiters.wake(id);
+                        }
+                    }
+                    for c in commands {
+                        c.finish(failed);
+                    }
+                }),
+            });
+            Some(seq)
+        }
+        (syncer, seq) => {
+            if let Some(why) = &failed {
+                tracing::warn!(commands = commands.len(), error = %why, "a ledger write group failed");
+            } else {
+                for id in &woken {
+                    waiters.wake(id);
+                }
+            }
+            for c in commands {
+                c.finish(failed.as_deref());
+            }
+            let (Some((syncer, _)), Some(seq)) = (syncer, seq) else {
+                return None;
+            };
+            // Nothing of this group was committed; its number still has to be passed,
+            // or reads that counted it would wait for it forever.
+            syncer.push(Batch {
+                seq,
+                done: Box::new(|_| {}),
+            });
+            Some(seq)
+        }
     }
 }
 
@@ -291,40 +429,6 @@ fn restart_wal(conn: &Connection) {
             tracing::debug!(pages, copied, "checkpointed the WAL to start it over");
         }
         Err(e) => tracing::debug!(error = %e, "a WAL checkpoint of the writer failed"),
-    }
-}
-
-/// Runs one group in one transaction; returns why it failed as a whole, if it did.
-fn commit_group(
-    conn: &Connection,
-    group: &mut [Box<dyn Command>],
-    clock: &dyn Clock,
-    woken: &mut Vec<RecordId>,
-) -> Option<String> {
-    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
-        return Some(sql_error(e).to_string());
-    }
-    for c in group.iter_mut() {
-        let outcome = c.apply(conn, clock.now());
-        if conn.is_autocommit() {
-            // SQLite rolled the whole transaction back (I/O error, disk full): the
-            // earlier commands of the group are lost too.
-            let why = outcome.err().unwrap_or_default();
-            return Some(format!("the ledger's transaction was rolled back: {why}"));
-        }
-        if let Ok(Some(id)) = outcome {
-            woken.push(id);
-        }
-    }
-    match run_cached(conn, "COMMIT") {
-        Ok(()) => None,
-        Err(e) => {
-            let why = sql_error(e).to_string();
-            if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-            Some(why)
-        }
     }
 }
 
