@@ -421,10 +421,7 @@ impl Ledger for PgStore {
             Completed::Done(record) => {
                 // Wake local waiters at once, without the round trip through NOTIFY.
                 self.inner.waiters.wake(&record.id);
-                // Completed at the database's time `updated_at`: replays start here.
-                self.inner
-                    .replays
-                    .offer(&record, record.updated_at.0, offset);
+                // Not offered to the replay cache: the first claim that reads it does.
                 Ok(*record)
             }
             Completed::Refused => Err(self

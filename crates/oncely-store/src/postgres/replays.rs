@@ -18,6 +18,10 @@
 //!   that another instance already purged;
 //! - an entry is read again from the database after [`MAX_AGE`] at the latest;
 //! - at most [`MAX_RECORDS`] records with bodies of at most [`MAX_BODY`] are kept.
+//!
+//! A record enters when a claim reads it completed, not when this instance completes it:
+//! most completions are never replayed, and caching each one cost CPU on every fresh
+//! request.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;

@@ -393,7 +393,6 @@ impl Ledger for SqliteStore {
     }
 
     async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
-        let epoch = self.cache.epoch();
         let fence = fence.clone();
         let done = self
             .transition(&fence.id.clone(), move |r, now| {
@@ -402,7 +401,7 @@ impl Ledger for SqliteStore {
             })
             .await?;
         leases::forget(done.id.as_str());
-        self.cache.offer(epoch, &done, self.clock.now());
+        // Not offered to the replay cache: the first claim or lookup that reads it does.
         Ok(done)
     }
 

@@ -13,6 +13,10 @@
 //!   instance added show up within that interval;
 //! - an epoch, bumped by every forget and clear, stops a read that started before an
 //!   invalidation from putting its older copy back.
+//!
+//! A record enters when a claim or a lookup reads it, not when it completes: most
+//! completions are never replayed, and caching each one cost about 4 us of CPU per fresh
+//! request, plus a drop of the whole cache each time it filled.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

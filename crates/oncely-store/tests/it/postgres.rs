@@ -449,9 +449,9 @@ async fn grouped_claims_answer_each_claim_alone() {
     assert_eq!(completed.len(), fences.len());
 }
 
-/// A claim that meets a completed record is answered from memory: the row can change
-/// behind the store's back (which no transition does) and the replay still carries the
-/// completion as it was committed.
+/// A claim that meets a completed record is answered from memory once a claim has read
+/// it: the row can change behind the store's back (which no transition does) and the
+/// replay still carries the completion as it was committed.
 #[tokio::test]
 async fn replays_of_completed_records_are_answered_from_memory() {
     let url = fresh_pg_schema(&shared_pg_url()).await;
@@ -467,6 +467,15 @@ async fn replays_of_completed_records_are_answered_from_memory() {
         .complete(&r.fence().unwrap(), completion("{\"n\":1}", 3))
         .await
         .unwrap();
+    // The first replay reads the row, and keeps it.
+    let Claim::Existing(first) = store
+        .claim(&spec("alice", "k", "{}", Class::Write, "b"))
+        .await
+        .unwrap()
+    else {
+        panic!("a completed record is not claimed again");
+    };
+    assert_eq!(&first.response.unwrap().body.unwrap()[..], b"{\"n\":1}");
     let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
     tokio::spawn(connection);
     client
