@@ -2,18 +2,19 @@
 //! groups.
 //!
 //! Callers send a [`Command`] over a channel and await its reply. The thread takes the
-//! first command, opens a transaction (`BEGIN IMMEDIATE`), applies it and whatever else
-//! is already waiting, and commits the group; only then, and once the commit is durable,
-//! does it reply: an answer means the change is on disk. With `synchronous=FULL` one
-//! fsync is shared by the whole group, which is what makes FULL affordable under load;
-//! that fsync runs on the syncer thread ([`super::durable`]), and the group's callers
-//! are answered (and its waiters woken) once it is done.
+//! first command and whatever else is already waiting (up to a group's size), runs them
+//! all in one `BEGIN IMMEDIATE ... COMMIT`, and only then, once the commit is durable,
+//! replies: an answer means the change is on disk. With `synchronous=FULL` one fsync is
+//! shared by the whole group, which is what makes FULL affordable under load; that fsync
+//! runs on the syncer thread ([`super::durable`]), and the group's callers are answered
+//! (and its waiters woken) once it is done.
 //!
-//! While the syncer is still busy with the last commit, the next group stays open and
-//! takes in the commands that arrive (up to a group's size), and commits when the sync
-//! is done: its callers would have waited for that next sync anyway, and one commit of
-//! many commands writes each page it shares (the tables' and indexes' last pages) into
-//! the WAL once, where many small commits wrote it again each time.
+//! While the syncer is still busy with the last commit, the next group waits and takes
+//! in the commands that arrive (up to a group's size), and runs when the sync is done:
+//! its callers would have waited for that next sync anyway, and one commit of many
+//! commands writes each page it shares (the tables' and indexes' last pages) into the
+//! WAL once, where many small commits wrote it again each time. No transaction is open
+//! while it waits, so other connections (the CLI, other instances) can write then.
 //!
 //! Each command reads its row, applies the pure transition of `oncely_core::record`, and
 //! writes the row back only if the transition was allowed, so a refused transition
@@ -180,63 +181,13 @@ fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-/// What woke the writer while a group was open.
+/// What woke the writer while commands were waiting for the syncer.
 enum Event {
     Command(Box<dyn Command>),
-    /// The syncer finished a sync.
+    /// The syncer finished a sync (or stopped).
     Synced,
     /// Every handle is gone.
     Closed,
-}
-
-/// The group being built: commands applied inside an open transaction, not committed yet.
-struct Group {
-    commands: Vec<Box<dyn Command>>,
-    /// The records whose waiters to wake once the group is durable.
-    woken: Vec<RecordId>,
-    /// Why SQLite rolled the transaction back under one of the commands, if it did: the
-    /// commands before it are lost too, and the group has to end.
-    rolled_back: Option<String>,
-}
-
-impl Group {
-    fn is_empty(&self) -> bool {
-        self.commands.is_empty()
-    }
-
-    /// Applies `command` inside the group's transaction, opening it if needed. When the
-    /// transaction cannot open, the command is answered with why, which is returned.
-    fn add(
-        &mut self,
-        conn: &Connection,
-        mut command: Box<dyn Command>,
-        now: Timestamp,
-        lost: Option<String>,
-    ) -> Result<(), String> {
-        if self.commands.is_empty() {
-            // After a failed fsync nothing more is written: what the kernel could not
-            // flush may be gone, and a later success would hide that.
-            let opened = match lost {
-                Some(why) => Err(why),
-                None => run_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_error(e).to_string()),
-            };
-            if let Err(why) = opened {
-                command.finish(Some(&why));
-                return Err(why);
-            }
-        }
-        let outcome = command.apply(conn, now);
-        if conn.is_autocommit() {
-            // SQLite rolled the whole transaction back (I/O error, disk full): the
-            // earlier commands of the group are lost too.
-            let why = outcome.err().unwrap_or_default();
-            self.rolled_back = Some(format!("the ledger's transaction was rolled back: {why}"));
-        } else if let Ok(Some(id)) = outcome {
-            self.woken.push(id);
-        }
-        self.commands.push(command);
-        Ok(())
-    }
 }
 
 fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
@@ -250,16 +201,15 @@ fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
         syncer,
     } = shared;
     let group_size = group_size.max(1);
-    let mut group = Group {
-        commands: Vec::with_capacity(group_size),
-        woken: Vec::new(),
-        rolled_back: None,
-    };
-    // The last commit handed to the syncer: a group stays open until it is durable.
+    let mut group: Vec<Box<dyn Command>> = Vec::with_capacity(group_size);
+    // The last commit handed to the syncer: the next group waits until it is durable.
     let mut handed = 0;
-    let rounds = syncer
+    let mut rounds = syncer
         .as_ref()
         .map_or_else(crossbeam_channel::never, |(s, _)| s.rounds());
+    // The syncer thread ended early (it panicked): nothing is worth waiting for, and
+    // each commit handed to it is answered as failed.
+    let mut syncer_gone = false;
     let mut version = data_version(&conn);
     let mut foreign_commits = |conn: &Connection| {
         let now = data_version(conn);
@@ -285,41 +235,45 @@ fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
         } else {
             crossbeam_channel::select! {
                 recv(rx) -> c => c.map_or(Event::Closed, Event::Command),
-                recv(rounds) -> _ => Event::Synced,
+                recv(rounds) -> r => {
+                    if r.is_err() {
+                        syncer_gone = true;
+                        rounds = crossbeam_channel::never();
+                    }
+                    Event::Synced
+                }
             }
         };
         let closed = matches!(event, Event::Closed);
         if let Event::Command(first) = event {
-            if group.is_empty() && wal.restart.swap(false, Ordering::AcqRel) {
-                restart_wal(&conn);
-            }
-            let lost = || syncer.as_ref().and_then(|(_, d)| d.failure());
-            let mut opened = group.add(&conn, first, clock.now(), lost());
-            let mut taken = 1;
-            while taken < group_size && group.rolled_back.is_none() {
-                let Ok(c) = rx.try_recv() else { break };
-                taken += 1;
-                match &opened {
-                    Ok(()) => opened = group.add(&conn, c, clock.now(), lost()),
-                    // The transaction could not open (another process holds the lock
-                    // past the busy timeout, or a sync failed): what is waiting now is
-                    // answered with the same, as one group, not after a wait each.
-                    Err(why) => c.finish(Some(why)),
+            group.push(first);
+            while group.len() < group_size {
+                match rx.try_recv() {
+                    Ok(c) => group.push(c),
+                    Err(_) => break,
                 }
             }
         }
-        // While the syncer is busy with the last commit, the group stays open and takes
-        // in what arrives: its callers would wait for the next sync anyway, and one
-        // commit of many commands writes each shared page (the tables' and indexes' last
-        // pages) once, where many small commits wrote it again each time.
-        let syncer_free = syncer.as_ref().is_none_or(|(_, d)| d.through(handed));
-        let end = !group.is_empty()
-            && (syncer_free
-                || closed
-                || group.commands.len() >= group_size
-                || group.rolled_back.is_some());
-        if end {
-            if let Some(seq) = commit(&conn, &mut group, &syncer, &waiters, &wal) {
+        // While the syncer is busy with the last commit, the next group waits and takes
+        // in what arrives (no transaction is open meanwhile, so other connections can
+        // write): its callers would wait for the next sync anyway, and one commit of
+        // many commands writes each shared page (the tables' and indexes' last pages)
+        // once, where many small commits wrote it again each time.
+        let syncer_free = syncer_gone || syncer.as_ref().is_none_or(|(_, d)| d.through(handed));
+        if !group.is_empty() && (syncer_free || closed || group.len() >= group_size) {
+            let lost = syncer.as_ref().and_then(|(_, d)| d.failure());
+            if lost.is_none() && wal.restart.swap(false, Ordering::AcqRel) {
+                restart_wal(&conn);
+            }
+            if let Some(seq) = commit(
+                &conn,
+                &mut group,
+                lost,
+                clock.as_ref(),
+                &syncer,
+                &waiters,
+                &wal,
+            ) {
                 handed = seq;
             }
             foreign_commits(&conn);
@@ -337,40 +291,32 @@ fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
     }
 }
 
-/// Commits the open group and has its callers answered: by the syncer once the commit
-/// is durable (returns the commit's sequence number), or at once (without a syncer, or
-/// when the group failed).
+/// Runs the group in one transaction and has its callers answered: by the syncer once
+/// the commit is durable (returns the commit's sequence number), or at once (without a
+/// syncer, or when the group failed: `lost` is why an earlier sync failed).
 fn commit(
     conn: &Connection,
-    group: &mut Group,
+    group: &mut Vec<Box<dyn Command>>,
+    lost: Option<String>,
+    clock: &dyn Clock,
     syncer: &Option<(Syncer, Arc<Durability>)>,
     waiters: &Arc<Waiters>,
     wal: &WalState,
 ) -> Option<u64> {
-    let mut seq = None;
-    let failed = if let Some(why) = group.rolled_back.take() {
-        Some(why)
-    } else if let Some(why) = syncer.as_ref().and_then(|(_, d)| d.failure()) {
-        let _ = conn.execute_batch("ROLLBACK");
-        Some(why)
-    } else {
-        // The sequence number is counted before `COMMIT` makes the group visible: a
-        // read that sees the commit then also sees the number, and waits for its sync
-        // ([`Durability::settled`]).
-        seq = syncer.as_ref().map(|(_, d)| d.commit());
-        match run_cached(conn, "COMMIT") {
-            Ok(()) => None,
-            Err(e) => {
-                let why = sql_error(e).to_string();
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                Some(why)
-            }
-        }
+    let mut woken = Vec::new();
+    // After a failed fsync nothing more is written: what the kernel could not flush may
+    // be gone, and a later success would hide that.
+    let (failed, seq) = match lost {
+        Some(why) => (Some(why), None),
+        None => apply_all(
+            conn,
+            group,
+            clock,
+            &mut woken,
+            syncer.as_ref().map(|(_, d)| d),
+        ),
     };
-    let commands = std::mem::take(&mut group.commands);
-    let woken = std::mem::take(&mut group.woken);
+    let commands = std::mem::replace(group, Vec::with_capacity(group.capacity()));
     if failed.is_none() {
         wal.dirty.store(true, Ordering::Release);
     }
@@ -414,6 +360,51 @@ fn commit(
                 done: Box::new(|_| {}),
             });
             Some(seq)
+        }
+    }
+}
+
+/// `BEGIN IMMEDIATE`, every command of the group, `COMMIT`; returns why the group failed
+/// as a whole, if it did, and the commit's sequence number when one was counted.
+fn apply_all(
+    conn: &Connection,
+    group: &mut [Box<dyn Command>],
+    clock: &dyn Clock,
+    woken: &mut Vec<RecordId>,
+    durability: Option<&Arc<Durability>>,
+) -> (Option<String>, Option<u64>) {
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
+        return (Some(sql_error(e).to_string()), None);
+    }
+    for c in group.iter_mut() {
+        let outcome = c.apply(conn, clock.now());
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (I/O error, disk full): the
+            // earlier commands of the group are lost too.
+            let why = outcome.err().unwrap_or_default();
+            woken.clear();
+            return (
+                Some(format!("the ledger's transaction was rolled back: {why}")),
+                None,
+            );
+        }
+        if let Ok(Some(id)) = outcome {
+            woken.push(id);
+        }
+    }
+    // The sequence number is counted before `COMMIT` makes the group visible: a read
+    // that sees the commit then also sees the number, and waits for its sync
+    // ([`Durability::settled`]).
+    let seq = durability.map(|d| d.commit());
+    match run_cached(conn, "COMMIT") {
+        Ok(()) => (None, seq),
+        Err(e) => {
+            let why = sql_error(e).to_string();
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            woken.clear();
+            (Some(why), seq)
         }
     }
 }
