@@ -145,8 +145,8 @@ impl Syncer {
         Ok(Syncer { tx, thread, rounds })
     }
 
-    /// Signalled after each sync (each round of batches answered): the writer, holding a
-    /// group open while a sync runs, commits it then.
+    /// Signalled after each sync (each round of batches answered): the writer, gathering
+    /// the next group while a sync runs, commits it then.
     pub(super) fn rounds(&self) -> crossbeam_channel::Receiver<()> {
         self.rounds.clone()
     }

@@ -261,19 +261,7 @@ fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
         // once, where many small commits wrote it again each time.
         let syncer_free = syncer_gone || syncer.as_ref().is_none_or(|(_, d)| d.through(handed));
         if !group.is_empty() && (syncer_free || closed || group.len() >= group_size) {
-            let lost = syncer.as_ref().and_then(|(_, d)| d.failure());
-            if lost.is_none() && wal.restart.swap(false, Ordering::AcqRel) {
-                restart_wal(&conn);
-            }
-            if let Some(seq) = commit(
-                &conn,
-                &mut group,
-                lost,
-                clock.as_ref(),
-                &syncer,
-                &waiters,
-                &wal,
-            ) {
+            if let Some(seq) = commit(&conn, &mut group, clock.as_ref(), &syncer, &waiters, &wal) {
                 handed = seq;
             }
             foreign_commits(&conn);
@@ -291,13 +279,13 @@ fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, shared: Shared) {
     }
 }
 
-/// Runs the group in one transaction and has its callers answered: by the syncer once
-/// the commit is durable (returns the commit's sequence number), or at once (without a
-/// syncer, or when the group failed: `lost` is why an earlier sync failed).
+/// Runs the group in one transaction (first starting the WAL over, when the checkpointer
+/// asked) and has its callers answered: by the syncer once the commit is durable
+/// (returns the commit's sequence number), or at once (without a syncer, or when the
+/// group failed).
 fn commit(
     conn: &Connection,
     group: &mut Vec<Box<dyn Command>>,
-    lost: Option<String>,
     clock: &dyn Clock,
     syncer: &Option<(Syncer, Arc<Durability>)>,
     waiters: &Arc<Waiters>,
@@ -306,6 +294,10 @@ fn commit(
     let mut woken = Vec::new();
     // After a failed fsync nothing more is written: what the kernel could not flush may
     // be gone, and a later success would hide that.
+    let lost = syncer.as_ref().and_then(|(_, d)| d.failure());
+    if lost.is_none() && wal.restart.swap(false, Ordering::AcqRel) {
+        restart_wal(conn);
+    }
     let (failed, seq) = match lost {
         Some(why) => (Some(why), None),
         None => apply_all(
