@@ -23,7 +23,7 @@
 //! before answering.
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -80,6 +80,12 @@ impl Durability {
         }
     }
 
+    /// How many groups have been counted (committed or about to be).
+    #[cfg(test)]
+    pub(super) fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
     /// Why the store can no longer write, if a sync failed.
     pub(super) fn failure(&self) -> Option<String> {
         match &*self.synced.borrow() {
@@ -132,15 +138,27 @@ pub(super) struct Syncer {
 impl Syncer {
     /// Starts the syncer thread for the WAL of the database at `db`.
     pub(super) fn start(db: PathBuf, durability: Arc<Durability>) -> Result<Syncer> {
-        let (tx, rx) = mpsc::channel::<Batch>();
-        // One pending signal is enough: the writer reads where syncing stands anyway.
-        let (round, rounds) = crossbeam_channel::bounded(1);
         let mut wal = db.into_os_string();
         wal.push("-wal");
         let wal = PathBuf::from(wal);
+        let mut file: Option<File> = None;
+        let path = wal.clone();
+        Syncer::start_with(wal, durability, move || sync(&path, &mut file))
+    }
+
+    /// Starts the syncer thread with `sync` as the fsync of the WAL at `wal` (tests stall
+    /// it, fail it or panic in it).
+    pub(super) fn start_with(
+        wal: PathBuf,
+        durability: Arc<Durability>,
+        sync: impl FnMut() -> std::io::Result<()> + Send + 'static,
+    ) -> Result<Syncer> {
+        let (tx, rx) = mpsc::channel::<Batch>();
+        // One pending signal is enough: the writer reads where syncing stands anyway.
+        let (round, rounds) = crossbeam_channel::bounded(1);
         let thread = thread::Builder::new()
             .name("oncely-sqlite-sync".into())
-            .spawn(move || run(wal, rx, durability, round))
+            .spawn(move || run(wal, sync, rx, durability, round))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the ledger syncer: {e}")))?;
         Ok(Syncer { tx, thread, rounds })
     }
@@ -168,11 +186,11 @@ impl Syncer {
 
 fn run(
     wal: PathBuf,
+    mut sync: impl FnMut() -> std::io::Result<()>,
     rx: mpsc::Receiver<Batch>,
     durability: Arc<Durability>,
     round: crossbeam_channel::Sender<()>,
 ) {
-    let mut file: Option<File> = None;
     let mut waiting: Vec<Batch> = Vec::new();
     while let Ok(first) = rx.recv() {
         waiting.push(first);
@@ -182,7 +200,7 @@ fn run(
         let upto = waiting.iter().map(|b| b.seq).max().unwrap_or(0);
         let outcome = match durability.failure() {
             Some(why) => Err(why),
-            None => sync(&wal, &mut file).map_err(|e| {
+            None => sync().map_err(|e| {
                 let why = format!(
                     "syncing the ledger's WAL ({}) failed: {e}; the ledger refuses writes until oncely restarts",
                     wal.display()
@@ -205,7 +223,7 @@ fn run(
 
 /// `fdatasync` of the WAL file (opened on first use: it exists once the writer has
 /// committed in WAL mode).
-fn sync(wal: &PathBuf, file: &mut Option<File>) -> std::io::Result<()> {
+fn sync(wal: &Path, file: &mut Option<File>) -> std::io::Result<()> {
     if file.is_none() {
         *file = Some(File::open(wal)?);
     }

@@ -417,25 +417,199 @@ fn restart_wal(conn: &Connection) {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
     use super::*;
     use crate::SystemClock;
+
+    const GROUP: usize = 16;
+
+    fn shared(syncer: Option<(Syncer, Arc<Durability>)>, wal: Arc<WalState>) -> Shared {
+        Shared {
+            clock: Arc::new(SystemClock),
+            waiters: Arc::default(),
+            cache: Arc::default(),
+            group_size: GROUP,
+            watch_interval: Duration::from_millis(50),
+            wal,
+            syncer,
+        }
+    }
 
     fn writer() -> Writer {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch("CREATE TABLE t (n INTEGER)").unwrap();
-        Writer::start(
-            conn,
-            Shared {
-                clock: Arc::new(SystemClock),
-                waiters: Arc::default(),
-                cache: Arc::default(),
-                group_size: 16,
-                watch_interval: Duration::from_millis(50),
-                wal: Arc::default(),
-                syncer: None,
-            },
+        Writer::start(conn, shared(None, Arc::default())).unwrap()
+    }
+
+    /// A writer on a WAL-mode file at `db` (checkpoints only when asked, as the store's
+    /// writer), with a syncer whose fsync is `sync`.
+    fn piped_writer(
+        db: &Path,
+        sync: impl FnMut() -> std::io::Result<()> + Send + 'static,
+        wal: Arc<WalState>,
+    ) -> (Writer, Arc<Durability>) {
+        let conn = Connection::open(db).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
+             PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (n INTEGER);",
         )
-        .unwrap()
+        .unwrap();
+        let durability = Durability::new();
+        let syncer =
+            Syncer::start_with(db.with_extension("db-wal"), Arc::clone(&durability), sync).unwrap();
+        let w = Writer::start(conn, shared(Some((syncer, Arc::clone(&durability))), wal)).unwrap();
+        (w, durability)
+    }
+
+    async fn insert(w: &Writer, n: i64) -> Result<()> {
+        w.run(move |conn, _| {
+            conn.execute("INSERT INTO t VALUES (?1)", [n])
+                .map_err(sql_error)?;
+            Ok(((), None))
+        })
+        .await
+    }
+
+    async fn until(what: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !what() {
+            assert!(start.elapsed() < Duration::from_secs(10), "timed out");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn while_a_sync_runs_the_next_commands_gather_into_groups_of_at_most_the_size() {
+        let dir = tempfile::tempdir().unwrap();
+        // The fsync stalls until the test opens it, as a slow disk would.
+        let open = Arc::new(AtomicBool::new(false));
+        let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (w, durability) = piped_writer(
+            &dir.path().join("l.db"),
+            {
+                let (open, syncs) = (Arc::clone(&open), Arc::clone(&syncs));
+                move || {
+                    syncs.fetch_add(1, Ordering::AcqRel);
+                    while !open.load(Ordering::Acquire) {
+                        thread::sleep(Duration::from_millis(1));
+                    }
+                    Ok(())
+                }
+            },
+            Arc::default(),
+        );
+        // The first command commits at once (the syncer is idle) and its sync stalls.
+        let first = tokio::spawn({
+            let w = w.clone();
+            async move { insert(&w, 0).await }
+        });
+        until(|| syncs.load(Ordering::Acquire) == 1).await;
+        assert_eq!(durability.committed(), 1);
+        // Two full groups and three more arrive while it stalls.
+        let many = 2 * GROUP + 3;
+        let callers: Vec<_> = (1..=many as i64)
+            .map(|n| {
+                let w = w.clone();
+                tokio::spawn(async move { insert(&w, n).await })
+            })
+            .collect();
+        // A full group does not wait for the sync; the three left over do.
+        until(|| durability.committed() == 3).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            durability.committed(),
+            3,
+            "the three left over committed early"
+        );
+        assert!(
+            !first.is_finished(),
+            "answered before its commit was synced"
+        );
+        assert!(callers.iter().all(|c| !c.is_finished()));
+        open.store(true, Ordering::Release);
+        first.await.unwrap().unwrap();
+        for c in callers {
+            c.await.unwrap().unwrap();
+        }
+        // The three left over went in one group, after the sync.
+        assert_eq!(durability.committed(), 4);
+        let n: i64 = w
+            .run(|conn, _| {
+                let n = conn
+                    .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                    .map_err(sql_error)?;
+                Ok((n, None))
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, many as i64 + 1);
+    }
+
+    #[tokio::test]
+    async fn a_dead_syncer_fails_the_commands_instead_of_leaving_them_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let (w, _) = piped_writer(
+            &dir.path().join("l.db"),
+            || panic!("the syncer died"),
+            Arc::default(),
+        );
+        for n in 0..3 {
+            let answer = tokio::time::timeout(Duration::from_secs(10), insert(&w, n))
+                .await
+                .expect("a write waited for a dead syncer");
+            assert!(
+                matches!(&answer, Err(StoreError::Unavailable(_))),
+                "{answer:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn after_a_failed_sync_the_writer_writes_nothing_not_even_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.db");
+        let fail = Arc::new(AtomicBool::new(false));
+        let wal = Arc::new(WalState::default());
+        let (w, durability) = piped_writer(
+            &db,
+            {
+                let fail = Arc::clone(&fail);
+                move || {
+                    if fail.load(Ordering::Acquire) {
+                        Err(std::io::Error::other("EIO"))
+                    } else {
+                        Ok(())
+                    }
+                }
+            },
+            Arc::clone(&wal),
+        );
+        for n in 0..20 {
+            insert(&w, n).await.unwrap();
+        }
+        fail.store(true, Ordering::Release);
+        let err = insert(&w, 20).await.unwrap_err();
+        assert!(err.to_string().contains("EIO"), "{err}");
+        assert!(durability.failure().is_some());
+        let read = |p: &Path| std::fs::read(p).unwrap();
+        let (db_before, wal_before) = (read(&db), read(&db.with_extension("db-wal")));
+        // The checkpointer asks for the WAL to be started over: the writer must not copy
+        // frames whose sync failed into the database file.
+        wal.restart.store(true, Ordering::Release);
+        for n in 21..24 {
+            let err = insert(&w, n).await.unwrap_err();
+            assert!(err.to_string().contains("EIO"), "{err}");
+        }
+        assert_eq!(read(&db), db_before, "the database file changed");
+        assert_eq!(
+            read(&db.with_extension("db-wal")),
+            wal_before,
+            "the WAL changed"
+        );
+        assert!(wal.restart.load(Ordering::Acquire), "the restart was taken");
     }
 
     #[tokio::test]
