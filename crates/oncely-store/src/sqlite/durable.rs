@@ -200,15 +200,22 @@ fn run(
         let upto = waiting.iter().map(|b| b.seq).max().unwrap_or(0);
         let outcome = match durability.failure() {
             Some(why) => Err(why),
-            None => sync().map_err(|e| {
-                let why = format!(
-                    "syncing the ledger's WAL ({}) failed: {e}; the ledger refuses writes until oncely restarts",
-                    wal.display()
-                );
-                tracing::error!(error = %e, wal = %wal.display(), "syncing the ledger's WAL failed; refusing writes until restart");
-                durability.fail(why.clone());
-                why
-            }),
+            None => {
+                // A panic in the sync is a failed sync: left to unwind, it would end the
+                // thread with its groups unanswered and every later read waiting for a
+                // sync that never comes.
+                let synced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut sync))
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the fsync panicked")));
+                synced.map_err(|e| {
+                    let why = format!(
+                        "syncing the ledger's WAL ({}) failed: {e}; the ledger refuses writes until oncely restarts",
+                        wal.display()
+                    );
+                    tracing::error!(error = %e, wal = %wal.display(), "syncing the ledger's WAL failed; refusing writes until restart");
+                    durability.fail(why.clone());
+                    why
+                })
+            }
         };
         if outcome.is_ok() {
             durability.synced_upto(upto);

@@ -549,22 +549,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_dead_syncer_fails_the_commands_instead_of_leaving_them_waiting() {
+    async fn a_panicking_sync_fails_the_writes_and_reads_instead_of_leaving_them_waiting() {
         let dir = tempfile::tempdir().unwrap();
-        let (w, _) = piped_writer(
+        let (w, durability) = piped_writer(
             &dir.path().join("l.db"),
-            || panic!("the syncer died"),
+            || panic!("the disk driver fell over"),
             Arc::default(),
         );
+        let limit = Duration::from_secs(10);
         for n in 0..3 {
-            let answer = tokio::time::timeout(Duration::from_secs(10), insert(&w, n))
+            let answer = tokio::time::timeout(limit, insert(&w, n))
                 .await
                 .expect("a write waited for a dead syncer");
             assert!(
-                matches!(&answer, Err(StoreError::Unavailable(_))),
+                matches!(&answer, Err(StoreError::Unavailable(m)) if m.contains("panicked")),
                 "{answer:?}"
             );
         }
+        // A read (a replay, a join) that saw those commits is refused, not left waiting.
+        let read = tokio::time::timeout(limit, durability.settled())
+            .await
+            .expect("a read waited for a dead syncer");
+        assert!(matches!(read, Err(StoreError::Unavailable(_))), "{read:?}");
     }
 
     #[tokio::test]
