@@ -16,7 +16,7 @@ use oncely_store::{Claim, Store, StoreOptions};
 use oncely_store_conformance::{completion, spec};
 
 /// CPU ticks (utime + stime) and bytes written of every thread whose name starts with
-/// `prefix`.
+/// `prefix` (every thread: `""`).
 fn thread_cost(prefix: &str) -> (u64, u64) {
     let mut ticks = 0;
     let mut written = 0;
@@ -106,19 +106,26 @@ fn main() {
     run(n / 10);
     let (w0, b0) = thread_cost("oncely-sqlite-w");
     let (c0, cb0) = thread_cost("oncely-sqlite-c");
+    let (s0, _) = thread_cost("oncely-sqlite-s");
+    let (t0, _) = thread_cost("");
     let done_before = next.load(Ordering::Relaxed);
     let wall = run(n);
     let done = next.load(Ordering::Relaxed) - done_before;
     let (w1, b1) = thread_cost("oncely-sqlite-w");
     let (c1, cb1) = thread_cost("oncely-sqlite-c");
+    let (s1, _) = thread_cost("oncely-sqlite-s");
+    let (t1, _) = thread_cost("");
     let per = |v: u64| v as f64 / done as f64;
     println!(
         "requests {done} callers {callers}: {:.0} req/s; writer {:.1} us CPU and {:.0} bytes \
-         written per request; checkpointer {:.1} us CPU and {:.0} bytes per request",
+         written per request; checkpointer {:.1} us CPU and {:.0} bytes per request; \
+         syncer {:.1} us CPU; the whole process (callers included) {:.1} us CPU per request",
         done as f64 / wall.as_secs_f64(),
         per((w1 - w0) * tick_us),
         per(b1 - b0),
         per((c1 - c0) * tick_us),
         per(cb1 - cb0),
+        per((s1 - s0) * tick_us),
+        per((t1 - t0) * tick_us),
     );
 }
