@@ -7,13 +7,15 @@
 //! equal as decimals agree (`1.0`, `1`, `1e0`; `1e2`, `100`) and numbers that differ as
 //! decimals never do. For every number that is the shortest spelling of a double (the
 //! usual case) the bytes are RFC 8785's. Everything else follows the RFC: object members
-//! sorted by UTF-16 code units (the last of a repeated name kept, as `serde_json` does),
-//! no white space, strings escaped as `JSON.stringify` does.
+//! sorted by UTF-16 code units, no white space, strings escaped as `JSON.stringify` does.
 //!
 //! The parser is this module's own (strict RFC 8259 JSON, nesting up to 128 deep like
 //! `serde_json`); strings with escapes are decoded by `serde_json`. It borrows from the
-//! text where it can. This is the one canonical form: the fingerprint and `oncely audit`
-//! both use it.
+//! text where it can. Like RFC 8785, it takes only I-JSON (RFC 7493): an object that
+//! repeats a member name is not canonical JSON. Parsers disagree on such an object (most
+//! keep the last value, some the first, some refuse it), so `{"amount":1000,"amount":2}`
+//! and `{"amount":2}` may be two orders; the fingerprint hashes such a body as bytes.
+//! This is the one canonical form: the fingerprint and `oncely audit` both use it.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -34,43 +36,38 @@ pub enum Json<'a> {
     Str(Cow<'a, str>),
     /// An array.
     Arr(Vec<Json<'a>>),
-    /// Members as read; [`Json::normalize`] sorts them and keeps the last of a repeated
-    /// name.
+    /// Members as read (no name twice); [`Json::normalize`] sorts them.
     Obj(Vec<(Cow<'a, str>, Json<'a>)>),
 }
 
 impl<'a> Json<'a> {
-    /// Parses JSON text; `None` when it is not JSON (one value, white space around it).
+    /// Parses JSON text; `None` when it is not JSON (one value, white space around it),
+    /// or when an object repeats a member name (not I-JSON).
     pub fn parse(text: &'a [u8]) -> Option<Json<'a>> {
+        Json::read(text, false)
+    }
+
+    fn read(text: &'a [u8], repeats_allowed: bool) -> Option<Json<'a>> {
         let text = std::str::from_utf8(text).ok()?;
         let mut p = Parser {
             s: text,
             b: text.as_bytes(),
             i: 0,
             depth: 0,
+            repeats_allowed,
         };
         let value = p.value()?;
         p.ws();
         (p.i == p.b.len()).then_some(value)
     }
 
-    /// Sorts every object's members in canonical order and keeps only the last of a
-    /// repeated name.
+    /// Sorts every object's members in canonical order.
     pub fn normalize(&mut self) {
         match self {
             Json::Arr(items) => items.iter_mut().for_each(Json::normalize),
             Json::Obj(members) => {
-                // A stable sort keeps repeated names in the order read, so the last wins.
                 members.sort_by(|a, b| member_order(&a.0, &b.0));
-                let mut kept: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(members.len());
-                for (k, mut v) in members.drain(..) {
-                    v.normalize();
-                    match kept.last_mut() {
-                        Some(last) if last.0 == k => *last = (k, v),
-                        _ => kept.push((k, v)),
-                    }
-                }
-                *members = kept;
+                members.iter_mut().for_each(|(_, v)| v.normalize());
             }
             _ => {}
         }
@@ -155,8 +152,15 @@ impl<'a> Json<'a> {
     }
 }
 
+/// Whether `text` is RFC 8259 JSON, repeated member names allowed (RFC 8259 only says
+/// names SHOULD be unique): for telling a message that must be refused from one that is
+/// not JSON at all.
+pub fn is_json(text: &[u8]) -> bool {
+    Json::read(text, true).is_some()
+}
+
 /// The canonical form of JSON text with the `ignore` pointers removed; `None` when the
-/// text is not JSON.
+/// text is not JSON, or not I-JSON (a repeated member name).
 pub fn canonicalize(text: &[u8], ignore: &[String]) -> Option<Vec<u8>> {
     let mut doc = Json::parse(text)?;
     Some(canonical_doc(&mut doc, ignore))
@@ -171,6 +175,20 @@ pub fn canonical_doc(doc: &mut Json<'_>, ignore: &[String]) -> Vec<u8> {
     let mut out = Vec::new();
     doc.write_canonical(&mut out);
     out
+}
+
+/// Whether no two members share a name (the names as decoded: `"a"` and `"\u0061"` are
+/// one name).
+fn unique_names(members: &[(Cow<'_, str>, Json<'_>)]) -> bool {
+    match members.len() {
+        0 | 1 => true,
+        n if n <= 8 => (1..n).all(|i| members[..i].iter().all(|(k, _)| *k != members[i].0)),
+        _ => {
+            let mut names: Vec<&str> = members.iter().map(|(k, _)| k.as_ref()).collect();
+            names.sort_unstable();
+            names.windows(2).all(|w| w[0] != w[1])
+        }
+    }
 }
 
 /// RFC 8785 member order: by UTF-16 code units. UTF-8 byte order is the same unless a
@@ -238,6 +256,8 @@ struct Parser<'a> {
     b: &'a [u8],
     i: usize,
     depth: usize,
+    /// Whether an object may repeat a member name.
+    repeats_allowed: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -279,7 +299,8 @@ impl<'a> Parser<'a> {
                         b',' => p.i += 1,
                         b'}' => {
                             p.i += 1;
-                            return Some(Json::Obj(members));
+                            return (p.repeats_allowed || unique_names(&members))
+                                .then_some(Json::Obj(members));
                         }
                         _ => return None,
                     }
@@ -704,7 +725,32 @@ mod tests {
             canon(" { \"b\" : [ ] , \"a\" : { } } "),
             r#"{"a":{},"b":[]}"#
         );
-        assert_eq!(canon(r#"{"a":1,"a":2}"#), r#"{"a":2}"#);
+    }
+
+    #[test]
+    fn a_repeated_member_name_is_not_canonical_json() {
+        let many: String = (0..20).map(|i| format!("\"k{i}\":{i},")).collect();
+        for repeated in [
+            r#"{"a":1,"a":2}"#.to_string(),
+            r#"{"amount":1000,"amount":2}"#.to_string(),
+            // One name, spelled two ways.
+            r#"{"a":1,"\u0061":1}"#.to_string(),
+            // Deep inside, and among many members.
+            r#"[{"x":{"b":true,"c":null,"b":false}}]"#.to_string(),
+            format!("{{{many}\"k7\":0}}"),
+        ] {
+            assert_eq!(Json::parse(repeated.as_bytes()), None, "{repeated}");
+            assert_eq!(canonicalize(repeated.as_bytes(), &[]), None, "{repeated}");
+        }
+        // It is still JSON, only not canonical JSON.
+        assert!(is_json(br#"{"a":1,"a":2}"#));
+        assert!(!is_json(br#"{"a":1,"a":}"#));
+        // Distinct names, and one name in two different objects, are fine.
+        assert!(Json::parse(format!("{{{many}\"k20\":0}}").as_bytes()).is_some());
+        assert_eq!(
+            canon(r#"{"b":{"a":1},"a":{"a":2}}"#),
+            r#"{"a":{"a":2},"b":{"a":1}}"#
+        );
     }
 
     /// A decimal as (negative, digits, exponent): its value is ±digits × 10^exponent.

@@ -83,6 +83,14 @@ pub use oncely_http::client::EXTRA_CA_ENV;
 /// JSON-RPC error code of MCP 2026-07-28 for routing headers that disagree with the body.
 pub const HEADER_MISMATCH: i64 = -32020;
 
+/// JSON-RPC's "Invalid Request": a `tools/call` whose JSON repeats a member name.
+pub const INVALID_REQUEST: i64 = -32600;
+
+/// Why a `tools/call` that repeats a member name is refused: servers disagree on which of
+/// the values counts (most take the last, some the first, some refuse), so oncely cannot
+/// know which call it would be guarding.
+const REPEATED_NAME: &str = "the tools/call repeats a member name in its JSON;     send each member once (servers disagree on which value counts, so oncely cannot     guard it)";
+
 /// Protocol revisions that use the initialize handshake and sessions; any later one is
 /// the stateless era (2026-07-28), whose routing headers must match the body.
 const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -308,6 +316,16 @@ impl Inner {
                                     &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
                                 );
                             }
+                            if oncely_core::canon::Json::parse(&bytes).is_none() {
+                                return json_response(
+                                    StatusCode::BAD_REQUEST,
+                                    &jsonrpc::error_message(
+                                        request.id,
+                                        INVALID_REQUEST,
+                                        REPEATED_NAME,
+                                    ),
+                                );
+                            }
                             let text = std::str::from_utf8(&bytes).unwrap_or_default();
                             if let Some(call) = self.read_call(&parts, &message, text) {
                                 return self.clone().guard(&parts, bytes, call, &session).await;
@@ -343,6 +361,7 @@ impl Inner {
         let mut rest = Vec::new();
         let mut rest_texts = Vec::new();
         let mut calls = Vec::new();
+        let mut refused = Vec::new();
         let mut dropped = false;
         // Each item as it was written: what is forwarded, and what a guarded call's
         // arguments are fingerprinted from (a parsed `Value` rounds long numbers).
@@ -359,9 +378,19 @@ impl Inner {
                 dropped = true;
                 continue;
             }
-            let guarded = jsonrpc::as_request(&item)
-                .filter(|r| r.method == "tools/call")
-                .and_then(|_| self.read_call(&parts, &item, &text));
+            let call = jsonrpc::as_request(&item).filter(|r| r.method == "tools/call");
+            if let Some(call) = &call {
+                if oncely_core::canon::Json::parse(text.as_bytes()).is_none() {
+                    refused.push(jsonrpc::error_message(
+                        call.id,
+                        INVALID_REQUEST,
+                        REPEATED_NAME,
+                    ));
+                    dropped = true;
+                    continue;
+                }
+            }
+            let guarded = call.and_then(|_| self.read_call(&parts, &item, &text));
             match guarded {
                 Some(call) => calls.push((text, call)),
                 None => {
@@ -374,7 +403,7 @@ impl Inner {
         let learn = rest
             .iter()
             .any(|m| jsonrpc::as_request(m).is_some_and(|r| r.method == "tools/list"));
-        if calls.is_empty() {
+        if calls.is_empty() && refused.is_empty() {
             if rest.is_empty() {
                 return empty(StatusCode::ACCEPTED);
             }
@@ -405,6 +434,7 @@ impl Inner {
         }));
         let (mut answers, guarded) = tokio::join!(forwarded, guarded);
         answers.extend(guarded.into_iter().flatten());
+        answers.extend(refused);
         if answers.is_empty() && !expects_answer {
             return empty(StatusCode::ACCEPTED);
         }

@@ -359,8 +359,9 @@ impl Inner {
 }
 
 /// The dedupe key of a body: `dedupe:` + SHA-256 (hex) of the JSON array of the pointers'
-/// values; `None` when no fields are configured, the body is not JSON, or a field is
-/// missing (such a delivery is deduplicated by its event id only).
+/// values; `None` when no fields are configured, the body is not JSON (or repeats a
+/// member name), or a field is missing (such a delivery is deduplicated by its event id
+/// only).
 pub fn dedupe_key(fields: &[String], body: &[u8]) -> Option<String> {
     if fields.is_empty() {
         return None;
@@ -428,7 +429,8 @@ mod tests {
         assert_eq!(dedupe_key(&fields, b"not json"), None);
         assert_eq!(dedupe_key(&[], a), None);
         // Exact decimals: numbers that differ as decimals are two events, numbers equal
-        // as decimals one; the last of a repeated name counts.
+        // as decimals one. A body that repeats a member name is not canonical JSON: it
+        // has no dedupe key (such a delivery is deduplicated by its event id only).
         let order = ["/order".to_string()];
         assert_ne!(
             dedupe_key(&order, br#"{"order":123456789012345678901234567891}"#),
@@ -443,8 +445,12 @@ mod tests {
             dedupe_key(&order, br#"{"order":100.0, "x": 1}"#)
         );
         assert_eq!(
-            dedupe_key(&order, br#"{"order":1,"order":{"b":1,"a":2}}"#),
+            dedupe_key(&order, br#"{"x":1,"order":{"b":1,"a":2}}"#),
             dedupe_key(&order, br#"{"order":{"a":2,"b":1}}"#)
+        );
+        assert_eq!(
+            dedupe_key(&order, br#"{"order":1,"order":{"b":1,"a":2}}"#),
+            None
         );
     }
 }

@@ -98,8 +98,15 @@ fn check_item(text: &str, value: &Value) {
     };
     let read = jsonrpc::parse(arguments.as_bytes()).expect("the arguments text parses");
     assert_eq!(&read, expected, "the arguments text is not the message's arguments");
-    let canonical = oncely_core::canonical_json(arguments.as_bytes(), &[])
-        .expect("canon refuses arguments serde_json accepts");
+    let Some(canonical) = oncely_core::canonical_json(arguments.as_bytes(), &[]) else {
+        // Only arguments that repeat a member name are JSON but not canonical JSON (the
+        // endpoint refuses such a call).
+        assert!(
+            oncely_core::canon::is_json(arguments.as_bytes()),
+            "canon refuses arguments serde_json accepts: {arguments}"
+        );
+        return;
+    };
     let fp = |args: &str| jsonrpc::call_fingerprint("principal", "/mcp", "t", Some(args));
     let fingerprint = fp(arguments);
     let canonical = String::from_utf8(canonical).expect("the canonical form is UTF-8");

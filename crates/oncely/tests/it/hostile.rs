@@ -224,6 +224,64 @@ async fn numbers_that_differ_as_decimals_are_two_intentions() {
     assert_eq!(seen.calls.load(Ordering::SeqCst), 6);
 }
 
+/// A JSON body that repeats a member name is not canonical JSON (RFC 8785 takes only
+/// I-JSON), and upstreams disagree on which value counts: `{"amount":1000,"amount":2}` is
+/// hashed as the bytes it is, never taken for `{"amount":2}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_repeats_a_member_name_is_hashed_as_bytes() {
+    let seen = Seen::default();
+    let up = upstream(recording_upstream(seen.clone(), StatusCode::OK)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_store(&dir);
+    let gw = Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", &store],
+        &[],
+    );
+    let send = |body: &'static str, key: Option<&'static str>| {
+        let addr = gw.addr;
+        async move {
+            let mut h = vec![ALICE, JSON];
+            if let Some(k) = key {
+                h.push(("idempotency-key", k));
+            }
+            raw(addr, "POST", "/v1/orders", &h, body).await
+        }
+    };
+    let calls = || seen.calls.load(Ordering::SeqCst);
+
+    let plain = send(r#"{"amount": 2}"#, None).await;
+    assert_eq!(plain.header("oncely-status"), Some("fresh"), "{plain:?}");
+    for (body, runs) in [
+        (r#"{"amount":1000,"amount":2}"#, 2),
+        (r#"{"amount":2,"amount":1000}"#, 3),
+        (r#"{"amount":2,"\u0061mount":2}"#, 4),
+    ] {
+        let a = send(body, None).await;
+        assert_eq!(a.status, 200, "{body}: {a:?}");
+        assert_eq!(a.header("oncely-status"), Some("fresh"), "{body}: {a:?}");
+        assert_ne!(a.header("oncely-record"), plain.header("oncely-record"));
+        assert_eq!(calls(), runs, "{body} ran");
+        // The same bytes again are the same intention.
+        let again = send(body, None).await;
+        assert_eq!(again.header("oncely-status"), Some("replayed"), "{body}");
+        assert_eq!(again.header("oncely-record"), a.header("oncely-record"));
+        assert_eq!(calls(), runs);
+    }
+    // Another spelling of it (white space) is other bytes: it runs, it is never taken
+    // for the canonical `{"amount":2}`.
+    let spaced = send(r#"{"amount": 1000, "amount": 2}"#, None).await;
+    assert_eq!(spaced.header("oncely-status"), Some("fresh"));
+    assert_eq!(calls(), 5);
+
+    // Under one key: the other request is a 422, not the stored answer.
+    let keyed = send(r#"{"amount": 2}"#, Some("order-2")).await;
+    assert_eq!(keyed.header("oncely-status"), Some("fresh"));
+    let reused = send(r#"{"amount":1000,"amount":2}"#, Some("order-2")).await;
+    assert_eq!(reused.status, 422, "{reused:?}");
+    assert_eq!(reused.json()["code"], "key_reused");
+    assert_eq!(calls(), 6);
+}
+
 const RENDER_ROUTE: &str = r#"
 [[routes]]
 method = "POST"

@@ -249,3 +249,79 @@ async fn tools_call_arguments_are_one_intention_as_exact_decimals() {
     }
     assert_eq!(gw.terminate().code(), Some(0));
 }
+
+/// A `tools/call` whose JSON repeats a member name (in its arguments, its params, or the
+/// message itself) is refused with a JSON-RPC error and never reaches the server: servers
+/// disagree on which value counts, so oncely cannot know which call it would guard. In a
+/// batch, only that call is refused; the others run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_call_that_repeats_a_member_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, port) = start_server().await;
+    let gw = gateway(dir.path(), port);
+    let url = gw.url("/mcp");
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("authorization", "Bearer sk_alice"),
+    ];
+
+    // The plain call runs once.
+    let first = call(&url, &tools_call(1, "charge", r#"{"amount":2}"#)).await;
+    assert_eq!(replay(&first, 1), None);
+    for (id, body) in [
+        (2, tools_call(2, "charge", r#"{"amount":1000,"amount":2}"#)),
+        (
+            3,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"charge","arguments":{"amount":1000}},"params":{"name":"charge","arguments":{"amount":2}}}"#
+                .to_string(),
+        ),
+        (
+            4,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"charge","name":"refund","arguments":{"amount":2}}}"#
+                .to_string(),
+        ),
+        // With a number serde_json cannot hold, too.
+        (5, tools_call(5, "charge", r#"{"amount":1e400,"amount":2}"#)),
+    ] {
+        let answer = http_post(&url, &body, &headers).await;
+        assert_eq!(answer.status.as_u16(), 400, "{body}: {}", answer.text());
+        let error: Value = serde_json::from_str(&answer.text()).unwrap();
+        assert_eq!(error["id"], id, "{error}");
+        assert_eq!(error["error"]["code"], -32600, "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("repeats a member name"),
+            "{error}"
+        );
+    }
+    assert_eq!(server.runs("charge"), 1, "no repeated-name call ran");
+    assert_eq!(server.runs("refund"), 0);
+
+    // In a batch: the repeated-name call is refused, the rest runs.
+    let batch = format!(
+        "[{},{},{}]",
+        tools_call(11, "charge", r#"{"amount":5,"amount":6}"#),
+        tools_call(12, "refund", r#"{"amount":7}"#),
+        r#"{"jsonrpc":"2.0","id":13,"method":"ping"}"#
+    );
+    let answered = call(&url, &batch).await;
+    let refused = answered
+        .iter()
+        .find(|m| m["id"] == 11)
+        .unwrap_or_else(|| panic!("no answer 11 in {answered:?}"));
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    assert_eq!(replay(&answered, 12), None, "{answered:?}");
+    assert!(answered.iter().any(|m| m["id"] == 13), "{answered:?}");
+    assert_eq!(server.runs("charge"), 1);
+    assert_eq!(server.runs("refund"), 1);
+    let bodies = server.bodies.lock().unwrap().clone();
+    assert!(
+        !bodies.iter().any(|b| b.contains(r#""amount":5"#)),
+        "the refused call reached the server: {bodies:?}"
+    );
+    assert_eq!(gw.terminate().code(), Some(0));
+}
