@@ -31,31 +31,31 @@ pub type UpstreamClient<B> = Client<HttpsConnector<HttpConnector>, B>;
 #[non_exhaustive]
 pub enum ClientError {
     /// The file cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {cause}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (shown in the message, so not a `source` too: the cause once).
+        cause: std::io::Error,
     },
     /// The file is not PEM.
-    #[error("{} is not a PEM certificate file: {source}", path.display())]
+    #[error("{} is not a PEM certificate file: {cause}", path.display())]
     NotPem {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file holds no certificate.
     #[error("{} holds no certificate", .0.display())]
     Empty(PathBuf),
     /// A certificate rustls does not accept as a root.
-    #[error("{}: unusable CA certificate: {source}", path.display())]
+    #[error("{}: unusable CA certificate: {cause}", path.display())]
     Unusable {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: rustls::Error,
+        cause: rustls::Error,
     },
     /// The TLS configuration failed.
     #[error("TLS setup: {0}")]
@@ -106,15 +106,15 @@ pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// The certificates of a PEM file (at least one).
 pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, ClientError> {
-    let pem = std::fs::read(path).map_err(|source| ClientError::Read {
+    let pem = std::fs::read(path).map_err(|cause| ClientError::Read {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     let certs = rustls_pemfile::certs(&mut pem.as_slice())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| ClientError::NotPem {
+        .map_err(|cause| ClientError::NotPem {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
     if certs.is_empty() {
         return Err(ClientError::Empty(path.to_path_buf()));
@@ -135,9 +135,9 @@ pub fn root_store(options: &ClientOptions) -> Result<RootCertStore, ClientError>
         .flatten();
     for path in options.extra_ca.iter().cloned().chain(env_ca) {
         for cert in read_certificates(&path)? {
-            roots.add(cert).map_err(|source| ClientError::Unusable {
+            roots.add(cert).map_err(|cause| ClientError::Unusable {
                 path: path.clone(),
-                source,
+                cause,
             })?;
         }
     }

@@ -45,12 +45,12 @@ pub const DEFAULT_ADMIN_TOKEN_ENV: &str = "ONCELY_ADMIN_TOKEN";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {cause}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (in the message, so not a `source` too: the cause once).
+        cause: std::io::Error,
     },
     /// The file was read and has problems, each with its location.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -721,9 +721,9 @@ fn store_url(text: &str) -> Result<String, String> {
 impl Config {
     /// Reads and resolves a config file.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
         Config::resolve(&text, path.parent(), overrides)
     }

@@ -78,3 +78,40 @@ fn a_missing_file_and_a_syntax_error_are_one_line_each() {
     assert!(err.lines().next().unwrap().starts_with("2:"), "{err}");
     assert!(err.contains("TOML syntax"), "{err}");
 }
+
+/// `check-config` checks the text (the contract's example names TLS files it does not
+/// ship); `serve` reads the files, and a missing one stops it with exit 2 and one line
+/// that gives the cause once.
+#[test]
+fn serve_names_a_missing_tls_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tls.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         upstream = \"http://127.0.0.1:9\"\n\
+         tls = { cert = \"missing-cert.pem\", key = \"missing-key.pem\" }\n",
+    )
+    .unwrap();
+    let o = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let store = format!("sqlite://{}", dir.path().join("l.db").display());
+    let o = run(&[
+        "serve",
+        "--config",
+        file.to_str().unwrap(),
+        "--store",
+        &store,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    let line = err
+        .lines()
+        .find(|l| l.contains("missing-cert.pem"))
+        .unwrap_or_else(|| panic!("no line names the file: {err}"));
+    assert_eq!(
+        line.matches("No such file or directory").count(),
+        1,
+        "the cause once: {line}"
+    );
+}
