@@ -1355,15 +1355,25 @@ fn header_mismatch(headers: &HeaderMap, message: &Value) -> Option<String> {
         .pointer("/params/name")
         .and_then(Value::as_str)
         .unwrap_or("");
-    if header_str(headers, "mcp-method") != Some(method) {
-        return Some(format!(
-            "Mcp-Method header does not match the body's method {method:?}"
-        ));
+    let check = |header: &str, what: &str, want: &str| {
+        match header_str(
+        headers,
+        &header.to_ascii_lowercase(),
+    ) {
+        Some(got) if got == want => None,
+        Some(_) => Some(format!(
+            "{header} header does not match the body's {what} {want:?}"
+        )),
+        None => Some(format!(
+            "{header} header is missing: protocol {version} needs it (the body's {what} is {want:?})"
+        )),
     }
-    if header_str(headers, "mcp-name") != Some(name) {
-        return Some(format!(
-            "Mcp-Name header does not match the body's tool name {name:?}"
-        ));
+    };
+    if let Some(problem) = check("Mcp-Method", "method", method) {
+        return Some(problem);
+    }
+    if let Some(problem) = check("Mcp-Name", "tool name", name) {
+        return Some(problem);
     }
     if let Some(v) = message
         .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
@@ -1549,6 +1559,15 @@ mod tests {
         h.insert("mcp-name", HeaderValue::from_static("render"));
         assert_eq!(header_mismatch(&h, &msg), None);
         h.insert("mcp-method", HeaderValue::from_static("tools/list"));
-        assert!(header_mismatch(&h, &msg).unwrap().contains("Mcp-Method"));
+        let wrong = header_mismatch(&h, &msg).unwrap();
+        assert!(wrong.contains("Mcp-Method header does not match"), "{wrong}");
+        // A missing header is named as missing, not as one that disagrees.
+        h.remove("mcp-method");
+        let missing = header_mismatch(&h, &msg).unwrap();
+        assert!(missing.contains("Mcp-Method header is missing"), "{missing}");
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        h.remove("mcp-name");
+        let missing = header_mismatch(&h, &msg).unwrap();
+        assert!(missing.contains("Mcp-Name header is missing"), "{missing}");
     }
 }
