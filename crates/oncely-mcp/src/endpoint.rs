@@ -89,7 +89,8 @@ pub const INVALID_REQUEST: i64 = -32600;
 /// Why a `tools/call` that repeats a member name is refused: servers disagree on which of
 /// the values counts (most take the last, some the first, some refuse), so oncely cannot
 /// know which call it would be guarding.
-const REPEATED_NAME: &str = "the tools/call repeats a member name in its JSON;     send each member once (servers disagree on which value counts, so oncely cannot     guard it)";
+const REPEATED_NAME: &str = "the tools/call repeats a member name in its JSON; send each \
+    member once (servers disagree on which value counts, so oncely cannot guard it)";
 
 /// Protocol revisions that use the initialize handshake and sessions; any later one is
 /// the stateless era (2026-07-28), whose routing headers must match the body.
@@ -1356,18 +1357,17 @@ fn header_mismatch(headers: &HeaderMap, message: &Value) -> Option<String> {
         .and_then(Value::as_str)
         .unwrap_or("");
     let check = |header: &str, what: &str, want: &str| {
-        match header_str(
-        headers,
-        &header.to_ascii_lowercase(),
-    ) {
-        Some(got) if got == want => None,
-        Some(_) => Some(format!(
-            "{header} header does not match the body's {what} {want:?}"
-        )),
-        None => Some(format!(
-            "{header} header is missing: protocol {version} needs it (the body's {what} is {want:?})"
-        )),
-    }
+        let got = header_str(headers, &header.to_ascii_lowercase());
+        match got {
+            Some(got) if got == want => None,
+            Some(_) => Some(format!(
+                "{header} header does not match the body's {what} {want:?}"
+            )),
+            None => Some(format!(
+                "{header} header is missing: protocol {version} needs it \
+                 (the body's {what} is {want:?})"
+            )),
+        }
     };
     if let Some(problem) = check("Mcp-Method", "method", method) {
         return Some(problem);
@@ -1560,11 +1560,17 @@ mod tests {
         assert_eq!(header_mismatch(&h, &msg), None);
         h.insert("mcp-method", HeaderValue::from_static("tools/list"));
         let wrong = header_mismatch(&h, &msg).unwrap();
-        assert!(wrong.contains("Mcp-Method header does not match"), "{wrong}");
+        assert!(
+            wrong.contains("Mcp-Method header does not match"),
+            "{wrong}"
+        );
         // A missing header is named as missing, not as one that disagrees.
         h.remove("mcp-method");
         let missing = header_mismatch(&h, &msg).unwrap();
-        assert!(missing.contains("Mcp-Method header is missing"), "{missing}");
+        assert!(
+            missing.contains("Mcp-Method header is missing"),
+            "{missing}"
+        );
         h.insert("mcp-method", HeaderValue::from_static("tools/call"));
         h.remove("mcp-name");
         let missing = header_mismatch(&h, &msg).unwrap();
