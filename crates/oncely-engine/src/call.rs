@@ -50,6 +50,11 @@ pub struct UpstreamAnswer<H> {
     /// Decides what is stored once the whole body has been read; `None` stores the answer
     /// as it came. See [`Classifier`].
     pub classify: Option<Classifier>,
+    /// The body's length, when the caller is told it in advance (HTTP's `content-length`).
+    /// Such a caller has the whole answer once it has the last byte, not when the body
+    /// ends; so unless the call answers before its record, the chunk that completes this
+    /// length waits until the answer is recorded.
+    pub length: Option<u64>,
 }
 
 impl<H> UpstreamAnswer<H> {
@@ -65,6 +70,7 @@ impl<H> UpstreamAnswer<H> {
             replay_seconds: None,
             provider_request_id: None,
             classify: None,
+            length: None,
         }
     }
 }

@@ -272,6 +272,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         replay_seconds,
         provider_request_id,
         classify,
+        length,
     } = answer;
     let (tx, caller_body) = CallerBody::new();
     let mut tx = Some(tx);
@@ -295,6 +296,11 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         charge: budget.empty(),
     });
     let mut lost: Option<String> = None;
+    // A caller told the length has the whole answer with its last byte: that chunk waits
+    // for the record (unless the call answers before it), as the body's end does.
+    let hold_last = length.filter(|_| !call.answer_before_record);
+    let mut fed = 0u64;
+    let mut held: Option<Bytes> = None;
     let mut body = body;
     loop {
         let chunk: Bytes = match timeout_at(deadline, body.next()).await {
@@ -329,7 +335,10 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
             }
         }
         if let Some(sender) = &tx {
-            if !feed(sender, &budget, chunk) {
+            fed += chunk.len() as u64;
+            if hold_last == Some(fed) {
+                held = Some(chunk);
+            } else if !feed(sender, &budget, chunk) {
                 tx = None;
             }
         }
@@ -382,7 +391,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                             call.window,
                         )
                         .await;
-                        drop(tx);
+                        end_after_record(tx, held, &budget);
                         return;
                     }
                     Classified::Unknown(why) => {
@@ -395,7 +404,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                             call.window,
                         )
                         .await;
-                        drop(tx);
+                        end_after_record(tx, held, &budget);
                         return;
                     }
                 };
@@ -422,6 +431,15 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         },
     }
     drop(lease);
+    end_after_record(tx, held, &budget);
+}
+
+/// Ends the caller's body once the answer is recorded: hands over the chunk held back
+/// for it, if any, and drops the sender.
+fn end_after_record(tx: Option<Feed>, held: Option<Bytes>, budget: &Arc<Budget>) {
+    if let (Some(sender), Some(chunk)) = (&tx, held) {
+        feed(sender, budget, chunk);
+    }
     // Dropping the sender ends the caller's body, after the record was written.
     drop(tx);
 }

@@ -242,7 +242,9 @@ fn answer_to_engine(answer: UpstreamAnswer) -> oncely_engine::UpstreamAnswer<Hea
         let headers = headers.clone();
         Box::new(move |body: &[u8]| classify(status, &headers, body)) as oncely_engine::Classifier
     });
+    let length = text(http::header::CONTENT_LENGTH.as_str()).and_then(|t| t.parse::<u64>().ok());
     oncely_engine::UpstreamAnswer {
+        length,
         status: status.as_u16(),
         stored_headers: crate::headers::replayable_headers(&headers),
         provider_request_id: crate::log::provider_request_id(&headers),

@@ -193,7 +193,16 @@ async fn server_everything_passes_through_and_a_sampling_tool_runs_once() {
     assert!(text(&out["sampled"]).contains("sampled answer #1"), "{out}");
     assert_eq!(replay_status(&out["sampled"]), None);
     assert_eq!(text(&out["sampledAgain"]), text(&out["sampled"]));
-    assert_eq!(replay_status(&out["sampledAgain"]), Some("replayed"));
+    // The result reached the client as an SSE event, before the stream's end (which waits
+    // for the record): a repeat sent at once may find the call still being recorded and
+    // join it. Either way it is answered from the one execution.
+    assert!(
+        matches!(
+            replay_status(&out["sampledAgain"]),
+            Some("replayed" | "joined")
+        ),
+        "{out}"
+    );
     assert_eq!(
         out["samplings"], 1,
         "through oncely the sampling tool ran once"

@@ -735,11 +735,17 @@ async fn streaming(delay: Duration) -> (String, Calls) {
 }
 
 // Issue 13: `answer = "before_record"` ends a fresh answer's body before its completion
-// is durable (here: while the ledger is locked); by default it ends only after.
+// is durable (here: while the ledger is locked); by default it ends only after. That
+// holds for a streamed answer and for one with a `content-length`, whose caller has the
+// whole answer once it has the last byte: by default that byte waits for the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answer_before_record_ends_the_body_before_the_completion_is_written() {
-    for before in [true, false] {
-        let (up, calls) = streaming(Duration::from_millis(500)).await;
+    for (before, streamed) in [(true, true), (false, true), (true, false), (false, false)] {
+        let (up, calls) = if streamed {
+            streaming(Duration::from_millis(500)).await
+        } else {
+            recording(Duration::from_millis(500), echo).await
+        };
         let dir = tempfile::tempdir().unwrap();
         let store = sqlite(dir.path());
         let answer = if before {
@@ -772,13 +778,22 @@ async fn answer_before_record_ends_the_body_before_the_completion_is_written() {
         assert_eq!(original.status, 200, "{}", original.text());
         assert_eq!(original.header("oncely-status"), "fresh");
         assert_eq!(original.text(), "done: render 1");
+        assert_eq!(
+            original.headers.get("content-length").is_none(),
+            streamed,
+            "the answer keeps its framing"
+        );
         if before {
             assert!(
                 locked_then,
-                "the answer ended only after the ledger was free"
+                "streamed {streamed}: the answer ended only after the ledger was free"
             );
         } else {
             // Ended after the completion was written: the record is completed already.
+            assert!(
+                !locked_then,
+                "streamed {streamed}: the caller had the whole answer while the ledger was locked"
+            );
             assert_eq!(ledger(&store)[0]["state"], "completed");
         }
         tokio::task::spawn_blocking(move || lock.join().unwrap())
