@@ -69,6 +69,13 @@ pub async fn wait_for_slot<F: Future>(acquire: F) -> F::Output {
     out
 }
 
+/// Whether the caller runs inside a guarded call's owner task, whose owner times the
+/// upstream call itself (the route's `timeout`, the wait for a slot); outside one (an
+/// unguarded request), the sender has to.
+pub fn in_guarded_call() -> bool {
+    GATE.try_with(|_| ()).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,7 @@ use oncely_http::client::{error_chain, ClientOptions};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::routes::RouteTable;
+use super::routes::{RouteTable, Target};
 use crate::config::Upstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
@@ -156,12 +156,23 @@ impl tower::Service<Request<BoxBody>> for Proxy {
         let target = self.routes.target(req.method(), req.uri().path());
         let retry = self.routes.retry(req.method(), req.uri().path());
         Box::pin(async move {
-            let Some((upstream, limit)) = target else {
+            let Some(Target {
+                upstream,
+                limit,
+                timeout,
+            }) = target
+            else {
                 return Err(UpstreamError::BeforeSend(
                     "no upstream is configured for this path".into(),
                 )
                 .into());
             };
+            // A guarded call's owner times its upstream call itself; an unguarded request
+            // on a route (a `read` route, a bypassed caller) is timed here: its wait for a
+            // slot and the answer's head within the route's `timeout`.
+            let deadline = timeout
+                .filter(|_| !oncely_tower::in_guarded_call())
+                .map(|t| (tokio::time::Instant::now() + t, t));
             let (mut parts, body) = req.into_parts();
             let host = parts.headers.get(header::HOST).cloned().or_else(|| {
                 parts
@@ -180,22 +191,35 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             parts.version = Version::HTTP_11;
             let permit = match limit {
                 // A wait, not an upstream call: the guard's owner does not time it as one.
-                Some(sem) => Some(
-                    oncely_tower::wait_for_slot(sem.acquire_owned())
-                        .await
-                        .map_err(|_| {
-                            UpstreamError::BeforeSend(
-                                "the route's concurrency limit is closed".into(),
-                            )
-                        })?,
-                ),
+                Some(sem) => {
+                    let wait = oncely_tower::wait_for_slot(sem.acquire_owned());
+                    let acquired = match deadline {
+                        Some((at, t)) => match tokio::time::timeout_at(at, wait).await {
+                            Ok(acquired) => acquired,
+                            Err(_) => return Ok(busy(t)),
+                        },
+                        None => wait.await,
+                    };
+                    Some(acquired.map_err(|_| {
+                        UpstreamError::BeforeSend("the route's concurrency limit is closed".into())
+                    })?)
+                }
                 None => None,
             };
             // `oncely_in_flight` and `oncely_upstream_seconds` are counted by the guard's
             // owner task (oncely-tower), which times the whole guarded exchange.
-            let res = match retry {
-                Some(policy) => super::retry::send(&client, &policy, parts, body).await?,
-                None => client.send(Request::from_parts(parts, body)).await?,
+            let send = async {
+                match retry {
+                    Some(policy) => super::retry::send(&client, &policy, parts, body).await,
+                    None => client.send(Request::from_parts(parts, body)).await,
+                }
+            };
+            let res = match deadline {
+                Some((at, t)) => match tokio::time::timeout_at(at, send).await {
+                    Ok(res) => res?,
+                    Err(_) => return Ok(timed_out(t)),
+                },
+                None => send.await?,
             };
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -206,6 +230,35 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             Ok(Response::from_parts(parts, oncely_tower::body::boxed(body)))
         })
     }
+}
+
+/// 503 `upstream_busy` for an unguarded request that found no slot within `timeout`.
+fn busy(timeout: std::time::Duration) -> Response<BoxBody> {
+    tracing::info!(timeout = ?timeout, "no upstream slot within the route's timeout: not sent");
+    oncely_tower::Problem::new(
+        oncely_tower::ProblemCode::UpstreamBusy,
+        format!(
+            "every upstream slot of this route stayed taken for its timeout ({}s); the \
+             request was not sent: send it again later",
+            timeout.as_secs_f64()
+        ),
+    )
+    .with_retry_after(1)
+    .into_response()
+}
+
+/// 504 `upstream_timeout` for an unguarded request whose answer did not begin within
+/// `timeout`.
+fn timed_out(timeout: std::time::Duration) -> Response<BoxBody> {
+    tracing::warn!(timeout = ?timeout, "the upstream did not answer within the route's timeout");
+    oncely_tower::Problem::new(
+        oncely_tower::ProblemCode::UpstreamTimeout,
+        format!(
+            "the upstream did not answer within the route's timeout ({}s)",
+            timeout.as_secs_f64()
+        ),
+    )
+    .into_response()
 }
 
 /// An answer body that holds the route's concurrency permit until it is finished or

@@ -24,6 +24,17 @@ struct Entry {
     retry: Option<Arc<RetryPolicy>>,
 }
 
+/// Where a request goes, and within what limits.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The upstream.
+    pub upstream: Upstream,
+    /// The route's `concurrency` slots, if it has a limit.
+    pub limit: Option<Arc<Semaphore>>,
+    /// The route's `timeout` (`None`: no route matched).
+    pub timeout: Option<std::time::Duration>,
+}
+
 /// The routes of a config, in order, and the default upstream. Cheap to clone (shared).
 #[derive(Debug, Clone)]
 pub struct RouteTable {
@@ -99,21 +110,25 @@ impl RouteTable {
             .find(|e| e.route.method.matches(method) && e.route.path.matches(path))
     }
 
-    /// Where a request goes: the first matching route's upstream and concurrency limit,
-    /// else the default upstream; `None` when neither exists.
-    pub fn target(
-        &self,
-        method: &Method,
-        path: &str,
-    ) -> Option<(Upstream, Option<Arc<Semaphore>>)> {
+    /// Where a request goes: the first matching route's upstream, concurrency limit and
+    /// timeout, else the default upstream; `None` when neither exists.
+    pub fn target(&self, method: &Method, path: &str) -> Option<Target> {
         match self.find(method, path) {
             Some(e) => e
                 .route
                 .upstream
                 .clone()
                 .or_else(|| self.inner.default_upstream.clone())
-                .map(|u| (u, e.limit.clone())),
-            None => self.inner.default_upstream.clone().map(|u| (u, None)),
+                .map(|upstream| Target {
+                    upstream,
+                    limit: e.limit.clone(),
+                    timeout: Some(e.route.timeout),
+                }),
+            None => self.inner.default_upstream.clone().map(|upstream| Target {
+                upstream,
+                limit: None,
+                timeout: None,
+            }),
         }
     }
 
@@ -230,20 +245,20 @@ class = "read"
             headers: &headers,
         };
         assert_eq!(p.units.request_units(&head, br#"{"text":"abc"}"#), 3);
-        let (up, limit) = t.target(&Method::POST, "/v1/render").unwrap();
-        assert_eq!(up.uri.port_u16(), Some(2));
-        assert_eq!(limit.unwrap().available_permits(), 2);
+        let target = t.target(&Method::POST, "/v1/render").unwrap();
+        assert_eq!(target.upstream.uri.port_u16(), Some(2));
+        assert_eq!(target.limit.unwrap().available_permits(), 2);
+        assert!(target.timeout.is_some());
 
         let p = t.policy(&Method::GET, "/v1/render").unwrap();
         assert_eq!(p.name, "* /v1/{*rest}");
-        let (up, limit) = t.target(&Method::GET, "/v1/render").unwrap();
-        assert_eq!(up.uri.port_u16(), Some(1));
-        assert!(limit.is_none());
+        let target = t.target(&Method::GET, "/v1/render").unwrap();
+        assert_eq!(target.upstream.uri.port_u16(), Some(1));
+        assert!(target.limit.is_none());
 
         assert!(t.policy(&Method::POST, "/other").is_none());
-        assert_eq!(
-            t.target(&Method::POST, "/other").unwrap().0.uri.port_u16(),
-            Some(1)
-        );
+        let other = t.target(&Method::POST, "/other").unwrap();
+        assert_eq!(other.upstream.uri.port_u16(), Some(1));
+        assert!(other.timeout.is_none(), "no route, no route timeout");
     }
 }

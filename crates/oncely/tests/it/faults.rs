@@ -673,10 +673,114 @@ async fn sigterm_with_a_stream_open_exits_within_the_drain_deadline() {
     assert_eq!(record["repeats"], 5, "{record}");
 }
 
+/// An upstream on `/v1/call`: "slow ..." hangs 4 s before it answers; "hold ..." answers
+/// at once and sends the last byte of its body 3 s later (a caller's slot stays taken
+/// until then); anything else answers at once. Each answer is `done: BODY.`.
+async fn holding_upstream() -> (String, Calls) {
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let up = upstream(axum::Router::new().route(
+        "/v1/call",
+        post(move |body: String| {
+            seen.0.lock().unwrap().push(body.clone());
+            async move {
+                if body.starts_with("slow") {
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                }
+                let rest = body.starts_with("hold");
+                let first = futures::stream::iter([Ok::<_, std::io::Error>(echo(&body))]);
+                let last = futures::stream::once(async move {
+                    if rest {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                    }
+                    Ok(Bytes::from_static(b"."))
+                });
+                let chunks = futures::StreamExt::chain(first, last);
+                axum::body::Body::from_stream(chunks)
+            }
+        }),
+    ))
+    .await;
+    (format!("http://{up}"), calls)
+}
+
+/// A `read` route (and a bypassed caller of a guarded route) is not guarded, but its
+/// `timeout` holds all the same: a hanging upstream gets the caller a 504
+/// `upstream_timeout` at the timeout, and a caller that finds no slot for all of it a 503
+/// `upstream_busy`, never sent. Retries stay within it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unguarded_requests_keep_their_route_timeout() {
+    let (up, calls) = holding_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path());
+    let cfg = config(
+        dir.path(),
+        &store,
+        &up,
+        "",
+        "class = \"read\"\nconcurrency = 1\ntimeout = \"1s\"\nretries = 3\nretry_backoff = \"10ms\"",
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let url = gw.url("/v1/call");
+
+    // A quick answer passes through, unmarked.
+    let quick = http_post(&url, "quick", &AUTH).await;
+    assert_eq!(quick.status, 200, "{}", quick.text());
+    assert_eq!(quick.text(), "done: quick.");
+
+    // A hanging upstream: 504 at the timeout, not the upstream's 4 s.
+    let started = Instant::now();
+    let slow = http_post(&url, "slow read", &AUTH).await;
+    let took = started.elapsed();
+    assert_eq!(slow.status, 504, "{}", slow.text());
+    assert_eq!(slow.header("content-type"), "application/problem+json");
+    assert_eq!(slow.json()["code"], "upstream_timeout", "{}", slow.text());
+    assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    assert_eq!(calls.of("slow read"), 1, "a timeout is not retried");
+
+    // While a slow call holds the one slot, another caller waits at most the timeout,
+    // then gets 503 upstream_busy; it never reaches the upstream.
+    let holder = tokio::spawn({
+        let url = url.clone();
+        async move { http_post(&url, "hold the slot", &AUTH).await }
+    });
+    calls.wait_for("hold the slot").await;
+    let started = Instant::now();
+    let waited = http_post(&url, "queued", &AUTH).await;
+    let took = started.elapsed();
+    assert_eq!(waited.status, 503, "{}", waited.text());
+    assert_eq!(waited.json()["code"], "upstream_busy", "{}", waited.text());
+    assert_eq!(waited.header("retry-after"), "1");
+    assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    assert_eq!(calls.of("queued"), 0, "it never reached the upstream");
+    // The holder's answer began in time: it is passed on whole, however long it takes.
+    let holder = holder.await.unwrap();
+    assert_eq!(holder.status, 200);
+    assert_eq!(holder.text(), "done: hold the slot.");
+    drop(gw);
+
+    // A bypassed caller (no principal) of a guarded route is timed the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path());
+    let cfg = config(
+        dir.path(),
+        &store,
+        &up,
+        "",
+        "class = \"write\"\ntimeout = \"1s\"",
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let started = Instant::now();
+    let bypassed = http_post(&gw.url("/v1/call"), "slow bypass", &[]).await;
+    assert_eq!(bypassed.status, 504, "{}", bypassed.text());
+    assert_eq!(bypassed.header("oncely-status"), "bypassed");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
 // Item 9: waiting for a route's slot is not an upstream call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_waits_for_a_slot_past_its_timeout_is_released_not_unknown() {
-    let (up, calls) = recording_with(Duration::from_secs(3), true, echo).await;
+    let (up, calls) = holding_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let store = sqlite(dir.path());
     let cfg = config(
@@ -688,12 +792,13 @@ async fn a_request_that_waits_for_a_slot_past_its_timeout_is_released_not_unknow
     );
     let gw = Gateway::start(&["--config", &cfg], &[]);
     let url = gw.url("/v1/call");
-    // An unguarded caller (no principal: bypassed) takes the route's one slot for 3s.
+    // An unguarded caller (no principal: bypassed) takes the route's one slot for 3s: its
+    // answer begins at once (within its timeout) and ends 3s later.
     let holder = tokio::spawn({
         let url = url.clone();
-        async move { http_post(&url, "slow holder", &[]).await }
+        async move { http_post(&url, "hold the slot", &[]).await }
     });
-    calls.wait_for("slow holder").await;
+    calls.wait_for("hold the slot").await;
 
     let waited = http_post(&url, "order 2", &AUTH).await;
     assert_eq!(waited.status, 503, "{}", waited.text());
