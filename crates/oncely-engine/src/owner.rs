@@ -45,6 +45,28 @@ const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
 /// tells), so this only bounds the life of a task whose ledger never comes back.
 const WRITE_RETRY_FOR: Duration = Duration::from_secs(3600);
 
+/// The longest one ledger operation may take before it counts as failed: a store that
+/// holds a connection open without answering (a paused server, a black-holed network
+/// path) must not hold the request, or the owner, with it.
+pub(crate) const STORE_ANSWER: Duration = Duration::from_secs(10);
+
+/// `op`, or [`StoreError::Unavailable`] once it has taken [`STORE_ANSWER`].
+pub(crate) async fn bounded<T>(
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(STORE_ANSWER, op)
+        .await
+        .unwrap_or_else(|_| Err(unanswered()))
+}
+
+/// What a ledger operation that took [`STORE_ANSWER`] failed with.
+pub(crate) fn unanswered() -> StoreError {
+    StoreError::Unavailable(format!(
+        "the ledger did not answer within {}s",
+        STORE_ANSWER.as_secs()
+    ))
+}
+
 /// Everything one owner task needs.
 pub(crate) struct OwnerTask<H> {
     pub(crate) store: Arc<dyn Store>,
@@ -80,7 +102,7 @@ async fn renew_loop(store: Arc<dyn Store>, fence: Fence, lease: Duration) {
     let mut backoff = WRITE_RETRY_FIRST;
     loop {
         tokio::time::sleep_until(next).await;
-        match store.renew(&fence, lease).await {
+        match bounded(store.renew(&fence, lease)).await {
             Ok(()) => {
                 backoff = WRITE_RETRY_FIRST;
                 next = tokio::time::Instant::now() + every;
@@ -130,7 +152,7 @@ where
     let give_up = Instant::now() + WRITE_RETRY_FOR;
     let mut backoff = WRITE_RETRY_FIRST;
     loop {
-        match attempt().await {
+        match bounded(attempt()).await {
             Err(e) if retryable(&e) && Instant::now() < give_up => {
                 count_retry(op, fence, &e, backoff);
                 tokio::time::sleep(backoff).await;

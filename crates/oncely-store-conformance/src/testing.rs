@@ -67,6 +67,32 @@ impl PgServer {
         self.pg_ctl(&["start"]);
     }
 
+    /// Freezes the server (SIGSTOP to the postmaster and every backend), as a paused VM
+    /// or a stalled host would: its connections stay open, and nothing answers on them.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`PgServer::pause`]d server run on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid_file = format!("{}/postmaster.pid", self.data);
+        let text = std::fs::read_to_string(&pid_file).expect("postmaster.pid");
+        let postmaster = text.lines().next().expect("its pid").trim().to_string();
+        // The backends first (their parent still runs), then the postmaster.
+        let _ = Command::new("pkill")
+            .args([sig, "-P", &postmaster])
+            .status();
+        let status = Command::new("kill")
+            .args([sig, &postmaster])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {postmaster} failed");
+    }
+
     /// Runs `pg_ctl ARGS` on this server's data directory as the server's user.
     fn pg_ctl(&self, args: &[&str]) {
         let pg_ctl = format!("{}/pg_ctl", self.bin);

@@ -777,6 +777,55 @@ async fn unguarded_requests_keep_their_route_timeout() {
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
+/// A store that pauses (a frozen PostgreSQL: its connections stay open and nothing
+/// answers on them) gets a guarded request a 503 `store_unavailable` in bounded time, not
+/// a hang; the request is never sent, not even once the store answers again (its late
+/// claim is released), and sending it again then executes it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_store_answers_503_in_bounded_time_and_sends_nothing() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let (up, calls) = recording(Duration::ZERO, echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &pg.url, &up, "", "class = \"write\"");
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let url = gw.url("/v1/call");
+    // Warm the pool: these connections are open when the server freezes.
+    for i in 0..4 {
+        let warm = http_post(&url, &format!("warm {i}"), &AUTH).await;
+        assert_eq!(warm.status, 200, "{}", warm.text());
+    }
+
+    pg.pause();
+    let started = Instant::now();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(40),
+        http_post(&url, "while paused", &AUTH),
+    )
+    .await;
+    let took = started.elapsed();
+    pg.resume();
+    let refused = refused.expect("the request hung on the paused store");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        refused.json()["code"],
+        "store_unavailable",
+        "{}",
+        refused.text()
+    );
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+
+    // The store answers again; the late claim lands and is released, never sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(calls.of("while paused"), 0, "the refused request was sent");
+    let again = http_post(&url, "while paused", &AUTH).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.header("oncely-status"), "fresh");
+    assert_eq!(calls.of("while paused"), 1);
+    let dup = http_post(&url, "while paused", &AUTH).await;
+    assert_eq!(dup.header("oncely-status"), "replayed");
+    assert_eq!(calls.of("while paused"), 1);
+}
+
 // Item 9: waiting for a route's slot is not an upstream call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_waits_for_a_slot_past_its_timeout_is_released_not_unknown() {
