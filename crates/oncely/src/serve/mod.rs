@@ -56,6 +56,12 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// How often the `oncely_outcome_unknown` gauge is refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(15);
+/// How often actions whose owner went away are looked for ([`sweep_orphaned_actions`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How long past its lapse an owner's lease must be before the sweep takes the record
+/// over: a live owner renews every third of its lease, so this is far beyond a renewal
+/// that is merely late.
+const SWEEP_GRACE: Duration = Duration::from_secs(2);
 
 /// `oncely serve ARGS`: reads the config, binds, runs until SIGINT/SIGTERM.
 pub(crate) async fn cli(args: ServeArgs) -> Outcome {
@@ -343,8 +349,50 @@ pub async fn run_reloading(
     Ok(())
 }
 
+/// An `action` whose owner went away (a gateway killed mid-call, its caller gone with
+/// it) becomes `outcome_unknown` once the owner's lease has lapsed, whether or not a
+/// duplicate ever comes: the operator sees it (`ledger list --status outcome_unknown`,
+/// the gauge) and reconciliation asks about it. The store takes it over atomically, on
+/// its own clock and fenced by the attempt, so a live owner (whose lease is renewed) is
+/// never touched, and of several instances sweeping only one takes it. A `write` left so
+/// is run again by its next duplicate (attempt + 1, same downstream key); a `job` by its
+/// queue.
+async fn sweep_orphaned_actions(store: &dyn Store) -> Result<(), oncely_store::StoreError> {
+    let filter = ListFilter {
+        state: Some(State::Processing),
+        ..ListFilter::default()
+    };
+    let processing = store.list(&filter).await?;
+    if processing.is_empty() {
+        return Ok(());
+    }
+    let now = store.now().await?;
+    let cutoff = oncely_core::Timestamp(now.0 - SWEEP_GRACE.as_millis() as i64);
+    for r in processing
+        .iter()
+        .filter(|r| r.class == oncely_core::Class::Action && r.lease_lapsed(cutoff))
+    {
+        match store
+            .take_over(&r.id, r.attempt, "oncely-sweep", SWEEP_EVERY)
+            .await
+        {
+            Ok(oncely_store::TakeOverOutcome::OutcomeUnknown(_)) => {
+                tracing::warn!(record = %r.id, route = %r.route, attempt = r.attempt,
+                    "an action's owner went away before recording it: outcome_unknown");
+            }
+            Ok(oncely_store::TakeOverOutcome::Owned(taken)) => {
+                tracing::error!(record = %taken.id, "the sweep took over an action as its owner");
+            }
+            // Renewed, finished or taken by someone else meanwhile.
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// The server's own periodic work: purging expired records, refreshing the
-/// outcome_unknown gauge, and the metrics recorder's upkeep.
+/// outcome_unknown gauge, looking for orphaned actions, and the metrics recorder's
+/// upkeep.
 async fn chores(
     store: Arc<dyn Store>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -352,9 +400,15 @@ async fn chores(
 ) {
     let mut purge = tokio::time::interval(PURGE_EVERY);
     let mut gauge = tokio::time::interval(GAUGE_EVERY);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
     loop {
         tokio::select! {
             _ = stop.changed() => return,
+            _ = sweep.tick() => {
+                if let Err(e) = sweep_orphaned_actions(&*store).await {
+                    tracing::warn!(error = %e, "looking for orphaned actions failed");
+                }
+            }
             _ = purge.tick() => match store.purge_expired().await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(purged = n, "purged expired records"),

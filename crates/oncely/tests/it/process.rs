@@ -222,6 +222,43 @@ async fn a_killed_write_executes_again_with_the_same_downstream_key_after_the_le
     assert_eq!(lines[1]["record"], id.as_str());
 }
 
+/// An action whose gateway was killed mid-call, its caller gone with it, becomes
+/// `outcome_unknown` once the dead owner's lease has lapsed, with no duplicate ever sent:
+/// a restarted gateway's sweep marks it, so the operator sees it and reconciliation can
+/// ask about it. The upstream is not called again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaned_action_becomes_outcome_unknown_without_a_duplicate() {
+    let (up, seen) = recording_upstream("/v1/orders", Duration::from_secs(60)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &up, "action", "1s", "5s");
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let order = r#"{"sku":"chair","qty":4}"#;
+
+    let first = Gateway::start(&["--config", &cfg], &[]);
+    let caller = doomed(first.url("/v1/orders"), order);
+    seen.wait_for(order, 1).await;
+    drop(first);
+    let _ = caller.await;
+    let id = only_record(&store, "processing");
+
+    let _second = Gateway::start(&["--config", &cfg], &[]);
+    let started = Instant::now();
+    loop {
+        let state = ledger_show(&store, &id)["state"].clone();
+        if state == "outcome_unknown" {
+            break;
+        }
+        assert_eq!(state, "processing");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "still processing {:?} after the restart",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(seen.keys(order).len(), 1, "the upstream was called once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_action_is_outcome_unknown_until_resolved() {
     let (up, seen) = recording_upstream("/v1/orders", Duration::from_secs(60)).await;
