@@ -84,20 +84,30 @@ pub fn parse_stripe(value: &str) -> Result<StripeSignature, Malformed> {
 
 /// Reads `webhook-signature: v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4= v1,...`.
 ///
-/// Entries are `version,base64` separated by whitespace; at least one `v1` is required,
-/// other versions (such as `v1a` asymmetric signatures) are skipped.
+/// Entries are `version,base64` separated by whitespace; at least one usable `v1` is
+/// required. Other versions (such as `v1a` asymmetric signatures) are skipped, and so is
+/// an entry that cannot be read, as the reference verifiers do: a sender signing with
+/// several keys may list one this receiver cannot use. With no usable `v1`, the first
+/// entry's problem is the reason.
 pub fn parse_standard(value: &str) -> Result<Vec<Tag>, Malformed> {
     let mut v1 = Vec::new();
+    let mut problem = None;
     for entry in value.split_ascii_whitespace() {
-        let (version, signature) = entry
-            .split_once(',')
-            .ok_or(Malformed("entry without ','"))?;
+        let Some((version, signature)) = entry.split_once(',') else {
+            problem.get_or_insert(Malformed("entry without ','"));
+            continue;
+        };
         if version == "v1" {
-            v1.push(decode_base64(signature)?);
+            match decode_base64(signature) {
+                Ok(tag) => v1.push(tag),
+                Err(e) => {
+                    problem.get_or_insert(e);
+                }
+            }
         }
     }
     if v1.is_empty() {
-        return Err(Malformed("no v1 signature"));
+        return Err(problem.unwrap_or(Malformed("no v1 signature")));
     }
     Ok(v1)
 }
@@ -235,6 +245,19 @@ mod tests {
         ];
         for (header, reason) in cases {
             assert_eq!(parse_standard(header), Err(Malformed(reason)), "{header:?}");
+        }
+    }
+
+    #[test]
+    fn standard_entries_that_cannot_be_read_are_skipped_next_to_a_usable_one() {
+        let good = format!("v1,{}", "A".repeat(43) + "=");
+        for header in [
+            format!("v1,AAAA {good}"),
+            format!("{good} v1,not*base64"),
+            format!("garbage {good}"),
+            format!("v1a,xyz {good} v2,"),
+        ] {
+            assert_eq!(parse_standard(&header), Ok(vec![[0u8; 32]]), "{header:?}");
         }
     }
 
