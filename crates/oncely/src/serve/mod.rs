@@ -58,9 +58,10 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 const GAUGE_EVERY: Duration = Duration::from_secs(15);
 /// How often actions whose owner went away are looked for ([`sweep_orphaned_actions`]).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-/// How long past its lapse an owner's lease must be before the sweep takes the record
-/// over: a live owner renews every third of its lease, so this is far beyond a renewal
-/// that is merely late.
+/// The least time past its lapse an owner's lease must be before the sweep takes the
+/// record over (it also waits a whole lease more): a live owner renews every third of
+/// its lease, so this is far beyond a renewal that is merely late, or one held up by a
+/// store that was briefly away.
 const SWEEP_GRACE: Duration = Duration::from_secs(2);
 
 /// `oncely serve ARGS`: reads the config, binds, runs until SIGINT/SIGTERM.
@@ -215,7 +216,12 @@ pub async fn run_reloading(
                 .await
         })
     };
-    let chores = tokio::spawn(chores(store.clone(), metrics.clone(), stop_rx.clone()));
+    let chores = tokio::spawn(chores(
+        store.clone(),
+        guard.instance().to_owned(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let reconciler = tokio::spawn(reconcile::run_loop(
         store.clone(),
         client.clone(),
@@ -353,11 +359,16 @@ pub async fn run_reloading(
 /// it) becomes `outcome_unknown` once the owner's lease has lapsed, whether or not a
 /// duplicate ever comes: the operator sees it (`ledger list --status outcome_unknown`,
 /// the gauge) and reconciliation asks about it. The store takes it over atomically, on
-/// its own clock and fenced by the attempt, so a live owner (whose lease is renewed) is
-/// never touched, and of several instances sweeping only one takes it. A `write` left so
-/// is run again by its next duplicate (attempt + 1, same downstream key); a `job` by its
-/// queue.
-async fn sweep_orphaned_actions(store: &dyn Store) -> Result<(), oncely_store::StoreError> {
+/// its own clock and fenced by the attempt, and of several instances sweeping only one
+/// takes it. The sweep is slower to call an owner gone than a duplicate is: it leaves
+/// this instance's own owners alone (they run here), and waits for the lease to be past
+/// by a whole lease more (at least [`SWEEP_GRACE`]), so an owner whose renewals a store
+/// outage held up renews first. A `write` left so is run again by its next duplicate
+/// (attempt + 1, same downstream key); a `job` by its queue.
+async fn sweep_orphaned_actions(
+    store: &dyn Store,
+    instance: &str,
+) -> Result<(), oncely_store::StoreError> {
     let filter = ListFilter {
         state: Some(State::Processing),
         ..ListFilter::default()
@@ -367,11 +378,19 @@ async fn sweep_orphaned_actions(store: &dyn Store) -> Result<(), oncely_store::S
         return Ok(());
     }
     let now = store.now().await?;
-    let cutoff = oncely_core::Timestamp(now.0 - SWEEP_GRACE.as_millis() as i64);
-    for r in processing
-        .iter()
-        .filter(|r| r.class == oncely_core::Class::Action && r.lease_lapsed(cutoff))
-    {
+    let ours = format!("{instance}/");
+    let orphaned = |r: &&oncely_core::Record| {
+        let (Some(until), false) = (
+            r.lease_until,
+            r.owner.as_deref().is_some_and(|o| o.starts_with(&ours)),
+        ) else {
+            return false;
+        };
+        let length = (until.0 - r.updated_at.0).max(0);
+        let grace = length.max(SWEEP_GRACE.as_millis() as i64);
+        r.class == oncely_core::Class::Action && now.0 >= until.0.saturating_add(grace)
+    };
+    for r in processing.iter().filter(orphaned) {
         match store
             .take_over(&r.id, r.attempt, "oncely-sweep", SWEEP_EVERY)
             .await
@@ -395,6 +414,7 @@ async fn sweep_orphaned_actions(store: &dyn Store) -> Result<(), oncely_store::S
 /// upkeep.
 async fn chores(
     store: Arc<dyn Store>,
+    instance: String,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -405,7 +425,7 @@ async fn chores(
         tokio::select! {
             _ = stop.changed() => return,
             _ = sweep.tick() => {
-                if let Err(e) = sweep_orphaned_actions(&*store).await {
+                if let Err(e) = sweep_orphaned_actions(&*store, &instance).await {
                     tracing::warn!(error = %e, "looking for orphaned actions failed");
                 }
             }
