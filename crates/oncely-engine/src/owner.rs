@@ -442,8 +442,12 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                     store.complete(&fence, completion.clone())
                 })
                 .await;
-                if let Err(e) = written {
-                    log_write_failure(&record, "complete", &e);
+                match written {
+                    Ok(_) => {}
+                    Err(StoreError::Transition(refused)) => {
+                        keep_known_outcome(&*store, &fence, completion, &refused).await
+                    }
+                    Err(e) => log_write_failure(&record, "complete", &e),
                 }
             }
             d => {
@@ -519,6 +523,51 @@ async fn settle(
             log_write_failure(record, "settle", &e);
             record.clone()
         }
+    }
+}
+
+/// The owner has the upstream's answer, but its `complete` was refused. If that is
+/// because its own attempt was marked `outcome_unknown` meanwhile (its lease lapsed while
+/// the ledger was away from it, and a duplicate or a sweep took the record over), the
+/// outcome is not unknown after all: it is resolved with this answer, so that duplicates
+/// get it instead of a 409 until someone reconciles. Anything else (a newer attempt, a
+/// resolution already made) stands.
+async fn keep_known_outcome(
+    store: &dyn Store,
+    fence: &Fence,
+    completion: Completion,
+    refused: &oncely_core::TransitionError,
+) {
+    let current = bounded(store.get(&fence.id)).await;
+    let unknown_here = matches!(&current, Ok(Some(r))
+        if r.state == oncely_core::State::OutcomeUnknown && r.attempt == fence.attempt);
+    if !unknown_here {
+        tracing::error!(target: "oncely::store", record = %fence.id, attempt = fence.attempt,
+            error = %refused, "could not complete the record");
+        return;
+    }
+    let reason = "its owner recorded the answer after the record was marked outcome_unknown \
+                  (the ledger was away from the owner past its lease)";
+    // The replay window the upstream asked to end early still ends then.
+    let window = match (completion.replay_until, bounded(store.now()).await) {
+        (Some(until), Ok(now)) => completion.window.min(now.until(until)),
+        (Some(_), Err(_)) => Duration::ZERO,
+        (None, _) => completion.window,
+    };
+    let resolution = oncely_core::Resolution::Completed {
+        response: completion.response,
+        window,
+        reason: reason.into(),
+    };
+    match write("resolve", fence, || {
+        store.resolve(&fence.id, resolution.clone())
+    })
+    .await
+    {
+        Ok(_) => tracing::warn!(target: "oncely::store", record = %fence.id,
+            attempt = fence.attempt, "an action marked outcome_unknown was completed by its owner"),
+        Err(e) => tracing::error!(target: "oncely::store", record = %fence.id,
+            attempt = fence.attempt, error = %e, "could not keep the owner's answer"),
     }
 }
 

@@ -826,6 +826,118 @@ async fn a_paused_store_answers_503_in_bounded_time_and_sends_nothing() {
     assert_eq!(calls.of("while paused"), 1);
 }
 
+/// A TCP proxy on 127.0.0.1 to `target` whose connections pass bytes while `open` says
+/// so, and hold them (reading, not writing on) while it does not: a network path that
+/// went dark for one gateway, not for the others.
+async fn switchable_proxy(target: String, open: tokio::sync::watch::Receiver<bool>) -> u16 {
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut open: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if open.wait_for(|o| *o).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(&target).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pump(cr, sw, open.clone()));
+            tokio::spawn(pump(sr, cw, open.clone()));
+        }
+    });
+    port
+}
+
+/// Issue 8's partition: the ledger goes dark for the gateway that owns an action, past
+/// its lease, while another gateway on the same PostgreSQL ledger marks it
+/// `outcome_unknown` at a duplicate. When the owner's upstream answers and the ledger is
+/// back, the owner's answer is kept: the record is completed with it (not left for an
+/// operator to reconcile), and later duplicates get it. The action ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_knows_the_outcome_keeps_it_after_a_partition() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let (up, calls) = recording(Duration::from_secs(5), echo).await;
+    let authority = pg
+        .url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the URL")
+        .to_string();
+    let (open_tx, open_rx) = tokio::sync::watch::channel(true);
+    let port = switchable_proxy(authority.clone(), open_rx).await;
+    let through_proxy = pg.url.replace(&authority, &format!("127.0.0.1:{port}"));
+    let route = "class = \"action\"\nlease = \"1s\"\nwait = \"1s\"\ntimeout = \"30s\"";
+    let dir_a = tempfile::tempdir().unwrap();
+    let cfg_a = config(dir_a.path(), &through_proxy, &up, "", route);
+    let dir_b = tempfile::tempdir().unwrap();
+    let cfg_b = config(dir_b.path(), &pg.url, &up, "", route);
+    let owner = Gateway::start(&["--config", &cfg_a], &[]);
+    let other = Gateway::start(&["--config", &cfg_b], &[]);
+
+    let original = tokio::spawn({
+        let url = owner.url("/v1/call");
+        async move { http_post(&url, "order 9", &AUTH).await }
+    });
+    calls.wait_for("order 9").await;
+    // The owner's ledger goes dark: it cannot renew; its lease lapses.
+    open_tx.send_replace(false);
+    let started = Instant::now();
+    let id = loop {
+        let dup = http_post(&other.url("/v1/call"), "order 9", &AUTH).await;
+        if dup.status == 409 && dup.json()["code"] == "outcome_unknown" {
+            break dup.header("oncely-record").to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never outcome_unknown: {} {}",
+            dup.status,
+            dup.text()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    // The ledger is back for the owner before its upstream answers.
+    open_tx.send_replace(true);
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(original.text(), "done: order 9");
+
+    let started = Instant::now();
+    loop {
+        let record = ledger_show(&pg.url, &id);
+        if record["state"] == "completed" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the owner's answer was not kept: {record}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let replay = http_post(&other.url("/v1/call"), "order 9", &AUTH).await;
+    assert_eq!(replay.status, 200, "{}", replay.text());
+    assert_eq!(replay.header("oncely-status"), "replayed");
+    assert_eq!(replay.text(), "done: order 9");
+    assert_eq!(calls.of("order 9"), 1, "the action ran once");
+}
+
 // Item 9: waiting for a route's slot is not an upstream call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_waits_for_a_slot_past_its_timeout_is_released_not_unknown() {
