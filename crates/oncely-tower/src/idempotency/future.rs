@@ -37,6 +37,8 @@ pin_project_lite::pin_project! {
             #[pin]
             fut: F,
             bypassed: Option<super::service::BypassLog>,
+            // A route that forwards every time (`read`, `key = "none"`): `fresh`.
+            fresh: bool,
         },
         Guarded {
             fut: BoxFuture<'static, Response<BoxBody>>,
@@ -47,7 +49,24 @@ pin_project_lite::pin_project! {
 impl<F> ResponseFuture<F> {
     pub(crate) fn forward(fut: F, bypassed: Option<super::service::BypassLog>) -> Self {
         ResponseFuture {
-            kind: Kind::Forward { fut, bypassed },
+            kind: Kind::Forward {
+                fut,
+                bypassed,
+                fresh: false,
+            },
+        }
+    }
+
+    /// A request on a route that forwards every time (a `read` route, `key = "none"`):
+    /// its answer is marked `Oncely-Status: fresh` (executed now), as every answer of a
+    /// route is marked.
+    pub(crate) fn executed(fut: F) -> Self {
+        ResponseFuture {
+            kind: Kind::Forward {
+                fut,
+                bypassed: None,
+                fresh: true,
+            },
         }
     }
 
@@ -69,7 +88,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Forward { fut, bypassed } => {
+            KindProj::Forward {
+                fut,
+                bypassed,
+                fresh,
+            } => {
                 let result = ready!(fut.poll(cx));
                 let mut res = match result {
                     Ok(res) => res.map(boxed),
@@ -87,6 +110,9 @@ where
                     res.headers_mut()
                         .insert(ONCELY_STATUS, HeaderValue::from_static("bypassed"));
                     log.finish(res.status().as_u16());
+                } else if *fresh {
+                    res.headers_mut()
+                        .insert(ONCELY_STATUS, HeaderValue::from_static("fresh"));
                 }
                 Poll::Ready(Ok(res))
             }

@@ -121,7 +121,7 @@ where
         let decision = super::handle::decide(&self.guard, &policy, &req);
         match decision {
             super::handle::Decision::Forward => {
-                ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None)
+                ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)))
             }
             super::handle::Decision::Bypass { principal } => {
                 let mut req = req;

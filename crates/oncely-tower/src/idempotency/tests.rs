@@ -224,7 +224,7 @@ async fn the_upstream_gets_the_downstream_key_not_the_clients() {
 }
 
 #[tokio::test]
-async fn unguarded_routes_and_reads_are_forwarded_untouched() {
+async fn unguarded_routes_and_reads_are_forwarded_untouched_and_reads_marked_fresh() {
     let s = setup();
     let up = Upstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
@@ -251,8 +251,10 @@ async fn unguarded_routes_and_reads_are_forwarded_untouched() {
     let keyless = layer(&s, none, &up);
     for svc in [&read, &keyless] {
         for _ in 0..2 {
+            // Executed every time: marked `fresh`, with no record.
             let (_, h, _) = send(svc, req("same", Some("k"), ALICE)).await;
-            assert!(h.get("oncely-status").is_none());
+            assert_eq!(h.get("oncely-status").unwrap(), "fresh");
+            assert!(h.get("oncely-record").is_none());
         }
     }
     assert_eq!(up.calls(), 6);

@@ -723,10 +723,14 @@ async fn unguarded_requests_keep_their_route_timeout() {
     let gw = Gateway::start(&["--config", &cfg], &[]);
     let url = gw.url("/v1/call");
 
-    // A quick answer passes through, unmarked.
+    // A quick answer passes through, executed now (a read route forwards every time).
     let quick = http_post(&url, "quick", &AUTH).await;
     assert_eq!(quick.status, 200, "{}", quick.text());
     assert_eq!(quick.text(), "done: quick.");
+    assert_eq!(quick.header("oncely-status"), "fresh");
+    let again = http_post(&url, "quick", &AUTH).await;
+    assert_eq!(again.header("oncely-status"), "fresh");
+    assert_eq!(calls.of("quick"), 2, "a read runs every time");
 
     // A hanging upstream: 504 at the timeout, not the upstream's 4 s.
     let started = Instant::now();
