@@ -125,15 +125,33 @@ impl MakeKey for KeyMode {
     }
 }
 
+/// Every value of header `name`, as one: a single line as it is, several lines joined
+/// with `", "` in order (what HTTP makes of a field sent on several lines), `None` when
+/// absent. Reading only the first line would let a second one change the request
+/// without changing what oncely keys it by.
+pub fn combined<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<Cow<'a, [u8]>> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?;
+    let Some(second) = values.next() else {
+        return Some(Cow::Borrowed(first.as_bytes()));
+    };
+    let mut all = first.as_bytes().to_vec();
+    for v in std::iter::once(second).chain(values) {
+        all.extend_from_slice(b", ");
+        all.extend_from_slice(v.as_bytes());
+    }
+    Some(Cow::Owned(all))
+}
+
 impl MakePrincipal for PrincipalSource {
     fn make_principal<'a>(&self, head: &RequestHead<'a>) -> Option<Cow<'a, [u8]>> {
         match self {
-            // An empty header is a missing one: it names no account.
-            PrincipalSource::Header(name) => head
-                .headers
-                .get(name)
-                .filter(|v| !v.is_empty())
-                .map(|v| Cow::Borrowed(v.as_bytes())),
+            // An empty header is a missing one: it names no account. Two lines are one
+            // account of their own, never the first line's (the upstream may read the
+            // other).
+            PrincipalSource::Header(name) => {
+                combined(head.headers, name).filter(|v| !v.iter().all(|b| matches!(b, b',' | b' ')))
+            }
             PrincipalSource::None => Some(Cow::Borrowed(SINGLE_TENANT)),
         }
     }

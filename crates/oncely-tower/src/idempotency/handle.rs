@@ -147,10 +147,8 @@ where
         .unwrap_or("/");
     let mut fp = FingerprintBuilder::new(&principal, parts.method.as_str(), path_and_query);
     for name in &policy.fingerprint_headers {
-        fp = fp.header(
-            name.as_str(),
-            parts.headers.get(name).map(HeaderValue::as_bytes),
-        );
+        let value = crate::sources::combined(&parts.headers, name);
+        fp = fp.header(name.as_str(), value.as_deref());
     }
     let fingerprint = fp.body(&bytes, &policy.ignore_fields);
     let key = match &client_key {

@@ -282,6 +282,69 @@ async fn a_body_that_repeats_a_member_name_is_hashed_as_bytes() {
     assert_eq!(calls(), 6);
 }
 
+/// A header sent on two lines is one field with both values (RFC 9110): a request whose
+/// `fingerprint_headers` field has a second line, or whose principal header has one, is
+/// never taken for the request with the first line alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_sent_on_two_lines_counts_with_both_values() {
+    let seen = Seen::default();
+    let up = upstream(recording_upstream(seen.clone(), StatusCode::OK)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = start_with_config(
+        &dir,
+        &format!(
+            "upstream = \"http://{up}\"\nstore = \"{}\"\n\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/plan\"\nkey = \"fingerprint\"\nfingerprint_headers = [\"x-plan\"]\n",
+            sqlite_store(&dir)
+        ),
+    );
+    let send = |headers: Vec<(&'static str, &'static str)>| {
+        let addr = gw.addr;
+        async move {
+            let mut h = vec![JSON];
+            h.extend(headers);
+            raw(addr, "POST", "/v1/plan", &h, r#"{"seats":3}"#).await
+        }
+    };
+    let calls = || seen.calls.load(Ordering::SeqCst);
+
+    let two = send(vec![ALICE, ("x-plan", "a"), ("x-plan", "c")]).await;
+    assert_eq!(two.header("oncely-status"), Some("fresh"), "{two:?}");
+    let first_only = send(vec![ALICE, ("x-plan", "a")]).await;
+    assert_eq!(
+        first_only.header("oncely-status"),
+        Some("fresh"),
+        "{first_only:?}"
+    );
+    assert_ne!(
+        first_only.header("oncely-record"),
+        two.header("oncely-record")
+    );
+    assert_eq!(calls(), 2);
+    // One line with both values is the same field as two lines.
+    let one_line = send(vec![ALICE, ("x-plan", "a, c")]).await;
+    assert_eq!(one_line.header("oncely-status"), Some("replayed"));
+    assert_eq!(
+        one_line.header("oncely-record"),
+        two.header("oncely-record")
+    );
+    assert_eq!(calls(), 2);
+
+    // A second principal line is an account of its own, not the first line's.
+    let both = send(vec![
+        ALICE,
+        ("authorization", "Bearer sk_bob"),
+        ("x-plan", "a"),
+    ])
+    .await;
+    assert_eq!(both.header("oncely-status"), Some("fresh"), "{both:?}");
+    assert_ne!(
+        both.header("oncely-record"),
+        first_only.header("oncely-record")
+    );
+    assert_eq!(calls(), 3);
+}
+
 const RENDER_ROUTE: &str = r#"
 [[routes]]
 method = "POST"
