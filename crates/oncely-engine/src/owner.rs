@@ -7,8 +7,10 @@
 //! still owns the record (each retry counted in `oncely_ledger_write_retries_total{op}`
 //! and logged).
 //!
-//! The caller's body ends only after the record is written, so a client that has read
-//! the whole answer and retries finds the record completed (`replayed`, not `joined`);
+//! The caller's body ends only after the record is written (for an answer with a
+//! `content-length`, its last chunk waits), so a client that has read the whole answer
+//! and retries finds the record completed (`replayed`, not `joined`); a ledger that has
+//! not taken the record within [`STORE_ANSWER`] no longer holds the answer back;
 //! a route with `answer = "before_record"` ends it before the write instead (a crash in
 //! between is a crash during the call: the record stays processing, and is taken over
 //! by its class with the same downstream key).
@@ -404,28 +406,28 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                 let response = match response {
                     Classified::Store(response) => response,
                     Classified::Release(why) => {
-                        settle(
+                        let settled = settle(
                             &*store,
                             &record,
                             &fence,
                             Disposition::Release,
                             why,
                             call.window,
-                        )
-                        .await;
+                        );
+                        recording(settled, &mut tx, &mut held, &budget, &fence).await;
                         end_after_record(tx, held, &budget);
                         return;
                     }
                     Classified::Unknown(why) => {
-                        settle(
+                        let settled = settle(
                             &*store,
                             &record,
                             &fence,
                             Disposition::OutcomeUnknown,
                             why,
                             call.window,
-                        )
-                        .await;
+                        );
+                        recording(settled, &mut tx, &mut held, &budget, &fence).await;
                         end_after_record(tx, held, &budget);
                         return;
                     }
@@ -438,26 +440,59 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                     replay_until,
                     provider_request_id,
                 };
-                let written = write("complete", &fence, || {
-                    store.complete(&fence, completion.clone())
-                })
-                .await;
-                match written {
-                    Ok(_) => {}
-                    Err(StoreError::Transition(refused)) => {
-                        keep_known_outcome(&*store, &fence, completion, &refused).await
+                let written = async {
+                    let written = write("complete", &fence, || {
+                        store.complete(&fence, completion.clone())
+                    })
+                    .await;
+                    match written {
+                        Ok(_) => {}
+                        Err(StoreError::Transition(refused)) => {
+                            keep_known_outcome(&*store, &fence, completion, &refused).await
+                        }
+                        Err(e) => log_write_failure(&record, "complete", &e),
                     }
-                    Err(e) => log_write_failure(&record, "complete", &e),
-                }
+                };
+                recording(written, &mut tx, &mut held, &budget, &fence).await;
             }
             d => {
                 let why = format!("upstream answered {status}");
-                settle(&*store, &record, &fence, d, why, call.window).await;
+                let settled = settle(&*store, &record, &fence, d, why, call.window);
+                recording(settled, &mut tx, &mut held, &budget, &fence).await;
             }
         },
     }
     drop(lease);
     end_after_record(tx, held, &budget);
+}
+
+/// Runs `write` (recording the outcome of a call whose answer was read whole). The
+/// caller waits for it, but not for ever: a ledger that has not taken the outcome within
+/// [`STORE_ANSWER`] (a full disk, a store away, retries under way) would otherwise keep
+/// an answer from its caller for as long as the owner keeps trying. Then the caller gets
+/// the rest of its answer at once, and the record follows when it can (a repeat meanwhile
+/// finds it `processing` and waits, as for any call in flight).
+async fn recording<T>(
+    write: impl Future<Output = T>,
+    tx: &mut Option<Feed>,
+    held: &mut Option<Bytes>,
+    budget: &Arc<Budget>,
+    fence: &Fence,
+) -> T {
+    tokio::pin!(write);
+    if tx.is_none() {
+        return write.await;
+    }
+    tokio::select! {
+        written = &mut write => written,
+        () = tokio::time::sleep(STORE_ANSWER) => {
+            tracing::warn!(target: "oncely::store", record = %fence.id, attempt = fence.attempt,
+                "the ledger has not taken the outcome within {}s: its caller gets the answer \
+                 now, the record follows", STORE_ANSWER.as_secs());
+            end_after_record(tx.take(), held.take(), budget);
+            write.await
+        }
+    }
 }
 
 /// Ends the caller's body once the answer is recorded: hands over the chunk held back

@@ -1078,6 +1078,51 @@ async fn answer_before_record_ends_the_body_before_the_completion_is_written() {
     }
 }
 
+/// A ledger that cannot take a call's outcome for long (here a write lock held for 20 s,
+/// past the store's own 10 s bound) does not keep the answer from its caller for as
+/// long: the caller gets it whole while the ledger is still locked, and the record
+/// follows once the ledger is free. A duplicate then replays it; the call ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_cannot_take_the_outcome_does_not_keep_the_answer_from_its_caller() {
+    let (up, calls) = recording(Duration::from_millis(500), echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path());
+    let cfg = config(
+        dir.path(),
+        &store,
+        &up,
+        "",
+        "class = \"write\"\nlease = \"60s\"\nwait = \"1s\"",
+    );
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let url = gw.url("/v1/call");
+    let original = tokio::spawn({
+        let url = url.clone();
+        async move { http_post(&url, "render 7", &AUTH).await }
+    });
+    calls.wait_for("render 7").await;
+    let db = dir.path().join("ledger.db");
+    let lock = tokio::task::spawn_blocking(move || lock_sqlite(&db, Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let original = original.await.unwrap();
+    assert!(
+        !lock.is_finished(),
+        "the caller got its answer only once the ledger was free"
+    );
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(original.text(), "done: render 7");
+    tokio::task::spawn_blocking(move || lock.join().unwrap())
+        .await
+        .unwrap();
+    let record = settled(&store).await;
+    assert_eq!(record["state"], "completed", "{record}");
+    let dup = http_post(&url, "render 7", &AUTH).await;
+    assert_eq!(dup.header("oncely-status"), "replayed");
+    assert_eq!(dup.text(), "done: render 7");
+    assert_eq!(calls.of("render 7"), 1);
+}
+
 /// Sustained fresh load on the embedded ledger: its WAL is started over, not grown by
 /// every frame ever written (before, ten seconds of fresh requests left a 1.1 GB WAL, and
 /// a gateway under steady load would have filled its disk). 32 callers send 8,000 new
