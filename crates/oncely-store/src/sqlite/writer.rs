@@ -473,6 +473,18 @@ mod tests {
         .await
     }
 
+    /// How many rows `t` holds, read through the writer.
+    async fn rows(w: &Writer) -> i64 {
+        w.run(|conn, _| {
+            let n = conn
+                .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                .map_err(sql_error)?;
+            Ok((n, None))
+        })
+        .await
+        .unwrap()
+    }
+
     async fn until(what: impl Fn() -> bool) {
         let start = Instant::now();
         while !what() {
@@ -536,15 +548,7 @@ mod tests {
         }
         // The three left over went in one group, after the sync.
         assert_eq!(durability.committed(), 4);
-        let n: i64 = w
-            .run(|conn, _| {
-                let n = conn
-                    .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-                    .map_err(sql_error)?;
-                Ok((n, None))
-            })
-            .await
-            .unwrap();
+        let n = rows(&w).await;
         assert_eq!(n, many as i64 + 1);
     }
 
@@ -630,22 +634,8 @@ mod tests {
             "{err:?}"
         );
         // The writer still commits what comes next.
-        w.run(|conn, _| {
-            conn.execute("INSERT INTO t VALUES (1)", [])
-                .map_err(sql_error)?;
-            Ok(((), None))
-        })
-        .await
-        .unwrap();
-        let n: i64 = w
-            .run(|conn, _| {
-                let n = conn
-                    .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-                    .map_err(sql_error)?;
-                Ok((n, None))
-            })
-            .await
-            .unwrap();
+        insert(&w, 1).await.unwrap();
+        let n = rows(&w).await;
         assert_eq!(n, 1);
     }
 }
