@@ -170,11 +170,8 @@ fn start_with_config(dir: &tempfile::TempDir, toml: &str) -> Gateway {
     Gateway::start(&["--config", cfg.to_str().unwrap()], &[])
 }
 
-/// Issue 11, item 1: `9007199254740993` and `9007199254740992` are one double but two
-/// orders. They get two fingerprints (two executions), and under one key a 422; numbers
-/// equal as decimals (`1.0`/`1`, `1e2`/`100`) are still one intention.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn numbers_that_differ_as_decimals_are_two_intentions() {
+/// A gateway with the default route over a recording upstream, on a fresh SQLite ledger.
+async fn recorded_gateway() -> (Gateway, Seen, tempfile::TempDir) {
     let seen = Seen::default();
     let up = upstream(recording_upstream(seen.clone(), StatusCode::OK)).await;
     let dir = tempfile::tempdir().unwrap();
@@ -183,16 +180,25 @@ async fn numbers_that_differ_as_decimals_are_two_intentions() {
         &["--upstream", &format!("http://{up}"), "--store", &store],
         &[],
     );
-    let send = |body: &'static str, key: Option<&'static str>| {
-        let addr = gw.addr;
-        async move {
-            let mut h = vec![ALICE, JSON];
-            if let Some(k) = key {
-                h.push(("idempotency-key", k));
-            }
-            raw(addr, "POST", "/v1/orders", &h, body).await
-        }
-    };
+    (gw, seen, dir)
+}
+
+/// Alice's JSON `POST /v1/orders` of `body`, with `key` as its `Idempotency-Key`.
+async fn order(addr: SocketAddr, body: &str, key: Option<&str>) -> Raw {
+    let mut h = vec![ALICE, JSON];
+    if let Some(k) = key {
+        h.push(("idempotency-key", k));
+    }
+    raw(addr, "POST", "/v1/orders", &h, body).await
+}
+
+/// Issue 11, item 1: `9007199254740993` and `9007199254740992` are one double but two
+/// orders. They get two fingerprints (two executions), and under one key a 422; numbers
+/// equal as decimals (`1.0`/`1`, `1e2`/`100`) are still one intention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_that_differ_as_decimals_are_two_intentions() {
+    let (gw, seen, _dir) = recorded_gateway().await;
+    let send = |body: &'static str, key: Option<&'static str>| order(gw.addr, body, key);
 
     let a = send(r#"{"id": 9007199254740993}"#, None).await;
     assert_eq!(a.header("oncely-status"), Some("fresh"), "{a:?}");
@@ -229,24 +235,8 @@ async fn numbers_that_differ_as_decimals_are_two_intentions() {
 /// hashed as the bytes it is, never taken for `{"amount":2}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_repeats_a_member_name_is_hashed_as_bytes() {
-    let seen = Seen::default();
-    let up = upstream(recording_upstream(seen.clone(), StatusCode::OK)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite_store(&dir);
-    let gw = Gateway::start(
-        &["--upstream", &format!("http://{up}"), "--store", &store],
-        &[],
-    );
-    let send = |body: &'static str, key: Option<&'static str>| {
-        let addr = gw.addr;
-        async move {
-            let mut h = vec![ALICE, JSON];
-            if let Some(k) = key {
-                h.push(("idempotency-key", k));
-            }
-            raw(addr, "POST", "/v1/orders", &h, body).await
-        }
-    };
+    let (gw, seen, _dir) = recorded_gateway().await;
+    let send = |body: &'static str, key: Option<&'static str>| order(gw.addr, body, key);
     let calls = || seen.calls.load(Ordering::SeqCst);
 
     let plain = send(r#"{"amount": 2}"#, None).await;
