@@ -162,12 +162,13 @@ impl Engine {
     }
 
     /// Claims the call's record and executes it once: as its owner (running `run` on a
-    /// task the caller does not own, with the downstream key), or from the ledger
-    /// (replay, join, refusal). `run` is called at most once.
+    /// task the caller does not own, with the downstream key and the record as claimed:
+    /// its attempt, and what an earlier attempt left in it), or from the ledger (replay,
+    /// join, refusal). `run` is called at most once.
     pub async fn execute<H, F>(&self, call: GuardedCall, run: F) -> Execution<FreshAnswer<H>>
     where
         H: Send + 'static,
-        F: FnOnce(DownstreamKey) -> Upstream<H> + Send + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send + 'static,
     {
         let deadline = tokio::time::Instant::now() + call.wait;
         let spec = self.claim_spec(&call);
@@ -371,7 +372,7 @@ impl Engine {
     ) -> Detached<H, F>
     where
         H: Send + 'static,
-        F: FnOnce(DownstreamKey) -> Upstream<H> + Send + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send + 'static,
     {
         // Counted from before the claim, so that a drain waits for a claim in flight.
         let token = self.tasks.start();
@@ -410,7 +411,7 @@ impl Engine {
             let Some(fence) = record.fence() else {
                 return Detached::Broken(format!("owned record {} has no owner", record.id));
             };
-            let upstream = run(DownstreamKey::derive(&call.scope, &call.key));
+            let upstream = run(DownstreamKey::derive(&call.scope, &call.key), &record);
             let (head_tx, head_rx) = oneshot::channel();
             tokio::spawn(owner::run(owner::OwnerTask {
                 store,
@@ -544,7 +545,7 @@ mod tests {
 
     async fn run_with(guard: &Engine, key: &str, body: &'static str, classify: Classifier) {
         let execution = guard
-            .execute(call(key), move |_| {
+            .execute(call(key), move |_, _| {
                 async move {
                     let mut answer = UpstreamAnswer::new(200, (), full(body));
                     answer.classify = Some(classify);
@@ -585,7 +586,7 @@ mod tests {
         )
         .await;
         match guard
-            .execute::<(), _>(call("stored"), |_| {
+            .execute::<(), _>(call("stored"), |_, _| {
                 panic!("a stored answer must not run again")
             })
             .await
@@ -609,7 +610,7 @@ mod tests {
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran.clone();
         let again = guard
-            .execute(call("released"), move |_| {
+            .execute(call("released"), move |_, _| {
                 flag.store(true, Ordering::SeqCst);
                 async { Ok(UpstreamAnswer::new(200, (), full("ok"))) }.boxed()
             })
@@ -642,7 +643,7 @@ mod tests {
         .await;
         assert!(matches!(
             guard
-                .execute::<(), _>(call("big"), |_| panic!("no second run"))
+                .execute::<(), _>(call("big"), |_, _| panic!("no second run"))
                 .await,
             Execution::TooLarge(_)
         ));
@@ -650,7 +651,7 @@ mod tests {
 
     async fn completed(guard: &Engine, key: &str) -> Record {
         let execution = guard
-            .execute(call(key), |_| {
+            .execute(call(key), |_, _| {
                 async { Ok(UpstreamAnswer::new(200, (), full("done"))) }.boxed()
             })
             .await;
@@ -665,7 +666,7 @@ mod tests {
     async fn replay_n(guard: &Engine, key: &str, n: usize) {
         for _ in 0..n {
             match guard
-                .execute::<(), _>(call(key), |_| panic!("no second run"))
+                .execute::<(), _>(call(key), |_, _| panic!("no second run"))
                 .await
             {
                 Execution::Replayed(_) => {}

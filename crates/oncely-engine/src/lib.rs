@@ -37,6 +37,7 @@ pub use call::{
     UpstreamError, UpstreamFailure,
 };
 pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};
+pub use owner::STORE_ANSWER;
 pub use slot::{in_guarded_call, wait_for_slot};
 pub use stream::{BodyStream, CallerBody};
 pub use tally::REPEAT_FLUSH;

@@ -50,7 +50,7 @@ const WRITE_RETRY_FOR: Duration = Duration::from_secs(3600);
 /// The longest one ledger operation may take before it counts as failed: a store that
 /// holds a connection open without answering (a paused server, a black-holed network
 /// path) must not hold the request, or the owner, with it.
-pub(crate) const STORE_ANSWER: Duration = Duration::from_secs(10);
+pub const STORE_ANSWER: Duration = Duration::from_secs(10);
 
 /// `op`, or [`StoreError::Unavailable`] once it has taken [`STORE_ANSWER`].
 pub(crate) async fn bounded<T>(

@@ -1,5 +1,5 @@
-//! The response body type of the MCP service, and the tap that reads `tools/list`
-//! answers on their way through.
+//! The response body type of the MCP service, and the bodies that edit, cut or end the
+//! upstream's answers on their way through.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -21,39 +21,72 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> McpBody {
         .boxed()
 }
 
+/// What an [`Edit`] does to each JSON-RPC message of an answer: changes it in place and
+/// says whether it did.
+pub(crate) type EditFn = Box<dyn FnMut(&mut serde_json::Value) -> bool + Send + Sync>;
+
 pin_project_lite::pin_project! {
-    /// Passes a body through frame by frame and shows what it carries to `observe`: each
-    /// SSE event's data as soon as the event is complete (before the client can act on
-    /// it), or a JSON body whole (up to `limit` bytes) at its end. This is how `tools/list`
-    /// answers teach the catalog without being held back.
-    pub(crate) struct Tap<B, F: FnMut(&[u8])> {
+    /// Passes a body through and hands each JSON-RPC message it carries to `edit`, which
+    /// may change it: each SSE event as soon as it is complete (so a stream is never held
+    /// back for more than one event), or a JSON body whole at its end (one message or a
+    /// batch). A message `edit` leaves alone goes out as it came; a JSON body over `limit`
+    /// bytes is passed through unread. This is how `tools/list` answers teach the catalog
+    /// and `server/discover` answers learn oncely's own capabilities on their way through.
+    pub(crate) struct Edit<B> {
         #[pin]
         inner: B,
         sse: Option<sse::Parser>,
-        seen: Vec<u8>,
+        held: Vec<u8>,
         limit: usize,
+        passing: bool,
         done: bool,
-        observe: F,
+        edit: EditFn,
     }
 }
 
-impl<B, F: FnMut(&[u8])> Tap<B, F> {
-    pub(crate) fn new(inner: B, is_sse: bool, limit: usize, observe: F) -> Tap<B, F> {
-        Tap {
+impl<B> Edit<B> {
+    pub(crate) fn new(inner: B, is_sse: bool, limit: usize, edit: EditFn) -> Edit<B> {
+        Edit {
             inner,
             sse: is_sse.then(|| sse::Parser::new(limit)),
-            seen: Vec::new(),
+            held: Vec::new(),
             limit,
+            passing: false,
             done: false,
-            observe,
+            edit,
         }
     }
 }
 
-impl<B, F> Body for Tap<B, F>
+/// An event as SSE text again (`id`, `event`, one `data:` line per line of its data).
+fn event_text(event: &sse::Event, out: &mut Vec<u8>) {
+    if let Some(id) = &event.id {
+        out.extend_from_slice(format!("id: {id}\n").as_bytes());
+    }
+    if !event.event.is_empty() {
+        out.extend_from_slice(format!("event: {}\n", event.event).as_bytes());
+    }
+    for line in event.data.split('\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+}
+
+/// Applies `edit` to the message(s) of a whole JSON body; `None` when it changed nothing.
+fn edit_json(body: &[u8], edit: &mut EditFn) -> Option<Vec<u8>> {
+    let mut value = crate::jsonrpc::parse(body)?;
+    let changed = match &mut value {
+        serde_json::Value::Array(items) => items.iter_mut().fold(false, |c, m| edit(m) | c),
+        message => edit(message),
+    };
+    changed.then(|| serde_json::to_vec(&value).unwrap_or_default())
+}
+
+impl<B> Body for Edit<B>
 where
     B: Body<Data = Bytes>,
-    F: FnMut(&[u8]),
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -63,40 +96,76 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
-        let mut ended = matches!(polled, Poll::Ready(None));
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                match this.sse {
-                    Some(parser) => {
-                        for event in parser.feed(data) {
-                            (this.observe)(event.data.as_bytes());
-                        }
-                    }
-                    None if this.seen.len() + data.len() <= *this.limit => {
-                        this.seen.extend_from_slice(data)
-                    }
-                    None => *this.done = true,
+        loop {
+            if *this.done {
+                return Poll::Ready(None);
+            }
+            let frame = match this.inner.as_mut().poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(frame))) => Some(frame),
+                Poll::Ready(None) => None,
+            };
+            let ended = frame.is_none() || this.inner.is_end_stream();
+            let data = match frame.map(Frame::into_data) {
+                Some(Ok(data)) => data,
+                // Trailers pass as they are.
+                Some(Err(frame)) => return Poll::Ready(Some(Ok(frame))),
+                None => Bytes::new(),
+            };
+            if *this.passing {
+                *this.done = ended;
+                if data.is_empty() && ended {
+                    return Poll::Ready(None);
                 }
+                return Poll::Ready(Some(Ok(Frame::data(data))));
             }
-            // A body with a known length is not polled past its last frame.
-            ended = this.inner.is_end_stream();
-        }
-        if ended && !*this.done {
-            *this.done = true;
-            if this.sse.is_none() {
-                (this.observe)(this.seen);
+            let out = match this.sse {
+                Some(parser) => {
+                    let mut events = parser.feed(&data);
+                    if ended {
+                        events.extend(parser.feed(b"\n\n"));
+                    }
+                    let mut out = Vec::new();
+                    for mut event in events {
+                        if let Ok(mut message) = serde_json::from_str(&event.data) {
+                            if (this.edit)(&mut message) {
+                                event.data = message.to_string();
+                            }
+                        }
+                        event_text(&event, &mut out);
+                    }
+                    out
+                }
+                None if this.held.len() + data.len() > *this.limit => {
+                    // Too large to read: the rest passes through as it comes.
+                    *this.passing = true;
+                    let mut out = std::mem::take(this.held);
+                    out.extend_from_slice(&data);
+                    out
+                }
+                None => {
+                    this.held.extend_from_slice(&data);
+                    if !ended {
+                        continue;
+                    }
+                    let held = std::mem::take(this.held);
+                    edit_json(&held, this.edit).unwrap_or(held)
+                }
+            };
+            *this.done = ended;
+            if out.is_empty() {
+                if ended {
+                    return Poll::Ready(None);
+                }
+                continue;
             }
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        self.done
     }
 }
 

@@ -14,17 +14,24 @@
 //! - a session's end (`DELETE`) while calls this endpoint owns run on that session:
 //!   answered 200 at once, and forwarded once those calls are recorded (the server would
 //!   abort them);
-//! - a `tools/list` answer: passed through, and read on the way to learn which tools are
-//!   read-only;
-//! - `tasks/get`, `tasks/cancel` of a task that is one of this endpoint's records (see
-//!   [`crate::tasks`]): answered from the ledger.
+//! - a `tools/list` answer: passed through, read on the way to learn which tools are
+//!   read-only, and with every guarded tool's `execution.taskSupport` set to `forbidden`
+//!   (2025-11-25's task-augmented calls never take a guarded call around the guard);
+//! - a `server/discover` answer: passed through with the tasks extension advertised;
+//! - `tasks/get`, `tasks/cancel`, `tasks/update` (2026-07-28): answered from the ledger
+//!   for this endpoint's tasks (see [`crate::tasks`]), forwarded for the server's own.
 //!
-//! The forwarded guarded call carries the derived downstream key in
-//! `_meta["dev.oncely/idempotency-key"]`; tools listed in `actions` are class `action`.
+//! A guarded call is keyed by what [`jsonrpc::ToolCall`] reads (tool, arguments, and a
+//! multi-round-trip continuation's `inputResponses` and `requestState`), so nothing else
+//! it carries changes whether or how it is guarded. The forwarded guarded call carries
+//! the derived downstream key in `_meta["dev.oncely/idempotency-key"]` and no `task`
+//! parameter; tools listed in `actions` are class `action`.
 //! What is stored is decided by a [`Classifier`] once the owner task has read the whole
 //! answer: the JSON-RPC `result` for the call's id (found in a JSON body, a batch, or an
 //! event stream) is stored; a JSON-RPC `error` or an HTTP error releases the record, so
-//! the next identical call runs again; an answer that ends (or breaks off) without the
+//! the next identical call runs again, and so does an `input_required` result (the server
+//! asks for input: the continuation that answers it is the call that executes); an answer
+//! that ends (or breaks off) without the
 //! call's response marks it `outcome_unknown` (it was sent and may have run). An answer over
 //! `max_response` is stored without its body: repeats get an `isError` result saying the
 //! result was too large to keep, and the tool does not run again within the window.
@@ -51,7 +58,7 @@ use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use oncely_core::{DownstreamKey, Record, RecordId, Scope, State, StoredResponse};
+use oncely_core::{DownstreamKey, Record, Scope, State, StoredResponse};
 use oncely_http::client::{error_chain, ClientOptions};
 use oncely_http::problem::{
     Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS,
@@ -65,12 +72,12 @@ use oncely_tower::{
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::body::{full, BreakAsEnd, McpBody, Tap, UntilCancelled};
+use crate::body::{full, BreakAsEnd, Edit, EditFn, McpBody, UntilCancelled};
 use crate::catalog::ToolCatalog;
 use crate::config::McpConfig;
-use crate::jsonrpc::{self, Outcome, CONTINUATION_PARAMS, IDEMPOTENCY_KEY_META, REPLAY_META_KEY};
+use crate::jsonrpc::{self, Outcome, ToolCall, REPLAY_META_KEY};
 use crate::sse;
-use crate::tasks;
+use crate::tasks::{self, History, TaskStatus};
 use crate::{BoxError, McpError};
 
 /// The pooled HTTP/HTTPS client the endpoint forwards with (`oncely_http::client`).
@@ -96,8 +103,9 @@ const REPEATED_NAME: &str = "the tools/call repeats a member name in its JSON; s
 /// the stateless era (2026-07-28), whose routing headers must match the body.
 const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
-/// Most (principal, task) pairs remembered as detached by `tasks/cancel`.
-const MAX_DETACHED: usize = 10_000;
+/// Most bytes of a JSON answer oncely reads to edit it (`tools/list`, `server/discover`);
+/// a larger one passes through unread.
+const EDIT_LIMIT: usize = 8 << 20;
 
 /// One `[[mcp]]` endpoint: a tower `Service<http::Request<B>>` answering
 /// `Response<McpBody>`. Cheap to clone (shared state behind an `Arc`).
@@ -128,8 +136,6 @@ struct Inner {
     owned: Mutex<HashMap<String, usize>>,
     /// Woken whenever an owned call ends.
     owned_ended: tokio::sync::Notify,
-    /// Tasks (record ids) a principal detached from with `tasks/cancel`.
-    detached: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl McpEndpoint {
@@ -166,7 +172,6 @@ impl McpEndpoint {
                 guarded: Mutex::new(HashMap::new()),
                 owned: Mutex::new(HashMap::new()),
                 owned_ended: tokio::sync::Notify::new(),
-                detached: Mutex::new(Default::default()),
             }),
         }
     }
@@ -296,9 +301,9 @@ impl Inner {
             }
         }
         if parts.method != Method::POST {
-            return self.forward(parts, bytes, false).await;
+            return self.forward(parts, bytes, Vec::new()).await;
         }
-        let mut learn = false;
+        let mut edits = Vec::new();
         match jsonrpc::parse(&bytes) {
             Some(message @ Value::Object(_)) => {
                 if let Some(target) = jsonrpc::cancelled_request_id(&message) {
@@ -308,35 +313,30 @@ impl Inner {
                         return empty(StatusCode::ACCEPTED);
                     }
                 }
+                let text = std::str::from_utf8(&bytes).unwrap_or_default();
+                if let Some(refusal) = unreadable_call(&message, text) {
+                    return json_response(StatusCode::BAD_REQUEST, &refusal);
+                }
                 if let Some(request) = jsonrpc::as_request(&message) {
                     match request.method {
                         "tools/call" => {
-                            if let Some(mismatch) = header_mismatch(&parts.headers, &message) {
+                            if let Some(mismatch) = header_mismatch(&parts.headers, &message, NAME)
+                            {
                                 return json_response(
                                     StatusCode::BAD_REQUEST,
                                     &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
                                 );
                             }
-                            if oncely_core::canon::Json::parse(&bytes).is_none() {
-                                return json_response(
-                                    StatusCode::BAD_REQUEST,
-                                    &jsonrpc::error_message(
-                                        request.id,
-                                        INVALID_REQUEST,
-                                        REPEATED_NAME,
-                                    ),
-                                );
-                            }
-                            let text = std::str::from_utf8(&bytes).unwrap_or_default();
                             if let Some(call) = self.read_call(&parts, &message, text) {
                                 return self.clone().guard(&parts, bytes, call, &session).await;
                             }
                         }
-                        "tools/list" => learn = true,
-                        "tasks/get" | "tasks/cancel" | "tasks/update" => {
-                            if let Some(resp) = self.task_request(&parts, &request).await {
-                                return resp;
-                            }
+                        "tools/list" => edits.push((request.id.clone(), Answer::ToolsList)),
+                        "server/discover" => {
+                            edits.push((request.id.clone(), Answer::Discover));
+                        }
+                        method if method.starts_with("tasks/") && is_modern(&parts.headers) => {
+                            return self.task_request(parts, bytes, message).await;
                         }
                         _ => {}
                     }
@@ -345,7 +345,7 @@ impl Inner {
             Some(Value::Array(items)) => return self.batch(parts, bytes, items, session).await,
             _ => {}
         }
-        self.forward(parts, bytes, learn).await
+        self.forward(parts, bytes, edits).await
     }
 
     /// A JSON-RPC batch (2025-03-26). Cancellations of guarded calls are taken out; each
@@ -379,18 +379,12 @@ impl Inner {
                 dropped = true;
                 continue;
             }
-            let call = jsonrpc::as_request(&item).filter(|r| r.method == "tools/call");
-            if let Some(call) = &call {
-                if oncely_core::canon::Json::parse(text.as_bytes()).is_none() {
-                    refused.push(jsonrpc::error_message(
-                        call.id,
-                        INVALID_REQUEST,
-                        REPEATED_NAME,
-                    ));
-                    dropped = true;
-                    continue;
-                }
+            if let Some(refusal) = unreadable_call(&item, &text) {
+                refused.push(refusal);
+                dropped = true;
+                continue;
             }
+            let call = jsonrpc::as_request(&item).filter(|r| r.method == "tools/call");
             let guarded = call.and_then(|_| self.read_call(&parts, &item, &text));
             match guarded {
                 Some(call) => calls.push((text, call)),
@@ -401,22 +395,25 @@ impl Inner {
             }
         }
         let rest_bytes = Bytes::from(format!("[{}]", rest_texts.join(",")));
-        let learn = rest
+        let edits: Vec<(Value, Answer)> = rest
             .iter()
-            .any(|m| jsonrpc::as_request(m).is_some_and(|r| r.method == "tools/list"));
+            .filter_map(jsonrpc::as_request)
+            .filter(|r| r.method == "tools/list")
+            .map(|r| (r.id.clone(), Answer::ToolsList))
+            .collect();
         if calls.is_empty() && refused.is_empty() {
             if rest.is_empty() {
                 return empty(StatusCode::ACCEPTED);
             }
             let bytes = if dropped { rest_bytes } else { bytes };
-            return self.forward(parts, bytes, learn).await;
+            return self.forward(parts, bytes, edits).await;
         }
         let expects_answer = rest.iter().any(|m| jsonrpc::as_request(m).is_some());
         let forwarded = async {
             if rest.is_empty() {
                 return Vec::new();
             }
-            let resp = self.clone().forward(parts.clone(), rest_bytes, learn).await;
+            let resp = self.clone().forward(parts.clone(), rest_bytes, edits).await;
             let ids: Vec<Value> = rest
                 .iter()
                 .filter_map(|m| jsonrpc::as_request(m).map(|r| r.id.clone()))
@@ -471,7 +468,7 @@ impl Inner {
                     break;
                 }
             }
-            let resp = me.clone().forward(parts, bytes, false).await;
+            let resp = me.clone().forward(parts, bytes, Vec::new()).await;
             tracing::info!(route = %me.config.path, session = %session,
                 status = resp.status().as_u16(), "held session end forwarded");
         });
@@ -564,12 +561,13 @@ impl Inner {
         req
     }
 
-    /// Forwards unchanged and streams the answer back; `learn` reads a tools/list answer.
+    /// Forwards unchanged and streams the answer back, with the responses to the requests
+    /// `edits` names edited on the way (see [`Answer`]).
     async fn forward(
         self: Arc<Self>,
         parts: http::request::Parts,
         body: Bytes,
-        learn: bool,
+        edits: Vec<(Value, Answer)>,
     ) -> Response<McpBody> {
         let req = self.upstream_request(&parts, body);
         let resp = match self.client.request(req).await {
@@ -585,18 +583,63 @@ impl Inner {
         let (mut rparts, body) = resp.into_parts();
         rparts.headers = strip_response_hop_by_hop(&rparts.headers);
         let body = body.map_err(BoxError::from);
-        let body: McpBody = if learn {
-            let me = self.clone();
+        let body: McpBody = if edits.is_empty() || !rparts.status.is_success() {
+            body.boxed()
+        } else {
             let is_sse = header_str(&rparts.headers, "content-type")
                 .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
-            Tap::new(body, is_sse, 8 << 20, move |seen: &[u8]| {
-                me.catalog.observe_body(seen)
-            })
-            .boxed()
-        } else {
-            body.boxed()
+            // An edited answer has another length.
+            rparts.headers.remove(http::header::CONTENT_LENGTH);
+            Edit::new(body, is_sse, EDIT_LIMIT, self.editor(edits)).boxed()
         };
         Response::from_parts(rparts, body)
+    }
+
+    /// What [`Edit`] does to the responses to the requests `edits` names.
+    fn editor(self: Arc<Self>, edits: Vec<(Value, Answer)>) -> EditFn {
+        Box::new(move |message: &mut Value| {
+            let Some(answer) = edits
+                .iter()
+                .find(|(id, _)| message.get("id") == Some(id))
+                .map(|(_, a)| *a)
+            else {
+                return false;
+            };
+            let Some(result) = message.get_mut("result").filter(|r| r.is_object()) else {
+                return false;
+            };
+            match answer {
+                Answer::ToolsList => {
+                    self.catalog.observe_list(result);
+                    self.forbid_tasks(result)
+                }
+                Answer::Discover => advertise_tasks(result),
+            }
+        })
+    }
+
+    /// Sets `execution.taskSupport` to `forbidden` on every guarded tool of a `tools/list`
+    /// result that offered task-augmented calls (2025-11-25): a client then calls it as
+    /// a plain call, the one oncely guards. Says whether it changed anything.
+    fn forbid_tasks(&self, result: &mut Value) -> bool {
+        let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
+            return false;
+        };
+        let mut changed = false;
+        for tool in tools {
+            let guarded = tool
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|name| self.catalog.is_guarded(&self.config.tools, name));
+            let support = tool.pointer_mut("/execution/taskSupport");
+            if let (true, Some(support)) = (guarded, support) {
+                if support.as_str() != Some("forbidden") {
+                    *support = Value::String("forbidden".into());
+                    changed = true;
+                }
+            }
+        }
+        changed
     }
 
     /// The principal's keyed hash (the gateway's [`Guard::principal_hash`], so one account
@@ -613,29 +656,21 @@ impl Inner {
     /// `text` is `message` as it was written.
     fn read_call(&self, parts: &http::request::Parts, message: &Value, text: &str) -> Option<Call> {
         let request = jsonrpc::as_request(message)?;
-        let params = request.params?;
-        let tool = params.get("name")?.as_str()?;
+        let read = ToolCall::read(message, text)?;
+        let tool = read.tool;
         if !self.catalog.is_guarded(&self.config.tools, tool) {
-            return None;
-        }
-        if CONTINUATION_PARAMS.iter().any(|k| params.get(*k).is_some()) {
             return None;
         }
         let principal = self.principal(parts)?;
         // The units rule sees the call's arguments as the body (`{}` when absent).
-        let arguments = jsonrpc::arguments_text(text).unwrap_or("{}");
+        let arguments = read.arguments.unwrap_or("{}");
         let units = self
             .config
             .units
             .request_units(&RequestHead::of_parts(parts), arguments.as_bytes());
-        // The arguments as written, not as `message` holds them: a parsed number is a
-        // double once it is past 64 bits or has many digits.
-        let fingerprint = jsonrpc::call_fingerprint(
-            &principal,
-            &self.config.path,
-            tool,
-            jsonrpc::arguments_text(text),
-        );
+        // The texts as written, not as `message` holds them: a parsed number is a double
+        // once it is past 64 bits or has many digits.
+        let fingerprint = read.fingerprint(&principal, &self.config.path);
         let route = self.config.route_of(tool);
         let span = self.guard.tracer().map(|tracer| {
             let mut span = tracer.start_request(&parts.headers, route.clone());
@@ -648,7 +683,7 @@ impl Inner {
             id: request.id.clone(),
             tool: tool.to_string(),
             modern: is_modern(&parts.headers),
-            tasks: is_modern(&parts.headers) && tasks::declares_tasks(params),
+            tasks: is_modern(&parts.headers) && tasks::declares_tasks(request.params),
             guarded: GuardedCall {
                 scope: Scope::new(&principal, &route),
                 key: fingerprint.to_hex(),
@@ -683,48 +718,13 @@ impl Inner {
         let owner_tracked = self.track(session, &call.id, true);
         let me = self.clone();
         let parts = parts.clone();
-        let client = self.client.clone();
-        let id = call.id.clone();
         let parent = call
             .span
             .lock()
             .expect("call span lock")
             .as_ref()
             .map(Span::as_parent);
-        let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
-            // The derived downstream key reaches the server, so that it can deduplicate too.
-            let bytes = with_idempotency_key(&bytes, downstream.as_str());
-            let mut req = me.upstream_request(&parts, bytes);
-            let span = parent.map(|p| p.upstream_call(req.headers_mut(), &parts.method));
-            async move {
-                let resp = match client.request(req).await {
-                    Ok(resp) => {
-                        if let Some(span) = span {
-                            span.answered(resp.status().as_u16());
-                        }
-                        resp
-                    }
-                    Err(e) => {
-                        let text = error_chain(&e);
-                        if let Some(span) = span {
-                            span.failed(text.clone());
-                        }
-                        return Err(if e.is_connect() {
-                            UpstreamError::BeforeSend(text)
-                        } else {
-                            UpstreamError::AfterSend(text)
-                        });
-                    }
-                };
-                let (parts, body) = resp.into_parts();
-                let headers = strip_response_hop_by_hop(&parts.headers);
-                // A break-off after the answer began is a stream end: never a release.
-                let body = BreakAsEnd::new(body).map_err(BoxError::from).boxed();
-                Ok(UpstreamAnswer::new(parts.status, headers, body)
-                    .with_classifier(classifier(id, owner_tracked)))
-            }
-            .boxed()
-        };
+        let run = owner_call(me, parts, bytes, call.id.clone(), parent, owner_tracked);
         if call.tasks {
             return self.guard_as_task(call, run, started).await;
         }
@@ -860,7 +860,10 @@ impl Inner {
         started: Instant,
     ) -> Response<McpBody>
     where
-        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+        F: FnOnce(
+                DownstreamKey,
+                &Record,
+            ) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
             + Send
             + 'static,
     {
@@ -925,6 +928,146 @@ impl Inner {
         }
     }
 
+    /// The `CreateTaskResult` for a guarded call still running after `wait`: the task of
+    /// the record's current attempt.
+    fn task_created(&self, call: &Call, record: &Record, started: Instant) -> Response<McpBody> {
+        self.observe(call, record, "in_flight", None, started);
+        let task = self.task(record, record.attempt, &call.tool, &TaskStatus::Working);
+        let mut resp = json_response(
+            StatusCode::OK,
+            &jsonrpc::result_message(&call.id, tasks::create_task_result(task)),
+        );
+        mark(resp.headers_mut(), "in_flight", record);
+        resp
+    }
+
+    /// `tasks/get`, `tasks/cancel` or `tasks/update` of the 2026-07-28 extension. Checked
+    /// as the extension says (routing headers, the declared extension, a known task of
+    /// this principal) before anything else; this endpoint's tasks (`rec_…`) are
+    /// answered from the ledger, any other task id is the server's own and is forwarded.
+    async fn task_request(
+        self: Arc<Self>,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        message: Value,
+    ) -> Response<McpBody> {
+        let Some(request) = jsonrpc::as_request(&message) else {
+            return self.forward(parts, bytes, Vec::new()).await;
+        };
+        let id = &request.id.clone();
+        let method = request.method.to_string();
+        if let Some(mismatch) = header_mismatch(&parts.headers, &message, TASK_ID) {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &jsonrpc::error_message(id, HEADER_MISMATCH, &mismatch),
+            );
+        }
+        if !tasks::declares_tasks(request.params) {
+            return json_response(
+                StatusCode::OK,
+                &jsonrpc::error_value(id, tasks::missing_capability_error()),
+            );
+        }
+        let Some(task_id) = request
+            .params
+            .and_then(|p| p.get("taskId"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            return task_not_found(id, "params.taskId is missing");
+        };
+        let Some((record_id, attempt)) = tasks::parse_task_id(&task_id) else {
+            return self.forward_task_request(parts, bytes, id.clone()).await;
+        };
+        let Some(principal) = self.principal(&parts) else {
+            return task_not_found(id, "Task not found");
+        };
+        let store = self.guard.store();
+        let read = tokio::time::timeout(oncely_tower::STORE_ANSWER, store.get(&record_id)).await;
+        let record = match read.map_err(|_| "the ledger did not answer in time".to_string()) {
+            Ok(Ok(Some(record))) => record,
+            Ok(Ok(None)) => return task_not_found(id, "Task not found"),
+            Ok(Err(e)) => {
+                tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: {method}");
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(id, -32603, "the ledger cannot be reached"),
+                );
+            }
+            Err(e) => {
+                tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: {method}");
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(id, -32603, "the ledger cannot be reached"),
+                );
+            }
+        };
+        let tool = record
+            .route
+            .strip_prefix(self.config.path.as_str())
+            .and_then(|r| r.strip_prefix('#'));
+        // Another principal's task is as unknown as one that never was.
+        let (Some(tool), true) = (tool, record.principal == principal) else {
+            return task_not_found(id, "Task not found");
+        };
+        let Some(status) = tasks::status_of(&record, attempt) else {
+            return task_not_found(id, "Task not found");
+        };
+        let result = match method.as_str() {
+            "tasks/get" => {
+                let payload = self.task_payload(&record, tool, &status);
+                let task = self.task(&record, attempt, tool, &status);
+                tasks::get_task_result(task, payload)
+            }
+            "tasks/cancel" => {
+                tracing::info!(route = %record.route, record = %record.id, attempt,
+                    "tasks/cancel acknowledged: the shared execution runs on");
+                tasks::acknowledgement()
+            }
+            "tasks/update" => {
+                // A guarded call asks for no input through its task: every inputResponses
+                // key is one that is not outstanding, and is ignored.
+                tasks::acknowledgement()
+            }
+            other => {
+                return json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_message(id, -32601, &format!("Method not found: {other}")),
+                )
+            }
+        };
+        json_response(StatusCode::OK, &jsonrpc::result_message(id, result))
+    }
+
+    /// A `tasks/*` request naming a task that is not one of oncely's: the server's own. Its
+    /// answer passes back, except that a server that does not know the task, or does not
+    /// speak the extension at all (HTTP 404/405, JSON-RPC -32601), is answered -32602 as
+    /// the extension requires.
+    async fn forward_task_request(
+        self: Arc<Self>,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        id: Value,
+    ) -> Response<McpBody> {
+        let resp = self.forward(parts, bytes, Vec::new()).await;
+        let status = resp.status();
+        let (rparts, body) = resp.into_parts();
+        let Some(bytes) = collect_limited(body, EDIT_LIMIT).await else {
+            return json_response(
+                StatusCode::OK,
+                &jsonrpc::error_message(&id, -32603, "the MCP server's answer broke off"),
+            );
+        };
+        let unknown_method = messages_in(&rparts.headers, &bytes).iter().any(|m| {
+            matches!(jsonrpc::response_to(m, &id), Some(Outcome::Error(e)) if e.get("code") == Some(&json!(-32601)))
+        });
+        let not_served = matches!(status.as_u16(), 404 | 405 | 501);
+        if unknown_method || not_served {
+            return task_not_found(&id, "Task not found");
+        }
+        Response::from_parts(rparts, full(bytes))
+    }
+
     /// How long a task of this endpoint can be read: while its call may run, then for the
     /// replay window.
     fn task_ttl_ms(&self) -> u64 {
@@ -938,156 +1081,90 @@ impl Inner {
             .as_millis() as u64
     }
 
-    /// The `CreateTaskResult` for a guarded call still running after `wait`.
-    fn task_created(&self, call: &Call, record: &Record, started: Instant) -> Response<McpBody> {
-        self.observe(call, record, "in_flight", None, started);
-        let message = format!(
-            "The call of `{tool}` is running (started at {at}). oncely runs it once for every \
-             caller with these arguments: poll tasks/get for its result. tasks/cancel detaches \
-             this client only; it never cancels the shared execution.",
-            tool = call.tool,
-            at = record.created_at.to_rfc3339(),
-        );
-        let mut working = record.clone();
-        working.state = State::Processing;
-        let task = tasks::task(&working, &message, self.task_ttl_ms(), self.task_poll_ms());
-        let mut resp = json_response(
-            StatusCode::OK,
-            &jsonrpc::result_message(&call.id, tasks::create_task_result(task)),
-        );
-        mark(resp.headers_mut(), "in_flight", record);
-        resp
-    }
-
-    /// `tasks/get`, `tasks/cancel` or `tasks/update` of a task that is one of this
-    /// endpoint's records, asked by its principal; `None` (forwarded) for any other task,
-    /// such as the upstream server's own.
-    async fn task_request(
-        &self,
-        parts: &http::request::Parts,
-        request: &jsonrpc::RequestView<'_>,
-    ) -> Option<Response<McpBody>> {
-        if !is_modern(&parts.headers) {
-            return None;
-        }
-        let task_id = request.params?.get("taskId")?.as_str()?;
-        if !task_id.starts_with("rec_") {
-            return None;
-        }
-        let principal = self.principal(parts)?;
-        let record = match self.guard.store().get(&RecordId(task_id.to_string())).await {
-            Ok(Some(record)) => record,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: tasks/get");
-                return Some(json_response(
-                    StatusCode::OK,
-                    &jsonrpc::error_message(request.id, -32603, "the ledger cannot be reached"),
-                ));
+    /// The `Task` of attempt `attempt` of `record`, in `status`. A terminal task's members
+    /// depend only on how it ended, so that it never changes.
+    fn task(&self, record: &Record, attempt: u32, tool: &str, status: &TaskStatus) -> Value {
+        let started = record.created_at.to_rfc3339();
+        let (name, message, updated) = match status {
+            TaskStatus::Working => (
+                "working",
+                format!(
+                    "The call of `{tool}` is running (started at {started}). oncely runs it once \
+                     for every caller with these arguments: poll tasks/get for its result. \
+                     tasks/cancel never cancels the shared execution."
+                ),
+                record.updated_at,
+            ),
+            TaskStatus::Unknown => (
+                "working",
+                format!(
+                    "The call of `{tool}` was sent, but its answer was lost, so it is unknown \
+                     whether it took effect. It will not run again by itself: an operator \
+                     reconciles it (`oncely ledger resolve {}`), then this task ends.",
+                    record.id
+                ),
+                record.updated_at,
+            ),
+            TaskStatus::Completed => (
+                "completed",
+                format!("The call of `{tool}` completed."),
+                record.completed_at.unwrap_or(record.updated_at),
+            ),
+            TaskStatus::Failed(failure) => {
+                let code = failure
+                    .error
+                    .get("code")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(-32603);
+                let at = &failure.at;
+                let task = tasks::task(
+                    &tasks::task_id(&record.id, attempt),
+                    "failed",
+                    &format!(
+                        "The call of `{tool}` failed with JSON-RPC error {code}; nothing was \
+                         stored, so calling it again runs it again (as a new task)."
+                    ),
+                    &started,
+                    at,
+                    self.task_ttl_ms(),
+                    self.task_poll_ms(),
+                );
+                return task;
             }
         };
-        let tool = record
-            .route
-            .strip_prefix(self.config.path.as_str())
-            .and_then(|r| r.strip_prefix('#'))?
-            .to_string();
-        if record.principal != principal {
-            return None;
-        }
-        let key = (principal, task_id.to_string());
-        let result =
-            match request.method {
-                "tasks/cancel" => {
-                    tracing::info!(route = %record.route, record = %record.id,
-                    "tasks/cancel: the client is detached; the shared execution runs on");
-                    let mut detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
-                    // Only a status message depends on it: bounded, oldest knowledge dropped.
-                    if detached.len() >= MAX_DETACHED {
-                        detached.clear();
-                    }
-                    detached.insert(key);
-                    tasks::acknowledgement()
-                }
-                "tasks/update" => return Some(json_response(
-                    StatusCode::OK,
-                    &jsonrpc::error_message(
-                        request.id,
-                        -32602,
-                        "this task asks for no input: it is a guarded tool call oncely runs once",
-                    ),
-                )),
-                _ => {
-                    let detached = self
-                        .detached
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .contains(&key);
-                    self.task_state(&record, &tool, detached)
-                }
-            };
-        Some(json_response(
-            StatusCode::OK,
-            &jsonrpc::result_message(request.id, result),
-        ))
+        tasks::task(
+            &tasks::task_id(&record.id, attempt),
+            name,
+            &message,
+            &started,
+            &updated.to_rfc3339(),
+            self.task_ttl_ms(),
+            self.task_poll_ms(),
+        )
     }
 
-    /// The `GetTaskResult` of a record.
-    fn task_state(&self, record: &Record, tool: &str, detached: bool) -> Value {
-        let (message, payload) = match record.state {
-            State::Processing => (
-                format!(
-                    "The call of `{tool}` is running (started at {}); oncely runs it once for \
-                     every caller with these arguments.",
-                    record.created_at.to_rfc3339()
-                ),
-                None,
-            ),
-            State::Completed => {
+    /// What a `GetTaskResult` carries besides the task: the tool result of a completed
+    /// task, the JSON-RPC error of a failed one.
+    fn task_payload(
+        &self,
+        record: &Record,
+        tool: &str,
+        status: &TaskStatus,
+    ) -> Option<(&'static str, Value)> {
+        match status {
+            TaskStatus::Working | TaskStatus::Unknown => None,
+            TaskStatus::Completed => {
                 let stored = record
                     .response
                     .as_ref()
                     .and_then(|r| r.body.as_deref())
                     .and_then(|b| serde_json::from_slice::<Value>(b).ok());
-                let mut result = match stored {
-                    Some(result) => result,
-                    None => too_large_result(tool, record),
-                };
+                let mut result = stored.unwrap_or_else(|| too_large_result(tool, record));
                 for_revision(&mut result, true);
-                (
-                    format!("The call of `{tool}` completed."),
-                    Some(("result", result)),
-                )
+                Some(("result", result))
             }
-            State::OutcomeUnknown => {
-                let mut result = outcome_unknown_result(tool, record, false);
-                for_revision(&mut result, true);
-                (
-                    format!("The call of `{tool}` awaits reconciliation: its outcome is unknown."),
-                    Some(("result", result)),
-                )
-            }
-            State::Released => {
-                let why = record.last_error.as_deref().unwrap_or("no result");
-                let text = format!(
-                    "The call of `{tool}` ended without a result ({why}); nothing was stored, \
-                     so calling it again runs it again."
-                );
-                (
-                    text.clone(),
-                    Some(("error", json!({"code": -32603, "message": text}))),
-                )
-            }
-        };
-        let message = if detached {
-            format!(
-                "{message} This client cancelled the task (tasks/cancel): that detached it \
-                 only; the shared execution was not cancelled and runs to its end."
-            )
-        } else {
-            message
-        };
-        let task = tasks::task(record, &message, self.task_ttl_ms(), self.task_poll_ms());
-        tasks::get_task_result(task, payload)
+            TaskStatus::Failed(failure) => Some(("error", failure.error.clone())),
+        }
     }
 
     fn replay(
@@ -1228,35 +1305,203 @@ impl Inner {
     }
 }
 
+/// The owner's upstream call of a guarded `tools/call`, as the engine runs it once it owns
+/// the claimed record: the call forwarded with the downstream key, its answer classified
+/// for the record (with the attempt and what earlier attempts left in it).
+fn owner_call(
+    me: Arc<Inner>,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    id: Value,
+    parent: Option<oncely_tower::trace::SpanParent>,
+    owner_tracked: Tracked,
+) -> impl FnOnce(DownstreamKey, &Record) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+       + Send
+       + 'static {
+    let client = me.client.clone();
+    move |downstream: DownstreamKey,
+          claimed: &Record|
+          -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+        // The derived downstream key reaches the server, so that it can deduplicate too.
+        let bytes = forwarded_call(&bytes, downstream.as_str());
+        let attempt = (claimed.attempt, History::of(claimed));
+        let mut req = me.upstream_request(&parts, bytes);
+        let span = parent.map(|p| p.upstream_call(req.headers_mut(), &parts.method));
+        async move {
+            let resp = match client.request(req).await {
+                Ok(resp) => {
+                    if let Some(span) = span {
+                        span.answered(resp.status().as_u16());
+                    }
+                    resp
+                }
+                Err(e) => {
+                    let text = error_chain(&e);
+                    if let Some(span) = span {
+                        span.failed(text.clone());
+                    }
+                    return Err(if e.is_connect() {
+                        UpstreamError::BeforeSend(text)
+                    } else {
+                        UpstreamError::AfterSend(text)
+                    });
+                }
+            };
+            let (parts, body) = resp.into_parts();
+            let headers = strip_response_hop_by_hop(&parts.headers);
+            // A break-off after the answer began is a stream end: never a release.
+            let body = BreakAsEnd::new(body).map_err(BoxError::from).boxed();
+            Ok(
+                UpstreamAnswer::new(parts.status, headers, body).with_classifier(classifier(
+                    id,
+                    attempt,
+                    owner_tracked,
+                )),
+            )
+        }
+        .boxed()
+    }
+}
+
 /// What the ledger keeps of a guarded call's answer, decided once the owner task has read
 /// it whole: the `result` for `id` (stored as a JSON body), or nothing (released) for an
-/// HTTP error, a JSON-RPC error, or no response at all. `tracked` keeps the call's
-/// cancellations dropped until the owner task is done with it.
-fn classifier(id: Value, tracked: Tracked) -> Classifier {
+/// HTTP error, a JSON-RPC error, an `input_required` result, or no response at all.
+/// `attempt` is the claimed attempt and the failures of earlier ones, carried on in the
+/// record (see [`crate::tasks`]). `tracked` keeps the call's cancellations dropped until
+/// the owner task is done with it.
+fn classifier(id: Value, attempt: (u32, History), tracked: Tracked) -> Classifier {
+    let (attempt, history) = attempt;
     Box::new(move |status, headers, body| {
         let _tracked = tracked;
+        let failed = |reason: String, error: Value| {
+            Classified::Release(history.clone().with(attempt, error).reason(&reason))
+        };
         if !status.is_success() {
-            return Classified::Release(format!("no tool result (HTTP {})", status.as_u16()));
+            let reason = format!("no tool result (HTTP {})", status.as_u16());
+            return failed(reason.clone(), tasks::internal_error(&reason));
         }
         let outcome = messages_in(headers, body)
             .iter()
             .find_map(|m| jsonrpc::response_to(m, &id));
         match outcome {
-            Some(Outcome::Result(result)) => Classified::Store(StoredResponse {
-                status: 200,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body: Some(serde_json::to_vec(&result).unwrap_or_default().into()),
-            }),
-            Some(Outcome::Error(e)) => {
-                Classified::Release(format!("JSON-RPC error (not stored): {e}"))
+            // The server asks for input (2026-07-28): nothing happened yet. The continuation
+            // that answers it is a call of its own, and the one that executes.
+            Some(Outcome::Result(result))
+                if result.get("resultType").and_then(Value::as_str) == Some("input_required") =>
+            {
+                Classified::Release(history.reason(INPUT_REQUIRED))
             }
+            Some(Outcome::Result(result)) => {
+                let mut headers = vec![("content-type".into(), "application/json".into())];
+                if !history.0.is_empty() {
+                    headers.push((tasks::HISTORY_HEADER.into(), history.to_text()));
+                }
+                Classified::Store(StoredResponse {
+                    status: 200,
+                    headers,
+                    body: Some(serde_json::to_vec(&result).unwrap_or_default().into()),
+                })
+            }
+            Some(Outcome::Error(e)) => failed(format!("JSON-RPC error (not stored): {e}"), e),
             // The call was sent and the answer ended without its response: it may have run
             // (a server that ended its session aborts it mid-way). Never released.
-            None => Classified::Unknown(
-                "the answer ended without the call's JSON-RPC response: it may have run".into(),
-            ),
+            None => {
+                Classified::Unknown(history.reason(
+                    "the answer ended without the call's JSON-RPC response: it may have run",
+                ))
+            }
         }
     })
+}
+
+/// Why a call answered `input_required` is released.
+const INPUT_REQUIRED: &str = "the server asked for input (input_required): not stored; the \
+    continuation that answers it is a call of its own";
+
+/// A whole body of at most `limit` bytes; `None` when it is larger or breaks off.
+async fn collect_limited(mut body: McpBody, limit: usize) -> Option<Bytes> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.ok()?.into_data() {
+            if out.len() + data.len() > limit {
+                return None;
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Some(out.into())
+}
+
+/// The refusal of a `tools/call` that oncely cannot read as one call to guard, so that no
+/// spelling of a call passes unguarded: one that repeats a member name (servers disagree
+/// on which value counts), one without a usable id (a notification, or `"id": null`),
+/// and one whose `params` is not an object with a string `name`. `None` for any other
+/// message.
+fn unreadable_call(message: &Value, text: &str) -> Option<Value> {
+    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    let refuse = |code, why: &str| Some(jsonrpc::error_message(&id, code, why));
+    if oncely_core::canon::Json::parse(text.as_bytes()).is_none() {
+        return refuse(INVALID_REQUEST, REPEATED_NAME);
+    }
+    if !matches!(id, Value::String(_) | Value::Number(_)) {
+        return refuse(
+            INVALID_REQUEST,
+            "a tools/call needs a string or number id (oncely guards requests, not notifications)",
+        );
+    }
+    if ToolCall::read(message, text).is_none() {
+        return refuse(
+            tasks::INVALID_PARAMS,
+            "a tools/call needs params with a string name",
+        );
+    }
+    None
+}
+
+/// The -32602 a `tasks/*` request gets for a task it cannot have: unknown, expired, or
+/// another principal's (told apart from none of them).
+fn task_not_found(id: &Value, why: &str) -> Response<McpBody> {
+    json_response(
+        StatusCode::OK,
+        &jsonrpc::error_message(
+            id,
+            tasks::INVALID_PARAMS,
+            &format!("Failed to retrieve task: {why}"),
+        ),
+    )
+}
+
+/// Whether oncely edits an answer it passes through, and how (see [`Inner::editor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A `tools/list` result: learnt from; guarded tools offer no task-augmented calls.
+    ToolsList,
+    /// A `server/discover` result: the tasks extension is advertised.
+    Discover,
+}
+
+/// Adds `capabilities.extensions["io.modelcontextprotocol/tasks"]` to a `server/discover`
+/// result: oncely answers tasks for the calls it guards, whatever the server speaks.
+fn advertise_tasks(result: &mut Value) -> bool {
+    let Some(obj) = result.as_object_mut() else {
+        return false;
+    };
+    let object = || Value::Object(Default::default());
+    let capabilities = obj.entry("capabilities").or_insert_with(object);
+    let Some(capabilities) = capabilities.as_object_mut() else {
+        return false;
+    };
+    let extensions = capabilities.entry("extensions").or_insert_with(object);
+    match extensions.as_object_mut() {
+        Some(e) if !e.contains_key(tasks::TASKS_EXTENSION) => {
+            e.insert(tasks::TASKS_EXTENSION.into(), object());
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The JSON-RPC messages of a whole answer body: one message, a batch, or an event stream.
@@ -1334,26 +1579,35 @@ fn for_revision(result: &mut Value, modern: bool) {
     }
 }
 
-/// The request body with `params._meta["dev.oncely/idempotency-key"] = key`; the body as
-/// it came when it is not a JSON-RPC request with object params.
-/// Only `_meta` is rewritten: the arguments reach the server as the caller wrote them.
-fn with_idempotency_key(body: &Bytes, key: &str) -> Bytes {
+/// The guarded call's request body as forwarded ([`jsonrpc::forwarded_call`]: the
+/// downstream key in `_meta`, no `task`); the body as it came when it is not a JSON-RPC
+/// request with object params. The arguments reach the server as the caller wrote them.
+fn forwarded_call(body: &Bytes, key: &str) -> Bytes {
     std::str::from_utf8(body)
         .ok()
-        .and_then(|text| jsonrpc::with_params_meta(text, IDEMPOTENCY_KEY_META, key))
+        .and_then(|text| jsonrpc::forwarded_call(text, key))
         .map(Bytes::from)
         .unwrap_or_else(|| body.clone())
 }
 
-/// For the stateless era: the routing headers of a tools/call must match its body.
-fn header_mismatch(headers: &HeaderMap, message: &Value) -> Option<String> {
+/// Where a request's `Mcp-Name` is in its body: a tool's name.
+const NAME: (&str, &str) = ("/params/name", "tool name");
+
+/// Where a request's `Mcp-Name` is in its body: a task's id.
+const TASK_ID: (&str, &str) = ("/params/taskId", "taskId");
+
+/// For the stateless era: the routing headers of a request must match its body
+/// (`Mcp-Method` its method, `Mcp-Name` the member `name` points to, and the
+/// `MCP-Protocol-Version` its `_meta` protocol version).
+fn header_mismatch(headers: &HeaderMap, message: &Value, name: (&str, &str)) -> Option<String> {
     let version = header_str(headers, "mcp-protocol-version")?;
     if HANDSHAKE_VERSIONS.contains(&version) {
         return None;
     }
     let method = message.get("method").and_then(Value::as_str).unwrap_or("");
+    let (pointer, name_what) = name;
     let name = message
-        .pointer("/params/name")
+        .pointer(pointer)
         .and_then(Value::as_str)
         .unwrap_or("");
     let check = |header: &str, what: &str, want: &str| {
@@ -1372,7 +1626,7 @@ fn header_mismatch(headers: &HeaderMap, message: &Value) -> Option<String> {
     if let Some(problem) = check("Mcp-Method", "method", method) {
         return Some(problem);
     }
-    if let Some(problem) = check("Mcp-Name", "tool name", name) {
+    if let Some(problem) = check("Mcp-Name", name_what, name) {
         return Some(problem);
     }
     if let Some(v) = message
@@ -1540,7 +1794,7 @@ mod tests {
             "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}});
         let mut h = HeaderMap::new();
         assert_eq!(
-            header_mismatch(&h, &msg),
+            header_mismatch(&h, &msg, NAME),
             None,
             "no version header: handshake era"
         );
@@ -1548,32 +1802,34 @@ mod tests {
             "mcp-protocol-version",
             HeaderValue::from_static("2025-06-18"),
         );
-        assert_eq!(header_mismatch(&h, &msg), None);
+        assert_eq!(header_mismatch(&h, &msg, NAME), None);
         h.insert(
             "mcp-protocol-version",
             HeaderValue::from_static("2026-07-28"),
         );
         h.insert("mcp-method", HeaderValue::from_static("tools/call"));
         h.insert("mcp-name", HeaderValue::from_static("other"));
-        assert!(header_mismatch(&h, &msg).unwrap().contains("Mcp-Name"));
+        assert!(header_mismatch(&h, &msg, NAME)
+            .unwrap()
+            .contains("Mcp-Name"));
         h.insert("mcp-name", HeaderValue::from_static("render"));
-        assert_eq!(header_mismatch(&h, &msg), None);
+        assert_eq!(header_mismatch(&h, &msg, NAME), None);
         h.insert("mcp-method", HeaderValue::from_static("tools/list"));
-        let wrong = header_mismatch(&h, &msg).unwrap();
+        let wrong = header_mismatch(&h, &msg, NAME).unwrap();
         assert!(
             wrong.contains("Mcp-Method header does not match"),
             "{wrong}"
         );
         // A missing header is named as missing, not as one that disagrees.
         h.remove("mcp-method");
-        let missing = header_mismatch(&h, &msg).unwrap();
+        let missing = header_mismatch(&h, &msg, NAME).unwrap();
         assert!(
             missing.contains("Mcp-Method header is missing"),
             "{missing}"
         );
         h.insert("mcp-method", HeaderValue::from_static("tools/call"));
         h.remove("mcp-name");
-        let missing = header_mismatch(&h, &msg).unwrap();
+        let missing = header_mismatch(&h, &msg, NAME).unwrap();
         assert!(missing.contains("Mcp-Name header is missing"), "{missing}");
     }
 }

@@ -15,9 +15,10 @@ pub const REPLAY_META_KEY: &str = "dev.oncely/replay";
 /// idempotency key, for servers that deduplicate too.
 pub const IDEMPOTENCY_KEY_META: &str = "dev.oncely/idempotency-key";
 
-/// Members of a `tools/call` request's `params` that continue an earlier exchange
-/// (task-augmented calls, multi-round-trip input): never deduplicated.
-pub const CONTINUATION_PARAMS: &[&str] = &["task", "inputResponses", "requestState"];
+/// The member of a `tools/call`'s `params` that asked for a task in 2025-11-25, and that
+/// 2026-07-28 says to ignore: a guarded call is keyed without it and forwarded without
+/// it, so that it runs as a plain call (and its result is one to store and replay).
+pub const TASK_PARAM: &str = "task";
 
 /// Parses a JSON-RPC message (or batch). JSON that `serde_json` cannot hold as a `Value`
 /// (a number past the range of a double, such as `1e400`) is still a message: each such
@@ -145,7 +146,12 @@ pub fn result_message(id: &Value, result: Value) -> Value {
 
 /// An error response.
 pub fn error_message(id: &Value, code: i64, message: &str) -> Value {
-    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+    error_value(id, serde_json::json!({"code": code, "message": message}))
+}
+
+/// An error response carrying `error` (code, message and data) as it is.
+pub fn error_value(id: &Value, error: Value) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": error})
 }
 
 /// Adds `_meta[key] = value` to a result object (creating `_meta` when missing).
@@ -246,8 +252,19 @@ fn with_member(members: &[(String, &str)], name: &str, value: &str) -> String {
 /// every other part as it was written, so that numbers reach the server with all their
 /// digits; `None` when `message` is not a JSON object with object `params`.
 pub fn with_params_meta(message: &str, key: &str, value: &str) -> Option<String> {
+    rewrite_params(message, key, value, &[])
+}
+
+/// A guarded `tools/call` as it is forwarded: [`with_params_meta`] with the downstream
+/// key, and without [`TASK_PARAM`] (so that the server runs it as a plain call).
+pub fn forwarded_call(message: &str, key: &str) -> Option<String> {
+    rewrite_params(message, IDEMPOTENCY_KEY_META, key, &[TASK_PARAM])
+}
+
+fn rewrite_params(message: &str, key: &str, value: &str, drop: &[&str]) -> Option<String> {
     let outer = members(message)?;
-    let params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
+    let mut params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
+    params.retain(|(k, _)| !drop.contains(&k.as_str()));
     let meta = params
         .iter()
         .rev()
@@ -285,6 +302,71 @@ pub fn batch_texts(batch: &str) -> Option<Vec<&str>> {
 /// The text of a request's `params.arguments`, as written (see [`member_text`]).
 pub fn arguments_text(message: &str) -> Option<&str> {
     member_text(member_text(message, "params")?, "arguments")
+}
+
+/// What a `tools/call` is, as its key sees it: the tool and the texts, as written, of the
+/// members that make one intention. Nothing else a call carries (`_meta`, the JSON-RPC
+/// id, `progressToken`, [`TASK_PARAM`], members no revision defines) is part of it, so
+/// nothing else can change whether or how the call is guarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall<'a> {
+    /// `params.name`.
+    pub tool: &'a str,
+    /// `params.arguments` (`{}` when absent).
+    pub arguments: Option<&'a str>,
+    /// `params.inputResponses` of a multi-round-trip continuation (2026-07-28).
+    pub input_responses: Option<&'a str>,
+    /// `params.requestState` of a multi-round-trip continuation (2026-07-28).
+    pub request_state: Option<&'a str>,
+}
+
+impl<'a> ToolCall<'a> {
+    /// Reads a `tools/call` request: `message` parsed and `text` as written. `None` when
+    /// it is not a `tools/call` with object `params` and a string `name`.
+    pub fn read(message: &'a Value, text: &'a str) -> Option<ToolCall<'a>> {
+        let request = as_request(message)?;
+        if request.method != "tools/call" {
+            return None;
+        }
+        let tool = request.params?.as_object()?.get("name")?.as_str()?;
+        let params = member_text(text, "params")?;
+        Some(ToolCall {
+            tool,
+            arguments: member_text(params, "arguments"),
+            input_responses: member_text(params, "inputResponses"),
+            request_state: member_text(params, "requestState"),
+        })
+    }
+
+    /// Whether the call continues a multi-round-trip exchange.
+    pub fn is_continuation(&self) -> bool {
+        self.input_responses.is_some() || self.request_state.is_some()
+    }
+
+    /// The call's fingerprint for `principal` on the endpoint `path` (see
+    /// [`call_fingerprint`]). A continuation's `inputResponses` and `requestState` are
+    /// part of it, each canonicalised as the arguments are: two identical continuations
+    /// are one intention, and each round is an intention apart from the first.
+    pub fn fingerprint(&self, principal: &str, path: &str) -> Fingerprint {
+        if !self.is_continuation() {
+            return call_fingerprint(principal, path, self.tool, self.arguments);
+        }
+        let part = |text: Option<&str>| -> Vec<u8> {
+            match text {
+                None => b"-".to_vec(),
+                Some(t) => match oncely_core::canonical_json(t.as_bytes(), &[]) {
+                    Some(canonical) => [b"J".as_slice(), &canonical].concat(),
+                    None => [b"B".as_slice(), t.as_bytes()].concat(),
+                },
+            }
+        };
+        FingerprintBuilder::new(principal, "tools/call", path)
+            .component(self.tool.as_bytes())
+            .component(b"oncely/mrtr/v1")
+            .component(&part(self.input_responses))
+            .component(&part(self.request_state))
+            .body(self.arguments.unwrap_or("{}").as_bytes(), &[])
+    }
 }
 
 /// The fingerprint of `principal`'s call of `tool` on the endpoint `path` with the
@@ -401,6 +483,63 @@ mod tests {
             parse(br#"{"a":1,"a":2}"#),
             Some(serde_json::json!({"a": 2}))
         );
+    }
+
+    #[test]
+    fn nothing_but_name_arguments_and_a_continuation_keys_a_call() {
+        let plain = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1}}}"#;
+        let key = |text: &str| {
+            let v: Value = serde_json::from_str(text).unwrap();
+            ToolCall::read(&v, text).map(|c| c.fingerprint("p", "/mcp"))
+        };
+        let base = key(plain).unwrap();
+        for extra in [
+            r#""task":{"ttl":60000}"#,
+            r#""_meta":{"progressToken":7,"io.modelcontextprotocol/clientCapabilities":{}}"#,
+            r#""unknownMember":[1,2]"#,
+            r#""task":null"#,
+        ] {
+            let text = plain.replace(r#""name":"t""#, &format!(r#""name":"t",{extra}"#));
+            assert_eq!(key(&text), Some(base), "{text}");
+        }
+        let round = |responses: &str, state: &str| {
+            plain.replace(
+                r#""name":"t""#,
+                &format!(r#""name":"t","inputResponses":{responses},"requestState":{state}"#),
+            )
+        };
+        let first = key(&round(r#"{"n":{"action":"accept"}}"#, r#""s1""#)).unwrap();
+        assert_ne!(first, base, "a continuation is its own intention");
+        assert_eq!(
+            key(&round(
+                r#"{ "n" : { "action" : "accept" } }"#,
+                r#""s\u0031""#
+            )),
+            Some(first),
+            "the same continuation re-spelled"
+        );
+        assert_ne!(
+            key(&round(r#"{"n":{"action":"decline"}}"#, r#""s1""#)),
+            Some(first)
+        );
+        assert_ne!(
+            key(&round(r#"{"n":{"action":"accept"}}"#, r#""s2""#)),
+            Some(first)
+        );
+        assert_eq!(
+            key(r#"{"id":1,"method":"tools/list","params":{"name":"t"}}"#),
+            None
+        );
+
+        let forwarded = forwarded_call(
+            &round("{}", r#""s""#).replace(r#""arguments""#, r#""task":{"ttl":1},"arguments""#),
+            "k",
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&forwarded).unwrap();
+        assert!(v["params"].get("task").is_none(), "{forwarded}");
+        assert_eq!(v["params"]["_meta"][IDEMPOTENCY_KEY_META], "k");
+        assert_eq!(v["params"]["requestState"], "s");
     }
 
     #[test]

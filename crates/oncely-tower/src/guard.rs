@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt};
 use http::{HeaderMap, StatusCode};
-use oncely_core::{DownstreamKey, Timestamp};
+use oncely_core::{DownstreamKey, Record, Timestamp};
 use oncely_engine::Engine;
 use oncely_store::Store;
 
@@ -206,15 +206,18 @@ impl Guard {
     }
 
     /// Claims the call's record and executes it once: as its owner (running `run` on a
-    /// task the caller does not own, with the downstream key), or from the ledger
-    /// (replay, join, refusal). `run` is called at most once.
+    /// task the caller does not own, with the downstream key and the record as claimed),
+    /// or from the ledger (replay, join, refusal). `run` is called at most once.
     pub async fn execute<F>(&self, call: GuardedCall, run: F) -> Execution
     where
-        F: FnOnce(DownstreamKey) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+        F: FnOnce(
+                DownstreamKey,
+                &Record,
+            ) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
             + Send
             + 'static,
     {
-        let run = move |key: DownstreamKey| to_engine(run(key));
+        let run = move |key: DownstreamKey, record: &Record| to_engine(run(key, record));
         self.engine.execute(call, run).await.map_fresh(fresh)
     }
 }

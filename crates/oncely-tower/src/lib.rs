@@ -91,7 +91,7 @@ pub use guard::{
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use job_board::JobBoard;
 pub use jobs::{JobRequest, JobWorker, JobWorkerOptions};
-pub use oncely_engine::{in_guarded_call, wait_for_slot};
+pub use oncely_engine::{in_guarded_call, wait_for_slot, STORE_ANSWER};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;

@@ -9,6 +9,13 @@
 //! `arguments` text `serde_json` accepts; and the fingerprint of arguments equals the
 //! fingerprint of the same arguments re-spelled (white space, member order, number,
 //! string and key spellings) and of their canonical form.
+//!
+//! Never unguarded: when the input is a JSON object, its members are added to the
+//! `params` of a guarded `tools/call` (all but `name` and `arguments`, which make the
+//! call). The call is still read as that tool's call ([`jsonrpc::ToolCall`], what the
+//! endpoint guards), keyed as the call without them unless they continue a
+//! multi-round-trip exchange (`inputResponses`, `requestState`), and forwarded without
+//! its `task` parameter, with the downstream key in `_meta` and its arguments as written.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -26,7 +33,60 @@ fuzz_target!(|data: &[u8]| {
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{text}}}}}"#
     );
     check_message(&wrapped);
+    check_never_unguarded(text);
 });
+
+/// A guarded call with the input's members added to its `params` is still that call.
+fn check_never_unguarded(text: &str) {
+    let Some(Value::Object(extra)) = jsonrpc::parse(text.as_bytes()) else {
+        return;
+    };
+    let Some(members) = jsonrpc::batch_texts(&format!("[{text}]")) else {
+        return;
+    };
+    debug_assert_eq!(members.len(), 1);
+    let arguments = r#"{"amount":1000,"to":"acct_1"}"#;
+    let base = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"pay","arguments":{arguments}}}}}"#
+    );
+    let base_value: Value = serde_json::from_str(&base).expect("the base call parses");
+    let key = jsonrpc::ToolCall::read(&base_value, &base)
+        .expect("the base call is a tool call")
+        .fingerprint("principal", "/mcp");
+    // The input's members, as written, after name and arguments (which make the call).
+    let inner = members[0].trim();
+    let inner = &inner[1..inner.len() - 1];
+    if inner.trim().is_empty() {
+        return;
+    }
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"pay","arguments":{arguments},{inner}}}}}"#
+    );
+    let Some(value) = jsonrpc::parse(call.as_bytes()) else {
+        return;
+    };
+    let params = value["params"].as_object().expect("params is an object");
+    if params.get("name") != Some(&Value::from("pay"))
+        || params.get("arguments") != base_value["params"].get("arguments")
+        || extra.contains_key("name")
+        || extra.contains_key("arguments")
+    {
+        return;
+    }
+    let read = jsonrpc::ToolCall::read(&value, &call).expect("a guarded call with members added is still a tool call");
+    assert_eq!(read.tool, "pay", "another tool: {call}");
+    assert_eq!(read.arguments, Some(arguments), "other arguments: {call}");
+    let continuation = extra.contains_key("inputResponses") || extra.contains_key("requestState");
+    assert_eq!(read.is_continuation(), continuation);
+    if !continuation {
+        assert_eq!(read.fingerprint("principal", "/mcp"), key, "a member changed the key: {call}");
+    }
+    let forwarded = jsonrpc::forwarded_call(&call, "k").expect("a tool call is forwarded");
+    let sent: Value = jsonrpc::parse(forwarded.as_bytes()).expect("the forwarded call parses");
+    assert!(sent["params"].get(jsonrpc::TASK_PARAM).is_none(), "forwarded with task: {forwarded}");
+    assert_eq!(sent["params"]["_meta"][jsonrpc::IDEMPOTENCY_KEY_META], "k");
+    assert_eq!(jsonrpc::arguments_text(&forwarded), Some(arguments));
+}
 
 fn check_message(text: &str) {
     let batch = jsonrpc::batch_texts(text);

@@ -22,6 +22,7 @@ const out = items.map((item) => {
       ? [[JSONRPCErrorResponseSchema, item.message]]
       : [
           [JSONRPCResultResponseSchema, item.message],
+          // A result of the 2026-07-28 extensions is a Result to this SDK.
           [kind === "tool_result" ? CallToolResultSchema : ResultSchema, item.message.result],
         ];
   for (const [schema, value] of checks) {

@@ -3,10 +3,12 @@
 
 Run: validate.py FILE
   FILE: a JSON list of {"name": ..., "era": "2025-11-25"|"2026-07-28", "message": {...},
-  "kind": "tool_result"|"error"|"task"|"get_task"|"cancel_task"}.
-Task results (kinds task, get_task, cancel_task) are also checked against the published
-JSON Schema of the tasks extension (../schema/ext-tasks.schema.json: CreateTaskResult,
-GetTaskResult, CancelTaskResult), and a completed task's `result` as a CallToolResult.
+  "kind": "tool_result"|"error"|"task"|"get_task"|"cancel_task"|"update_task"|"discover"|
+  "input_required"}.
+Task results (kinds task, get_task, cancel_task, update_task) are also checked against the
+published JSON Schema of the tasks extension (../schema/ext-tasks.schema.json:
+CreateTaskResult, GetTaskResult, CancelTaskResult, UpdateTaskResult), a completed task's
+`result` as a CallToolResult, and a failed task's `error` as a JSON-RPC error object.
 Prints a JSON list of {"name", "era", "ok", "error"}.
 """
 
@@ -24,7 +26,12 @@ from mcp_types import _v2026_07_28 as v2026
 TASKS_SCHEMA = json.loads(
     (pathlib.Path(__file__).parent.parent / "schema" / "ext-tasks.schema.json").read_text(encoding="utf-8")
 )
-TASK_DEFS = {"task": "CreateTaskResult", "get_task": "GetTaskResult", "cancel_task": "CancelTaskResult"}
+TASK_DEFS = {
+    "task": "CreateTaskResult",
+    "get_task": "GetTaskResult",
+    "cancel_task": "CancelTaskResult",
+    "update_task": "UpdateTaskResult",
+}
 
 
 def check_task(kind: str, result: dict) -> None:
@@ -45,11 +52,19 @@ def check(item: dict) -> None:
         types.CallToolResult.model_validate(message["result"])
         if types is v2026:
             types.CallToolResultResponse.model_validate(message)
+    elif kind == "discover":
+        v2026.DiscoverResultResponse.model_validate(message)
+    elif kind == "input_required":
+        v2026.InputRequiredResult.model_validate(message["result"])
     else:
         types.Result.model_validate(message["result"])
         check_task(kind, message["result"])
         if kind == "get_task" and "result" in message["result"]:
             types.CallToolResult.model_validate(message["result"]["result"])
+        if kind == "get_task" and "error" in message["result"]:
+            types.JSONRPCErrorResponse.model_validate(
+                {"jsonrpc": "2.0", "id": 0, "error": message["result"]["error"]}, strict=False
+            )
 
 
 def main() -> None:

@@ -187,14 +187,19 @@ where
         headers: parts.headers.clone(),
         body: bytes.clone(),
     });
-    let run = move |downstream: DownstreamKey| -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+    let run = move |downstream: DownstreamKey,
+                    _: &Record|
+          -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
         parts.headers.remove(TRANSFER_ENCODING);
-        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        parts
+            .headers
+            .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
         parts.headers.insert(
             HeaderName::from_static(IDEMPOTENCY_KEY),
             HeaderValue::from_str(downstream.as_str()).expect("a downstream key is visible ASCII"),
         );
-        let span = upstream_span.map(|parent| parent.upstream_call(&mut parts.headers, &parts.method));
+        let span =
+            upstream_span.map(|parent| parent.upstream_call(&mut parts.headers, &parts.method));
         let req = Request::from_parts(parts, full(bytes));
         traced(call_upstream(inner, req, units), span)
     };

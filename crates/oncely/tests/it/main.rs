@@ -24,6 +24,7 @@ mod inventory;
 mod jobs;
 mod mcp;
 mod mcp_numbers;
+mod mcp_tasks;
 mod openapi;
 mod packaging;
 mod process;
