@@ -7,6 +7,7 @@
 //! # Layout
 //!
 //! - [`key`]: `Idempotency-Key` validation, scopes and downstream keys.
+//! - [`backoff`]: the one exponential backoff (with full jitter) of every retry loop.
 //! - [`canon`]: canonical JSON (RFC 8785, numbers as exact decimals).
 //! - [`fingerprint`]: the SHA-256 request fingerprint.
 //! - [`policy`]: operation classes and which upstream answers are kept.
@@ -15,6 +16,7 @@
 //! - [`errors`]: an error's text with its sources.
 //! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
 
+pub mod backoff;
 pub mod canon;
 pub mod decide;
 pub mod errors;

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
+use oncely_core::backoff;
 use oncely_core::{
     Completion, Disposition, Fence, Record, StoredResponse, Timestamp, UpstreamResult,
 };
@@ -37,11 +38,9 @@ use crate::stream::{CallerBody, FedChunk, Feed};
 use crate::tasks::TaskToken;
 use crate::BoxError;
 
-/// The first pause before a failed ledger write is tried again; it doubles up to
-/// [`WRITE_RETRY_MAX`].
-const WRITE_RETRY_FIRST: Duration = Duration::from_millis(50);
-/// The longest pause between two tries of a ledger write.
-const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
+// A failed ledger write is tried again as a failed lease renewal is: from 50 ms,
+// doubling up to 2 s (`oncely_store::lease`).
+use oncely_store::lease::{RETRY_FIRST as WRITE_RETRY_FIRST, RETRY_MAX as WRITE_RETRY_MAX};
 /// How long an owner keeps trying to write its outcome. Its ownership has no end of its
 /// own (a late write lands unless another owner took the record over, which fencing
 /// tells), so this only bounds the life of a task whose ledger never comes back.
@@ -99,29 +98,15 @@ impl Drop for Lease {
 }
 
 async fn renew_loop(store: Arc<dyn Store>, fence: Fence, lease: Duration) {
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let mut next = tokio::time::Instant::now() + every;
-    let mut backoff = WRITE_RETRY_FIRST;
-    loop {
-        tokio::time::sleep_until(next).await;
-        match bounded(store.renew(&fence, lease)).await {
-            Ok(()) => {
-                backoff = WRITE_RETRY_FIRST;
-                next = tokio::time::Instant::now() + every;
-            }
-            Err(e) if retryable(&e) => {
-                count_retry("renew", &fence, &e, backoff);
-                next = tokio::time::Instant::now() + backoff.min(every);
-                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
-            }
-            Err(e) => {
-                // Another owner took the record over (or it is gone): this call runs on,
-                // but its result will be refused by the store.
-                tracing::warn!(record = %fence.id, attempt = fence.attempt, error = %e, "lease renewal refused");
-                return;
-            }
-        }
-    }
+    let refused = oncely_store::lease::keep(
+        lease,
+        || bounded(store.renew(&fence, lease)),
+        |e, pause| count_retry("renew", &fence, e, pause),
+    )
+    .await;
+    // Another owner took the record over (or it is gone): this call runs on, but its
+    // result will be refused by the store.
+    tracing::warn!(record = %fence.id, attempt = fence.attempt, error = %refused, "lease renewal refused");
 }
 
 /// A write worth trying again: the store could not be reached or refused for a reason
@@ -152,13 +137,14 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let give_up = Instant::now() + WRITE_RETRY_FOR;
-    let mut backoff = WRITE_RETRY_FIRST;
+    let mut failures = 0u32;
     loop {
         match bounded(attempt()).await {
             Err(e) if retryable(&e) && Instant::now() < give_up => {
-                count_retry(op, fence, &e, backoff);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
+                let pause = backoff::exponential(WRITE_RETRY_FIRST, failures, WRITE_RETRY_MAX);
+                count_retry(op, fence, &e, pause);
+                tokio::time::sleep(pause).await;
+                failures = failures.saturating_add(1);
             }
             other => return other,
         }

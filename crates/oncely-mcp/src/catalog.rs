@@ -90,11 +90,7 @@ impl ToolCatalog {
 
     /// Whether a call of `name` is deduplicated under `selection`.
     pub fn is_guarded(&self, selection: &ToolSelection, name: &str) -> bool {
-        let selected = match selection {
-            ToolSelection::AllButReadOnly => true,
-            ToolSelection::Named(names) => names.iter().any(|n| n == name),
-        };
-        selected && !self.is_read_only(name)
+        selection.guards(name, self.is_read_only(name))
     }
 }
 

@@ -17,17 +17,10 @@ use crate::McpError;
 
 /// Parses an endpoint's `units`: `call` (one unit per call, [`UnitsRule::Fixed`]`(1)`) or
 /// `json:POINTER` into the call's `arguments` (a string counts its characters, a number
-/// its non-negative, truncated value, anything else 0).
+/// its non-negative, truncated value, anything else 0). The one parser is
+/// [`UnitsRule::parse`].
 pub fn parse_units(text: &str) -> Result<UnitsRule, McpError> {
-    match text {
-        "call" | "calls" => Ok(UnitsRule::Fixed(1)),
-        _ => match text.strip_prefix("json:") {
-            Some(p) if p.is_empty() || p.starts_with('/') => Ok(UnitsRule::Json(p.to_string())),
-            _ => Err(McpError::Config(format!(
-                "units {text:?}: use \"call\" or \"json:/POINTER\" (into the tool's arguments)"
-            ))),
-        },
-    }
+    UnitsRule::parse(text, oncely_tower::UnitsOf::ToolCall).map_err(McpError::Config)
 }
 
 /// Who the caller of an endpoint is, as configured: a built-in source, or a claim of a
@@ -66,6 +59,24 @@ pub enum ToolSelection {
     AllButReadOnly,
     /// These tools, by name (still never one annotated read-only).
     Named(Vec<String>),
+}
+
+impl ToolSelection {
+    /// Whether a call of `tool` is guarded under this selection, given whether the
+    /// upstream annotates it `readOnlyHint: true`: the one rule the endpoint follows and
+    /// `oncely inventory` reports.
+    pub fn guards(&self, tool: &str, read_only: bool) -> bool {
+        let selected = match self {
+            ToolSelection::AllButReadOnly => true,
+            ToolSelection::Named(names) => names.iter().any(|n| n == tool),
+        };
+        selected && !read_only
+    }
+}
+
+/// Whether `tool` matches one of `patterns` (`actions`: names with `*` wildcards).
+pub fn any_matches(patterns: &[String], tool: &str) -> bool {
+    patterns.iter().any(|p| wildcard_match(p, tool))
 }
 
 /// One `[[mcp]]` endpoint, resolved.
@@ -144,7 +155,7 @@ impl McpConfig {
 
     /// The class of a guarded tool: `action` when `actions` names it, else `write`.
     pub fn class_of(&self, tool: &str) -> oncely_core::Class {
-        if self.actions.iter().any(|p| wildcard_match(p, tool)) {
+        if any_matches(&self.actions, tool) {
             oncely_core::Class::Action
         } else {
             oncely_core::Class::Write

@@ -35,6 +35,7 @@ use oncely_core::{
 };
 
 pub mod clock;
+pub mod lease;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -401,32 +401,31 @@ impl Task {
     }
 }
 
-/// Runs `work` while keeping the task's lease alive: renews it every third of `lease`
-/// (on the monotonic clock) until `work` ends. A refused renewal (the task was leased
-/// again, so this worker was taken for dead) is logged and the work runs on: what it
-/// records is fenced by the record and the task.
+/// Runs `work` while keeping the task's lease alive ([`crate::lease::keep`]: every third
+/// of `lease`, sooner after a renewal the store could not take) until `work` ends. A
+/// refused renewal (the task was leased again, so this worker was taken for dead) is
+/// logged and the work runs on: what it records is fenced by the record and the task.
 pub async fn while_leased<F: std::future::Future>(
     store: &dyn crate::Store,
     fence: &TaskFence,
     lease: Duration,
     work: F,
 ) -> F::Output {
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let keeper = crate::lease::keep(
+        lease,
+        || store.renew_task(fence, lease),
+        |e, pause| {
+            tracing::warn!(task = %fence.id, attempt = fence.attempt, error = %e,
+                retry_in_ms = pause.as_millis() as u64, "task lease renewal failed; retrying");
+        },
+    );
     tokio::pin!(work);
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            _ = ticks.tick() => {
-                let renewal = store.renew_task(fence, lease);
-                tokio::select! {
-                    out = &mut work => return out,
-                    r = renewal => if let Err(e) = r {
-                        tracing::warn!(task = %fence.id, attempt = fence.attempt, error = %e, "task lease renewal failed");
-                    },
-                }
-            }
+    tokio::select! {
+        out = &mut work => out,
+        refused = keeper => {
+            tracing::warn!(task = %fence.id, attempt = fence.attempt, error = %refused,
+                "task lease renewal refused: the work runs on, fenced");
+            work.await
         }
     }
 }

@@ -95,6 +95,7 @@ pub use oncely_engine::{in_guarded_call, wait_for_slot, STORE_ANSWER};
 pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;
+pub use sources::UnitsOf;
 pub use sources::{MakeKey, MakePrincipal, MakeUnits, RequestHead};
 
 /// Any error, boxed.

@@ -231,6 +231,58 @@ pub enum UnitsRule {
     Fixed(u64),
 }
 
+/// Where a `units` rule is written, which decides its vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitsOf {
+    /// A `[[routes]]` entry: `body_bytes`, `json:/POINTER` (into the request body) or
+    /// `response_header:NAME`.
+    Route,
+    /// An MCP endpoint: `call` (one per call) or `json:POINTER` (into the tool's
+    /// `arguments`).
+    ToolCall,
+}
+
+impl UnitsRule {
+    /// Reads a `units` rule as `of` writes it: the one parser of the config file and of
+    /// the MCP crate.
+    pub fn parse(text: &str, of: UnitsOf) -> Result<UnitsRule, String> {
+        match of {
+            UnitsOf::Route => {
+                if text == "body_bytes" {
+                    Ok(UnitsRule::BodyBytes)
+                } else if let Some(p) = text.strip_prefix("json:") {
+                    if p.starts_with('/') {
+                        Ok(UnitsRule::Json(p.to_owned()))
+                    } else {
+                        Err(format!(
+                            "{p:?} is not a JSON pointer (it must start with \"/\", e.g. \"/request_id\")"
+                        ))
+                    }
+                } else if let Some(name) = text.strip_prefix("response_header:") {
+                    HeaderName::from_bytes(name.as_bytes())
+                        .map(UnitsRule::ResponseHeader)
+                        .map_err(|_| format!("{name:?} is not a valid header name"))
+                } else {
+                    Err(format!(
+                        "unknown units {text:?} (use body_bytes, json:/POINTER or response_header:NAME)"
+                    ))
+                }
+            }
+            UnitsOf::ToolCall => match text {
+                "call" | "calls" => Ok(UnitsRule::Fixed(1)),
+                _ => match text.strip_prefix("json:") {
+                    Some(p) if p.is_empty() || p.starts_with('/') => {
+                        Ok(UnitsRule::Json(p.to_string()))
+                    }
+                    _ => Err(format!(
+                        "units {text:?}: use \"call\" or \"json:/POINTER\" (into the tool's arguments)"
+                    )),
+                },
+            },
+        }
+    }
+}
+
 /// What identifies the account a request acts for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrincipalSource {

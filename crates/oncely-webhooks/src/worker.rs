@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
+use oncely_core::backoff;
 use oncely_http::client::{error_chain, ClientOptions, UpstreamClient};
 use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
@@ -329,21 +330,14 @@ impl Run {
 }
 
 /// The delay before the retry after `attempt` failed: uniform in
-/// `[0, min(base * 2^(attempt-1), 1 h)]`.
+/// `[0, min(base * 2^(attempt-1), 1 h)]` (`oncely_core::backoff`, with full jitter).
 pub fn backoff_delay(base: Duration, attempt: u32) -> Duration {
-    let ceiling = backoff_ceiling(base, attempt);
-    let millis = ceiling.as_millis() as u64;
-    Duration::from_millis(rand::random_range(0..=millis))
+    backoff::full_jitter(backoff_ceiling(base, attempt), rand::random())
 }
 
 /// `min(base * 2^(attempt-1), 1 h)`.
 pub fn backoff_ceiling(base: Duration, attempt: u32) -> Duration {
-    let factor = 1u32
-        .checked_shl(attempt.saturating_sub(1))
-        .unwrap_or(u32::MAX);
-    base.checked_mul(factor)
-        .unwrap_or(MAX_BACKOFF)
-        .min(MAX_BACKOFF)
+    backoff::exponential(base, attempt.saturating_sub(1), MAX_BACKOFF)
 }
 
 #[cfg(test)]

@@ -41,7 +41,8 @@ fn check_never_unguarded(text: &str) {
     let Some(Value::Object(extra)) = jsonrpc::parse(text.as_bytes()) else {
         return;
     };
-    let Some(members) = jsonrpc::batch_texts(&format!("[{text}]")) else {
+    let wrapped = format!("[{text}]");
+    let Some(members) = jsonrpc::batch_texts(&wrapped) else {
         return;
     };
     debug_assert_eq!(members.len(), 1);

@@ -548,19 +548,12 @@ fn words(text: &str) -> Vec<String> {
     out
 }
 
-/// `*` matches any run of characters; everything else itself.
-fn wildcard(pattern: &str, text: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == text,
-        Some((head, tail)) => {
-            let Some(rest) = text.strip_prefix(head) else {
-                return false;
-            };
-            (0..=rest.len())
-                .filter(|&i| rest.is_char_boundary(i))
-                .any(|i| wildcard(tail, &rest[i..]))
-        }
-    }
+/// The tool selection of an `[[mcp]]` entry's `tools`, as the endpoint reads it.
+fn selection(tools: &[String]) -> Option<oncely_mcp::ToolSelection> {
+    oncely_mcp::McpConfig::new("/mcp", "http://127.0.0.1/mcp")
+        .and_then(|c| c.with_tools(tools))
+        .ok()
+        .map(|c| c.tools)
 }
 
 /// A concrete path an OpenAPI template stands for (`{id}` → a segment), to match
@@ -793,12 +786,13 @@ fn assess(f: Found, config: Option<&Config>, durations: &HashMap<String, Vec<Dur
         }
         Target::Tool { name } => {
             let endpoint = configured_mcp(config, &f.source);
+            // The endpoint's own rule (oncely_mcp::config), not a copy of it.
             let guarded = endpoint.is_some_and(|m| {
-                !f.read_only_hint && (m.tools == ["*"] || m.tools.iter().any(|t| t == name))
+                selection(&m.tools).is_some_and(|s| s.guards(name, f.read_only_hint))
             });
             let (class, configured) = match endpoint {
                 Some(m) if guarded => (
-                    if m.actions.iter().any(|a| wildcard(a, name)) {
+                    if oncely_mcp::config::any_matches(&m.actions, name) {
                         Class::Action
                     } else {
                         Class::Write
@@ -1145,11 +1139,20 @@ mod tests {
     }
 
     #[test]
-    fn wildcards() {
-        assert!(wildcard("send_*", "send_invoice"));
-        assert!(wildcard("*_refund", "issue_refund"));
-        assert!(wildcard("*", "x"));
-        assert!(!wildcard("send_*", "resend_x"));
-        assert!(wildcard("place_order", "place_order"));
+    fn tools_are_selected_by_the_endpoints_rule() {
+        let all = selection(&["*".into()]).unwrap();
+        assert!(all.guards("send_invoice", false));
+        assert!(!all.guards("balance", true));
+        let named = selection(&["render".into()]).unwrap();
+        assert!(named.guards("render", false));
+        assert!(!named.guards("other", false));
+        assert!(oncely_mcp::config::any_matches(
+            &["send_*".into()],
+            "send_invoice"
+        ));
+        assert!(!oncely_mcp::config::any_matches(
+            &["send_*".into()],
+            "resend_x"
+        ));
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, Uri};
 use oncely_core::Class;
 use oncely_mcp::{JwtKey, McpPrincipal};
-use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, UnitsRule};
+use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, UnitsOf, UnitsRule};
 use toml::Table;
 
 pub use pattern::{normalize_path, PathError, PathPattern};
@@ -154,21 +154,6 @@ fn key_mode(text: &str) -> Result<KeyMode, String> {
             ))
         }
     })
-}
-
-/// A route's `units`.
-fn units_rule(text: &str) -> Result<UnitsRule, String> {
-    if text == "body_bytes" {
-        Ok(UnitsRule::BodyBytes)
-    } else if let Some(p) = text.strip_prefix("json:") {
-        pointer(p).map(|()| UnitsRule::Json(p.to_owned()))
-    } else if let Some(name) = text.strip_prefix("response_header:") {
-        header_name(name).map(UnitsRule::ResponseHeader)
-    } else {
-        Err(format!(
-            "unknown units {text:?} (use body_bytes, json:/POINTER or response_header:NAME)"
-        ))
-    }
 }
 
 /// How to ask the upstream whether an `outcome_unknown` action happened.
@@ -623,7 +608,7 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
         });
     }
     if let Some(u) = read::string(t, loc, "units", problems) {
-        f.units = check(problems, loc, "units", units_rule(u));
+        f.units = check(problems, loc, "units", UnitsRule::parse(u, UnitsOf::Route));
     }
     if let Some(u) = read::string(t, loc, "upstream", problems) {
         f.upstream = check(problems, loc, "upstream", Upstream::parse(u));

@@ -220,11 +220,7 @@ impl Default for Pace {
 /// The delay before attempt `n + 1` (after `n` inconclusive ones): `reconcile_after`
 /// doubled `n` times, capped at `max`.
 pub fn backoff(reconcile_after: Duration, n: u32, max: Duration) -> Duration {
-    let factor = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
-    reconcile_after
-        .max(Duration::from_millis(100))
-        .saturating_mul(factor)
-        .min(max)
+    oncely_core::backoff::exponential(reconcile_after.max(Duration::from_millis(100)), n, max)
 }
 
 /// How long an instance holds an attempt it took beyond the route's `timeout`: if it

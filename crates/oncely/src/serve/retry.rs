@@ -29,12 +29,15 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use oncely_core::Class;
+use oncely_core::{backoff, Class};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::time::Instant;
 
 use super::proxy::UpstreamClient;
 use crate::config::Route;
+
+/// The longest pause before one retry (a route's `timeout` cuts retries sooner).
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(3600);
 
 /// How one route retries.
 #[derive(Debug, Clone)]
@@ -135,7 +138,8 @@ pub async fn send(
             return result;
         }
         retry += 1;
-        let delay = oncely_webhooks::worker::backoff_delay(policy.backoff, retry);
+        let ceiling = backoff::exponential(policy.backoff, retry - 1, MAX_RETRY_PAUSE);
+        let delay = backoff::full_jitter(ceiling, rand::random());
         if Instant::now() + delay > last_start {
             return result;
         }
