@@ -696,7 +696,7 @@ impl Inner {
                 lease: self.config.lease,
                 timeout: self.config.timeout,
                 max_response: self.config.max_response as u64,
-                workflow_id: workflow_id(&parts.headers),
+                workflow_id: oncely_tower::workflow_id(&parts.headers),
                 units,
                 answer_before_record: false,
             },
@@ -1642,16 +1642,6 @@ fn header_mismatch(headers: &HeaderMap, message: &Value, name: (&str, &str)) -> 
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-fn workflow_id(headers: &HeaderMap) -> Option<String> {
-    header_str(headers, "x-workflow-id")
-        .map(str::to_string)
-        .or_else(|| {
-            header_str(headers, "traceparent")
-                .and_then(|t| t.split('-').nth(1))
-                .map(str::to_string)
-        })
 }
 
 /// The headers a request is forwarded with: none that cross only one hop (the one policy

@@ -96,7 +96,7 @@ pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;
 pub use sources::UnitsOf;
-pub use sources::{MakeKey, MakePrincipal, MakeUnits, RequestHead};
+pub use sources::{workflow_id, MakeKey, MakePrincipal, MakeUnits, RequestHead};
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -293,9 +293,65 @@ pub enum PrincipalSource {
     None,
 }
 
+/// Most characters of a workflow id kept from `X-Workflow-Id`.
+const MAX_WORKFLOW_ID: usize = 200;
+
+/// The caller's workflow, for every guarded request alike (HTTP routes, jobs, MCP tool
+/// calls): `X-Workflow-Id` (trimmed, its first 200 characters), else the trace id of a
+/// valid W3C `traceparent` ([`TraceParent::parse`](crate::trace::TraceParent::parse),
+/// the one reading of that header).
+pub fn workflow_id(headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get("x-workflow-id").and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        if !v.is_empty() {
+            return Some(v.chars().take(MAX_WORKFLOW_ID).collect());
+        }
+    }
+    let tp = headers.get(crate::trace::TRACEPARENT)?;
+    crate::trace::TraceParent::parse(tp.as_bytes()).map(|t| hex::encode(t.trace_id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workflow_id_from_header_or_traceparent() {
+        let mut h = HeaderMap::new();
+        assert_eq!(workflow_id(&h), None);
+        h.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(
+            workflow_id(&h).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        h.insert("x-workflow-id", "wf-7".parse().unwrap());
+        assert_eq!(workflow_id(&h).as_deref(), Some("wf-7"));
+        let mut zeros = HeaderMap::new();
+        zeros.insert(
+            "traceparent",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(workflow_id(&zeros), None);
+        let mut long = HeaderMap::new();
+        long.insert(
+            "x-workflow-id",
+            format!("  {}  ", "w".repeat(300)).parse().unwrap(),
+        );
+        assert_eq!(workflow_id(&long).map(|w| w.len()), Some(200));
+        let mut malformed = HeaderMap::new();
+        malformed.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-bad".parse().unwrap(),
+        );
+        assert_eq!(workflow_id(&malformed), None);
+    }
 
     fn head(headers: &HeaderMap) -> RequestHead<'_> {
         RequestHead {

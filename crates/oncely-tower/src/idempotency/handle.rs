@@ -64,23 +64,6 @@ pub(crate) fn decide<B>(guard: &Guard, policy: &RoutePolicy, req: &Request<B>) -
     }
 }
 
-/// The caller's workflow: `X-Workflow-Id`, else the trace id of a W3C `traceparent`.
-pub(crate) fn workflow_id(headers: &HeaderMap) -> Option<String> {
-    if let Some(v) = headers.get("x-workflow-id").and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if !v.is_empty() {
-            return Some(v.chars().take(200).collect());
-        }
-    }
-    // traceparent: VERSION-TRACEID-PARENTID-FLAGS, trace id 32 lower-case hex, not zeros.
-    let tp = headers.get("traceparent")?.to_str().ok()?;
-    let trace = tp.trim().split('-').nth(1)?;
-    let valid = trace.len() == 32
-        && trace.bytes().all(|b| b.is_ascii_hexdigit())
-        && trace.bytes().any(|b| b != b'0');
-    valid.then(|| trace.to_ascii_lowercase())
-}
-
 /// The guarded path, start to answer.
 pub(crate) async fn guarded<S, B, ResBody>(
     guard: Arc<Guard>,
@@ -111,7 +94,7 @@ where
         started,
         span: request_span(&guard, &policy.name, &req),
     };
-    let workflow = workflow_id(req.headers());
+    let workflow = crate::sources::workflow_id(req.headers());
     log.workflow_id = workflow.as_deref();
     let (mut parts, body) = req.into_parts();
 
@@ -454,35 +437,4 @@ fn finish(
     end_span(log, res.status());
     log_request(log);
     res
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn workflow_id_from_header_or_traceparent() {
-        let mut h = HeaderMap::new();
-        assert_eq!(workflow_id(&h), None);
-        h.insert(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-                .parse()
-                .unwrap(),
-        );
-        assert_eq!(
-            workflow_id(&h).as_deref(),
-            Some("4bf92f3577b34da6a3ce929d0e0e4736")
-        );
-        h.insert("x-workflow-id", "wf-7".parse().unwrap());
-        assert_eq!(workflow_id(&h).as_deref(), Some("wf-7"));
-        let mut zeros = HeaderMap::new();
-        zeros.insert(
-            "traceparent",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
-                .parse()
-                .unwrap(),
-        );
-        assert_eq!(workflow_id(&zeros), None);
-    }
 }

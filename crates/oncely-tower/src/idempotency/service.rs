@@ -125,7 +125,7 @@ where
             }
             super::handle::Decision::Bypass { principal } => {
                 let mut req = req;
-                let workflow_id = super::handle::workflow_id(req.headers());
+                let workflow_id = crate::sources::workflow_id(req.headers());
                 let span = super::handle::request_span(&self.guard, &policy.name, &req);
                 if let Some(span) = &span {
                     span.propagate(req.headers_mut());

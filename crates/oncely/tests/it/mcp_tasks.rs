@@ -949,3 +949,54 @@ async fn the_typescript_sdk_and_node_see_one_execution_and_terminal_tasks() {
     assert!(items.len() >= 5);
     validate(&py, &items);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_takes_its_workflow_id_as_an_http_route_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_paid, port) = start_paid().await;
+    let gw = gateway(dir.path(), port);
+    let url = gw.url("/mcp");
+    let client = Client {
+        url: &url,
+        era: LEGACY,
+        auth: ALICE,
+        tasks: false,
+    };
+    let long = format!("  {}  ", "w".repeat(300));
+    let cases = [
+        ("x-workflow-id", long.as_str(), Some("w".repeat(200))),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("4bf92f3577b34da6a3ce929d0e0e4736".to_string()),
+        ),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-bad-01",
+            None,
+        ),
+    ];
+    for (i, (header, value, _)) in cases.iter().enumerate() {
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "render", "arguments": {"mode": "ok", "case": i}}});
+        let (status, _) = client.send(&message.to_string(), &[(header, value)]).await;
+        assert_eq!(status, 200);
+    }
+    let out = crate::common::run(&[
+        "ledger",
+        "list",
+        "--json",
+        "--store",
+        &format!("sqlite://{}", dir.path().join("ledger.db").display()),
+    ]);
+    let records: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(records.len(), cases.len());
+    for (_, _, want) in &cases {
+        // Trimmed and cut at 200 characters, and only a valid traceparent names one.
+        let found = records
+            .iter()
+            .filter(|r| r["workflow_id"] == json!(want))
+            .count();
+        assert_eq!(found, 1, "{want:?} in {records:#?}");
+    }
+}
