@@ -107,6 +107,17 @@ fn unquote(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
     Ok(out)
 }
 
+/// The keyed hash a principal is stored as (HMAC-SHA-256 with the store's principal key,
+/// lower-case hex): the one function the gateway, the CLI and the admin API hash a raw
+/// principal (an `Authorization` value, a JWT claim) with, so that one account is one
+/// principal everywhere and its raw value never reaches the ledger.
+pub fn principal_hash(key: &[u8], raw: &[u8]) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key size");
+    mac.update(raw);
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// Where a key lives: the hash of the principal and the route (or MCP tool, or webhook
 /// source). Lower-case hex of a SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

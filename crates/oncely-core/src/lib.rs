@@ -29,7 +29,7 @@ pub mod units;
 pub use decide::{decide, Claimant, Refusal, Seen, Step};
 pub use errors::error_chain;
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintBuilder};
-pub use key::{ClientKey, DownstreamKey, KeyError, Scope};
+pub use key::{principal_hash, ClientKey, DownstreamKey, KeyError, Scope};
 pub use policy::{is_storable, Class, Disposition, UpstreamResult};
 pub use record::{
     decide_claim, ClaimDecision, ClaimSpec, Completion, Fence, Record, RecordId, Resolution, State,

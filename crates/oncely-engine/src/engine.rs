@@ -9,11 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared};
-use hmac::{Hmac, Mac};
 use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
 use oncely_core::{ClaimSpec, DownstreamKey, Fence, Record, RecordId, TakeOverOutcome};
 use oncely_store::{Claim, RepeatKind, Store, StoreError};
-use sha2::Sha256;
 use tokio::sync::oneshot;
 
 use crate::budget::Budget;
@@ -82,10 +80,7 @@ impl Engine {
     /// The keyed hash a raw principal is stored as: HMAC-SHA256 in lower-case hex. The
     /// CLI uses it to filter the ledger by a principal's raw value.
     pub fn principal_hash(&self, raw: &[u8]) -> String {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.principal_key).expect("HMAC takes any key size");
-        mac.update(raw);
-        hex::encode(mac.finalize().into_bytes())
+        oncely_core::principal_hash(&self.principal_key, raw)
     }
 
     /// Owned upstream calls (and their ledger writes) running now.

@@ -9,12 +9,15 @@
 //! - [`demo`]: `oncely demo`, the self-contained showcase (service, gateway, agent).
 //! - [`records`]: the JSON views of ledger records and usage that the CLI and the admin
 //!   API share.
+//! - [`operations`]: what an operator does to the ledger (resolutions, principal
+//!   filters), one home for the CLI, the admin API and the console.
 //! - [`logs`]: the tracing subscriber (text or one JSON object a line).
 
 pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod logs;
+pub mod operations;
 pub mod records;
 pub mod serve;
 pub mod statement;

@@ -1,14 +1,13 @@
 //! `oncely ledger list | show | resolve | reconcile | purge`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use oncely_core::{Record, RecordId, Resolution, State, StoredResponse};
+use oncely_core::{Record, RecordId, State};
 use oncely_store::{ListFilter, Store, StoreError};
 
-use super::store::{open, principal_key, Ledger};
+use super::store::{open, Ledger};
 use super::{Failure, LedgerCommand, Outcome, ResolveArgs};
-use crate::config::{Config, Route};
+use crate::operations::{self, Verdict};
 use crate::records;
 use crate::serve::reconcile::{reconcile_once, Reconciled};
 
@@ -97,15 +96,11 @@ async fn get(store: &dyn Store, id: &str) -> Result<Record, Failure> {
     }
 }
 
-/// A principal as `--principal` takes it: its 64-hex-digit hash as stored, or its raw
-/// value, hashed with the store's principal key as the gateway does.
+/// A principal as `--principal` takes it ([`crate::operations::principal_filter`]).
 pub(super) async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, Failure> {
-    let is_hash = p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit());
-    if is_hash {
-        return Ok(p.to_ascii_lowercase());
-    }
-    let key = principal_key(&**store).await.map_err(store_failure)?;
-    Ok(oncely_tower::Guard::new(store.clone(), key).principal_hash(p.as_bytes()))
+    crate::operations::principal_filter(store, p)
+        .await
+        .map_err(store_failure)
 }
 
 fn time(t: Option<oncely_core::Timestamp>) -> String {
@@ -174,45 +169,28 @@ fn print_record(r: &Record) {
     }
 }
 
-/// The window a completed resolution is replayed for: the record's route's, else the
-/// config's defaults, else 3h.
-fn window_for(config: Option<&Config>, route: &str) -> Duration {
-    config
-        .and_then(|c| c.route_named(route))
-        .map_or(Route::defaults().window, |r| r.window)
-}
-
 async fn resolve(args: ResolveArgs) -> Outcome {
     let ledger = open(&args.store).await?;
     let record = get(&*ledger.store, &args.id).await?;
-    let resolution = if args.released {
-        Resolution::Released {
-            window: window_for(ledger.config.as_ref(), &record.route),
-            reason: "resolved as released by an operator (oncely ledger resolve)".into(),
-        }
+    let verdict = if args.released {
+        Verdict::Released
     } else {
         let body = match &args.body_file {
             Some(f) => std::fs::read(f)
                 .map_err(|e| Failure::usage(format!("cannot read {}: {e}", f.display())))?,
             None => Vec::new(),
         };
-        Resolution::Completed {
-            response: StoredResponse {
-                status: args
-                    .status
-                    .expect("clap requires --status with --completed"),
-                headers: args
-                    .headers
-                    .iter()
-                    .filter(|(n, _)| oncely_http::headers::is_replayable(n))
-                    .cloned()
-                    .collect(),
-                body: Some(body.into()),
-            },
-            window: window_for(ledger.config.as_ref(), &record.route),
-            reason: "resolved as completed by an operator (oncely ledger resolve)".into(),
+        Verdict::Completed {
+            status: args
+                .status
+                .expect("clap requires --status with --completed"),
+            headers: args.headers.clone(),
+            body,
         }
     };
+    let window = operations::window_for(ledger.config.as_ref(), &record.route);
+    let resolution =
+        operations::resolution(verdict, window, "oncely ledger resolve").map_err(Failure::usage)?;
     let after = ledger
         .store
         .resolve(&record.id, resolution)

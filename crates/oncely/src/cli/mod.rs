@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use store::{principal_key, redact as redact_store_url, PRINCIPAL_KEY_ENV};
+pub use store::redact as redact_store_url;
 
 /// The gateway that makes expensive calls safe to repeat.
 #[derive(Debug, Parser)]
@@ -237,16 +237,7 @@ fn parse_duration_arg(text: &str) -> Result<std::time::Duration, String> {
 }
 
 fn parse_header_arg(text: &str) -> Result<(String, String), String> {
-    let (name, value) = text
-        .split_once(':')
-        .ok_or_else(|| format!("{text:?} is not 'Name: value'"))?;
-    let name = name.trim();
-    let value = value.trim();
-    http::HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| format!("{name:?} is not a valid header name"))?;
-    http::HeaderValue::from_str(value)
-        .map_err(|_| format!("the value of {name} is not a valid header value"))?;
-    Ok((name.to_ascii_lowercase(), value.to_owned()))
+    crate::operations::header_line(text)
 }
 
 /// A command's failure: what to print (one line) and the exit code.

@@ -1,4 +1,4 @@
-//! Opening the ledger for a command: which URL, which config, and the principal key.
+//! Opening the ledger for a command: which URL and which config.
 
 use std::sync::Arc;
 
@@ -6,9 +6,6 @@ use oncely_store::{Store, StoreError, StoreOptions};
 
 use super::{Failure, Outcome, StoreArgs};
 use crate::config::{Config, Overrides, DEFAULT_STORE};
-
-/// The environment variable that overrides the principal hashing key.
-pub const PRINCIPAL_KEY_ENV: &str = "ONCELY_PRINCIPAL_KEY";
 
 /// What a ledger command works with.
 #[derive(Debug)]
@@ -57,19 +54,6 @@ pub fn redact(url: &str) -> String {
         }
     }
     url.to_owned()
-}
-
-/// The key principals are hashed with: `ONCELY_PRINCIPAL_KEY` (hex, or any other string
-/// taken as its bytes), else a secret generated once and kept in the store, so every
-/// instance on one database hashes alike.
-pub async fn principal_key(store: &dyn Store) -> Result<Vec<u8>, StoreError> {
-    match std::env::var(PRINCIPAL_KEY_ENV) {
-        Ok(v) if !v.is_empty() => Ok(match hex::decode(&v) {
-            Ok(bytes) if v.len() >= 32 => bytes,
-            _ => v.into_bytes(),
-        }),
-        _ => store.secret("principal-key").await,
-    }
 }
 
 /// `oncely migrate`: opening a store creates or upgrades its schema.

@@ -26,13 +26,14 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use metrics_exporter_prometheus::PrometheusHandle;
-use oncely_core::{RecordId, Resolution, State as RecordState, StoredResponse};
+use oncely_core::{RecordId, State as RecordState};
 use oncely_http::problem::{Problem, ProblemCode};
 use oncely_store::{ListFilter, Store, StoreError};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::config::{Config, Route};
+use crate::config::Config;
+use crate::operations::Verdict;
 use crate::records;
 
 /// What the admin handlers share.
@@ -198,17 +199,12 @@ async fn list(
     )))
 }
 
-/// A principal as `?principal=P` takes it: its 64-hex-digit hash as stored, or its raw
-/// value, hashed with the store's principal key as the gateway does.
+/// A principal as `?principal=P` takes it ([`crate::operations::principal_filter`]).
 pub(crate) async fn principal_filter(
     store: &Arc<dyn Store>,
     p: &str,
 ) -> Result<String, AdminError> {
-    if p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Ok(p.to_ascii_lowercase());
-    }
-    let key = crate::cli::principal_key(&**store).await?;
-    Ok(oncely_tower::Guard::new(store.clone(), key).principal_hash(p.as_bytes()))
+    Ok(crate::operations::principal_filter(store, p).await?)
 }
 
 async fn show(
@@ -299,15 +295,9 @@ async fn resolve(
             )))
         }
     };
-    let window = state
-        .config
-        .route_named(&record.route)
-        .map_or(Route::defaults().window, |r| r.window);
-    let resolution = match (released, completed) {
-        (true, false) => Resolution::Released {
-            window,
-            reason: "resolved as released by an operator (admin API)".into(),
-        },
+    let window = crate::operations::window_for(Some(&state.config), &record.route);
+    let verdict = match (released, completed) {
+        (true, false) => Verdict::Released,
         (false, true) => {
             let status = b
                 .status
@@ -315,14 +305,7 @@ async fn resolve(
                 .ok_or_else(|| bad("\"completed\" needs \"status\" (100-599)"))?;
             let mut headers = Vec::new();
             for (name, value) in b.headers.pairs()? {
-                http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| bad(format!("{name:?} is not a header name")))?;
-                http::HeaderValue::from_str(&value)
-                    .map_err(|_| bad(format!("the value of {name:?} is not a header value")))?;
-                // The one storing policy: a replay never carries set-cookie and the like.
-                if oncely_http::headers::is_replayable(&name) {
-                    headers.push((name.to_ascii_lowercase(), value));
-                }
+                headers.push(crate::operations::header(&name, &value).map_err(bad)?);
             }
             let body = match (b.body, b.body_base64) {
                 (Some(_), Some(_)) => return Err(bad("give body or body_base64, not both")),
@@ -332,20 +315,17 @@ async fn resolve(
                     .map_err(|e| bad(format!("body_base64: {e}")))?,
                 (None, None) => Vec::new(),
             };
-            Resolution::Completed {
-                response: StoredResponse {
-                    status,
-                    headers,
-                    body: Some(body.into()),
-                },
-                window,
-                reason: "resolved as completed by an operator (admin API)".into(),
+            Verdict::Completed {
+                status,
+                headers,
+                body,
             }
         }
         _ => return Err(bad(
             "give exactly one of {\"released\": true} and {\"completed\": true, \"status\": ...}",
         )),
     };
+    let resolution = crate::operations::resolution(verdict, window, "admin API").map_err(bad)?;
     let after = state.store.resolve(&id, resolution).await?;
     tracing::info!(record = %after.id, state = %after.state, "resolved by the admin API");
     Ok(Json(records::full(&after)))

@@ -143,7 +143,7 @@ pub async fn run_reloading(
     let store = oncely_store::open(&config.store, StoreOptions::default())
         .await
         .with_context(|| format!("store {}", crate::cli::redact_store_url(&config.store)))?;
-    let principal_key = crate::cli::principal_key(&*store)
+    let principal_key = crate::operations::principal_key(&*store)
         .await
         .context("reading the principal key from the store")?;
     let mut guard =

@@ -11,7 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use oncely_core::{Record, RecordId, Resolution, State as RecordState, StoredResponse};
+use oncely_core::{Record, RecordId, Resolution, State as RecordState};
 use oncely_store::{ListFilter, RepeatKind, StoreError};
 use serde::Deserialize;
 use tower::ServiceExt;
@@ -22,6 +22,7 @@ use super::html::{
 };
 use super::{error_page, Console, Viewer};
 use crate::config::Route;
+use crate::operations::Verdict;
 use crate::serve::reconcile::{reconcile_once, Reconciled};
 
 /// Records per page.
@@ -669,13 +670,11 @@ fn not_unknown(r: &Record) -> Response {
     )
 }
 
-/// The resolution a form describes, as the CLI and the admin API allow it.
+/// The resolution a form describes ([`crate::operations::resolution`], as for the CLI
+/// and the admin API).
 fn resolution(f: &ResolveForm, window: Duration) -> Result<Resolution, String> {
-    match f.verdict.as_str() {
-        "released" => Ok(Resolution::Released {
-            window,
-            reason: "resolved as released by an operator (console)".into(),
-        }),
+    let verdict = match f.verdict.as_str() {
+        "released" => Verdict::Released,
         "completed" => {
             let status: u16 = f
                 .status
@@ -684,35 +683,24 @@ fn resolution(f: &ResolveForm, window: Duration) -> Result<Resolution, String> {
                 .ok()
                 .filter(|s| (100..=599).contains(s))
                 .ok_or("completed needs a status from 100 to 599")?;
-            let mut headers = Vec::new();
-            for line in f.headers.lines().map(str::trim).filter(|l| !l.is_empty()) {
-                let (name, value) = line
-                    .split_once(':')
-                    .map(|(n, v)| (n.trim(), v.trim()))
-                    .ok_or_else(|| format!("header {line:?} is not \"Name: value\""))?;
-                http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("{name:?} is not a header name"))?;
-                http::HeaderValue::from_str(value)
-                    .map_err(|_| format!("the value of {name:?} is not a header value"))?;
-                // The one storing policy: a replay never carries set-cookie and the like.
-                if oncely_http::headers::is_replayable(name) {
-                    headers.push((name.to_ascii_lowercase(), value.to_owned()));
-                }
-            }
+            let headers = f
+                .headers
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(crate::operations::header_line)
+                .collect::<Result<Vec<_>, _>>()?;
             // A browser's textarea sends CRLF line ends: store what the operator typed.
-            let body = f.body.replace("\r\n", "\n");
-            Ok(Resolution::Completed {
-                response: StoredResponse {
-                    status,
-                    headers,
-                    body: Some(body.into_bytes().into()),
-                },
-                window,
-                reason: "resolved as completed by an operator (console)".into(),
-            })
+            let body = f.body.replace("\r\n", "\n").into_bytes();
+            Verdict::Completed {
+                status,
+                headers,
+                body,
+            }
         }
-        _ => Err("choose completed or released".into()),
-    }
+        _ => return Err("choose completed or released".into()),
+    };
+    crate::operations::resolution(verdict, window, "console")
 }
 
 /// `POST /console/records/ID/resolve`: without `confirmed`, the confirmation page; with
@@ -727,11 +715,7 @@ pub(super) async fn resolve(
     if r.state != RecordState::OutcomeUnknown {
         return Err(not_unknown(&r));
     }
-    let window = console
-        .admin
-        .config
-        .route_named(&r.route)
-        .map_or(Route::defaults().window, |rt| rt.window);
+    let window = crate::operations::window_for(Some(&console.admin.config), &r.route);
     let resolution = match resolution(&f, window) {
         Ok(res) => res,
         Err(e) => return Ok(resolve_form_page(&viewer, &r, &f, Some(&e))),
