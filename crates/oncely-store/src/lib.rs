@@ -37,6 +37,7 @@ use oncely_core::{
 pub mod clock;
 pub mod lease;
 pub mod memory;
+mod plan;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod queue;

@@ -6,18 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use oncely_core::record::{decide_claim, ClaimDecision};
 use oncely_core::{
     ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
     Timestamp,
 };
 
+use crate::plan::plan_claims;
 use crate::queue::{Finished, NewTask, Task, TaskError, TaskFence, TaskId};
 use crate::queue::{TaskOutcome, TaskState};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent,
-    RepeatEvents, Result, StoreError, TaskQueue, Usage, UsageRow, Waiting,
+    Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent, RepeatEvents,
+    Result, StoreError, TaskQueue, Usage, UsageRow, Waiting,
 };
 
 #[derive(Debug, Default)]
@@ -93,20 +93,21 @@ impl Ledger for MemoryStore {
         let now = self.clock.now();
         let mut data = self.data.lock().expect("memory store lock");
         let map_key = (spec.scope.clone(), spec.key.clone());
-        let existing_id = data.by_key.get(&map_key).cloned();
-        let existing = existing_id.as_ref().and_then(|id| data.records.get(id));
-        match decide_claim(existing, spec, now) {
-            ClaimDecision::Insert => {
-                let record = Record::new_claim(new_record_id(), spec, now);
-                data.by_key.insert(map_key, record.id.clone());
-                data.records.insert(record.id.clone(), record.clone());
-                Ok(Claim::Owned(record))
-            }
-            ClaimDecision::Existing => Ok(Claim::Existing(existing.cloned().expect("existing"))),
-            decision => {
-                let old_id = existing_id.expect("existing");
-                let mut record = data.records.remove(&old_id).expect("existing");
-                record.reclaim(decision, new_record_id(), spec, now);
+        let existing = data
+            .by_key
+            .get(&map_key)
+            .and_then(|id| data.records.get(id))
+            .cloned();
+        let plan = plan_claims(std::slice::from_ref(spec), None, now, |_, _| {
+            Ok(existing.clone())
+        })?;
+        match plan {
+            Err(existing) => Ok(Claim::Existing(existing)),
+            Ok(mut records) => {
+                let (replaces, record) = records.pop().expect("a granted plan has a record");
+                if let Some(old) = replaces {
+                    data.records.remove(&old);
+                }
                 data.by_key.insert(map_key, record.id.clone());
                 data.records.insert(record.id.clone(), record.clone());
                 Ok(Claim::Owned(record))
@@ -515,67 +516,6 @@ fn lease_due(
         }
     }
     out
-}
-
-/// The records an all-or-nothing claim writes (each with the id of the row it replaces),
-/// or the existing record that refuses it.
-pub(crate) type ClaimPlan = Result<Vec<(Option<RecordId>, Record)>, Record>;
-
-/// Decides an all-or-nothing claim of `specs` with [`decide_claim`], like
-/// [`Ledger::claim`](crate::Ledger::claim) does for one key: either every claim is granted
-/// and the records to write, each with the id of the row it replaces, or the first
-/// existing record that refuses it. A key no row holds gets a new record; a completed
-/// row past its window is replaced by a new intention (new id, attempt 1); a released
-/// row with the same fingerprint is reclaimed (same id, attempt + 1, so the same
-/// downstream key) and its work queued again; a task of the same kind still held for it
-/// (its worker recorded the release and stopped before finishing the task) is deleted,
-/// so that only the new task runs it. With `completion`, every granted record is
-/// completed at once. `find` reads the row holding a key. Shared by the memory and
-/// SQLite stores; PostgreSQL mirrors it in SQL.
-pub(crate) fn plan_claims(
-    specs: &[ClaimSpec],
-    completion: Option<Completion>,
-    now: Timestamp,
-    mut find: impl FnMut(&Scope, &str) -> Result<Option<Record>>,
-) -> Result<ClaimPlan> {
-    if specs.is_empty() {
-        return Err(StoreError::Config(
-            "claim_with_task needs at least one claim".into(),
-        ));
-    }
-    let mut out: Vec<(Option<RecordId>, Record)> = Vec::with_capacity(specs.len());
-    for spec in specs {
-        if out
-            .iter()
-            .any(|(_, r)| r.scope == spec.scope && r.key == spec.key)
-        {
-            continue;
-        }
-        let existing = find(&spec.scope, &spec.key)?;
-        let (replaces, mut record) = match (decide_claim(existing.as_ref(), spec, now), existing) {
-            (ClaimDecision::Insert, _) => (None, Record::new_claim(new_record_id(), spec, now)),
-            (ClaimDecision::Renew, old) => (
-                old.map(|r| r.id),
-                Record::new_claim(new_record_id(), spec, now),
-            ),
-            (ClaimDecision::Reclaim, Some(mut r)) => {
-                let old = r.id.clone();
-                r.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
-                (Some(old), r)
-            }
-            (_, existing) => {
-                return Ok(Err(
-                    existing.expect("an existing record decides Existing or Reclaim")
-                ))
-            }
-        };
-        if let Some(c) = &completion {
-            let fence = record.fence().expect("a granted claim has a fence");
-            record.complete(&fence, c.clone(), now)?;
-        }
-        out.push((replaces, record));
-    }
-    Ok(Ok(out))
 }
 
 /// Sorts per-principal rows (most charged first) and adds the totals.

@@ -43,9 +43,8 @@ use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
 use crate::waiters::Waiters;
 use crate::{
-    new_record_id, Admin, Claim, Clock, Finished, Ledger, ListFilter, NewTask, ReconcileSchedule,
-    Repeat, RepeatEvent, RepeatEvents, RepeatKind, Result, Store, StoreError, StoreOptions, Task,
-    TaskCounts, TaskFence, TaskId, TaskOutcome, TaskQueue, TaskState, Usage, UsageRow, Waiting,
+    new_record_id, Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent,
+    RepeatEvents, RepeatKind, Result, Store, StoreError, StoreOptions, Usage, UsageRow, Waiting,
 };
 
 mod batch;
@@ -607,63 +606,6 @@ impl Waiting for PgStore {
                 .await?
                 .ok_or_else(|| StoreError::NotFound(id.clone()))?;
         }
-    }
-}
-
-#[async_trait]
-impl TaskQueue for PgStore {
-    async fn claim_with_task(
-        &self,
-        specs: &[ClaimSpec],
-        completion: Option<Completion>,
-        task: NewTask,
-    ) -> Result<Claim> {
-        self.queue_claim_with_task(specs, completion, task).await
-    }
-
-    async fn lease_tasks(
-        &self,
-        kind: &str,
-        owner: &str,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        self.queue_lease(kind, owner, max, lease).await
-    }
-
-    async fn lease_tasks_capped(
-        &self,
-        kind: &str,
-        owner: &str,
-        max_running: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        self.queue_lease_capped(kind, owner, max_running, lease)
-            .await
-    }
-
-    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
-        self.queue_renew(fence, lease).await
-    }
-
-    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
-        self.queue_finish(fence, outcome).await
-    }
-
-    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
-        self.queue_get(id).await
-    }
-
-    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
-        self.queue_list(kind, state).await
-    }
-
-    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
-        self.queue_requeue(id).await
-    }
-
-    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
-        self.queue_counts(kind).await
     }
 }
 

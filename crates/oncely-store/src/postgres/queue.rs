@@ -17,18 +17,19 @@
 //! - Finishing is one `UPDATE` (or `DELETE` when done) fenced by owner, attempt and state.
 //! - Times are the database's clock plus the store clock's offset, like the records.
 
+use async_trait::async_trait;
 use std::time::Duration;
 
-use oncely_core::record::{decide_claim, ClaimDecision};
-use oncely_core::{ClaimSpec, Completion, Record, Timestamp};
+use oncely_core::{ClaimSpec, Completion, Record, Scope, Timestamp};
 use tokio_postgres::Row;
 
 use super::{corrupt, record_from_row, unavailable, PgStore, ResponseColumns, COLUMNS, NOW};
+use crate::plan::plan_claims;
 use crate::queue::{headers_from_json, headers_to_json, LAPSED_ON_LAST_ATTEMPT};
 use crate::Ledger;
 use crate::{
     new_record_id, Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError,
-    TaskFence, TaskId, TaskOutcome, TaskState,
+    TaskFence, TaskId, TaskOutcome, TaskQueue, TaskState,
 };
 
 const TASK_COLUMNS: &str = "id, kind, record, target, method, headers, body, state, attempts, \
@@ -191,8 +192,9 @@ fn leased(rows: &[Row]) -> Result<Vec<Task>> {
     Ok(tasks)
 }
 
-impl PgStore {
-    pub(super) async fn queue_claim_with_task(
+#[async_trait]
+impl TaskQueue for PgStore {
+    async fn claim_with_task(
         &self,
         specs: &[ClaimSpec],
         completion: Option<Completion>,
@@ -225,6 +227,242 @@ impl PgStore {
         ))
     }
 
+    async fn lease_tasks(
+        &self,
+        kind: &str,
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let max = max.min(i64::MAX as usize) as i64;
+        let rows = self
+            .query(
+                &LEASE_SQL,
+                &[
+                    &self.offset(),
+                    &kind,
+                    &max,
+                    &owner,
+                    &ms(lease),
+                    &LAPSED_ON_LAST_ATTEMPT,
+                ],
+            )
+            .await?;
+        leased(&rows)
+    }
+
+    /// One transaction that takes the kind's advisory lock (so capped leases of one kind
+    /// on every instance run one at a time), counts the live running tasks, and leases
+    /// what the cap leaves.
+    async fn lease_tasks_capped(
+        &self,
+        kind: &str,
+        owner: &str,
+        max_running: usize,
+        lease: Duration,
+    ) -> Result<Vec<Task>> {
+        let offset = self.offset();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('oncely tasks ' || $1::text, 0))",
+            &[&kind],
+        )
+        .await
+        .map_err(unavailable)?;
+        let live: i64 = tx
+            .query_one(
+                &format!(
+                    "WITH t AS ({NOW}) SELECT count(*)::bigint FROM tasks k, t \
+                     WHERE k.kind = $2 AND k.state = 'running' AND k.lease_until > t.now"
+                ),
+                &[&offset, &kind],
+            )
+            .await
+            .map_err(unavailable)?
+            .try_get(0)
+            .map_err(corrupt)?;
+        let free = max_running.saturating_sub(live.max(0) as usize);
+        if free == 0 {
+            return Ok(Vec::new());
+        }
+        let max = free.min(i64::MAX as usize) as i64;
+        let stmt = tx.prepare_cached(&LEASE_SQL).await.map_err(unavailable)?;
+        let rows = tx
+            .query(
+                &stmt,
+                &[
+                    &offset,
+                    &kind,
+                    &max,
+                    &owner,
+                    &ms(lease),
+                    &LAPSED_ON_LAST_ATTEMPT,
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        leased(&rows)
+    }
+
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+        let sql = format!(
+            "WITH t AS ({NOW})
+             UPDATE tasks k SET lease_until = t.now + $5, updated_at = t.now
+             FROM t
+             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
+             RETURNING k.id"
+        );
+        self.query_opt(
+            &sql,
+            &[
+                &self.offset(),
+                &fence.id.0,
+                &fence.owner,
+                &i32_of(fence.attempt),
+                &ms(lease),
+            ],
+        )
+        .await?
+        .map(|_| ())
+        .ok_or_else(|| {
+            StoreError::Task(TaskError::Fenced {
+                id: fence.id.clone(),
+                attempt: fence.attempt,
+            })
+        })
+    }
+
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
+        let attempt = i32_of(fence.attempt);
+        let fenced = || {
+            StoreError::Task(TaskError::Fenced {
+                id: fence.id.clone(),
+                attempt: fence.attempt,
+            })
+        };
+        let done = match outcome {
+            TaskOutcome::Done => {
+                let row = self
+                    .query_opt(
+                        "DELETE FROM tasks WHERE id = $1 AND owner = $2 AND attempts = $3 \
+                         AND state = 'running' RETURNING id",
+                        &[&fence.id.0, &fence.owner, &attempt],
+                    )
+                    .await?;
+                return row.map(|_| Finished::Done).ok_or_else(fenced);
+            }
+            TaskOutcome::Retry { at, error } => (Some(at), error),
+            TaskOutcome::Dead { error } => (None, error),
+        };
+        let (at, error) = done;
+        let sql = format!(
+            "WITH t AS ({NOW})
+             UPDATE tasks k SET
+                 state = CASE WHEN $5::bigint IS NOT NULL AND k.attempts < k.max_attempts
+                              THEN 'pending' ELSE 'dead' END,
+                 next_at = COALESCE($5, k.next_at), last_error = $6, owner = NULL,
+                 lease_until = NULL, updated_at = t.now
+             FROM t
+             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
+             RETURNING k.state, k.next_at"
+        );
+        let row = self
+            .query_opt(
+                &sql,
+                &[
+                    &self.offset(),
+                    &fence.id.0,
+                    &fence.owner,
+                    &attempt,
+                    &at.map(|a| a.0),
+                    &error,
+                ],
+            )
+            .await?
+            .ok_or_else(fenced)?;
+        let state: String = row.try_get(0).map_err(corrupt)?;
+        Ok(if state == "pending" {
+            Finished::Retrying(Timestamp(row.try_get(1).map_err(corrupt)?))
+        } else {
+            Finished::Dead
+        })
+    }
+
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
+        self.query_opt(
+            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"),
+            &[&id.0],
+        )
+        .await?
+        .map(|row| task_from_row(&row))
+        .transpose()
+    }
+
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
+        let state = state.map(|s| s.as_str());
+        let rows = self
+            .query(
+                &format!(
+                    "SELECT {TASK_COLUMNS} FROM tasks WHERE kind = $1 \
+                     AND ($2::text IS NULL OR state = $2) ORDER BY created_at, id"
+                ),
+                &[&kind, &state],
+            )
+            .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
+        let sql = format!(
+            "WITH t AS ({NOW})
+             UPDATE tasks k SET state = 'pending', attempts = 0, next_at = t.now,
+                 updated_at = t.now
+             FROM t WHERE k.id = $2 AND k.state = 'dead'
+             RETURNING {cols}",
+            cols = TASK_COLUMNS
+                .split(", ")
+                .map(|c| format!("k.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if let Some(row) = self.query_opt(&sql, &[&self.offset(), &id.0]).await? {
+            return task_from_row(&row);
+        }
+        Err(match self.get_task(id).await? {
+            None => TaskError::NotFound(id.clone()),
+            Some(t) => TaskError::WrongState {
+                id: id.clone(),
+                state: t.state,
+                action: "requeue",
+            },
+        }
+        .into())
+    }
+
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
+        let rows = self
+            .query(
+                "SELECT state, count(*)::bigint FROM tasks WHERE kind = $1 GROUP BY state",
+                &[&kind],
+            )
+            .await?;
+        let mut counts = TaskCounts::default();
+        for row in rows {
+            let state: String = row.try_get(0).map_err(corrupt)?;
+            let n = row.try_get::<_, i64>(1).map_err(corrupt)?.max(0) as u64;
+            match state.parse::<TaskState>().map_err(StoreError::Corrupt)? {
+                TaskState::Pending => counts.pending = n,
+                TaskState::Running => counts.running = n,
+                TaskState::Dead => counts.dead = n,
+            }
+        }
+        Ok(counts)
+    }
+}
+
+impl PgStore {
     /// The common case in one statement (one round trip): a single key that no row
     /// holds. Inserts the record and the task together, or nothing (`None`: the key is
     /// held, and the full transaction decides).
@@ -341,55 +579,58 @@ impl PgStore {
              RETURNING id";
         let lock = tx.prepare_cached(&lock).await.map_err(unavailable)?;
         let insert = tx.prepare_cached(insert).await.map_err(unavailable)?;
-        let mut first: Option<Record> = None;
-        let mut seen: Vec<(&str, &str)> = Vec::new();
+        // The rows holding the keys, locked for this transaction, then the one plan.
+        let mut held: Vec<(&Scope, &str, Option<Record>)> = Vec::new();
         for spec in specs {
-            if seen.contains(&(spec.scope.as_str(), spec.key.as_str())) {
+            if held
+                .iter()
+                .any(|(s, k, _)| **s == spec.scope && *k == spec.key)
+            {
                 continue;
             }
-            seen.push((spec.scope.as_str(), spec.key.as_str()));
-            let existing = tx
+            let row = tx
                 .query_opt(&lock, &[&spec.scope.as_str(), &spec.key])
                 .await
                 .map_err(unavailable)?
                 .map(|row| record_from_row(&row))
                 .transpose()?;
-            match (decide_claim(existing.as_ref(), spec, now), existing) {
-                (ClaimDecision::Insert, _) => {}
-                (ClaimDecision::Renew, Some(old)) => {
-                    tx.execute("DELETE FROM records WHERE id = $1", &[&old.id.0])
-                        .await
-                        .map_err(unavailable)?;
-                }
-                (ClaimDecision::Reclaim, Some(mut record)) => {
+            held.push((&spec.scope, &spec.key, row));
+        }
+        let plan = plan_claims(specs, completion.cloned(), now, |scope, key| {
+            Ok(held
+                .iter()
+                .find(|(s, k, _)| *s == scope && *k == key)
+                .and_then(|(_, _, row)| row.clone()))
+        })?;
+        let records = match plan {
+            Ok(records) => records,
+            Err(existing) => {
+                drop(tx);
+                return Ok(Some(Claim::Existing(existing)));
+            }
+        };
+        for (replaces, record) in &records {
+            match replaces {
+                Some(old) if *old == record.id => {
                     // A released row with the same fingerprint, locked above: executed
-                    // again under the same id (attempt + 1), its work queued again.
-                    record.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
-                    if let Some(c) = completion {
-                        let fence = record.fence().expect("a reclaimed record has a fence");
-                        record.complete(&fence, c.clone(), now)?;
-                    }
-                    rewrite(&tx, &record).await?;
-                    // A task of this kind still held for the released record is stale
-                    // (its worker stopped before finishing it): only the new one runs.
+                    // again under the same id (attempt + 1), its work queued again; a
+                    // task of this kind still held for it is stale (its worker stopped
+                    // before finishing it): only the new one runs.
+                    rewrite(&tx, record).await?;
                     tx.execute(
                         "DELETE FROM tasks WHERE record = $1 AND kind = $2",
                         &[&record.id.0, &task.kind],
                     )
                     .await
                     .map_err(unavailable)?;
-                    first.get_or_insert(record);
                     continue;
                 }
-                (_, existing) => {
-                    drop(tx);
-                    return Ok(existing.map(Claim::Existing));
+                Some(old) => {
+                    tx.execute("DELETE FROM records WHERE id = $1", &[&old.0])
+                        .await
+                        .map_err(unavailable)?;
                 }
-            }
-            let mut record = Record::new_claim(new_record_id(), spec, now);
-            if let Some(c) = completion {
-                let fence = record.fence().expect("a new claim has a fence");
-                record.complete(&fence, c.clone(), now)?;
+                None => {}
             }
             let response = ResponseColumns::of(record.response.as_ref())?;
             let attempt = i32_of(record.attempt);
@@ -425,12 +666,15 @@ impl PgStore {
             if inserted.is_none() {
                 // Another transaction inserted this key and committed meanwhile.
                 drop(tx);
-                let holder = self.lookup(&spec.scope, &spec.key).await?;
+                let holder = self.lookup(&record.scope, &record.key).await?;
                 return Ok(holder.map(Claim::Existing));
             }
-            first.get_or_insert(record);
         }
-        let first = first.expect("at least one spec");
+        let first = records
+            .into_iter()
+            .next()
+            .map(|(_, r)| r)
+            .expect("a granted plan has a record");
         let t = Task::new(TaskId::new(), Some(first.id.clone()), task.clone(), now);
         tx.execute(
             &format!(
@@ -462,247 +706,5 @@ impl PgStore {
         .map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;
         Ok(Some(Claim::Owned(first)))
-    }
-
-    pub(super) async fn queue_lease(
-        &self,
-        kind: &str,
-        owner: &str,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        let max = max.min(i64::MAX as usize) as i64;
-        let rows = self
-            .query(
-                &LEASE_SQL,
-                &[
-                    &self.offset(),
-                    &kind,
-                    &max,
-                    &owner,
-                    &ms(lease),
-                    &LAPSED_ON_LAST_ATTEMPT,
-                ],
-            )
-            .await?;
-        leased(&rows)
-    }
-
-    /// One transaction that takes the kind's advisory lock (so capped leases of one kind
-    /// on every instance run one at a time), counts the live running tasks, and leases
-    /// what the cap leaves.
-    pub(super) async fn queue_lease_capped(
-        &self,
-        kind: &str,
-        owner: &str,
-        max_running: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        let offset = self.offset();
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(unavailable)?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('oncely tasks ' || $1::text, 0))",
-            &[&kind],
-        )
-        .await
-        .map_err(unavailable)?;
-        let live: i64 = tx
-            .query_one(
-                &format!(
-                    "WITH t AS ({NOW}) SELECT count(*)::bigint FROM tasks k, t \
-                     WHERE k.kind = $2 AND k.state = 'running' AND k.lease_until > t.now"
-                ),
-                &[&offset, &kind],
-            )
-            .await
-            .map_err(unavailable)?
-            .try_get(0)
-            .map_err(corrupt)?;
-        let free = max_running.saturating_sub(live.max(0) as usize);
-        if free == 0 {
-            return Ok(Vec::new());
-        }
-        let max = free.min(i64::MAX as usize) as i64;
-        let stmt = tx.prepare_cached(&LEASE_SQL).await.map_err(unavailable)?;
-        let rows = tx
-            .query(
-                &stmt,
-                &[
-                    &offset,
-                    &kind,
-                    &max,
-                    &owner,
-                    &ms(lease),
-                    &LAPSED_ON_LAST_ATTEMPT,
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
-        tx.commit().await.map_err(unavailable)?;
-        leased(&rows)
-    }
-
-    pub(super) async fn queue_renew(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
-        let sql = format!(
-            "WITH t AS ({NOW})
-             UPDATE tasks k SET lease_until = t.now + $5, updated_at = t.now
-             FROM t
-             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
-             RETURNING k.id"
-        );
-        self.query_opt(
-            &sql,
-            &[
-                &self.offset(),
-                &fence.id.0,
-                &fence.owner,
-                &i32_of(fence.attempt),
-                &ms(lease),
-            ],
-        )
-        .await?
-        .map(|_| ())
-        .ok_or_else(|| {
-            StoreError::Task(TaskError::Fenced {
-                id: fence.id.clone(),
-                attempt: fence.attempt,
-            })
-        })
-    }
-
-    pub(super) async fn queue_finish(
-        &self,
-        fence: &TaskFence,
-        outcome: TaskOutcome,
-    ) -> Result<Finished> {
-        let attempt = i32_of(fence.attempt);
-        let fenced = || {
-            StoreError::Task(TaskError::Fenced {
-                id: fence.id.clone(),
-                attempt: fence.attempt,
-            })
-        };
-        let done = match outcome {
-            TaskOutcome::Done => {
-                let row = self
-                    .query_opt(
-                        "DELETE FROM tasks WHERE id = $1 AND owner = $2 AND attempts = $3 \
-                         AND state = 'running' RETURNING id",
-                        &[&fence.id.0, &fence.owner, &attempt],
-                    )
-                    .await?;
-                return row.map(|_| Finished::Done).ok_or_else(fenced);
-            }
-            TaskOutcome::Retry { at, error } => (Some(at), error),
-            TaskOutcome::Dead { error } => (None, error),
-        };
-        let (at, error) = done;
-        let sql = format!(
-            "WITH t AS ({NOW})
-             UPDATE tasks k SET
-                 state = CASE WHEN $5::bigint IS NOT NULL AND k.attempts < k.max_attempts
-                              THEN 'pending' ELSE 'dead' END,
-                 next_at = COALESCE($5, k.next_at), last_error = $6, owner = NULL,
-                 lease_until = NULL, updated_at = t.now
-             FROM t
-             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
-             RETURNING k.state, k.next_at"
-        );
-        let row = self
-            .query_opt(
-                &sql,
-                &[
-                    &self.offset(),
-                    &fence.id.0,
-                    &fence.owner,
-                    &attempt,
-                    &at.map(|a| a.0),
-                    &error,
-                ],
-            )
-            .await?
-            .ok_or_else(fenced)?;
-        let state: String = row.try_get(0).map_err(corrupt)?;
-        Ok(if state == "pending" {
-            Finished::Retrying(Timestamp(row.try_get(1).map_err(corrupt)?))
-        } else {
-            Finished::Dead
-        })
-    }
-
-    pub(super) async fn queue_get(&self, id: &TaskId) -> Result<Option<Task>> {
-        self.query_opt(
-            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"),
-            &[&id.0],
-        )
-        .await?
-        .map(|row| task_from_row(&row))
-        .transpose()
-    }
-
-    pub(super) async fn queue_list(
-        &self,
-        kind: &str,
-        state: Option<TaskState>,
-    ) -> Result<Vec<Task>> {
-        let state = state.map(|s| s.as_str());
-        let rows = self
-            .query(
-                &format!(
-                    "SELECT {TASK_COLUMNS} FROM tasks WHERE kind = $1 \
-                     AND ($2::text IS NULL OR state = $2) ORDER BY created_at, id"
-                ),
-                &[&kind, &state],
-            )
-            .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    pub(super) async fn queue_requeue(&self, id: &TaskId) -> Result<Task> {
-        let sql = format!(
-            "WITH t AS ({NOW})
-             UPDATE tasks k SET state = 'pending', attempts = 0, next_at = t.now,
-                 updated_at = t.now
-             FROM t WHERE k.id = $2 AND k.state = 'dead'
-             RETURNING {cols}",
-            cols = TASK_COLUMNS
-                .split(", ")
-                .map(|c| format!("k.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        if let Some(row) = self.query_opt(&sql, &[&self.offset(), &id.0]).await? {
-            return task_from_row(&row);
-        }
-        Err(match self.queue_get(id).await? {
-            None => TaskError::NotFound(id.clone()),
-            Some(t) => TaskError::WrongState {
-                id: id.clone(),
-                state: t.state,
-                action: "requeue",
-            },
-        }
-        .into())
-    }
-
-    pub(super) async fn queue_counts(&self, kind: &str) -> Result<TaskCounts> {
-        let rows = self
-            .query(
-                "SELECT state, count(*)::bigint FROM tasks WHERE kind = $1 GROUP BY state",
-                &[&kind],
-            )
-            .await?;
-        let mut counts = TaskCounts::default();
-        for row in rows {
-            let state: String = row.try_get(0).map_err(corrupt)?;
-            let n = row.try_get::<_, i64>(1).map_err(corrupt)?.max(0) as u64;
-            match state.parse::<TaskState>().map_err(StoreError::Corrupt)? {
-                TaskState::Pending => counts.pending = n,
-                TaskState::Running => counts.running = n,
-                TaskState::Dead => counts.dead = n,
-            }
-        }
-        Ok(counts)
     }
 }

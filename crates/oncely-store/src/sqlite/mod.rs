@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use oncely_core::record::{decide_claim, ClaimDecision};
 use oncely_core::{
     ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
     Timestamp, TransitionError,
@@ -34,11 +33,11 @@ use oncely_core::{
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 use crate::memory::usage_from_rows;
+use crate::plan::plan_claims;
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    new_record_id, Admin, Claim, Clock, Finished, Ledger, ListFilter, NewTask, ReconcileSchedule,
-    Repeat, RepeatEvents, Result, Store, StoreError, StoreOptions, Task, TaskCounts, TaskFence,
-    TaskId, TaskOutcome, TaskQueue, TaskState, Usage, Waiting,
+    new_record_id, Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat,
+    RepeatEvents, Result, Store, StoreError, StoreOptions, Usage, Waiting,
 };
 
 mod checkpoint;
@@ -334,36 +333,38 @@ fn claim_in(
     now: Timestamp,
     mono: Duration,
 ) -> Result<Applied<Claim>> {
-    // Most claims are of a new key: try the insert first (what `decide_claim` says for
-    // no row), and read the row only when one already holds the key. The single writer
+    // Most claims are of a new key: try the insert first (what the plan says for no
+    // row), and read the row only when one already holds the key. The single writer
     // (and `BEGIN IMMEDIATE` between processes) keeps the two steps one decision.
     let record = Record::new_claim(new_record_id(), spec, now);
     if rows::insert_new(conn, &record)? {
         leases::record_remaining(&record, mono);
         return Ok((Claim::Owned(record), None));
     }
-    let existing = rows::by_key(conn, &spec.scope, &spec.key)?;
-    let decision = decide_claim(existing.as_ref(), spec, now);
-    let claim = match (decision, existing) {
-        (ClaimDecision::Existing, Some(record)) => {
-            Claim::Existing(leases::as_observed(record, now, mono))
-        }
-        (ClaimDecision::Reclaim, Some(mut record)) => {
-            record.reclaim(ClaimDecision::Reclaim, new_record_id(), spec, now);
-            rows::update_state(conn, &record)?;
+    let Some(existing) = rows::by_key(conn, &spec.scope, &spec.key)? else {
+        return Err(StoreError::Unavailable(
+            "the insert of a claim met a row that is gone".into(),
+        ));
+    };
+    let plan = plan_claims(std::slice::from_ref(spec), None, now, |_, _| {
+        Ok(Some(existing.clone()))
+    })?;
+    let claim = match plan {
+        Err(record) => Claim::Existing(leases::as_observed(record, now, mono)),
+        Ok(mut records) => {
+            let (replaces, record) = records.pop().expect("a granted plan has a record");
+            match replaces {
+                // Reclaimed: the same row, attempt + 1.
+                Some(old) if old == record.id => rows::update_state(conn, &record)?,
+                // Renewed: a new intention under the key, with a new id and identity.
+                Some(old) => rows::update(conn, &old, &record)?,
+                None => {
+                    return Err(StoreError::Unavailable(
+                        "a claim planned an insert over a row".into(),
+                    ))
+                }
+            }
             Claim::Owned(record)
-        }
-        (decision, Some(mut record)) => {
-            // Renew: a new intention under the key, with a new id and identity.
-            let old_id = record.id.clone();
-            record.reclaim(decision, new_record_id(), spec, now);
-            rows::update(conn, &old_id, &record)?;
-            Claim::Owned(record)
-        }
-        (decision, None) => {
-            return Err(StoreError::Unavailable(format!(
-                "claim decided {decision:?} without a row"
-            )))
         }
     };
     if let Claim::Owned(record) = &claim {
@@ -564,63 +565,6 @@ impl Waiting for SqliteStore {
             self.get(id)
         })
         .await
-    }
-}
-
-#[async_trait]
-impl TaskQueue for SqliteStore {
-    async fn claim_with_task(
-        &self,
-        specs: &[ClaimSpec],
-        completion: Option<Completion>,
-        task: NewTask,
-    ) -> Result<Claim> {
-        self.queue_claim_with_task(specs, completion, task).await
-    }
-
-    async fn lease_tasks(
-        &self,
-        kind: &str,
-        owner: &str,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        self.queue_lease(kind, owner, max, lease).await
-    }
-
-    async fn lease_tasks_capped(
-        &self,
-        kind: &str,
-        owner: &str,
-        max_running: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>> {
-        self.queue_lease_capped(kind, owner, max_running, lease)
-            .await
-    }
-
-    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
-        self.queue_renew(fence, lease).await
-    }
-
-    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
-        self.queue_finish(fence, outcome).await
-    }
-
-    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
-        self.queue_get(id).await
-    }
-
-    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
-        self.queue_list(kind, state).await
-    }
-
-    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
-        self.queue_requeue(id).await
-    }
-
-    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
-        self.queue_counts(kind).await
     }
 }
 

@@ -7,6 +7,7 @@
 //! The moves themselves are the pure ones of [`crate::queue`]; whether a running task's
 //! lease lapsed is decided on the monotonic clock ([`super::leases`]).
 
+use async_trait::async_trait;
 use std::time::Duration;
 
 use oncely_core::{ClaimSpec, Completion, Timestamp};
@@ -14,11 +15,11 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{leases, rows, sql_error, SqliteStore};
-use crate::memory::plan_claims;
+use crate::plan::plan_claims;
 use crate::queue::{headers_from_json, headers_to_json};
 use crate::{
     Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError, TaskFence, TaskId,
-    TaskOutcome, TaskState,
+    TaskOutcome, TaskQueue, TaskState,
 };
 
 const COLUMNS: &str = "id, kind, record, target, method, headers, body, state, attempts, \
@@ -199,8 +200,9 @@ fn lease_due(
     Ok(leased)
 }
 
-impl SqliteStore {
-    pub(super) async fn queue_claim_with_task(
+#[async_trait]
+impl TaskQueue for SqliteStore {
+    async fn claim_with_task(
         &self,
         specs: &[ClaimSpec],
         completion: Option<Completion>,
@@ -244,7 +246,7 @@ impl SqliteStore {
             .await
     }
 
-    pub(super) async fn queue_lease(
+    async fn lease_tasks(
         &self,
         kind: &str,
         owner: &str,
@@ -263,7 +265,7 @@ impl SqliteStore {
 
     /// The count and the lease run in one writer turn, so no other lease (of this
     /// process, or of another one: `BEGIN IMMEDIATE`) comes between them.
-    pub(super) async fn queue_lease_capped(
+    async fn lease_tasks_capped(
         &self,
         kind: &str,
         owner: &str,
@@ -291,7 +293,7 @@ impl SqliteStore {
             .await
     }
 
-    pub(super) async fn queue_renew(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
+    async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
         let fence = fence.clone();
         let clock = self.clock.clone();
         self.writer
@@ -308,11 +310,7 @@ impl SqliteStore {
             .await
     }
 
-    pub(super) async fn queue_finish(
-        &self,
-        fence: &TaskFence,
-        outcome: TaskOutcome,
-    ) -> Result<Finished> {
+    async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
         let fence = fence.clone();
         self.writer
             .run(move |conn, now| {
@@ -334,16 +332,12 @@ impl SqliteStore {
             .await
     }
 
-    pub(super) async fn queue_get(&self, id: &TaskId) -> Result<Option<Task>> {
+    async fn get_task(&self, id: &TaskId) -> Result<Option<Task>> {
         let id = id.clone();
         self.read(move |conn| by_id(conn, &id)).await
     }
 
-    pub(super) async fn queue_list(
-        &self,
-        kind: &str,
-        state: Option<TaskState>,
-    ) -> Result<Vec<Task>> {
+    async fn list_tasks(&self, kind: &str, state: Option<TaskState>) -> Result<Vec<Task>> {
         let kind = kind.to_string();
         self.read(move |conn| {
             let state: Value = match state {
@@ -363,7 +357,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn queue_requeue(&self, id: &TaskId) -> Result<Task> {
+    async fn requeue_task(&self, id: &TaskId) -> Result<Task> {
         let id = id.clone();
         self.writer
             .run(move |conn, now| {
@@ -375,7 +369,7 @@ impl SqliteStore {
             .await
     }
 
-    pub(super) async fn queue_counts(&self, kind: &str) -> Result<TaskCounts> {
+    async fn task_counts(&self, kind: &str) -> Result<TaskCounts> {
         let kind = kind.to_string();
         self.read(move |conn| {
             let mut counts = TaskCounts::default();
