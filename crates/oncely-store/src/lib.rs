@@ -41,6 +41,7 @@ mod plan;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod queue;
+mod replays;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod waiters;

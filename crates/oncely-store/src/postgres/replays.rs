@@ -31,10 +31,9 @@ use std::time::{Duration, Instant};
 
 use oncely_core::{Record, Scope, Timestamp};
 
-/// Records with bodies larger than this are read from the database each time.
-const MAX_BODY: usize = 64 * 1024;
-/// At most this many records are kept; a full cache starts over.
-const MAX_RECORDS: usize = 16 * 1024;
+#[cfg(test)]
+use crate::replays::MAX_BODY;
+use crate::replays::{small_enough, MAX_RECORDS};
 /// An entry is read again from the database at least this often.
 pub(super) const MAX_AGE: Duration = Duration::from_secs(60);
 /// An entry counts as expired this long before its record does.
@@ -95,10 +94,7 @@ impl ReplayCache {
     /// Keeps `record` if it is completed, small and replayable at `db_now` (the
     /// database's time, with `offset`, when it was read).
     pub(super) fn offer(&self, record: &Record, db_now: i64, offset: i64) {
-        let small = record
-            .response
-            .as_ref()
-            .is_some_and(|r| r.body.as_ref().is_none_or(|b| b.len() <= MAX_BODY));
+        let small = small_enough(record);
         if !small || !record.is_replayable(Timestamp(db_now.saturating_add(MARGIN_MS))) {
             return;
         }

@@ -23,10 +23,9 @@ use std::sync::Mutex;
 
 use oncely_core::{Record, RecordId, Scope, Timestamp};
 
-/// Records with bodies larger than this are read from the file each time.
-const MAX_BODY: usize = 64 * 1024;
-/// At most this many records are kept; a full cache starts over.
-const MAX_RECORDS: usize = 16 * 1024;
+#[cfg(test)]
+use crate::replays::MAX_BODY;
+use crate::replays::{small_enough, MAX_RECORDS};
 
 #[derive(Debug, Default)]
 struct Entries {
@@ -59,10 +58,7 @@ impl ReplayCache {
 
     /// Keeps `record` if it is replayable and nothing was invalidated since `epoch`.
     pub(super) fn offer(&self, epoch: u64, record: &Record, now: Timestamp) {
-        let small = record
-            .response
-            .as_ref()
-            .is_some_and(|r| r.body.as_ref().is_none_or(|b| b.len() <= MAX_BODY));
+        let small = small_enough(record);
         if !small || !record.is_replayable(now) {
             return;
         }
