@@ -209,6 +209,28 @@ timeout = "20s"
     Gateway::start(&["--config", config.to_str().unwrap()], &[])
 }
 
+/// A paid server and a gateway in front of it, with its ledger in `dir`.
+struct Setup {
+    dir: tempfile::TempDir,
+    paid: Arc<PaidTools>,
+    port: u16,
+    gw: Gateway,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let (paid, port) = start_paid().await;
+        let gw = gateway(dir.path(), port);
+        Setup {
+            dir,
+            paid,
+            port,
+            gw,
+        }
+    }
+}
+
 /// A client of one revision and principal; `tasks`: it declares the extension (2026-07-28).
 #[derive(Clone, Copy)]
 struct Client<'a> {
@@ -373,9 +395,12 @@ async fn until_done(client: &Client<'_>, task_id: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_parameter_never_takes_a_guarded_call_around_the_guard() {
     let Some(py) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir: _dir,
+        paid,
+        port: _port,
+        gw,
+    } = Setup::start().await;
     let url = gw.url("/mcp");
     let mut items = Vec::new();
     for era in [LEGACY, MODERN] {
@@ -474,9 +499,12 @@ async fn no_member_a_call_carries_changes_whether_it_is_guarded() {
     if python().is_none() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir: _dir,
+        paid,
+        port: _port,
+        gw,
+    } = Setup::start().await;
     let url = gw.url("/mcp");
     // Every member a tools/call can carry besides its name and arguments, in each
     // revision's schema (`_meta` keys, progressToken, task), and members none defines.
@@ -582,9 +610,12 @@ async fn no_member_a_call_carries_changes_whether_it_is_guarded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuation_is_an_intention_and_an_input_request_is_never_stored() {
     let Some(py) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir,
+        paid,
+        port: _port,
+        gw,
+    } = Setup::start().await;
     let url = gw.url("/mcp");
     let client = Client {
         url: &url,
@@ -669,9 +700,12 @@ async fn a_continuation_is_an_intention_and_an_input_request_is_never_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_task_stays_failed_with_the_servers_own_error() {
     let Some(py) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir,
+        paid,
+        port,
+        gw,
+    } = Setup::start().await;
     let url = gw.url("/mcp");
     let alice = Client::modern(&url, ALICE);
     let mut items = Vec::new();
@@ -736,9 +770,12 @@ async fn a_failed_task_stays_failed_with_the_servers_own_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_requests_follow_the_extension() {
     let Some(py) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir: _dir,
+        paid,
+        port: _port,
+        gw,
+    } = Setup::start().await;
     let url = gw.url("/mcp");
     let alice = Client::modern(&url, ALICE);
     let mut items = Vec::new();
@@ -876,9 +913,12 @@ async fn the_typescript_sdk_and_node_see_one_execution_and_terminal_tasks() {
     if !node() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir: _dir,
+        paid,
+        port: _port,
+        gw,
+    } = Setup::start().await;
     let out = tokio::process::Command::new("node")
         .arg(mcp_tests().join("node/tasks.mjs"))
         .arg(gw.url("/mcp"))
@@ -952,9 +992,12 @@ async fn the_typescript_sdk_and_node_see_one_execution_and_terminal_tasks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_call_takes_its_workflow_id_as_an_http_route_does() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_paid, port) = start_paid().await;
-    let gw = gateway(dir.path(), port);
+    let Setup {
+        dir,
+        paid: _paid,
+        port: _port,
+        gw,
+    } = Setup::start().await;
     let url = gw.url("/mcp");
     let client = Client {
         url: &url,
