@@ -512,6 +512,18 @@ fn missing_driver(scheme: &str, feature: &str) -> StoreError {
     ))
 }
 
+/// A store URL without its password, for messages.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_owned()
+}
+
 /// A new record id: time-ordered, opaque.
 pub fn new_record_id() -> RecordId {
     RecordId(format!("rec_{}", uuid::Uuid::now_v7().simple()))
@@ -520,6 +532,16 @@ pub fn new_record_id() -> RecordId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(
+            redact_url("postgres://me:secret@db:5432/x"),
+            "postgres://me:***@db:5432/x"
+        );
+        assert_eq!(redact_url("postgres://me@db/x"), "postgres://me@db/x");
+        assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
+    }
 
     fn config_error(result: Result<Arc<dyn Store>>) -> String {
         match result {

@@ -37,8 +37,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 
-use crate::cli::{Failure, Outcome};
 use crate::config::{Config, Overrides};
+use crate::outcome::{Failure, Outcome};
 
 /// How long one render takes unless `--render-time` says otherwise.
 const DEFAULT_RENDER_TIME: Duration = Duration::from_secs(2);

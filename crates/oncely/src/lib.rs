@@ -12,12 +12,14 @@
 //! - [`operations`]: what an operator does to the ledger (resolutions, principal
 //!   filters), one home for the CLI, the admin API and the console.
 //! - [`logs`]: the tracing subscriber (text or one JSON object a line).
+//! - [`outcome`]: what every command returns (`Failure`, `Outcome`).
 
 pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod logs;
 pub mod operations;
+pub mod outcome;
 pub mod records;
 pub mod serve;
 pub mod statement;

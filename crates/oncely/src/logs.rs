@@ -23,7 +23,17 @@ use tracing_subscriber::fmt::FmtContext;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::LogFormat;
+use clap::ValueEnum;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// The target of the per-request log line (`oncely_http::request_log`'s).
 const REQUEST_TARGET: &str = oncely_http::request_log::TARGET;

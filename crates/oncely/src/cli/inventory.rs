@@ -22,9 +22,10 @@ use oncely_store::ListFilter;
 use oncely_tower::KeyMode;
 use serde_json::{json, Value};
 
-use super::store::{open_url, redact};
+use super::store::open_url;
 use super::{Failure, Outcome};
 use crate::config::{Config, McpEndpoint, Overrides, Route};
+use oncely_store::redact_url as redact;
 
 /// A completed call that took this long or longer is one an assistant has likely given
 /// up on: such a route should be a `job`.

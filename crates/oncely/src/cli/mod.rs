@@ -17,7 +17,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use store::redact as redact_store_url;
+pub use crate::logs::LogFormat;
+pub use crate::outcome::{Failure, Outcome};
+pub use crate::serve::args::ServeArgs;
 
 /// The gateway that makes expensive calls safe to repeat.
 #[derive(Debug, Parser)]
@@ -38,16 +40,6 @@ pub struct StoreArgs {
     /// A config file to take the store (and route settings) from.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-}
-
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// A ledger state, as `--status` takes it.
@@ -73,29 +65,6 @@ impl From<StatusArg> for oncely_core::State {
             StatusArg::Released => oncely_core::State::Released,
         }
     }
-}
-
-/// `oncely serve` arguments.
-#[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    /// The config file.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// The default upstream (without --config: guard every POST, PUT, PATCH and DELETE).
-    #[arg(long, value_name = "URL")]
-    pub upstream: Option<String>,
-    /// Gateway address (port 0 picks a free port; the first log line names it).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Admin API address.
-    #[arg(long, value_name = "ADDR")]
-    pub admin_listen: Option<String>,
-    /// The ledger.
-    #[arg(long, env = "ONCELY_STORE", value_name = "URL")]
-    pub store: Option<String>,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
 }
 
 /// The commands.
@@ -239,42 +208,6 @@ fn parse_duration_arg(text: &str) -> Result<std::time::Duration, String> {
 fn parse_header_arg(text: &str) -> Result<(String, String), String> {
     crate::operations::header_line(text)
 }
-
-/// A command's failure: what to print (one line) and the exit code.
-#[derive(Debug)]
-pub struct Failure {
-    /// The exit code.
-    pub code: u8,
-    /// The one-line reason.
-    pub message: String,
-}
-
-impl Failure {
-    /// A usage error (exit 2).
-    pub fn usage(message: impl std::fmt::Display) -> Failure {
-        Failure {
-            code: 2,
-            message: message.to_string(),
-        }
-    }
-
-    /// A runtime failure (exit 1).
-    pub fn runtime(message: impl std::fmt::Display) -> Failure {
-        Failure {
-            code: 1,
-            message: message.to_string(),
-        }
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Failure {
-        Failure::usage(format!("{e:#}"))
-    }
-}
-
-/// What a command returns.
-pub type Outcome = Result<(), Failure>;
 
 /// Parses the arguments, runs the command, and turns the outcome into an exit code.
 pub fn main() -> ExitCode {

@@ -40,48 +40,25 @@ pub(crate) async fn open_url(url: &str) -> Result<Arc<dyn Store>, Failure> {
         .await
         .map_err(|e| match e {
             StoreError::Config(m) => Failure::usage(m),
-            other => Failure::usage(format!("cannot open store {}: {other}", redact(url))),
+            other => Failure::usage(format!(
+                "cannot open store {}: {other}",
+                oncely_store::redact_url(url)
+            )),
         })
-}
-
-/// A store URL without its password, for messages.
-pub fn redact(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((userinfo, host)) = rest.split_once('@') {
-            if let Some((user, _)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
-        }
-    }
-    url.to_owned()
 }
 
 /// `oncely migrate`: opening a store creates or upgrades its schema.
 pub(crate) async fn migrate(args: &StoreArgs) -> Outcome {
     let ledger = open(args).await?;
-    ledger
-        .store
-        .ping()
-        .await
-        .map_err(|e| Failure::usage(format!("store {}: {e}", redact(&ledger.url))))?;
+    ledger.store.ping().await.map_err(|e| {
+        Failure::usage(format!(
+            "store {}: {e}",
+            oncely_store::redact_url(&ledger.url)
+        ))
+    })?;
     println!(
         "store {}: schema created or upgraded, up to date",
-        redact(&ledger.url)
+        oncely_store::redact_url(&ledger.url)
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(
-            redact("postgres://me:secret@db:5432/x"),
-            "postgres://me:***@db:5432/x"
-        );
-        assert_eq!(redact("postgres://me@db/x"), "postgres://me@db/x");
-        assert_eq!(redact("sqlite://a.db"), "sqlite://a.db");
-    }
 }

@@ -16,6 +16,7 @@
 //! to be recorded (`Guard::drain`), for at most `drain_timeout`, then returns.
 
 pub mod admin;
+pub mod args;
 pub mod console;
 pub mod job_key;
 pub mod mcp;
@@ -46,8 +47,9 @@ use oncely_tower::Guard;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::cli::{Failure, Outcome, ServeArgs};
 use crate::config::{Config, Overrides};
+use crate::outcome::{Failure, Outcome};
+use args::ServeArgs;
 use proxy::{ClientInfo, UpstreamClient};
 
 /// How often expired records are purged.
@@ -142,7 +144,7 @@ pub async fn run_reloading(
     };
     let store = oncely_store::open(&config.store, StoreOptions::default())
         .await
-        .with_context(|| format!("store {}", crate::cli::redact_store_url(&config.store)))?;
+        .with_context(|| format!("store {}", oncely_store::redact_url(&config.store)))?;
     let principal_key = crate::operations::principal_key(&*store)
         .await
         .context("reading the principal key from the store")?;
@@ -189,7 +191,7 @@ pub async fn run_reloading(
     let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!(
         "listening on {scheme}://{local} (admin http://{admin_local}), store {}",
-        crate::cli::redact_store_url(&config.store)
+        oncely_store::redact_url(&config.store)
     );
 
     // Trimmed, as the bearer value it is compared with is: a variable filled from a file
