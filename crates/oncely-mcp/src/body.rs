@@ -29,8 +29,9 @@ pin_project_lite::pin_project! {
     /// Passes a body through and hands each JSON-RPC message it carries to `edit`, which
     /// may change it: each SSE event as soon as it is complete (so a stream is never held
     /// back for more than one event), or a JSON body whole at its end (one message or a
-    /// batch). A message `edit` leaves alone goes out as it came; a JSON body over `limit`
-    /// bytes is passed through unread. This is how `tools/list` answers teach the catalog
+    /// batch). A JSON body `edit` leaves alone goes out as it came, and one over `limit`
+    /// bytes is passed through unread; an SSE event goes out again as its `id`, `event`
+    /// and `data` lines (comments and `retry` lines are not kept). This is how `tools/list` answers teach the catalog
     /// and `server/discover` answers learn oncely's own capabilities on their way through.
     pub(crate) struct Edit<B> {
         #[pin]

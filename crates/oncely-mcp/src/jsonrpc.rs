@@ -330,11 +330,13 @@ impl<'a> ToolCall<'a> {
         }
         let tool = request.params?.as_object()?.get("name")?.as_str()?;
         let params = member_text(text, "params")?;
+        // A continuation member that is `null` continues nothing: the plain call.
+        let present = |name| member_text(params, name).filter(|t| t.trim() != "null");
         Some(ToolCall {
             tool,
             arguments: member_text(params, "arguments"),
-            input_responses: member_text(params, "inputResponses"),
-            request_state: member_text(params, "requestState"),
+            input_responses: present("inputResponses"),
+            request_state: present("requestState"),
         })
     }
 
@@ -498,6 +500,7 @@ mod tests {
             r#""_meta":{"progressToken":7,"io.modelcontextprotocol/clientCapabilities":{}}"#,
             r#""unknownMember":[1,2]"#,
             r#""task":null"#,
+            r#""requestState":null,"inputResponses":null"#,
         ] {
             let text = plain.replace(r#""name":"t""#, &format!(r#""name":"t",{extra}"#));
             assert_eq!(key(&text), Some(base), "{text}");

@@ -77,7 +77,8 @@ fn check_never_unguarded(text: &str) {
     let read = jsonrpc::ToolCall::read(&value, &call).expect("a guarded call with members added is still a tool call");
     assert_eq!(read.tool, "pay", "another tool: {call}");
     assert_eq!(read.arguments, Some(arguments), "other arguments: {call}");
-    let continuation = extra.contains_key("inputResponses") || extra.contains_key("requestState");
+    let continues = |name: &str| extra.get(name).is_some_and(|v| !v.is_null());
+    let continuation = continues("inputResponses") || continues("requestState");
     assert_eq!(read.is_continuation(), continuation);
     if !continuation {
         assert_eq!(read.fingerprint("principal", "/mcp"), key, "a member changed the key: {call}");
