@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod args;
+pub mod client;
 pub mod console;
 pub mod job_key;
 pub mod mcp;

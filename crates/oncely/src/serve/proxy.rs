@@ -11,11 +11,10 @@
 //! `https://` upstreams are verified against the system's root certificates, plus the
 //! PEM file named by the config's `upstream_ca` or the environment variable
 //! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests): the one upstream
-//! client, `oncely_http::client`.
+//! client, `oncely_http::client`, wrapped in [`super::client`].
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -24,7 +23,6 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use oncely_http::client::{error_chain, ClientOptions};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -34,35 +32,7 @@ use crate::config::Upstream;
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
 pub use oncely_http::client::EXTRA_CA_ENV;
 
-/// The pooled HTTP/HTTPS client every upstream call goes through (`oncely_http::client`).
-#[derive(Clone, Debug)]
-pub struct UpstreamClient {
-    client: oncely_http::client::UpstreamClient<BoxBody>,
-}
-
-impl UpstreamClient {
-    /// A client trusting the system's roots, plus `extra_ca` and `$ONCELY_EXTRA_CA_FILE`.
-    pub fn new(extra_ca: Option<&Path>) -> anyhow::Result<UpstreamClient> {
-        let options = ClientOptions::with_extra_ca(extra_ca);
-        let client = oncely_http::client::upstream_client(&options)?;
-        Ok(UpstreamClient { client })
-    }
-
-    /// Sends one request; connect failures are [`UpstreamError::BeforeSend`].
-    pub async fn send(
-        &self,
-        req: Request<BoxBody>,
-    ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
-        self.client.request(req).await.map_err(|e| {
-            let text = error_chain(&e);
-            if e.is_connect() {
-                UpstreamError::BeforeSend(text)
-            } else {
-                UpstreamError::AfterSend(text)
-            }
-        })
-    }
-}
+pub use super::client::UpstreamClient;
 
 /// Who the client is, put on each request by the connection that received it.
 #[derive(Debug, Clone, Copy)]

@@ -33,7 +33,7 @@ use oncely_core::{backoff, Class};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::time::Instant;
 
-use super::proxy::UpstreamClient;
+use super::client::UpstreamClient;
 use crate::config::Route;
 
 /// The longest pause before one retry (a route's `timeout` cuts retries sooner).
