@@ -285,3 +285,63 @@ where
         self.ended || self.inner.is_end_stream()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads `chunks` through an [`Edit`] that marks the response to id 1.
+    async fn edited(chunks: &[&str], is_sse: bool, limit: usize) -> String {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from(c.to_string()))))
+            .collect();
+        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let edit: EditFn = Box::new(|m: &mut serde_json::Value| {
+            if m.get("id") != Some(&serde_json::json!(1)) {
+                return false;
+            }
+            m["result"]["edited"] = true.into();
+            true
+        });
+        let out = Edit::new(body, is_sse, limit, edit)
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn edits_the_named_response_in_a_stream_a_batch_and_a_body() {
+        // An event split across chunks, a notification left alone, then the response.
+        let sse = edited(
+            &[
+                "event: message\nid: 7\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\ndata: {\"id\":",
+                "1,\"result\":{}}\n\n",
+            ],
+            true,
+            1 << 20,
+        )
+        .await;
+        assert_eq!(
+            sse,
+            "id: 7\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\n\
+             data: {\"id\":1,\"result\":{\"edited\":true}}\n\n"
+        );
+        let batch = edited(
+            &[r#"[{"id":2,"result":{}},"#, r#"{"id":1,"result":{}}]"#],
+            false,
+            1 << 20,
+        )
+        .await;
+        let v: serde_json::Value = serde_json::from_str(&batch).unwrap();
+        assert_eq!(v[1]["result"]["edited"], true);
+        assert!(v[0]["result"].get("edited").is_none());
+        // Untouched JSON goes out byte for byte; one over the limit passes unread.
+        let other = r#"{ "id" : 2, "result": {"n": 1.50} }"#;
+        assert_eq!(edited(&[other], false, 1 << 20).await, other);
+        let big = r#"{"id":1,"result":{}}"#;
+        assert_eq!(edited(&[&big[..8], &big[8..]], false, 10).await, big);
+    }
+}

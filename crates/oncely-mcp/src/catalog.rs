@@ -8,7 +8,6 @@ use std::sync::RwLock;
 use serde_json::Value;
 
 use crate::config::ToolSelection;
-use crate::sse;
 
 /// The tools seen so far, by name: whether each is annotated `readOnlyHint: true`.
 #[derive(Debug, Default)]
@@ -38,30 +37,6 @@ impl ToolCatalog {
             }
         }
         tools.len()
-    }
-
-    /// Learns from a whole `tools/list` answer body (JSON or SSE; one message or a batch).
-    pub fn observe_body(&self, body: &[u8]) {
-        let mut messages = Vec::new();
-        match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Array(items)) => messages.extend(items),
-            Ok(v) => messages.push(v),
-            Err(_) => {
-                let mut parser = sse::Parser::new(body.len() + 1);
-                let mut events = parser.feed(body);
-                events.extend(parser.feed(b"\n\n"));
-                for e in events {
-                    if let Ok(v) = serde_json::from_str::<Value>(&e.data) {
-                        messages.push(v);
-                    }
-                }
-            }
-        }
-        for m in messages {
-            if let Some(result) = m.get("result") {
-                self.observe_list(result);
-            }
-        }
     }
 
     /// Whether `name` is known to be read-only.
@@ -104,11 +79,7 @@ mod tests {
         let c = ToolCatalog::new();
         let all = ToolSelection::AllButReadOnly;
         assert!(c.is_guarded(&all, "render"), "an unlisted tool is guarded");
-        let body = br#"event: message
-data: {"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"render"},{"name":"balance","annotations":{"readOnlyHint":true}}]}}
-
-"#;
-        c.observe_body(body);
+        c.observe_list(&json!({"tools":[{"name":"render"},{"name":"balance","annotations":{"readOnlyHint":true}}]}));
         assert!(c.is_guarded(&all, "render"));
         assert!(!c.is_guarded(&all, "balance"));
         let named = ToolSelection::Named(vec!["balance".into(), "render".into()]);

@@ -983,17 +983,14 @@ impl Inner {
             return task_not_found(id, "Task not found");
         };
         let store = self.guard.store();
-        let read = tokio::time::timeout(oncely_tower::STORE_ANSWER, store.get(&record_id)).await;
-        let record = match read.map_err(|_| "the ledger did not answer in time".to_string()) {
-            Ok(Ok(Some(record))) => record,
-            Ok(Ok(None)) => return task_not_found(id, "Task not found"),
-            Ok(Err(e)) => {
-                tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: {method}");
-                return json_response(
-                    StatusCode::OK,
-                    &jsonrpc::error_message(id, -32603, "the ledger cannot be reached"),
-                );
-            }
+        let read =
+            match tokio::time::timeout(oncely_tower::STORE_ANSWER, store.get(&record_id)).await {
+                Ok(read) => read.map_err(|e| e.to_string()),
+                Err(_) => Err("the ledger did not answer in time".to_string()),
+            };
+        let record = match read {
+            Ok(Some(record)) => record,
+            Ok(None) => return task_not_found(id, "Task not found"),
             Err(e) => {
                 tracing::error!(route = %self.config.path, error = %e, "ledger unavailable: {method}");
                 return json_response(
@@ -1093,7 +1090,7 @@ impl Inner {
                      for every caller with these arguments: poll tasks/get for its result. \
                      tasks/cancel never cancels the shared execution."
                 ),
-                record.updated_at,
+                record.updated_at.to_rfc3339(),
             ),
             TaskStatus::Unknown => (
                 "working",
@@ -1103,33 +1100,27 @@ impl Inner {
                      reconciles it (`oncely ledger resolve {}`), then this task ends.",
                     record.id
                 ),
-                record.updated_at,
+                record.updated_at.to_rfc3339(),
             ),
             TaskStatus::Completed => (
                 "completed",
                 format!("The call of `{tool}` completed."),
-                record.completed_at.unwrap_or(record.updated_at),
+                record
+                    .completed_at
+                    .unwrap_or(record.updated_at)
+                    .to_rfc3339(),
             ),
             TaskStatus::Failed(failure) => {
-                let code = failure
-                    .error
-                    .get("code")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(-32603);
-                let at = &failure.at;
-                let task = tasks::task(
-                    &tasks::task_id(&record.id, attempt),
+                let code = failure.error.get("code").and_then(Value::as_i64);
+                (
                     "failed",
-                    &format!(
-                        "The call of `{tool}` failed with JSON-RPC error {code}; nothing was \
-                         stored, so calling it again runs it again (as a new task)."
+                    format!(
+                        "The call of `{tool}` failed with JSON-RPC error {}; nothing was \
+                         stored, so calling it again runs it again (as a new task).",
+                        code.unwrap_or(-32603)
                     ),
-                    &started,
-                    at,
-                    self.task_ttl_ms(),
-                    self.task_poll_ms(),
-                );
-                return task;
+                    failure.at.clone(),
+                )
             }
         };
         tasks::task(
@@ -1137,7 +1128,7 @@ impl Inner {
             name,
             &message,
             &started,
-            &updated.to_rfc3339(),
+            &updated,
             self.task_ttl_ms(),
             self.task_poll_ms(),
         )
@@ -1324,7 +1315,7 @@ fn owner_call(
           -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
         // The derived downstream key reaches the server, so that it can deduplicate too.
         let bytes = forwarded_call(&bytes, downstream.as_str());
-        let attempt = (claimed.attempt, History::of(claimed));
+        let (attempt, history) = (claimed.attempt, History::of(claimed));
         let mut req = me.upstream_request(&parts, bytes);
         let span = parent.map(|p| p.upstream_call(req.headers_mut(), &parts.method));
         async move {
@@ -1355,6 +1346,7 @@ fn owner_call(
                 UpstreamAnswer::new(parts.status, headers, body).with_classifier(classifier(
                     id,
                     attempt,
+                    history,
                     owner_tracked,
                 )),
             )
@@ -1366,11 +1358,10 @@ fn owner_call(
 /// What the ledger keeps of a guarded call's answer, decided once the owner task has read
 /// it whole: the `result` for `id` (stored as a JSON body), or nothing (released) for an
 /// HTTP error, a JSON-RPC error, an `input_required` result, or no response at all.
-/// `attempt` is the claimed attempt and the failures of earlier ones, carried on in the
-/// record (see [`crate::tasks`]). `tracked` keeps the call's cancellations dropped until
-/// the owner task is done with it.
-fn classifier(id: Value, attempt: (u32, History), tracked: Tracked) -> Classifier {
-    let (attempt, history) = attempt;
+/// `attempt` is the claimed attempt and `history` the failures of earlier ones, carried on
+/// in the record (see [`crate::tasks`]). `tracked` keeps the call's cancellations dropped
+/// until the owner task is done with it.
+fn classifier(id: Value, attempt: u32, history: History, tracked: Tracked) -> Classifier {
     Box::new(move |status, headers, body| {
         let _tracked = tracked;
         let failed = |reason: String, error: Value| {

@@ -248,30 +248,23 @@ fn with_member(members: &[(String, &str)], name: &str, value: &str) -> String {
     out
 }
 
-/// The request `message` with `params._meta[key] = value` (as [`set_meta`] would set it),
-/// every other part as it was written, so that numbers reach the server with all their
-/// digits; `None` when `message` is not a JSON object with object `params`.
-pub fn with_params_meta(message: &str, key: &str, value: &str) -> Option<String> {
-    rewrite_params(message, key, value, &[])
-}
-
-/// A guarded `tools/call` as it is forwarded: [`with_params_meta`] with the downstream
-/// key, and without [`TASK_PARAM`] (so that the server runs it as a plain call).
+/// A guarded `tools/call` as it is forwarded: `params._meta["dev.oncely/idempotency-key"]
+/// = key` (as [`set_meta`] would set it) and no [`TASK_PARAM`] (so that the server runs
+/// it as a plain call), every other part as it was written, so that numbers reach the
+/// server with all their digits; `None` when `message` is not a JSON object with object
+/// `params`.
 pub fn forwarded_call(message: &str, key: &str) -> Option<String> {
-    rewrite_params(message, IDEMPOTENCY_KEY_META, key, &[TASK_PARAM])
-}
-
-fn rewrite_params(message: &str, key: &str, value: &str, drop: &[&str]) -> Option<String> {
     let outer = members(message)?;
     let mut params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
-    params.retain(|(k, _)| !drop.contains(&k.as_str()));
+    params.retain(|(k, _)| k != TASK_PARAM);
     let meta = params
         .iter()
         .rev()
         .find(|(k, _)| k == "_meta")
         .and_then(|(_, m)| members(m))
         .unwrap_or_default();
-    let meta = with_member(&meta, key, &Value::String(value.to_string()).to_string());
+    let key = Value::String(key.to_string()).to_string();
+    let meta = with_member(&meta, IDEMPOTENCY_KEY_META, &key);
     let params = with_member(&params, "_meta", &meta);
     Some(with_member(&outer, "params", &params))
 }
@@ -421,18 +414,18 @@ mod tests {
         );
         assert_eq!(arguments_text(r#"{"params":[1]}"#), None);
         assert_eq!(arguments_text("[1]"), None);
-        let keyed = with_params_meta(msg, IDEMPOTENCY_KEY_META, "k1").unwrap();
+        let keyed = forwarded_call(msg, "k1").unwrap();
         assert_eq!(arguments_text(&keyed), arguments_text(msg));
         let v: Value = serde_json::from_str(&keyed).unwrap();
         assert_eq!(v["params"]["_meta"][IDEMPOTENCY_KEY_META], "k1");
         assert_eq!(v["method"], "tools/call");
         let with_meta = r#"{"params":{"_meta":{"a":1,"dev.oncely/idempotency-key":"old"}}}"#;
-        let keyed = with_params_meta(with_meta, IDEMPOTENCY_KEY_META, "new").unwrap();
+        let keyed = forwarded_call(with_meta, "new").unwrap();
         assert_eq!(
             keyed,
             r#"{"params":{"_meta":{"a":1,"dev.oncely/idempotency-key":"new"}}}"#
         );
-        assert_eq!(with_params_meta(r#"{"params":1}"#, "k", "v"), None);
+        assert_eq!(forwarded_call(r#"{"params":1}"#, "k"), None);
         assert_eq!(
             batch_texts(r#"[ {"a": 1.0} , 2 ]"#),
             Some(vec![r#"{"a": 1.0}"#, "2"])
@@ -467,7 +460,7 @@ mod tests {
             call_fingerprint("p", "/mcp", "t", arguments_text(text)),
             call_fingerprint("p", "/mcp", "t", Some(r#"{"x":1e401}"#))
         );
-        let keyed = with_params_meta(text, IDEMPOTENCY_KEY_META, "k").unwrap();
+        let keyed = forwarded_call(text, "k").unwrap();
         assert!(keyed.contains(r#""arguments":{"x":1e400}"#), "{keyed}");
         assert_eq!(
             batch_texts("[1e400, {\"a\":-1E-400}]"),

@@ -4,7 +4,8 @@
 //! root). The input is read as a message (or a batch), and again as the `arguments` of a
 //! `tools/call`. Nothing may panic; `jsonrpc::parse` reads what `serde_json` reads, the
 //! same way, and all other JSON `oncely_core::canon` reads; a message that parses
-//! re-serialises to text that parses to the same message; the raw texts oncely reads (batch items, `arguments`) are
+//! re-serialises to text that parses to the same message; forwarding a call changes only
+//! `params._meta` and `task`; the raw texts oncely reads (batch items, `arguments`) are
 //! exactly the parts the parsed message holds; `oncely_core::canon` accepts every
 //! `arguments` text `serde_json` accepts; and the fingerprint of arguments equals the
 //! fingerprint of the same arguments re-spelled (white space, member order, number,
@@ -133,14 +134,17 @@ fn check_item(text: &str, value: &Value) {
     let _ = jsonrpc::as_notification(value);
     let _ = jsonrpc::cancelled_request_id(value);
     let arguments = jsonrpc::arguments_text(text);
-    let keyed = jsonrpc::with_params_meta(text, jsonrpc::IDEMPOTENCY_KEY_META, "k\u{e9}y\"");
+    let keyed = jsonrpc::forwarded_call(text, "k\u{e9}y\"");
     let mut expected_keyed = value.clone();
     match expected_keyed.get_mut("params").filter(|p| p.is_object()) {
         Some(params) => {
+            if let Some(p) = params.as_object_mut() {
+                p.remove(jsonrpc::TASK_PARAM);
+            }
             jsonrpc::set_meta(params, jsonrpc::IDEMPOTENCY_KEY_META, "k\u{e9}y\"".into());
             let keyed = keyed.expect("a request with object params takes a key");
             let read = jsonrpc::parse(keyed.as_bytes()).expect("a keyed message parses");
-            assert_eq!(read, expected_keyed, "the key changed more than _meta");
+            assert_eq!(read, expected_keyed, "forwarding changed more than _meta and task");
             assert_eq!(
                 jsonrpc::arguments_text(&keyed),
                 arguments,
