@@ -41,6 +41,9 @@ pub const INVALID_PARAMS: i64 = -32602;
 /// The stored header of a completed record that carries its earlier failed attempts.
 pub const HISTORY_HEADER: &str = "oncely-task-history";
 
+/// Most failed attempts a record's task history keeps.
+pub const MAX_HISTORY: usize = 32;
+
 /// What follows the reason in the `last_error` of a record whose attempt failed.
 const HISTORY_MARK: &str = "\ntask history: ";
 
@@ -161,8 +164,14 @@ impl History {
         }
     }
 
-    /// This history with `attempt` failed with `error` now.
+    /// This history with `attempt` failed with `error` now. At most [`MAX_HISTORY`]
+    /// attempts are kept (the oldest go first), so that a call failing again and again
+    /// within its window cannot grow its record without bound; the task of an attempt
+    /// that was dropped reads `failed` with -32603.
     pub fn with(mut self, attempt: u32, error: Value) -> History {
+        while self.0.len() >= MAX_HISTORY {
+            self.0.pop_first();
+        }
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -333,6 +342,16 @@ mod tests {
         });
         assert_eq!(History::of(&record).0[&1].error, error);
         assert_eq!(History::default().reason("x"), "x");
+        let mut long = History::default();
+        for n in 1..=40 {
+            long = long.with(n, json!({"code": n}));
+        }
+        assert_eq!(long.0.len(), MAX_HISTORY);
+        assert_eq!(
+            long.0.keys().next(),
+            Some(&9),
+            "the oldest attempts go first"
+        );
     }
 
     fn sample() -> Record {
