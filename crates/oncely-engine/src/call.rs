@@ -142,6 +142,12 @@ pub struct GuardedCall {
     /// End the caller's body before the completion is durable (the route's `answer =
     /// "before_record"`); by default it ends after.
     pub answer_before_record: bool,
+    /// The route's upstream slots (its `concurrency`), when it has a limit. The owner
+    /// takes one before it sends and holds it until the answer is read. While it waits
+    /// for one, `timeout` measures the wait: a call still waiting when it runs out was
+    /// never sent, so its record is released and the caller is told the upstream is
+    /// busy; once a slot is taken, the upstream gets its whole `timeout`.
+    pub slots: Option<std::sync::Arc<tokio::sync::Semaphore>>,
 }
 
 /// The answer of a call this request owned and executed now.

@@ -177,8 +177,8 @@ impl Engine {
                 let spec = spec.clone();
                 async move {
                     match store.claim(&spec).await? {
-                        Claim::Owned(r) => Ok(Step::Owned(r)),
-                        Claim::Existing(r) => Ok(Step::Other(r)),
+                        Claim::Owned(r) => Ok(Claimed::Owned(r)),
+                        Claim::Existing(r) => Ok(Claimed::Other(r)),
                     }
                 }
                 .boxed()
@@ -227,8 +227,8 @@ impl Engine {
                             let (owner, lease) = (spec.owner.clone(), call.lease);
                             async move {
                                 match store.take_over(&id, attempt, &owner, lease).await? {
-                                    TakeOverOutcome::Owned(r) => Ok(Step::Owned(r)),
-                                    TakeOverOutcome::OutcomeUnknown(r) => Ok(Step::Other(r)),
+                                    TakeOverOutcome::Owned(r) => Ok(Claimed::Owned(r)),
+                                    TakeOverOutcome::OutcomeUnknown(r) => Ok(Claimed::Other(r)),
                                 }
                             }
                             .boxed()
@@ -363,7 +363,7 @@ impl Engine {
         &self,
         call: &GuardedCall,
         run: F,
-        op: BoxFuture<'static, Result<Step, StoreError>>,
+        op: BoxFuture<'static, Result<Claimed, StoreError>>,
     ) -> Detached<H, F>
     where
         H: Send + 'static,
@@ -377,15 +377,15 @@ impl Engine {
         let task = tokio::spawn(async move {
             let mut op = op;
             let record = match tokio::time::timeout(owner::STORE_ANSWER, &mut op).await {
-                Ok(Ok(Step::Owned(record))) => record,
-                Ok(Ok(Step::Other(record))) => return Detached::Other(record, run),
+                Ok(Ok(Claimed::Owned(record))) => record,
+                Ok(Ok(Claimed::Other(record))) => return Detached::Other(record, run),
                 Ok(Err(e)) => return Detached::Failed(e, run),
                 Err(_) => {
                     // The caller is told the ledger is unavailable, so nothing may be sent
                     // for it. The claim may still land: then release it, unsent.
                     let window = call.window;
                     tokio::spawn(async move {
-                        let Ok(Step::Owned(record)) = op.await else {
+                        let Ok(Claimed::Owned(record)) = op.await else {
                             return;
                         };
                         let Some(fence) = record.fence() else {
@@ -473,7 +473,7 @@ impl Drop for ForgetWait<'_> {
 }
 
 /// What a claim or a take-over found.
-enum Step {
+enum Claimed {
     /// This call owns the record now.
     Owned(Record),
     /// Someone else's record (an existing one; for a take-over, an `outcome_unknown`).
@@ -535,7 +535,62 @@ mod tests {
             workflow_id: None,
             units: 3,
             answer_before_record: false,
+            slots: None,
         }
+    }
+
+    #[tokio::test]
+    async fn the_owner_holds_a_slot_and_a_call_that_finds_none_is_never_sent() {
+        let store = oncely_store::open("memory:", Default::default())
+            .await
+            .unwrap();
+        let guard = Engine::new(store.clone(), b"k".to_vec());
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let upstream = |sent: Arc<std::sync::atomic::AtomicUsize>,
+                        slots: Arc<tokio::sync::Semaphore>| {
+            move |_: DownstreamKey, _: &Record| {
+                async move {
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    // The owner holds the route's one slot while its call runs.
+                    assert_eq!(slots.available_permits(), 0);
+                    Ok(UpstreamAnswer::new(200, (), full("done")))
+                }
+                .boxed()
+            }
+        };
+        let mut first = call("first");
+        first.slots = Some(slots.clone());
+        match guard
+            .execute(first, upstream(sent.clone(), slots.clone()))
+            .await
+        {
+            Execution::Fresh(f) => assert_eq!(read(f.body).await, b"done"),
+            other => panic!("expected a fresh answer, got {other:?}"),
+        }
+        assert_eq!(
+            slots.available_permits(),
+            1,
+            "the slot is free once the answer is read"
+        );
+
+        // Every slot taken for all of `timeout`: released, never sent, told busy.
+        let held = slots.clone().acquire_owned().await.unwrap();
+        let mut second = call("second");
+        second.slots = Some(slots.clone());
+        second.timeout = Duration::from_millis(100);
+        match guard
+            .execute(second, upstream(sent.clone(), slots.clone()))
+            .await
+        {
+            Execution::UpstreamFailed { record, failure } => {
+                assert_eq!(failure, UpstreamFailure::Busy);
+                assert_eq!(record.state, oncely_core::State::Released);
+            }
+            other => panic!("expected busy, got {other:?}"),
+        }
+        drop(held);
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     async fn run_with(guard: &Engine, key: &str, body: &'static str, classify: Classifier) {

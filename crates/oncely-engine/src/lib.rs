@@ -20,14 +20,12 @@
 //! - `owner` (private): the owner task.
 //! - `tally` (private): repeats counted in memory and written in sums.
 //! - `budget` (private): what answers in flight may hold.
-//! - `slot`: [`wait_for_slot`], how a sender tells the owner it waits for a slot.
 //! - [`stream`]: the body types, [`BodyStream`] in and [`CallerBody`] out.
 
 mod budget;
 pub mod call;
 pub mod engine;
 mod owner;
-mod slot;
 pub mod stream;
 mod tally;
 mod tasks;
@@ -38,7 +36,6 @@ pub use call::{
 };
 pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};
 pub use owner::STORE_ANSWER;
-pub use slot::{in_guarded_call, wait_for_slot};
 pub use stream::{BodyStream, CallerBody};
 pub use tally::REPEAT_FLUSH;
 pub use tasks::TaskToken;

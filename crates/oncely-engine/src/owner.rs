@@ -33,7 +33,6 @@ use crate::budget::{Budget, Reservation};
 use crate::call::{
     Classified, GuardedCall, Head, Upstream, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
-use crate::slot::{self, Phase, SendGate};
 use crate::stream::{CallerBody, FedChunk, Feed};
 use crate::tasks::TaskToken;
 use crate::BoxError;
@@ -191,23 +190,59 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
     let lease = Lease::start(store.clone(), fence.clone(), call.lease);
     let started = Instant::now();
     let mut deadline = tokio::time::Instant::now() + call.timeout;
-    let gate = SendGate::new();
-    let mut phase = gate.subscribe();
-    let mut upstream = Box::pin(slot::scope(gate.clone(), upstream));
-    let mut restarted = false;
-
-    let answer = loop {
-        tokio::select! {
-            r = timeout_at(deadline, &mut upstream) => break r,
-            // The wait for a slot is over: the upstream gets its whole timeout from now.
-            _ = phase.wait_for(|p| *p == Phase::Sending), if !restarted => {
-                restarted = true;
-                deadline = tokio::time::Instant::now() + call.timeout;
+    // One of the route's upstream slots, held until the answer is read. The wait for it
+    // is not an upstream call: it has `timeout` of its own, and the upstream gets its
+    // whole `timeout` from the moment a slot is taken.
+    let slot = match &call.slots {
+        None => None,
+        Some(slots) => match timeout_at(deadline, slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Some(permit),
+            Ok(Err(_closed)) => {
+                drop(upstream);
+                let why = "upstream unreachable: the route's concurrency limit is closed";
+                let record = settle(
+                    &*store,
+                    &record,
+                    &fence,
+                    Disposition::Release,
+                    why.to_string(),
+                    call.window,
+                )
+                .await;
+                let _ = head.send(Head::Failed {
+                    record: Box::new(record),
+                    failure: UpstreamFailure::Unreachable(why.to_string()),
+                });
+                return;
             }
-        }
+            Err(_elapsed) => {
+                drop(upstream);
+                // Still waiting for one of the route's slots: nothing was sent.
+                let why = format!(
+                    "no upstream slot of the route came free within {:?}; nothing was sent",
+                    call.timeout
+                );
+                let record = settle(
+                    &*store,
+                    &record,
+                    &fence,
+                    Disposition::Release,
+                    why,
+                    call.window,
+                )
+                .await;
+                let _ = head.send(Head::Failed {
+                    record: Box::new(record),
+                    failure: UpstreamFailure::Busy,
+                });
+                return;
+            }
+        },
     };
-    let queued = gate.phase() == Phase::Queued;
-    drop(upstream);
+    if slot.is_some() {
+        deadline = tokio::time::Instant::now() + call.timeout;
+    }
+    let answer = timeout_at(deadline, upstream).await;
     let answer = match answer {
         Ok(Ok(answer)) => answer,
         Ok(Err(UpstreamError::BeforeSend(msg))) => {
@@ -235,27 +270,6 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
             let _ = head.send(Head::Failed {
                 record: Box::new(record),
                 failure: UpstreamFailure::Lost(msg),
-            });
-            return;
-        }
-        Err(_elapsed) if queued => {
-            // Still waiting for one of the route's slots: nothing was sent.
-            let why = format!(
-                "no upstream slot of the route came free within {:?}; nothing was sent",
-                call.timeout
-            );
-            let record = settle(
-                &*store,
-                &record,
-                &fence,
-                Disposition::Release,
-                why,
-                call.window,
-            )
-            .await;
-            let _ = head.send(Head::Failed {
-                record: Box::new(record),
-                failure: UpstreamFailure::Busy,
             });
             return;
         }
@@ -354,6 +368,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         }
     }
     drop(body);
+    drop(slot);
     observe(started);
     if call.answer_before_record && lost.is_none() {
         // The whole answer was read: the caller's body ends now, before the record is.

@@ -24,7 +24,7 @@ use rustls::RootCertStore;
 pub const EXTRA_CA_ENV: &str = "ONCELY_EXTRA_CA_FILE";
 
 /// The pooled HTTP/HTTPS client, sending bodies of type `B`.
-pub type UpstreamClient<B> = Client<HttpsConnector<HttpConnector>, B>;
+pub type PooledClient<B> = Client<HttpsConnector<HttpConnector>, B>;
 
 /// Why a client could not be built: a CA file that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -145,7 +145,7 @@ pub fn root_store(options: &ClientOptions) -> Result<RootCertStore, ClientError>
 }
 
 /// The upstream client for `options`.
-pub fn upstream_client<B>(options: &ClientOptions) -> Result<UpstreamClient<B>, ClientError>
+pub fn upstream_client<B>(options: &ClientOptions) -> Result<PooledClient<B>, ClientError>
 where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
@@ -179,7 +179,7 @@ where
 /// The upstream client for `options`, or, when a CA file of them cannot be used, one
 /// without the CA files (logged as a warning): for callers that have no way to refuse to
 /// start.
-pub fn upstream_client_or_warn<B>(options: &ClientOptions) -> UpstreamClient<B>
+pub fn upstream_client_or_warn<B>(options: &ClientOptions) -> PooledClient<B>
 where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
@@ -222,7 +222,7 @@ mod tests {
             root_store(&with_ca).unwrap().len(),
             root_store(&plain).unwrap().len() + 1
         );
-        let _client: UpstreamClient<Full<Bytes>> = upstream_client(&with_ca).unwrap();
+        let _client: PooledClient<Full<Bytes>> = upstream_client(&with_ca).unwrap();
 
         let missing = dir.path().join("missing.pem");
         let err = upstream_client::<Full<Bytes>>(&ClientOptions {

@@ -57,6 +57,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The headers a request is forwarded with: no hop-by-hop header
+/// ([`strip_hop_by_hop`]), and no `Host` (the client sets the upstream's). A proxy that
+/// adds `Forwarded` reads the client's `Host` first.
+pub fn forwardable_request(headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+    headers.remove(header::HOST);
+}
+
+/// The headers of a request whose body is sent whole (read first, perhaps rewritten):
+/// its own `Content-Length`, and no `Transfer-Encoding`. A body streamed as it came keeps
+/// the client's `Content-Length` instead.
+pub fn sent_whole(headers: &mut HeaderMap, len: usize) {
+    headers.remove(header::TRANSFER_ENCODING);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+}
+
 /// Whether a stored answer keeps this header and a replay carries it.
 pub fn is_replayable(name: &str) -> bool {
     let name = name.to_ascii_lowercase();

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use http::Uri;
 use oncely_core::parse_duration;
-use oncely_tower::{MakePrincipal, MakeUnits, PrincipalSource, UnitsRule};
+use oncely_tower::{
+    Concurrency, MakePrincipal, MakeUnits, PrincipalSource, RoutePolicy, UnitsRule,
+};
 
 use crate::McpError;
 
@@ -112,6 +114,10 @@ pub struct McpConfig {
     /// ambiguous failure of one becomes `outcome_unknown` instead of being released.
     /// Default none (every guarded tool is `write`).
     pub actions: Vec<String>,
+    /// Most guarded tool calls in flight to the server from this endpoint: the owner of
+    /// each holds one of its slots for its upstream call (the gateway's `concurrency`).
+    /// Default unlimited.
+    pub concurrency: Option<Concurrency>,
 }
 
 impl McpConfig {
@@ -141,6 +147,7 @@ impl McpConfig {
             max_body: 10 << 20,
             max_response: 32 << 20,
             actions: Vec::new(),
+            concurrency: None,
         })
     }
 
@@ -194,6 +201,21 @@ impl McpConfig {
             }
         }
         Ok(self)
+    }
+
+    /// The policy a guarded call of `tool` runs under: its route, its class, the
+    /// endpoint's timings and slots (the key, principal and units are read by the
+    /// endpoint itself).
+    pub fn policy_of(&self, tool: &str) -> RoutePolicy {
+        let mut policy = RoutePolicy::new(self.route_of(tool), self.class_of(tool));
+        policy.window = self.window;
+        policy.wait = self.wait;
+        policy.lease = self.lease;
+        policy.timeout = self.timeout;
+        policy.max_body = self.max_body as u64;
+        policy.max_response = self.max_response as u64;
+        policy.concurrency = self.concurrency.clone();
+        policy
     }
 
     /// The ledger route of a tool on this endpoint, as `oncely ledger list --route` shows it.

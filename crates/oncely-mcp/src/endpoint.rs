@@ -57,20 +57,22 @@ use futures::FutureExt;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
-use http_body_util::{BodyExt, Full, Limited};
-use oncely_core::{DownstreamKey, Record, Scope, State, StoredResponse};
-use oncely_http::client::{error_chain, ClientOptions};
+use http_body_util::BodyExt;
+use oncely_core::{DownstreamKey, Record, State, StoredResponse};
+use oncely_http::client::ClientOptions;
 use oncely_http::problem::{
     Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS,
 };
 use oncely_http::request_log::{Counted, RequestLine};
+use oncely_tower::client::UpstreamClient;
 use oncely_tower::trace::{attr, Span};
 use oncely_tower::{
-    Classified, Classifier, Execution, Guard, GuardedCall, RequestHead, UpstreamAnswer,
-    UpstreamError, UpstreamFailure,
+    BoxBody, Classified, Classifier, Execution, Guard, GuardedCall, OwnerSend, RequestFacts,
+    RequestHead, UpstreamError, UpstreamFailure, UpstreamResponse,
 };
 use serde_json::{json, Value};
 use tokio::time::Instant;
+use tower::ServiceExt;
 
 use crate::body::{full, BreakAsEnd, Edit, EditFn, McpBody, UntilCancelled};
 use crate::catalog::ToolCatalog;
@@ -80,8 +82,14 @@ use crate::sse;
 use crate::tasks::{self, History, TaskStatus};
 use crate::{BoxError, McpError};
 
-/// The pooled HTTP/HTTPS client the endpoint forwards with (`oncely_http::client`).
-pub type UpstreamClient = oncely_http::client::UpstreamClient<Full<Bytes>>;
+/// Where an endpoint sends everything it forwards, guarded or not: a tower service from a
+/// request (its URI the MCP server's, its headers as the client sent them) to the
+/// server's answer. The gateway gives each endpoint a proxy of its own (the entry's
+/// `retries`, `Forwarded` and `X-Forwarded-*`); [`McpEndpoint::direct`] is the plain one.
+/// An error that is an [`UpstreamError`] tells "nothing was sent" from "it may have been";
+/// any other error counts as "it may have been".
+pub type McpUpstream =
+    tower::util::BoxCloneSyncService<Request<BoxBody>, Response<BoxBody>, BoxError>;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams
 /// (the gateway's proxy reads the same one).
@@ -126,7 +134,7 @@ impl std::fmt::Debug for McpEndpoint {
 struct Inner {
     config: McpConfig,
     guard: Arc<Guard>,
-    client: UpstreamClient,
+    upstream: McpUpstream,
     catalog: ToolCatalog,
     /// Guarded calls this endpoint is answering or running now, by (session, request id):
     /// their cancellations are dropped.
@@ -139,35 +147,28 @@ struct Inner {
 }
 
 impl McpEndpoint {
-    /// A pooled HTTP/1.1 client for `http://` and `https://` upstreams, trusting the
-    /// system's root certificates, plus the PEM certificates in `extra_ca` and in the file
-    /// `$ONCELY_EXTRA_CA_FILE` names (`oncely_http::client`, the gateway's one client).
-    pub fn client(extra_ca: Option<&Path>) -> Result<UpstreamClient, McpError> {
+    /// The plain upstream: a pooled HTTP/1.1 client for `http://` and `https://` MCP
+    /// servers, trusting the system's root certificates, plus the PEM certificates in
+    /// `extra_ca` and in the file `$ONCELY_EXTRA_CA_FILE` names (`oncely_tower::client`,
+    /// the gateway's one client), sending each request to its URI.
+    pub fn direct(extra_ca: Option<&Path>) -> Result<McpUpstream, McpError> {
         let options = ClientOptions {
             pool_idle_timeout: Some(Duration::from_secs(60)),
             ..ClientOptions::with_extra_ca(extra_ca)
         };
-        oncely_http::client::upstream_client(&options).map_err(|e| McpError::Config(e.to_string()))
-    }
-
-    /// A client trusting the system's roots (and `$ONCELY_EXTRA_CA_FILE`; when that file
-    /// cannot be used, it is left out with a warning).
-    pub fn default_client() -> UpstreamClient {
-        oncely_http::client::upstream_client_or_warn(&ClientOptions {
-            pool_idle_timeout: Some(Duration::from_secs(60)),
-            ..ClientOptions::default()
-        })
+        let client = UpstreamClient::new(&options).map_err(|e| McpError::Config(e.to_string()))?;
+        Ok(McpUpstream::new(client.direct()))
     }
 
     /// Builds the endpoint for `config`, guarding calls with `guard` (the gateway's one
-    /// engine: its ledger, its principal hashing, its owner tasks), forwarding with
-    /// `client`.
-    pub fn new(config: McpConfig, guard: Arc<Guard>, client: UpstreamClient) -> McpEndpoint {
+    /// engine: its ledger, its principal hashing, its owner tasks), sending upstream
+    /// through `upstream`.
+    pub fn new(config: McpConfig, guard: Arc<Guard>, upstream: McpUpstream) -> McpEndpoint {
         McpEndpoint {
             inner: Arc::new(Inner {
                 config,
                 guard,
-                client,
+                upstream,
                 catalog: ToolCatalog::new(),
                 guarded: Mutex::new(HashMap::new()),
                 owned: Mutex::new(HashMap::new()),
@@ -275,24 +276,11 @@ impl Inner {
         B::Error: Into<BoxError>,
     {
         let (parts, body) = req.into_parts();
-        let bytes = match Limited::new(body, self.config.max_body).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) => {
-                let too_large = e
-                    .downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some();
-                return if too_large {
-                    problem(
-                        ProblemCode::BodyTooLarge,
-                        "the request body is over max_body",
-                    )
-                } else {
-                    problem(
-                        ProblemCode::BodyUnreadable,
-                        "the request body could not be read",
-                    )
-                };
-            }
+        let bytes = match oncely_tower::read_body(body, &parts.headers, self.config.max_body as u64)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(p) => return p.into_response().map(|b| b.boxed()),
         };
         let session = header_str(&parts.headers, "mcp-session-id").map(str::to_string);
         if parts.method == Method::DELETE {
@@ -539,8 +527,11 @@ impl Inner {
         }
     }
 
-    /// The upstream request for `parts` with `body`.
-    fn upstream_request(&self, parts: &http::request::Parts, body: Bytes) -> Request<Full<Bytes>> {
+    /// The upstream request for `parts` with `body`: the server's URI with the client's
+    /// query, the client's headers (the upstream service drops what crosses one hop) and
+    /// extensions (who the client is, for `Forwarded`), and the length of `body`, which
+    /// is sent whole.
+    fn upstream_request(&self, parts: &http::request::Parts, body: Bytes) -> Request<BoxBody> {
         let base = &self.config.upstream;
         let path = base.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let pq = match parts.uri.query() {
@@ -554,10 +545,13 @@ impl Inner {
             .path_and_query(pq)
             .build()
             .unwrap_or_else(|_| base.clone());
-        let mut req = Request::new(Full::new(body));
+        let mut headers = parts.headers.clone();
+        oncely_http::headers::sent_whole(&mut headers, body.len());
+        let mut req = Request::new(full(body));
         *req.method_mut() = parts.method.clone();
         *req.uri_mut() = uri;
-        *req.headers_mut() = strip_hop_by_hop(&parts.headers);
+        *req.headers_mut() = headers;
+        *req.extensions_mut() = parts.extensions.clone();
         req
     }
 
@@ -570,7 +564,7 @@ impl Inner {
         edits: Vec<(Value, Answer)>,
     ) -> Response<McpBody> {
         let req = self.upstream_request(&parts, body);
-        let resp = match self.client.request(req).await {
+        let resp = match send(self.upstream.clone(), req).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(route = %self.config.path, error = %e, "upstream unreachable");
@@ -581,10 +575,8 @@ impl Inner {
             }
         };
         let (mut rparts, body) = resp.into_parts();
-        rparts.headers = strip_response_hop_by_hop(&rparts.headers);
-        let body = body.map_err(BoxError::from);
         let body: McpBody = if edits.is_empty() || !rparts.status.is_success() {
-            body.boxed()
+            body
         } else {
             let is_sse = header_str(&rparts.headers, "content-type")
                 .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
@@ -642,16 +634,6 @@ impl Inner {
         changed
     }
 
-    /// The principal's keyed hash (the gateway's [`Guard::principal_hash`], so one account
-    /// is one principal on HTTP routes and MCP endpoints alike), or `None` when the call is
-    /// not to be guarded.
-    fn principal(&self, parts: &http::request::Parts) -> Option<String> {
-        self.config
-            .principal
-            .make_principal(&RequestHead::of_parts(parts))
-            .map(|raw| self.guard.principal_hash(&raw))
-    }
-
     /// Reads a guarded call, or `None` when it is forwarded as it is.
     /// `text` is `message` as it was written.
     fn read_call(&self, parts: &http::request::Parts, message: &Value, text: &str) -> Option<Call> {
@@ -661,20 +643,20 @@ impl Inner {
         if !self.catalog.is_guarded(&self.config.tools, tool) {
             return None;
         }
-        let principal = self.principal(parts)?;
+        let head = RequestHead::of_parts(parts);
+        let policy = self.config.policy_of(tool);
+        // The principal's keyed hash is the gateway's (`Guard::principal_hash`), so one
+        // account is one principal on HTTP routes and MCP endpoints alike; a call that
+        // names none is forwarded as it is.
+        let facts = RequestFacts::read(&self.guard, &policy.name, &head, &*self.config.principal);
+        let principal = facts.principal?;
         // The units rule sees the call's arguments as the body (`{}` when absent).
         let arguments = read.arguments.unwrap_or("{}");
-        let units = self
-            .config
-            .units
-            .request_units(&RequestHead::of_parts(parts), arguments.as_bytes());
+        let units = self.config.units.request_units(&head, arguments.as_bytes());
         // The texts as written, not as `message` holds them: a parsed number is a double
         // once it is past 64 bits or has many digits.
         let fingerprint = read.fingerprint(&principal, &self.config.path);
-        let route = self.config.route_of(tool);
-        let span = self.guard.tracer().map(|tracer| {
-            let mut span = tracer.start_request(&parts.headers, route.clone());
-            span.set(attr::HTTP_METHOD, parts.method.as_str());
+        let span = facts.span.map(|mut span| {
             span.set(attr::TOOL, tool);
             span
         });
@@ -684,22 +666,7 @@ impl Inner {
             tool: tool.to_string(),
             modern: is_modern(&parts.headers),
             tasks: is_modern(&parts.headers) && tasks::declares_tasks(request.params),
-            guarded: GuardedCall {
-                scope: Scope::new(&principal, &route),
-                key: fingerprint.to_hex(),
-                fingerprint,
-                class: self.config.class_of(tool),
-                route,
-                principal,
-                window: self.config.window,
-                wait: self.config.wait,
-                lease: self.config.lease,
-                timeout: self.config.timeout,
-                max_response: self.config.max_response as u64,
-                workflow_id: oncely_tower::workflow_id(&parts.headers),
-                units,
-                answer_before_record: false,
-            },
+            guarded: policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units),
         })
     }
 
@@ -863,7 +830,7 @@ impl Inner {
         F: FnOnce(
                 DownstreamKey,
                 &Record,
-            ) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            ) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
             + Send
             + 'static,
     {
@@ -979,7 +946,13 @@ impl Inner {
         let Some((record_id, attempt)) = tasks::parse_task_id(&task_id) else {
             return self.forward_task_request(parts, bytes, id.clone()).await;
         };
-        let Some(principal) = self.principal(&parts) else {
+        // Only the principal whose call it is reads a task.
+        let principal = self
+            .config
+            .principal
+            .make_principal(&RequestHead::of_parts(&parts))
+            .map(|raw| self.guard.principal_hash(&raw));
+        let Some(principal) = principal else {
             return task_not_found(id, "Task not found");
         };
         let store = self.guard.store();
@@ -1306,20 +1279,22 @@ fn owner_call(
     id: Value,
     parent: Option<oncely_tower::trace::SpanParent>,
     owner_tracked: Tracked,
-) -> impl FnOnce(DownstreamKey, &Record) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+) -> impl FnOnce(DownstreamKey, &Record) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
        + Send
        + 'static {
-    let client = me.client.clone();
+    let upstream = me.upstream.clone();
     move |downstream: DownstreamKey,
           claimed: &Record|
-          -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+          -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>> {
         // The derived downstream key reaches the server, so that it can deduplicate too.
         let bytes = forwarded_call(&bytes, downstream.as_str());
         let (attempt, history) = (claimed.attempt, History::of(claimed));
         let mut req = me.upstream_request(&parts, bytes);
+        // The owner holds the endpoint's slot and times the call: the upstream does neither.
+        req.extensions_mut().insert(OwnerSend);
         let span = parent.map(|p| p.upstream_call(req.headers_mut(), &parts.method));
         async move {
-            let resp = match client.request(req).await {
+            let resp = match send(upstream, req).await {
                 Ok(resp) => {
                     if let Some(span) = span {
                         span.answered(resp.status().as_u16());
@@ -1327,32 +1302,31 @@ fn owner_call(
                     resp
                 }
                 Err(e) => {
-                    let text = error_chain(&e);
+                    let e = oncely_tower::upstream_error(e);
                     if let Some(span) = span {
-                        span.failed(text.clone());
+                        span.failed(e.to_string());
                     }
-                    return Err(if e.is_connect() {
-                        UpstreamError::BeforeSend(text)
-                    } else {
-                        UpstreamError::AfterSend(text)
-                    });
+                    return Err(e);
                 }
             };
             let (parts, body) = resp.into_parts();
-            let headers = strip_response_hop_by_hop(&parts.headers);
             // A break-off after the answer began is a stream end: never a release.
             let body = BreakAsEnd::new(body).map_err(BoxError::from).boxed();
-            Ok(
-                UpstreamAnswer::new(parts.status, headers, body).with_classifier(classifier(
-                    id,
-                    attempt,
-                    history,
-                    owner_tracked,
-                )),
-            )
+            Ok(UpstreamResponse::new(parts.status, parts.headers, body)
+                .with_classifier(classifier(id, attempt, history, owner_tracked)))
         }
         .boxed()
     }
+}
+
+/// `req` sent through `upstream`. A boxed future, not an `async` block holding the
+/// service's: rustc cannot prove that one `Send` for every lifetime of the boxed error
+/// type (rust-lang/rust#64552).
+fn send(
+    upstream: McpUpstream,
+    req: Request<BoxBody>,
+) -> BoxFuture<'static, Result<Response<BoxBody>, BoxError>> {
+    Box::pin(upstream.oneshot(req))
 }
 
 /// What the ledger keeps of a guarded call's answer, decided once the owner task has read
@@ -1633,24 +1607,6 @@ fn header_mismatch(headers: &HeaderMap, message: &Value, name: (&str, &str)) -> 
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// The headers a request is forwarded with: none that cross only one hop (the one policy
-/// of `oncely_http::headers`, including what `Connection` names), and no `Host` or
-/// `Content-Length` (the client sets its own).
-fn strip_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
-    let mut out = headers.clone();
-    oncely_http::headers::strip_hop_by_hop(&mut out);
-    out.remove(http::header::HOST);
-    out.remove(http::header::CONTENT_LENGTH);
-    out
-}
-
-/// The headers an answer is passed back with: none that cross only one hop.
-fn strip_response_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
-    let mut out = headers.clone();
-    oncely_http::headers::strip_hop_by_hop(&mut out);
-    out
 }
 
 fn mark(headers: &mut HeaderMap, status: &str, record: &Record) {

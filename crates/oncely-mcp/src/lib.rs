@@ -39,7 +39,7 @@
 //! let store = oncely_store::open("sqlite://oncely.db", Default::default()).await?;
 //! let guard = Arc::new(oncely_tower::Guard::new(store, b"principal key".to_vec()));
 //! let config = McpConfig::new("/mcp", "http://127.0.0.1:3001/mcp")?;
-//! let endpoint = McpEndpoint::new(config, guard, McpEndpoint::client(None)?);
+//! let endpoint = McpEndpoint::new(config, guard, McpEndpoint::direct(None)?);
 //! // `endpoint` is a tower `Service<http::Request<B>>`; mount it at `/mcp`.
 //! # let _ = endpoint; Ok(()) }
 //! ```
@@ -57,7 +57,7 @@ mod body;
 
 pub use body::McpBody;
 pub use config::{parse_units, JwtKey, McpConfig, McpPrincipal, ToolSelection};
-pub use endpoint::{McpEndpoint, UpstreamClient};
+pub use endpoint::{McpEndpoint, McpUpstream};
 pub use oncely_tower::{PrincipalSource, UnitsRule};
 
 /// Why an MCP endpoint could not be built.

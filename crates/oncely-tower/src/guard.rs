@@ -27,7 +27,7 @@ use crate::problem::{REPLAY_SECONDS, REPLAY_UNTIL};
 use crate::BoxBody;
 
 /// The upstream's answer, as the `run` closure of [`Guard::execute`] returns it.
-pub struct UpstreamAnswer {
+pub struct UpstreamResponse {
     /// Status.
     pub status: StatusCode,
     /// Headers, as the upstream sent them.
@@ -42,10 +42,10 @@ pub struct UpstreamAnswer {
     pub classify: Option<Classifier>,
 }
 
-impl UpstreamAnswer {
+impl UpstreamResponse {
     /// An answer stored as it comes (no units of its own, no classifier).
-    pub fn new(status: StatusCode, headers: HeaderMap, body: BoxBody) -> UpstreamAnswer {
-        UpstreamAnswer {
+    pub fn new(status: StatusCode, headers: HeaderMap, body: BoxBody) -> UpstreamResponse {
+        UpstreamResponse {
             status,
             headers,
             body,
@@ -55,21 +55,21 @@ impl UpstreamAnswer {
     }
 
     /// Sets the units the answer names.
-    pub fn with_units(mut self, units: Option<u64>) -> UpstreamAnswer {
+    pub fn with_units(mut self, units: Option<u64>) -> UpstreamResponse {
         self.units = units;
         self
     }
 
     /// Sets the classifier that decides what is stored.
-    pub fn with_classifier(mut self, classify: Classifier) -> UpstreamAnswer {
+    pub fn with_classifier(mut self, classify: Classifier) -> UpstreamResponse {
         self.classify = Some(classify);
         self
     }
 }
 
-impl std::fmt::Debug for UpstreamAnswer {
+impl std::fmt::Debug for UpstreamResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamAnswer")
+        f.debug_struct("UpstreamResponse")
             .field("status", &self.status)
             .field("headers", &self.headers)
             .field("units", &self.units)
@@ -85,7 +85,7 @@ impl std::fmt::Debug for UpstreamAnswer {
 pub type Classifier = Box<dyn FnOnce(StatusCode, &HeaderMap, &[u8]) -> Classified + Send>;
 
 /// The answer of a call this request owned and executed now.
-pub struct FreshAnswer {
+pub struct FreshResponse {
     /// The record as claimed (processing): its id and attempt. It is completed (or
     /// released) by the owner task once the body has been read; the body ends after
     /// that write.
@@ -98,9 +98,9 @@ pub struct FreshAnswer {
     pub body: BoxBody,
 }
 
-impl std::fmt::Debug for FreshAnswer {
+impl std::fmt::Debug for FreshResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FreshAnswer")
+        f.debug_struct("FreshResponse")
             .field("record", &self.record.id)
             .field("status", &self.status)
             .finish_non_exhaustive()
@@ -108,7 +108,7 @@ impl std::fmt::Debug for FreshAnswer {
 }
 
 /// What [`Guard::execute`] did. The HTTP layer is a thin translation of this.
-pub type Execution = oncely_engine::Execution<FreshAnswer>;
+pub type Execution = oncely_engine::Execution<FreshResponse>;
 
 /// The guard: the [`Engine`] (ledger, principal key, owners, repeats, in-flight budget)
 /// with what the HTTP layer adds to it: the tracer, the job key and the job board.
@@ -213,7 +213,7 @@ impl Guard {
         F: FnOnce(
                 DownstreamKey,
                 &Record,
-            ) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+            ) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
             + Send
             + 'static,
     {
@@ -225,13 +225,13 @@ impl Guard {
 /// The upstream call as the engine runs it: its answer in plain data, the headers handed
 /// back to the caller untouched.
 pub(crate) fn to_engine(
-    call: BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
+    call: BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>,
 ) -> oncely_engine::Upstream<HeaderMap> {
     Box::pin(call.map(|answer| answer.map(answer_to_engine)))
 }
 
-fn answer_to_engine(answer: UpstreamAnswer) -> oncely_engine::UpstreamAnswer<HeaderMap> {
-    let UpstreamAnswer {
+fn answer_to_engine(answer: UpstreamResponse) -> oncely_engine::UpstreamAnswer<HeaderMap> {
+    let UpstreamResponse {
         status,
         headers,
         body,
@@ -261,7 +261,7 @@ fn answer_to_engine(answer: UpstreamAnswer) -> oncely_engine::UpstreamAnswer<Hea
 }
 
 /// The engine's fresh answer as an HTTP one.
-pub(crate) fn fresh(answer: oncely_engine::FreshAnswer<HeaderMap>) -> FreshAnswer {
+pub(crate) fn fresh(answer: oncely_engine::FreshAnswer<HeaderMap>) -> FreshResponse {
     let oncely_engine::FreshAnswer {
         record,
         status,
@@ -272,7 +272,7 @@ pub(crate) fn fresh(answer: oncely_engine::FreshAnswer<HeaderMap>) -> FreshAnswe
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    FreshAnswer {
+    FreshResponse {
         record,
         // The status came from a `StatusCode` (see `answer_to_engine`).
         status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),

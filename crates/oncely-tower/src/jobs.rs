@@ -58,7 +58,7 @@ use tokio::task::JoinSet;
 use tower::Service;
 
 use crate::body::full;
-use crate::guard::{Execution, FreshAnswer, Guard, GuardedCall, UpstreamFailure};
+use crate::guard::{Execution, FreshResponse, Guard, GuardedCall, UpstreamFailure};
 use crate::job_board::{Head, JobBoard};
 use crate::log::{log_job, provider_request_id, RequestLog};
 use crate::policy::RoutePolicy;
@@ -197,10 +197,7 @@ impl JobRequest {
         *req.uri_mut() = self.target.parse().unwrap_or_else(|_| "/".parse().unwrap());
         *req.headers_mut() = self.headers.clone();
         let h = req.headers_mut();
-        h.insert(
-            http::header::CONTENT_LENGTH,
-            HeaderValue::from(self.body.len()),
-        );
+        crate::headers::sent_whole(h, self.body.len());
         h.insert(
             HeaderName::from_static("idempotency-key"),
             HeaderValue::from_str(key.as_str()).expect("a downstream key is visible ASCII"),
@@ -348,7 +345,7 @@ fn first_answer(record: Record) -> Execution {
             Some(response) if response.body.is_some() => {
                 let mut headers = HeaderMap::new();
                 crate::headers::replay_headers(&response.headers, &mut headers);
-                Execution::Fresh(FreshAnswer {
+                Execution::Fresh(FreshResponse {
                     status: StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK),
                     headers,
                     body: full(response.body.unwrap_or_default()),
@@ -611,7 +608,8 @@ async fn work<S, ResBody>(
             // store counts the live leases and leases what is left in one step.
             let limit = policy
                 .concurrency
-                .unwrap_or(options.default_concurrency)
+                .as_ref()
+                .map_or(options.default_concurrency, |c| c.limit)
                 .max(1);
             let tasks = match guard
                 .store()
@@ -764,30 +762,25 @@ where
         }
     };
     let key = DownstreamKey::derive(&record.scope, &record.key);
-    let call = GuardedCall {
-        scope: record.scope.clone(),
-        key: record.key.clone(),
-        fingerprint: record.fingerprint,
-        class: record.class,
-        route: record.route.clone(),
-        principal: record.principal.clone(),
-        window: policy.window,
-        wait: policy.wait,
-        lease: policy.lease,
-        timeout: policy.timeout,
-        max_response: policy.max_response,
-        workflow_id: record.workflow_id.clone(),
-        units: policy.units.request_units(
-            &RequestHead {
-                method: &job.method,
-                target: &job.target,
-                headers: &job.headers,
-            },
-            &job.body,
-        ),
-        answer_before_record: policy.answer_before_record,
-    };
+    let units = policy.units.request_units(
+        &RequestHead {
+            method: &job.method,
+            target: &job.target,
+            headers: &job.headers,
+        },
+        &job.body,
+    );
+    let call = policy.guarded_call(
+        record.principal.clone(),
+        Some(record.key.clone()),
+        record.fingerprint,
+        record.workflow_id.clone(),
+        units,
+    );
     let mut req = job.upstream_request(&key);
+    // The inner service finds the route, and that the owner holds its slot and times it.
+    req.extensions_mut().insert(policy.clone());
+    req.extensions_mut().insert(crate::upstream::OwnerSend);
     // The submission left its span as the stored `traceparent`: the run continues it.
     let span = guard
         .tracer()

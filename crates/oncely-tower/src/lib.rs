@@ -66,11 +66,17 @@
 //! - [`trace`]: W3C trace context in and out, and the spans of guarded requests, handed
 //!   to a [`SpanSink`](trace::SpanSink) (the binary's exports them over OTLP).
 //! - [`body`]: boxing bodies, and the channel an owner streams its answer through.
-//! - `upstream` (private): the owner's call to the inner service; `log` (private): the
-//!   request log line; [`wait_for_slot`] (from the engine): how a sender tells the owner
-//!   it waits for a slot.
+//! - `client` (feature `client`): the upstream client, the only place a failed send is
+//!   classified.
+//! - [`facts`]: what is read of a request once ([`RequestFacts`], [`read_body`]) and the
+//!   one builder of a [`GuardedCall`] ([`RoutePolicy::guarded_call`]).
+//! - `upstream` (private): the owner's call to the inner service, marked [`OwnerSend`];
+//!   `log` (private): the request log line.
 
 pub mod body;
+#[cfg(feature = "client")]
+pub mod client;
+pub mod facts;
 pub mod guard;
 pub mod idempotency;
 mod job_board;
@@ -84,19 +90,23 @@ mod upstream;
 
 pub use oncely_http::{headers, problem};
 
+pub use facts::{read_body, RequestFacts};
 pub use guard::{
-    Classified, Classifier, Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer,
-    UpstreamError, UpstreamFailure,
+    Classified, Classifier, Execution, FreshResponse, Guard, GuardedCall, UpstreamError,
+    UpstreamFailure, UpstreamResponse,
 };
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use job_board::JobBoard;
 pub use jobs::{JobRequest, JobWorker, JobWorkerOptions};
-pub use oncely_engine::{in_guarded_call, wait_for_slot, STORE_ANSWER};
-pub use policy::{GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule};
+pub use oncely_engine::STORE_ANSWER;
+pub use policy::{
+    Concurrency, GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule,
+};
 pub use problem::{Problem, ProblemCode};
 pub use seal::JobKey;
 pub use sources::UnitsOf;
 pub use sources::{workflow_id, MakeKey, MakePrincipal, MakeUnits, RequestHead};
+pub use upstream::{upstream_error, OwnerSend};
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -54,14 +54,40 @@ pub struct RoutePolicy {
     pub max_body: u64,
     /// Larger answers reach their caller but are not stored.
     pub max_response: u64,
-    /// Most upstream calls in flight for this route. The [`JobWorker`](crate::JobWorker)
-    /// keeps a `job` route's further jobs queued (durably) until a call ends; for other
-    /// classes the embedding service enforces it (the gateway's proxy does).
-    pub concurrency: Option<usize>,
+    /// Most upstream calls in flight for this route: a guarded call's owner holds one of
+    /// its slots for its upstream call, the [`JobWorker`](crate::JobWorker) keeps a `job`
+    /// route's further jobs queued (durably) until a call ends, and the embedding service
+    /// takes one for a request the layer forwards unguarded (the gateway's proxy does).
+    pub concurrency: Option<Concurrency>,
     /// The caller's body ends before the completion is durable (default: after). A
     /// crash in between is a crash during the call: the record stays processing and is
     /// taken over by its class.
     pub answer_before_record: bool,
+    /// What the embedding service attaches to the route for its inner service (the
+    /// gateway: the route's upstream and retries). The layer never reads it; it puts the
+    /// policy it matched (`Arc<RoutePolicy>`) in every request's extensions, so the inner
+    /// service finds the route without matching it again.
+    pub attached: http::Extensions,
+}
+
+/// A route's `concurrency`: its limit, and the slots its upstream calls take, shared by
+/// every request of the route in this process.
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    /// Most upstream calls in flight.
+    pub limit: usize,
+    /// One permit per call in flight.
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Concurrency {
+    /// `limit` slots, all free.
+    pub fn new(limit: usize) -> Concurrency {
+        Concurrency {
+            limit,
+            slots: Arc::new(tokio::sync::Semaphore::new(limit)),
+        }
+    }
 }
 
 impl RoutePolicy {
@@ -86,6 +112,7 @@ impl RoutePolicy {
             max_response: 32 << 20,
             concurrency: None,
             answer_before_record: false,
+            attached: http::Extensions::new(),
         }
     }
 

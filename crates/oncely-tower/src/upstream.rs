@@ -10,16 +10,22 @@ use http_body::Body;
 use tower::{Service, ServiceExt};
 
 use crate::body::boxed;
-use crate::guard::{UpstreamAnswer, UpstreamError};
+use crate::guard::{UpstreamError, UpstreamResponse};
 use crate::sources::MakeUnits;
 use crate::trace::ClientSpan;
 use crate::{BoxBody, BoxError};
 
+/// Marks a request the guard's owner sends to the inner service. The owner holds the
+/// route's upstream slot (its `concurrency`) and times the call (its `timeout`): the inner
+/// service must do neither. A request without it was forwarded unguarded.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnerSend;
+
 /// The upstream call, its span (if any) ended with its answer.
 pub(crate) fn traced(
-    call: BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>,
+    call: BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>,
     span: Option<ClientSpan>,
-) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
+) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>> {
     let Some(span) = span else { return call };
     Box::pin(call.map(move |result| {
         match &result {
@@ -36,7 +42,7 @@ pub(crate) fn call_upstream<S, ResBody>(
     inner: S,
     req: Request<BoxBody>,
     units: Arc<dyn MakeUnits>,
-) -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>>
+) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
 where
     S: Service<Request<BoxBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -50,7 +56,7 @@ where
         Ok(res) => {
             let (parts, body) = res.into_parts();
             let units = units.response_units(&parts.headers);
-            Ok(UpstreamAnswer::new(parts.status, parts.headers, boxed(body)).with_units(units))
+            Ok(UpstreamResponse::new(parts.status, parts.headers, boxed(body)).with_units(units))
         }
         Err(e) => Err(upstream_error(e.into())),
     }))
@@ -58,7 +64,7 @@ where
 
 /// An inner service's error: an [`UpstreamError`] it reported, or anything else, which
 /// may hide an effect and so counts as lost after sending.
-fn upstream_error(e: BoxError) -> UpstreamError {
+pub fn upstream_error(e: BoxError) -> UpstreamError {
     match e.downcast::<UpstreamError>() {
         Ok(u) => *u,
         Err(other) => UpstreamError::AfterSend(other.to_string()),

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
 use oncely_core::backoff;
-use oncely_http::client::{error_chain, ClientOptions, UpstreamClient};
+use oncely_http::client::{error_chain, ClientOptions, PooledClient};
 use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
 use tokio::sync::{watch, Notify};
@@ -83,7 +83,7 @@ pub struct DeliveryWorker {
     handle: JoinHandle<()>,
 }
 
-type HttpClient = UpstreamClient<Full<Bytes>>;
+type HttpClient = PooledClient<Full<Bytes>>;
 
 impl DeliveryWorker {
     /// Starts delivering the store's webhook tasks (on the current tokio runtime).

@@ -246,7 +246,7 @@ async fn an_https_upstream_is_verified_with_the_configured_ca() {
     assert_eq!(status, 502, "an unknown CA is refused");
     drop(gw);
 
-    let client = McpEndpoint::client(Some(&ca)).unwrap();
+    let client = McpEndpoint::direct(Some(&ca)).unwrap();
     let gw = Gateway::start_with_client(McpConfig::new("/mcp", &url).unwrap(), client).await;
     let (status, first) = post(&gw.url, call(2, "count")).await;
     assert_eq!(status, 200, "{first}");
@@ -255,7 +255,7 @@ async fn an_https_upstream_is_verified_with_the_configured_ca() {
     let (_, again) = post(&gw.url, call(3, "count")).await;
     assert_eq!(replay_status(&again), Some("replayed"));
     assert_eq!(counter.0.load(Ordering::SeqCst), 1);
-    assert!(McpEndpoint::client(Some(&dir.path().join("missing.pem"))).is_err());
+    assert!(McpEndpoint::direct(Some(&dir.path().join("missing.pem"))).is_err());
 }
 
 /// A test CA and a certificate for 127.0.0.1 it signed.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use oncely_mcp::{McpConfig, McpEndpoint, UpstreamClient};
+use oncely_mcp::{McpConfig, McpEndpoint, McpUpstream};
 use oncely_store::Store;
 use oncely_tower::Guard;
 use serde_json::Value;
@@ -126,10 +126,10 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     pub(crate) async fn start(config: McpConfig) -> Gateway {
-        Gateway::start_with_client(config, McpEndpoint::client(None).unwrap()).await
+        Gateway::start_with_client(config, McpEndpoint::direct(None).unwrap()).await
     }
 
-    pub(crate) async fn start_with_client(config: McpConfig, client: UpstreamClient) -> Gateway {
+    pub(crate) async fn start_with_client(config: McpConfig, client: McpUpstream) -> Gateway {
         let store = oncely_store::open("memory:", Default::default())
             .await
             .unwrap();

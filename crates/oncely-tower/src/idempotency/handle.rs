@@ -7,16 +7,15 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncely_core::{Class, DownstreamKey, FingerprintBuilder, Record, Scope};
+use oncely_core::{Class, DownstreamKey, FingerprintBuilder, Record};
 use tower::Service;
 
 use crate::body::full;
+use crate::facts::RequestFacts;
 use crate::guard::{
-    Execution, FreshAnswer, Guard, GuardedCall, UpstreamAnswer, UpstreamError, UpstreamFailure,
+    Execution, FreshResponse, Guard, UpstreamError, UpstreamFailure, UpstreamResponse,
 };
 use crate::jobs::JobRequest;
 use crate::log::{log_request, provider_request_id, RequestLog};
@@ -30,37 +29,31 @@ use crate::{BoxBody, BoxError};
 /// The `Idempotency-Key` header.
 pub(crate) use crate::sources::IDEMPOTENCY_KEY;
 
-/// What to do with a request on a matched route.
+/// What to do with a request on a matched route that deduplicates.
 #[derive(Debug)]
 pub(crate) enum Decision {
-    /// Not deduplicated (`read`, `key = none`): forwarded untouched, nothing added.
-    Forward,
     /// `guard_when` did not match, or the principal is missing: forwarded, marked.
     Bypass { principal: Option<String> },
     /// Guarded, for this principal (its keyed hash).
     Guard { principal: String },
 }
 
-pub(crate) fn decide<B>(guard: &Guard, policy: &RoutePolicy, req: &Request<B>) -> Decision {
-    if !policy.deduplicates() {
-        return Decision::Forward;
-    }
-    let principal = policy
-        .principal
-        .make_principal(&RequestHead::of(req))
-        .map(|raw| guard.principal_hash(&raw));
-    if let Some(when) = &policy.guard_when {
-        let matches = req
-            .headers()
-            .get(&when.header)
-            .is_some_and(|v| v.as_bytes().starts_with(when.prefix.as_bytes()));
-        if !matches {
-            return Decision::Bypass { principal };
+impl Decision {
+    pub(crate) fn of<B>(policy: &RoutePolicy, facts: &RequestFacts, req: &Request<B>) -> Decision {
+        let principal = facts.principal.clone();
+        if let Some(when) = &policy.guard_when {
+            let matches = req
+                .headers()
+                .get(&when.header)
+                .is_some_and(|v| v.as_bytes().starts_with(when.prefix.as_bytes()));
+            if !matches {
+                return Decision::Bypass { principal };
+            }
         }
-    }
-    match principal {
-        Some(principal) => Decision::Guard { principal },
-        None => Decision::Bypass { principal: None },
+        match principal {
+            Some(principal) => Decision::Guard { principal },
+            None => Decision::Bypass { principal: None },
+        }
     }
 }
 
@@ -69,6 +62,7 @@ pub(crate) async fn guarded<S, B, ResBody>(
     guard: Arc<Guard>,
     policy: Arc<RoutePolicy>,
     principal: String,
+    facts: RequestFacts,
     req: Request<B>,
     inner: S,
     started: Instant,
@@ -92,9 +86,9 @@ where
         upstream_status: None,
         provider_request_id: None,
         started,
-        span: request_span(&guard, &policy.name, &req),
+        span: facts.span,
     };
-    let workflow = crate::sources::workflow_id(req.headers());
+    let workflow = facts.workflow_id;
     log.workflow_id = workflow.as_deref();
     let (mut parts, body) = req.into_parts();
 
@@ -104,7 +98,7 @@ where
     let mut bytes = Bytes::new();
     if policy.key.reads_body() {
         let unread = body.take().expect("the body is read once");
-        bytes = match read_body(unread, &parts.headers, policy.max_body).await {
+        bytes = match crate::facts::read_body(unread, &parts.headers, policy.max_body).await {
             Ok(b) => b,
             Err(p) => return refuse(p, &mut log),
         };
@@ -117,7 +111,7 @@ where
     // `Connection: idempotency-key` must not remove the key the upstream gets.
     crate::headers::strip_hop_by_hop(&mut parts.headers);
     if let Some(unread) = body {
-        bytes = match read_body(unread, &parts.headers, policy.max_body).await {
+        bytes = match crate::facts::read_body(unread, &parts.headers, policy.max_body).await {
             Ok(b) => b,
             Err(p) => return refuse(p, &mut log),
         };
@@ -134,28 +128,17 @@ where
         fp = fp.header(name.as_str(), value.as_deref());
     }
     let fingerprint = fp.body(&bytes, &policy.ignore_fields);
-    let key = match &client_key {
-        Some(k) => k.as_str().to_string(),
-        None => fingerprint.to_hex(),
-    };
-    let call = GuardedCall {
-        scope: Scope::new(&principal, &policy.name),
+    let request_units = policy
+        .units
+        .request_units(&RequestHead::of_parts(&parts), &bytes);
+    let key = client_key.map(|k| k.as_str().to_string());
+    let call = policy.guarded_call(
+        principal.clone(),
         key,
         fingerprint,
-        class: policy.class,
-        route: policy.name.clone(),
-        principal: principal.clone(),
-        window: policy.window,
-        wait: policy.wait,
-        lease: policy.lease,
-        timeout: policy.timeout,
-        max_response: policy.max_response,
-        workflow_id: workflow.clone(),
-        units: policy
-            .units
-            .request_units(&RequestHead::of_parts(&parts), &bytes),
-        answer_before_record: policy.answer_before_record,
-    };
+        workflow.clone(),
+        request_units,
+    );
 
     let units = policy.units.clone();
     // A queued job's upstream call continues this request's trace when it runs.
@@ -172,17 +155,17 @@ where
     });
     let run = move |downstream: DownstreamKey,
                     _: &Record|
-          -> BoxFuture<'static, Result<UpstreamAnswer, UpstreamError>> {
-        parts.headers.remove(TRANSFER_ENCODING);
-        parts
-            .headers
-            .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+          -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>> {
+        crate::headers::sent_whole(&mut parts.headers, bytes.len());
         parts.headers.insert(
             HeaderName::from_static(IDEMPOTENCY_KEY),
             HeaderValue::from_str(downstream.as_str()).expect("a downstream key is visible ASCII"),
         );
         let span =
             upstream_span.map(|parent| parent.upstream_call(&mut parts.headers, &parts.method));
+        // The owner holds the route's slot and times the call: the inner service does
+        // neither.
+        parts.extensions.insert(crate::upstream::OwnerSend);
         let req = Request::from_parts(parts, full(bytes));
         traced(call_upstream(inner, req, units), span)
     };
@@ -192,15 +175,6 @@ where
         None => guard.execute(call, run).await,
     };
     respond(execution, &mut log)
-}
-
-/// The server span of a guarded request, when traces are on.
-pub(crate) fn request_span<B>(guard: &Guard, route: &str, req: &Request<B>) -> Option<Span> {
-    let mut span = guard
-        .tracer()?
-        .start_request(req.headers(), route.to_string());
-    span.set(attr::HTTP_METHOD, req.method().as_str());
-    Some(span)
 }
 
 /// Ends the request's span (if any) with what the log line says.
@@ -232,42 +206,10 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     span.end();
 }
 
-async fn read_body<B>(body: B, headers: &HeaderMap, max: u64) -> Result<Bytes, Problem>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let too_large = || {
-        Problem::new(
-            ProblemCode::BodyTooLarge,
-            format!("the request body is larger than {max} bytes"),
-        )
-    };
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max) {
-        return Err(too_large());
-    }
-    let limit = usize::try_from(max).unwrap_or(usize::MAX);
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => {
-            tracing::debug!(error = %e, "request body unreadable");
-            Err(Problem::new(
-                ProblemCode::BodyUnreadable,
-                "the request body could not be read",
-            ))
-        }
-    }
-}
-
 /// Translates what the guard did into the answer.
 fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> {
     match execution {
-        Execution::Fresh(FreshAnswer {
+        Execution::Fresh(FreshResponse {
             record,
             status,
             headers,

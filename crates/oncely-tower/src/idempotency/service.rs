@@ -12,8 +12,10 @@ use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use crate::body::boxed;
+use crate::facts::RequestFacts;
 use crate::guard::Guard;
 use crate::policy::RoutePolicies;
+use crate::sources::RequestHead;
 use crate::{BoxBody, BoxError};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) makes. Every failure is an
@@ -118,15 +120,23 @@ where
         let Some(policy) = self.policies.policy(req.method(), req.uri().path()) else {
             return ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None);
         };
-        let decision = super::handle::decide(&self.guard, &policy, &req);
-        match decision {
-            super::handle::Decision::Forward => {
-                ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)))
-            }
+        let mut req = req;
+        // The route is matched once: the inner service finds it here.
+        req.extensions_mut().insert(policy.clone());
+        if !policy.deduplicates() {
+            return ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)));
+        }
+        let facts = RequestFacts::read(
+            &self.guard,
+            &policy.name,
+            &RequestHead::of(&req),
+            &*policy.principal,
+        );
+        match super::handle::Decision::of(&policy, &facts, &req) {
             super::handle::Decision::Bypass { principal } => {
-                let mut req = req;
-                let workflow_id = crate::sources::workflow_id(req.headers());
-                let span = super::handle::request_span(&self.guard, &policy.name, &req);
+                let RequestFacts {
+                    workflow_id, span, ..
+                } = facts;
                 if let Some(span) = &span {
                     span.propagate(req.headers_mut());
                 }
@@ -144,6 +154,7 @@ where
                     self.guard.clone(),
                     policy,
                     principal,
+                    facts,
                     req,
                     self.inner.clone(),
                     started,

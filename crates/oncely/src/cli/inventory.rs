@@ -235,7 +235,7 @@ async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
         return Err("not an http:// or https:// URL".into());
     }
-    let client = oncely_mcp::McpEndpoint::default_client();
+    let client = oncely_http::client::upstream_client_or_warn(&Default::default());
     let mut session = McpSession {
         client,
         url: url.to_owned(),
@@ -310,7 +310,7 @@ async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
 
 /// One MCP session, as a client.
 struct McpSession {
-    client: oncely_mcp::UpstreamClient,
+    client: oncely_http::client::PooledClient<Full<Bytes>>,
     url: String,
     id: Option<String>,
     protocol: Option<String>,

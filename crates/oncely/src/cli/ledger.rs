@@ -231,7 +231,7 @@ async fn reconcile(ledger: &Ledger, record: Record) -> Outcome {
             record.route
         )));
     }
-    let client = crate::serve::proxy::UpstreamClient::new(config.upstream_ca.as_deref())
+    let client = crate::serve::proxy::upstream_client(config.upstream_ca.as_deref())
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
     match reconcile_once(&*ledger.store, &client, route, &record, 1).await {
         Reconciled::Completed(after) | Reconciled::Released(after) => {

@@ -284,6 +284,12 @@ pub struct McpEndpoint {
     /// With `jwt:CLAIM`: whether a token without `exp` is refused (`jwt_require_exp`,
     /// default true).
     pub jwt_require_exp: bool,
+    /// Most guarded tool calls in flight to the server (an extension).
+    pub concurrency: Option<usize>,
+    /// Retries of a connection that was never made (an extension; default 0).
+    pub retries: u32,
+    /// The first retry's delay ceiling (an extension; default 100ms).
+    pub retry_backoff: Duration,
 }
 
 /// One `[[webhooks]]` entry.
@@ -1159,6 +1165,9 @@ fn mcp_endpoint(
         jwt_audience,
         jwt_issuer,
         jwt_require_exp,
+        concurrency: None,
+        retries: 0,
+        retry_backoff: Duration::from_millis(100),
     })
 }
 

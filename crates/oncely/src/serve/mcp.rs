@@ -1,6 +1,9 @@
 //! `[[mcp]]` endpoints in `oncely serve`: each config entry becomes an
 //! [`oncely_mcp::McpEndpoint`] on the gateway's one [`Guard`], answering the requests whose
-//! path is the entry's path, before the HTTP route table.
+//! path is the entry's path, before the HTTP route table. Each sends upstream through a
+//! [`Proxy`] of its own, as routes do: the entry's `retries`, the `Forwarded` and
+//! `X-Forwarded-*` headers, the one header policy; its `concurrency` slots are held by
+//! the engine's owner of each guarded call.
 
 use std::sync::Arc;
 
@@ -8,10 +11,12 @@ use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use oncely_mcp::principal::JwtVerifier;
-use oncely_mcp::{JwtKey, McpConfig, McpEndpoint, McpPrincipal};
+use oncely_mcp::{JwtKey, McpConfig, McpEndpoint, McpPrincipal, McpUpstream};
 use oncely_tower::{BoxBody, Guard};
 
-use crate::config::{Config, McpEndpoint as McpEntry};
+use super::proxy::{Proxy, Target, UpstreamClient};
+use super::retry::RetryPolicy;
+use crate::config::{Config, McpEndpoint as McpEntry, Upstream};
 
 /// The configured MCP endpoints, by path.
 #[derive(Clone, Debug, Default)]
@@ -32,8 +37,12 @@ struct Built {
 impl McpEndpoints {
     /// One endpoint per `[[mcp]]` entry, on `guard`. A JWT secret variable that is unset or
     /// a JWKS file that cannot be read stops the server with a clear error.
-    pub fn new(config: &Config, guard: &Arc<Guard>) -> anyhow::Result<McpEndpoints> {
-        McpEndpoints::reloaded(config, guard, &McpEndpoints::default())
+    pub fn new(
+        config: &Config,
+        guard: &Arc<Guard>,
+        client: &UpstreamClient,
+    ) -> anyhow::Result<McpEndpoints> {
+        McpEndpoints::reloaded(config, guard, client, &McpEndpoints::default())
     }
 
     /// The endpoints of a config read again (SIGHUP). An entry that did not change keeps
@@ -43,13 +52,12 @@ impl McpEndpoints {
     pub fn reloaded(
         config: &Config,
         guard: &Arc<Guard>,
+        client: &UpstreamClient,
         previous: &McpEndpoints,
     ) -> anyhow::Result<McpEndpoints> {
         if config.mcp.is_empty() {
             return Ok(McpEndpoints::default());
         }
-        let client = McpEndpoint::client(config.upstream_ca.as_deref())
-            .context("the MCP endpoints' upstream client")?;
         let mut endpoints = Vec::new();
         let mut built_from = Vec::new();
         for (i, entry) in config.mcp.iter().enumerate() {
@@ -75,7 +83,9 @@ impl McpEndpoints {
                 Some(endpoint) => endpoint,
                 None => {
                     let mcp = resolve(config, entry).with_context(|| format!("mcp[{i}]"))?;
-                    McpEndpoint::new(mcp, guard.clone(), client.clone())
+                    let upstream =
+                        upstream(config, entry, client).with_context(|| format!("mcp[{i}]"))?;
+                    McpEndpoint::new(mcp, guard.clone(), upstream)
                 }
             };
             endpoints.push(endpoint);
@@ -104,6 +114,38 @@ impl McpEndpoints {
     }
 }
 
+/// The proxy an entry's endpoint sends through: to the server's origin (the endpoint
+/// puts the server's path in each request), with the entry's retries. An MCP request is
+/// retried only when it provably never reached the server (as on a `write` route).
+fn upstream(
+    config: &Config,
+    entry: &McpEntry,
+    client: &UpstreamClient,
+) -> anyhow::Result<McpUpstream> {
+    let uri = &entry.upstream.uri;
+    let origin = format!(
+        "{}://{}",
+        uri.scheme_str().unwrap_or("http"),
+        uri.authority().map(|a| a.as_str()).unwrap_or_default()
+    );
+    let origin = Upstream::parse(&origin).map_err(anyhow::Error::msg)?;
+    let retry = (entry.retries > 0).then(|| {
+        Arc::new(RetryPolicy {
+            route: entry.path.clone(),
+            class: oncely_core::Class::Write,
+            retries: entry.retries,
+            backoff: entry.retry_backoff,
+            timeout: entry.timeout,
+            max_body: config.max_body,
+        })
+    });
+    let target = Target {
+        upstream: origin,
+        retry,
+    };
+    Ok(McpUpstream::new(Proxy::new(client.clone(), Some(target))))
+}
+
 fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
     let mut mcp = McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?
         .with_tools(&entry.tools)?
@@ -113,6 +155,7 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
     mcp.timeout = entry.timeout;
     mcp.lease = entry.lease;
     mcp.units = Arc::new(entry.units.clone());
+    mcp.concurrency = entry.concurrency.map(oncely_tower::Concurrency::new);
     mcp.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
     mcp.max_response = usize::try_from(config.max_response).unwrap_or(usize::MAX);
     let verifier = match &entry.principal {

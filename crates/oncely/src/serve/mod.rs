@@ -17,7 +17,6 @@
 
 pub mod admin;
 pub mod args;
-pub mod client;
 pub mod console;
 pub mod job_key;
 pub mod mcp;
@@ -51,7 +50,7 @@ use tower::ServiceExt;
 use crate::config::{Config, Overrides};
 use crate::outcome::{Failure, Outcome};
 use args::ServeArgs;
-use proxy::{ClientInfo, UpstreamClient};
+use proxy::{upstream_client, ClientInfo};
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
@@ -158,7 +157,7 @@ pub async fn run_reloading(
     // `[tracing]`: spans of guarded requests, exported over OTLP by a task of their own.
     let otel = match &config.tracing {
         Some(t) => {
-            let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
+            let client = upstream_client(config.upstream_ca.as_deref())?;
             Some(otel::Exporter::start(
                 t,
                 otel_headers,
@@ -173,7 +172,7 @@ pub async fn run_reloading(
     }
     let guard = Arc::new(guard);
     let metrics = prometheus::handle();
-    let client = UpstreamClient::new(config.upstream_ca.as_deref())?;
+    let client = upstream_client(config.upstream_ca.as_deref())?;
     let tls = match &config.tls {
         Some(files) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(files)?)),
         None => None,

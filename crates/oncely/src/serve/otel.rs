@@ -221,7 +221,7 @@ impl Batch {
             let res = client.send(req).await.map_err(|e| e.to_string())?;
             let status = res.status();
             // Drained so that the connection can be used again.
-            let _ = Limited::new(res.into_body(), MAX_ANSWER).collect().await;
+            drain(res.into_body()).await;
             if status.is_success() {
                 Ok(())
             } else {
@@ -358,4 +358,12 @@ mod tests {
             status::StatusCode::Error as i32
         );
     }
+}
+
+/// Reads up to [`MAX_ANSWER`] of an answer and drops it, so that its connection can be
+/// used again. A combinator, boxed: an `async` block that collects a boxed-error body
+/// cannot be proven `Send` for every lifetime of the error type (rust-lang/rust#64552).
+fn drain(body: oncely_tower::BoxBody) -> futures::future::BoxFuture<'static, ()> {
+    use futures::FutureExt as _;
+    Box::pin(Limited::new(body, MAX_ANSWER).collect().map(|_| ()))
 }

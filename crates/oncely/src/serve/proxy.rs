@@ -1,17 +1,20 @@
 //! The reverse proxy: a tower `Service<Request<BoxBody>>` on hyper-util's pooled client.
 //!
-//! It picks the upstream of the first matching route (else the default), rewrites the
-//! URI, drops hop-by-hop headers both ways (the one policy, `oncely_http::headers`),
-//! adds `Forwarded` and `X-Forwarded-For`/`-Proto`/`-Host`, and streams both bodies.
-//! Client errors become [`UpstreamError`]s: a failed connect (refused, DNS, TLS
-//! handshake) is [`UpstreamError::BeforeSend`], anything later
-//! [`UpstreamError::AfterSend`], which is what the guard needs to tell "nothing
-//! happened" from "something may have".
+//! It sends a request to its route's [`Target`] (the route's policy, which the tower
+//! layer matched once, is in the request's extensions and carries it), else to the
+//! proxy's default target, rewrites the URI, drops hop-by-hop headers both ways (the one
+//! policy, `oncely_http::headers`), adds `Forwarded` and `X-Forwarded-For`/`-Proto`/
+//! `-Host`, retries temporary failures as the target says ([`super::retry`]), and
+//! streams both bodies. An unguarded request takes one of the route's `concurrency`
+//! slots and is timed by the route's `timeout` here; a guarded owner's request
+//! ([`OwnerSend`]) holds its slot and is timed by its owner. The HTTP routes, the job
+//! worker and every `[[mcp]]` endpoint send through a proxy.
 //!
+//! Client errors are [`UpstreamError`]s, as `oncely_tower::client` classifies them:
+//! what the guard needs to tell "nothing happened" from "something may have".
 //! `https://` upstreams are verified against the system's root certificates, plus the
 //! PEM file named by the config's `upstream_ca` or the environment variable
-//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests): the one upstream
-//! client, `oncely_http::client`, wrapped in [`super::client`].
+//! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,16 +26,32 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use oncely_tower::{BoxBody, BoxError, UpstreamError};
+use oncely_tower::{BoxBody, BoxError, OwnerSend, RoutePolicy, UpstreamError};
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::routes::{RouteTable, Target};
+use super::retry::RetryPolicy;
 use crate::config::Upstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
 pub use oncely_http::client::EXTRA_CA_ENV;
 
-pub use super::client::UpstreamClient;
+pub use oncely_tower::client::UpstreamClient;
+
+/// The gateway's upstream client: the system's roots, plus `extra_ca` (the config's
+/// `upstream_ca`) and `$ONCELY_EXTRA_CA_FILE`.
+pub fn upstream_client(extra_ca: Option<&std::path::Path>) -> anyhow::Result<UpstreamClient> {
+    let options = oncely_http::client::ClientOptions::with_extra_ca(extra_ca);
+    Ok(UpstreamClient::new(&options)?)
+}
+
+/// Where a request goes: an upstream, and how temporary failures are retried there.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The upstream.
+    pub upstream: Upstream,
+    /// The retries, if any.
+    pub retry: Option<std::sync::Arc<RetryPolicy>>,
+}
 
 /// Who the client is, put on each request by the connection that received it.
 #[derive(Debug, Clone, Copy)]
@@ -102,13 +121,14 @@ pub fn upstream_uri(upstream: &Upstream, original: &Uri) -> Result<Uri, http::Er
 #[derive(Clone, Debug)]
 pub struct Proxy {
     client: UpstreamClient,
-    routes: RouteTable,
+    /// Where a request whose route attached no target goes.
+    default: Option<Target>,
 }
 
 impl Proxy {
-    /// A proxy sending each request to its route's upstream.
-    pub fn new(client: UpstreamClient, routes: RouteTable) -> Proxy {
-        Proxy { client, routes }
+    /// A proxy sending each request to its route's target, else to `default`.
+    pub fn new(client: UpstreamClient, default: Option<Target>) -> Proxy {
+        Proxy { client, default }
     }
 }
 
@@ -123,26 +143,29 @@ impl tower::Service<Request<BoxBody>> for Proxy {
 
     fn call(&mut self, req: Request<BoxBody>) -> Self::Future {
         let client = self.client.clone();
-        let target = self.routes.target(req.method(), req.uri().path());
-        let retry = self.routes.retry(req.method(), req.uri().path());
+        let route = req
+            .extensions()
+            .get::<std::sync::Arc<RoutePolicy>>()
+            .cloned();
+        let target = route
+            .as_ref()
+            .and_then(|p| p.attached.get::<Target>().cloned())
+            .or_else(|| self.default.clone());
+        // A guarded owner holds the route's slot and times its call; an unguarded
+        // request on a route (a `read` route, a bypassed caller) is limited and timed
+        // here: its wait for a slot and the answer's head within the route's `timeout`.
+        let unguarded = route.filter(|_| req.extensions().get::<OwnerSend>().is_none());
         Box::pin(async move {
-            let Some(Target {
-                upstream,
-                limit,
-                timeout,
-            }) = target
-            else {
+            let Some(Target { upstream, retry }) = target else {
                 return Err(UpstreamError::BeforeSend(
                     "no upstream is configured for this path".into(),
                 )
                 .into());
             };
-            // A guarded call's owner times its upstream call itself; an unguarded request
-            // on a route (a `read` route, a bypassed caller) is timed here: its wait for a
-            // slot and the answer's head within the route's `timeout`.
-            let deadline = timeout
-                .filter(|_| !oncely_tower::in_guarded_call())
-                .map(|t| (tokio::time::Instant::now() + t, t));
+            let deadline = unguarded
+                .as_ref()
+                .map(|p| (tokio::time::Instant::now() + p.timeout, p.timeout));
+            let slots = unguarded.and_then(|p| p.concurrency.as_ref().map(|c| c.slots.clone()));
             let (mut parts, body) = req.into_parts();
             let host = parts.headers.get(header::HOST).cloned().or_else(|| {
                 parts
@@ -150,25 +173,25 @@ impl tower::Service<Request<BoxBody>> for Proxy {
                     .authority()
                     .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             });
-            strip_hop_by_hop(&mut parts.headers);
+            // No hop-by-hop header, no Host (the client sets it from the upstream's
+            // authority), then the forwarding headers.
+            oncely_http::headers::forwardable_request(&mut parts.headers);
             if let Some(info) = parts.extensions.get::<ClientInfo>().copied() {
                 add_forwarding(&mut parts.headers, &info, host.as_ref());
             }
-            // The client sets Host from the upstream's authority.
-            parts.headers.remove(header::HOST);
             parts.uri = upstream_uri(&upstream, &parts.uri)
                 .map_err(|e| UpstreamError::BeforeSend(format!("bad upstream URI: {e}")))?;
             parts.version = Version::HTTP_11;
-            let permit = match limit {
-                // A wait, not an upstream call: the guard's owner does not time it as one.
+            let permit = match slots {
                 Some(sem) => {
-                    let wait = oncely_tower::wait_for_slot(sem.acquire_owned());
                     let acquired = match deadline {
-                        Some((at, t)) => match tokio::time::timeout_at(at, wait).await {
-                            Ok(acquired) => acquired,
-                            Err(_) => return Ok(busy(t)),
-                        },
-                        None => wait.await,
+                        Some((at, t)) => {
+                            match tokio::time::timeout_at(at, sem.acquire_owned()).await {
+                                Ok(acquired) => acquired,
+                                Err(_) => return Ok(busy(t)),
+                            }
+                        }
+                        None => sem.acquire_owned().await,
                     };
                     Some(acquired.map_err(|_| {
                         UpstreamError::BeforeSend("the route's concurrency limit is closed".into())
@@ -194,7 +217,7 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             let body = Held {
-                inner: oncely_tower::body::boxed(body),
+                inner: body,
                 _permit: permit,
             };
             Ok(Response::from_parts(parts, oncely_tower::body::boxed(body)))

@@ -69,7 +69,7 @@ impl Snapshot {
         client: &UpstreamClient,
     ) -> Snapshot {
         let service = IdempotencyLayer::new(guard.clone(), routes.clone())
-            .layer(Proxy::new(client.clone(), routes.clone()));
+            .layer(Proxy::new(client.clone(), routes.default_target()));
         Snapshot {
             routes,
             mcp,
@@ -237,7 +237,7 @@ impl Live {
         store: Arc<dyn Store>,
     ) -> anyhow::Result<Live> {
         let routes = RouteTable::new(&config);
-        let mcp = McpEndpoints::new(&config, &guard)?;
+        let mcp = McpEndpoints::new(&config, &guard, &client)?;
         let webhooks = Webhooks::start(&config, &store)?;
         super::prometheus::describe(routes.names());
         let jobs = start_jobs(&guard, &client, &routes);
@@ -329,7 +329,7 @@ impl Live {
             ]);
         }
         let previous = self.current.load();
-        let mcp = McpEndpoints::reloaded(&config, &self.guard, &previous.mcp)
+        let mcp = McpEndpoints::reloaded(&config, &self.guard, &self.client, &previous.mcp)
             .map_err(|e| vec![format!("{e:#}")])?;
         // The last step that can fail: it changes nothing when it does.
         self.webhooks
@@ -361,7 +361,7 @@ fn start_jobs(guard: &Arc<Guard>, client: &UpstreamClient, routes: &RouteTable) 
     JobWorker::start(
         guard.clone(),
         routes.job_policies(),
-        Proxy::new(client.clone(), routes.clone()),
+        Proxy::new(client.clone(), routes.default_target()),
         JobWorkerOptions::default(),
     )
 }

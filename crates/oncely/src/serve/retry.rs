@@ -28,13 +28,12 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use oncely_core::{backoff, Class};
 use oncely_tower::{BoxBody, BoxError, UpstreamError};
 use tokio::time::Instant;
 
-use super::client::UpstreamClient;
 use crate::config::Route;
+use oncely_tower::client::UpstreamClient;
 
 /// The longest pause before one retry (a route's `timeout` cuts retries sooner).
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(3600);
@@ -120,7 +119,7 @@ pub async fn send(
     policy: &RetryPolicy,
     parts: Parts,
     body: BoxBody,
-) -> Result<Response<Incoming>, UpstreamError> {
+) -> Result<Response<BoxBody>, UpstreamError> {
     let deadline = Instant::now() + policy.timeout;
     // The attempt itself keeps the last tenth of the timeout.
     let last_start = deadline - policy.timeout / 10;

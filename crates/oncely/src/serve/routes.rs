@@ -1,17 +1,20 @@
-//! The route table: method + path pattern, first match wins. It answers two questions
-//! per request: which guard policy applies (as [`RoutePolicies`] for the tower layer),
-//! and which upstream the proxy sends to (with the route's concurrency limit). Before
-//! either, [`RouteTable::normalize`] puts the request's path in its one normalised form
-//! (`crate::config::normalize_path`), which is matched and forwarded alike.
+//! The route table: method + path pattern, first match wins. The tower layer matches a
+//! request once ([`RoutePolicies`]) and puts the route's policy in the request's
+//! extensions; the policy carries what the proxy needs to send it (its [`Target`]: the
+//! upstream and the retries) and the route's concurrency slots, so the proxy never
+//! matches again. Before that, [`RouteTable::normalize`] puts the request's path in its
+//! one normalised form (`crate::config::normalize_path`), which is matched and forwarded
+//! alike.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response};
 use oncely_http::problem::ONCELY_STATUS;
+use oncely_tower::Concurrency;
 use oncely_tower::{BoxBody, Problem, ProblemCode, RoutePolicies, RoutePolicy};
-use tokio::sync::Semaphore;
 
+use super::proxy::Target;
 use super::retry::RetryPolicy;
 use crate::config::{Config, Route, Upstream};
 
@@ -20,19 +23,6 @@ use crate::config::{Config, Route, Upstream};
 struct Entry {
     route: Route,
     policy: Arc<RoutePolicy>,
-    limit: Option<Arc<Semaphore>>,
-    retry: Option<Arc<RetryPolicy>>,
-}
-
-/// Where a request goes, and within what limits.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// The upstream.
-    pub upstream: Upstream,
-    /// The route's `concurrency` slots, if it has a limit.
-    pub limit: Option<Arc<Semaphore>>,
-    /// The route's `timeout` (`None`: no route matched).
-    pub timeout: Option<std::time::Duration>,
 }
 
 /// The routes of a config, in order, and the default upstream. Cheap to clone (shared).
@@ -47,8 +37,9 @@ struct Inner {
     default_upstream: Option<Upstream>,
 }
 
-/// The guard policy of a configured route.
-pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
+/// The guard policy of a configured route, with `concurrency` as its slots and what the
+/// proxy needs to send its requests attached.
+pub fn policy(route: &Route, config: &Config, concurrency: Option<Concurrency>) -> RoutePolicy {
     let mut p = RoutePolicy::new(route.name.clone(), route.class);
     p.key = Arc::new(route.key);
     p.principal = Arc::new(route.principal.clone());
@@ -62,8 +53,14 @@ pub fn policy(route: &Route, config: &Config) -> RoutePolicy {
     p.timeout = route.timeout;
     p.max_body = config.max_body;
     p.max_response = config.max_response;
-    p.concurrency = route.concurrency;
+    p.concurrency = concurrency;
     p.answer_before_record = route.answer_before_record;
+    if let Some(upstream) = route.upstream.clone().or_else(|| config.upstream.clone()) {
+        p.attached.insert(Target {
+            upstream,
+            retry: RetryPolicy::of(route, config.max_body).map(Arc::new),
+        });
+    }
     p
 }
 
@@ -77,25 +74,25 @@ impl RouteTable {
     /// one of `previous` shares its limit, so the calls still running on the old table
     /// count against the new one.
     pub fn reloaded(config: &Config, previous: Option<&RouteTable>) -> RouteTable {
-        let kept = |r: &Route| -> Option<Arc<Semaphore>> {
+        let kept = |r: &Route| -> Option<Concurrency> {
             let old = previous?
                 .inner
                 .entries
                 .iter()
                 .find(|e| e.route.name == r.name && e.route.concurrency == r.concurrency)?;
-            old.limit.clone()
+            old.policy.concurrency.clone()
         };
         RouteTable {
             inner: Arc::new(Inner {
                 entries: config
                     .routes
                     .iter()
-                    .map(|r| Entry {
-                        route: r.clone(),
-                        policy: Arc::new(policy(r, config)),
-                        limit: kept(r)
-                            .or_else(|| r.concurrency.map(|n| Arc::new(Semaphore::new(n)))),
-                        retry: RetryPolicy::of(r, config.max_body).map(Arc::new),
+                    .map(|r| {
+                        let slots = kept(r).or_else(|| r.concurrency.map(Concurrency::new));
+                        Entry {
+                            route: r.clone(),
+                            policy: Arc::new(policy(r, config, slots)),
+                        }
                     })
                     .collect(),
                 default_upstream: config.upstream.clone(),
@@ -110,31 +107,13 @@ impl RouteTable {
             .find(|e| e.route.method.matches(method) && e.route.path.matches(path))
     }
 
-    /// Where a request goes: the first matching route's upstream, concurrency limit and
-    /// timeout, else the default upstream; `None` when neither exists.
-    pub fn target(&self, method: &Method, path: &str) -> Option<Target> {
-        match self.find(method, path) {
-            Some(e) => e
-                .route
-                .upstream
-                .clone()
-                .or_else(|| self.inner.default_upstream.clone())
-                .map(|upstream| Target {
-                    upstream,
-                    limit: e.limit.clone(),
-                    timeout: Some(e.route.timeout),
-                }),
-            None => self.inner.default_upstream.clone().map(|upstream| Target {
-                upstream,
-                limit: None,
-                timeout: None,
-            }),
-        }
-    }
-
-    /// How the first matching route retries temporary upstream failures, if it does.
-    pub fn retry(&self, method: &Method, path: &str) -> Option<Arc<RetryPolicy>> {
-        self.find(method, path).and_then(|e| e.retry.clone())
+    /// Where a request that matches no route goes: the default upstream, without
+    /// retries.
+    pub fn default_target(&self) -> Option<Target> {
+        self.inner.default_upstream.clone().map(|upstream| Target {
+            upstream,
+            retry: None,
+        })
     }
 
     /// Whether a route that guards (any class but `read`) takes `method`. Methods are
@@ -245,20 +224,23 @@ class = "read"
             headers: &headers,
         };
         assert_eq!(p.units.request_units(&head, br#"{"text":"abc"}"#), 3);
-        let target = t.target(&Method::POST, "/v1/render").unwrap();
+        let target = p.attached.get::<Target>().unwrap();
         assert_eq!(target.upstream.uri.port_u16(), Some(2));
-        assert_eq!(target.limit.unwrap().available_permits(), 2);
-        assert!(target.timeout.is_some());
+        assert_eq!(p.concurrency.as_ref().unwrap().slots.available_permits(), 2);
 
         let p = t.policy(&Method::GET, "/v1/render").unwrap();
         assert_eq!(p.name, "* /v1/{*rest}");
-        let target = t.target(&Method::GET, "/v1/render").unwrap();
-        assert_eq!(target.upstream.uri.port_u16(), Some(1));
-        assert!(target.limit.is_none());
+        let target = p.attached.get::<Target>().unwrap();
+        assert_eq!(
+            target.upstream.uri.port_u16(),
+            Some(1),
+            "the default upstream"
+        );
+        assert!(p.concurrency.is_none());
 
         assert!(t.policy(&Method::POST, "/other").is_none());
-        let other = t.target(&Method::POST, "/other").unwrap();
+        let other = t.default_target().unwrap();
         assert_eq!(other.upstream.uri.port_u16(), Some(1));
-        assert!(other.timeout.is_none(), "no route, no route timeout");
+        assert!(other.retry.is_none(), "no route, no retries");
     }
 }

@@ -25,6 +25,7 @@ mod jobs;
 mod mcp;
 mod mcp_numbers;
 mod mcp_tasks;
+mod mcp_upstream;
 mod openapi;
 mod packaging;
 mod process;

@@ -866,15 +866,14 @@ pub(super) async fn reconcile(
     }
     let r = get_record(&console, &id).await?;
     let route = reconcilable(&console, &r).map_err(|e| *e)?;
-    let client =
-        crate::serve::proxy::UpstreamClient::new(console.admin.config.upstream_ca.as_deref())
-            .map_err(|e| {
-                error_page(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "Cannot reconcile",
-                    &format!("{e:#}"),
-                )
-            })?;
+    let client = crate::serve::proxy::upstream_client(console.admin.config.upstream_ca.as_deref())
+        .map_err(|e| {
+            error_page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Cannot reconcile",
+                &format!("{e:#}"),
+            )
+        })?;
     let attempt = match console.admin.store.reconcile_schedule(&r.id).await {
         Ok(Some(s)) => s.attempts + 1,
         _ => 1,
