@@ -33,6 +33,7 @@
 //!
 //! # Layout
 //!
+//! - [`error`]: [`ConfigError`], the error of everything this crate reads from configuration.
 //! - [`scheme`]: the scheme names of `verify = "..."` and the generic scheme's settings.
 //! - [`secret`]: secrets as read from the variable named by `secret_env`.
 //! - [`headers`]: [`HeaderLookup`], how the verifier reads request headers.
@@ -46,6 +47,7 @@
 
 #![warn(missing_docs)]
 
+pub mod error;
 pub mod event_id;
 pub mod headers;
 pub mod ingress;
@@ -57,11 +59,12 @@ pub mod sign;
 pub mod verify;
 pub mod worker;
 
+pub use error::ConfigError;
 pub use event_id::EventIdSource;
 pub use headers::HeaderLookup;
 pub use ingress::{WebhookConfig, WebhookEndpoint};
 pub use ops::{admin_router, list_dead, redeliver, DeadDelivery};
-pub use scheme::{ConfigError, Encoding, HmacConfig, Scheme};
+pub use scheme::{Encoding, HmacConfig, Scheme};
 pub use secret::{Secret, Secrets};
 pub use sign::sign;
 pub use verify::{verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
