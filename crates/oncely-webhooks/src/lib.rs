@@ -42,7 +42,9 @@
 //! - [`mod@verify`]: [`verify()`], [`Verifier`], [`Verified`] and [`VerifyError`].
 //! - [`mod@sign`]: [`sign()`], the sender's side, for tests and the demo.
 //! - [`ingress`]: [`WebhookConfig`], [`WebhookEndpoint`].
-//! - [`worker`]: [`DeliveryWorker`], [`WorkerOptions`], [`Waker`].
+//! - [`queue`]: [`queue::TASK_KIND`] and [`Waker`], what the ingress, the worker and the
+//!   operations share about the store's queue.
+//! - [`worker`]: [`DeliveryWorker`], [`WorkerOptions`].
 //! - [`ops`]: [`list_dead`], [`redeliver`], [`admin_router`].
 
 #![warn(missing_docs)]
@@ -53,6 +55,7 @@ pub mod headers;
 pub mod ingress;
 pub mod ops;
 pub mod parse;
+pub mod queue;
 pub mod scheme;
 pub mod secret;
 pub mod sign;
@@ -64,8 +67,9 @@ pub use event_id::EventIdSource;
 pub use headers::HeaderLookup;
 pub use ingress::{WebhookConfig, WebhookEndpoint};
 pub use ops::{admin_router, list_dead, redeliver, DeadDelivery};
+pub use queue::Waker;
 pub use scheme::{Encoding, HmacConfig, Scheme};
 pub use secret::{Secret, Secrets};
 pub use sign::sign;
 pub use verify::{verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
-pub use worker::{DeliveryWorker, Waker, WorkerOptions};
+pub use worker::{DeliveryWorker, WorkerOptions};
