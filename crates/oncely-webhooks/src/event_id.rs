@@ -2,13 +2,13 @@
 //!
 //! `json:/POINTER` reads a JSON pointer in the body (a string, or an integer written as
 //! its decimal digits); `header:NAME` reads a request header. Each scheme has a default
-//! ([`crate::Scheme::default_event_id`]).
+//! (`Scheme::default_event_id`).
 
 use std::fmt;
 use std::str::FromStr;
 
+use crate::error::ConfigError;
 use crate::headers::HeaderLookup;
-use crate::scheme::ConfigError;
 
 /// Where the event id of a delivery is read.
 #[derive(Debug, Clone, PartialEq, Eq)]

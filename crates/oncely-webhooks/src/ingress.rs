@@ -47,11 +47,8 @@ use oncely_http::problem::{Problem, ProblemCode, ONCELY_RECORD, ONCELY_STATUS};
 use oncely_store::{Claim, NewTask, Store, StoreError};
 use sha2::{Digest, Sha256};
 
+use crate::queue::{Waker, TASK_KIND};
 use crate::verify::Verifier;
-use crate::worker::Waker;
-
-/// The task kind of webhook deliveries in the store's queue.
-pub const TASK_KIND: &str = "webhook";
 
 /// How long an event id is remembered by default (Stripe retries for up to 3 days).
 pub const DEFAULT_DEDUPE_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);

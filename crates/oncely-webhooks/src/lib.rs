@@ -33,6 +33,7 @@
 //!
 //! # Layout
 //!
+//! - [`error`]: [`ConfigError`], the error of everything this crate reads from configuration.
 //! - [`scheme`]: the scheme names of `verify = "..."` and the generic scheme's settings.
 //! - [`secret`]: secrets as read from the variable named by `secret_env`.
 //! - [`headers`]: [`HeaderLookup`], how the verifier reads request headers.
@@ -41,28 +42,34 @@
 //! - [`mod@verify`]: [`verify()`], [`Verifier`], [`Verified`] and [`VerifyError`].
 //! - [`mod@sign`]: [`sign()`], the sender's side, for tests and the demo.
 //! - [`ingress`]: [`WebhookConfig`], [`WebhookEndpoint`].
-//! - [`worker`]: [`DeliveryWorker`], [`WorkerOptions`], [`Waker`].
+//! - [`queue`]: [`queue::TASK_KIND`] and [`Waker`], what the ingress, the worker and the
+//!   operations share about the store's queue.
+//! - [`worker`]: [`DeliveryWorker`], [`WorkerOptions`].
 //! - [`ops`]: [`list_dead`], [`redeliver`], [`admin_router`].
 
 #![warn(missing_docs)]
 
+pub mod error;
 pub mod event_id;
 pub mod headers;
 pub mod ingress;
 pub mod ops;
 pub mod parse;
+pub mod queue;
 pub mod scheme;
 pub mod secret;
 pub mod sign;
 pub mod verify;
 pub mod worker;
 
+pub use error::ConfigError;
 pub use event_id::EventIdSource;
 pub use headers::HeaderLookup;
 pub use ingress::{WebhookConfig, WebhookEndpoint};
 pub use ops::{admin_router, list_dead, redeliver, DeadDelivery};
-pub use scheme::{ConfigError, Encoding, HmacConfig, Scheme};
+pub use queue::Waker;
+pub use scheme::{Encoding, HmacConfig, Scheme};
 pub use secret::{Secret, Secrets};
 pub use sign::sign;
 pub use verify::{verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
-pub use worker::{DeliveryWorker, Waker, WorkerOptions};
+pub use worker::{DeliveryWorker, WorkerOptions};

@@ -20,8 +20,8 @@ use oncely_http::problem::ProblemCode;
 use oncely_store::{Store, StoreError, Task, TaskError, TaskId, TaskState};
 use serde::Serialize;
 
-use crate::ingress::{problem, TASK_KIND};
-use crate::worker::Waker;
+use crate::ingress::problem;
+use crate::queue::{Waker, TASK_KIND};
 
 /// One dead-lettered (or requeued) delivery, as `oncely webhooks dead --json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -15,7 +15,8 @@ use std::fmt;
 
 use base64::Engine as _;
 
-use crate::scheme::{ConfigError, Scheme};
+use crate::error::ConfigError;
+use crate::scheme::Scheme;
 
 /// Standard base64 (`+/`) that accepts the padding written or left out.
 pub(crate) const BASE64_LENIENT: base64::engine::GeneralPurpose =

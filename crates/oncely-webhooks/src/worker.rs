@@ -27,10 +27,10 @@ use oncely_core::backoff;
 use oncely_http::client::{error_chain, ClientOptions, PooledClient};
 use oncely_store::queue::while_leased;
 use oncely_store::{Finished, Store, Task, TaskOutcome};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::ingress::TASK_KIND;
+use crate::queue::{Waker, TASK_KIND};
 
 /// The longest retry delay ceiling.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
@@ -61,17 +61,6 @@ impl Default for WorkerOptions {
             poll_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(30),
         }
-    }
-}
-
-/// Wakes a [`DeliveryWorker`] now (cheap to clone).
-#[derive(Debug, Clone, Default)]
-pub struct Waker(Arc<Notify>);
-
-impl Waker {
-    /// Makes the worker look for due tasks now.
-    pub fn wake(&self) {
-        self.0.notify_one();
     }
 }
 
@@ -188,7 +177,7 @@ impl Run {
                 continue;
             }
             tokio::select! {
-                _ = this.waker.0.notified() => {}
+                _ = this.waker.notified() => {}
                 _ = tokio::time::sleep(this.options.poll_interval) => {}
                 Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
                 _ = stopped.changed() => {}

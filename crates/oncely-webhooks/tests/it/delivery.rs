@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oncely_store::{Store, TaskState};
-use oncely_webhooks::ingress::TASK_KIND;
+use oncely_webhooks::queue::TASK_KIND;
 use oncely_webhooks::{admin_router, list_dead, redeliver};
 
 use crate::support::*;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use oncely_store::{ListFilter, Store};
-use oncely_webhooks::ingress::TASK_KIND;
+use oncely_webhooks::queue::TASK_KIND;
 
 use crate::support::*;
 
