@@ -1,4 +1,6 @@
-//! `oncely demo`: a self-contained showcase of what the gateway is for.
+//! `oncely demo`: a self-contained showcase of what the gateway is for, one concept: the
+//! scripted story (the service, the gateway, the agent and the table it prints), read top
+//! to bottom.
 //!
 //! Everything runs in this process, on 127.0.0.1 only:
 //!

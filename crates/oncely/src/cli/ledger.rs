@@ -1,15 +1,124 @@
 //! `oncely ledger list | show | resolve | reconcile | purge`.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use clap::{Args, Subcommand, ValueEnum};
 use oncely_core::{Record, RecordId, State};
 use oncely_store::{ListFilter, Store, StoreError};
 
-use super::store::{open, Ledger};
-use super::{Failure, LedgerCommand, Outcome, ResolveArgs};
+use super::store::{open, Ledger, StoreArgs};
+use super::{Failure, Outcome};
 use crate::operations::{self, Verdict};
 use crate::records;
 use crate::serve::reconcile::{reconcile_once, Reconciled};
+
+/// A ledger state, as `--status` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum StatusArg {
+    /// Being executed.
+    Processing,
+    /// Done, replayed until it expires.
+    Completed,
+    /// Awaiting reconciliation.
+    OutcomeUnknown,
+    /// Failed harmlessly.
+    Released,
+}
+
+impl From<StatusArg> for oncely_core::State {
+    fn from(s: StatusArg) -> oncely_core::State {
+        match s {
+            StatusArg::Processing => oncely_core::State::Processing,
+            StatusArg::Completed => oncely_core::State::Completed,
+            StatusArg::OutcomeUnknown => oncely_core::State::OutcomeUnknown,
+            StatusArg::Released => oncely_core::State::Released,
+        }
+    }
+}
+
+/// `oncely ledger ...`.
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Lists records, newest first.
+    List {
+        /// Only records in this state.
+        #[arg(long, value_enum, value_name = "S")]
+        status: Option<StatusArg>,
+        /// Only this principal: its hash, or its raw value (hashed with the store's key).
+        #[arg(long, value_name = "P")]
+        principal: Option<String>,
+        /// Only this route: its name ("POST /v1/render") or its path pattern alone
+        /// ("/v1/render", any method).
+        #[arg(long, value_name = "R")]
+        route: Option<String>,
+        /// At most this many.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// One JSON array on standard output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// One record, every field.
+    Show {
+        /// The record id (as in `Oncely-Record`).
+        id: String,
+        /// One JSON object on standard output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Resolves an outcome_unknown record.
+    Resolve(ResolveArgs),
+    /// Asks the route's reconcile endpoint now and resolves the record by its answer.
+    Reconcile {
+        /// The record id.
+        id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Deletes expired records.
+    Purge {
+        /// Expired records only (the only kind purge deletes; accepted for clarity).
+        #[arg(long)]
+        expired: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// `oncely ledger resolve ID --released | --completed --status CODE ...`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("verdict").required(true).args(["released", "completed"])))]
+pub struct ResolveArgs {
+    /// The record id.
+    pub id: String,
+    /// The action did not happen: the next identical request executes afresh.
+    #[arg(long)]
+    pub released: bool,
+    /// The action happened: later duplicates get this response.
+    #[arg(long, requires = "status")]
+    pub completed: bool,
+    /// The response status duplicates get.
+    #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u16).range(100..=599), requires = "completed")]
+    pub status: Option<u16>,
+    /// The response body duplicates get.
+    #[arg(long, value_name = "F", requires = "completed")]
+    pub body_file: Option<PathBuf>,
+    /// A response header, `Name: value` (repeatable).
+    #[arg(long = "header", value_name = "'Name: value'", value_parser = parse_header_arg, requires = "completed")]
+    pub headers: Vec<(String, String)>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+fn parse_header_arg(text: &str) -> Result<(String, String), String> {
+    crate::operations::header_line(text)
+}
 
 pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
     match cmd {

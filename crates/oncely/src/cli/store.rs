@@ -1,11 +1,25 @@
 //! Opening the ledger for a command: which URL and which config.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use clap::Args;
 use oncely_store::{Store, StoreError, StoreOptions};
 
-use super::{Failure, Outcome, StoreArgs};
+use super::{Failure, Outcome};
 use crate::config::{Config, Overrides, DEFAULT_STORE};
+
+/// Where the ledger is: `--store`, else `ONCELY_STORE`, else the config file's `store`,
+/// else `sqlite://oncely.db`.
+#[derive(Debug, Clone, Args, Default)]
+pub struct StoreArgs {
+    /// The ledger: sqlite://PATH or postgres://USER[:PASS]@HOST[:PORT]/DB.
+    #[arg(long, env = "ONCELY_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// A config file to take the store (and route settings) from.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
 
 /// What a ledger command works with.
 #[derive(Debug)]

@@ -8,7 +8,8 @@ use oncely_store::RepeatKind;
 
 use super::ledger::{principal_filter, store_failure};
 use super::store::open;
-use super::{Outcome, StoreArgs};
+use super::store::StoreArgs;
+use super::Outcome;
 use crate::records;
 use crate::statement::{Answer, Format, Line, Source, Statement};
 

@@ -6,7 +6,8 @@ use clap::Subcommand;
 
 use super::ledger::store_failure;
 use super::store::open;
-use super::{Failure, Outcome, StoreArgs};
+use super::store::StoreArgs;
+use super::{Failure, Outcome};
 
 /// The `webhooks` subcommands.
 #[derive(Debug, Subcommand)]
