@@ -319,32 +319,52 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
             },
         );
     }
-    if let Some(n) = read::integer(t, loc, "concurrency", problems) {
-        if n == 0 {
-            problems.add(at(loc, "concurrency"), "must be at least 1");
-        } else {
-            f.concurrency = Some(n as usize);
-        }
-    }
-    if let Some(n) = read::integer(t, loc, "retries", problems) {
-        if n > MAX_RETRIES.into() {
-            problems.add(at(loc, "retries"), format!("must be at most {MAX_RETRIES}"));
-        } else {
-            f.retries = Some(n as u32);
-        }
-    }
-    if let Some(d) = read::duration(t, loc, "retry_backoff", problems) {
-        if d.is_zero() {
-            problems.add(at(loc, "retry_backoff"), "must be longer than 0");
-        } else {
-            f.retry_backoff = Some(d);
-        }
-    }
+    f.concurrency = concurrency(t, loc, problems);
+    f.retries = retries(t, loc, problems);
+    f.retry_backoff = retry_backoff(t, loc, problems);
     f
 }
 
-/// The most retries a route may ask for.
+/// The most retries a route (or an `[[mcp]]` entry) may ask for.
 const MAX_RETRIES: u32 = 10;
+
+/// The built-in `retry_backoff`.
+pub(super) const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
+
+/// `concurrency`: an integer of at least 1, or `None` (unlimited) when it is absent or
+/// wrong (then reported). Routes, `[defaults]` and `[[mcp]]` entries read it so.
+pub(super) fn concurrency(t: &Table, loc: &str, p: &mut Problems) -> Option<usize> {
+    let n = read::integer(t, loc, "concurrency", p)?;
+    if n == 0 {
+        p.add(at(loc, "concurrency"), "must be at least 1");
+        return None;
+    }
+    Some(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// `retries`: an integer from 0 to [`MAX_RETRIES`], or `None` when it is absent or wrong
+/// (then reported). Routes, `[defaults]` and `[[mcp]]` entries read it so.
+pub(super) fn retries(t: &Table, loc: &str, p: &mut Problems) -> Option<u32> {
+    let n = read::integer(t, loc, "retries", p)?;
+    match u32::try_from(n) {
+        Ok(n) if n <= MAX_RETRIES => Some(n),
+        _ => {
+            p.add(at(loc, "retries"), format!("must be at most {MAX_RETRIES}"));
+            None
+        }
+    }
+}
+
+/// `retry_backoff`: a duration longer than 0, or `None` when it is absent or wrong (then
+/// reported). Routes, `[defaults]` and `[[mcp]]` entries read it so.
+pub(super) fn retry_backoff(t: &Table, loc: &str, p: &mut Problems) -> Option<Duration> {
+    let d = read::duration(t, loc, "retry_backoff", p)?;
+    if d.is_zero() {
+        p.add(at(loc, "retry_backoff"), "must be longer than 0");
+        return None;
+    }
+    Some(d)
+}
 
 /// Reads `[defaults]` (no table: no defaults).
 pub(super) fn defaults(table: &Table, p: &mut Problems) -> RouteFields {
@@ -434,7 +454,7 @@ impl Route {
             concurrency: None,
             answer_before_record: false,
             retries: 0,
-            retry_backoff: Duration::from_millis(100),
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
             window: Duration::from_secs(3 * 3600),
             wait: Duration::from_secs(20),
         }
@@ -509,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn retries_default_to_none_and_are_bounded() {
+    fn retries_and_concurrency_default_to_none_and_are_bounded() {
         let routes = read(
             r#"
 [defaults]
@@ -539,6 +559,10 @@ retry_backoff = "0s"
 method = "GET"
 path = "/b"
 retries = -1
+[[routes]]
+method = "GET"
+path = "/c"
+concurrency = 0
 "#,
         )
         .unwrap_err();
@@ -548,6 +572,7 @@ retries = -1
                 "routes[0].retries: must be at most 10",
                 "routes[0].retry_backoff: must be longer than 0",
                 "routes[1].retries: -1 is negative",
+                "routes[2].concurrency: must be at least 1",
             ]
         );
     }
