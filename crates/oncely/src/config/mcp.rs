@@ -1,6 +1,10 @@
 //! `[[mcp]]`: MCP Streamable HTTP endpoints the gateway serves, each in front of one
 //! upstream MCP server. `window`, `wait`, `timeout` and `lease` are inherited from
 //! `[defaults]` when an entry does not set them.
+//!
+//! Extensions beyond the contract: `units`, `timeout`, `lease`, and `concurrency`,
+//! `retries` and `retry_backoff`, which are read as on a route (the same parsers, bounds
+//! and built-in defaults) but not inherited from `[defaults]`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,7 +14,7 @@ use oncely_tower::{PrincipalSource, UnitsRule};
 use toml::Table;
 
 use super::read::{self, at, check, required, Problems};
-use super::routes::RouteFields;
+use super::routes::{self, RouteFields, DEFAULT_RETRY_BACKOFF};
 use super::upstream::Upstream;
 use super::values::{endpoint_path, env_name, principal, relative};
 
@@ -45,6 +49,17 @@ pub struct McpEndpoint {
     /// With `jwt:CLAIM`: whether a token without `exp` is refused (`jwt_require_exp`,
     /// default true).
     pub jwt_require_exp: bool,
+    /// Most guarded tool calls in flight to the MCP server, per gateway process (an
+    /// extension; default unlimited). A call that finds no slot within `timeout` is
+    /// answered as busy, never sent.
+    pub concurrency: Option<usize>,
+    /// How many more times a failed connection to the MCP server (nothing was sent) is
+    /// tried (an extension; default 0, at most 10). A call that may have reached the
+    /// server is never retried.
+    pub retries: u32,
+    /// The first retry's delay ceiling, doubled per retry, full jitter (an extension;
+    /// default 100ms).
+    pub retry_backoff: Duration,
 }
 
 const MCP_KEYS: &[&str] = &[
@@ -63,6 +78,9 @@ const MCP_KEYS: &[&str] = &[
     "units",
     "timeout",
     "lease",
+    "concurrency",
+    "retries",
+    "retry_backoff",
 ];
 
 /// Reads `[[mcp]]`: the entries without problems (each problem is reported). `base` is
@@ -189,6 +207,9 @@ fn entry(
         ),
         None => Some(UnitsRule::Fixed(1)),
     };
+    let concurrency = routes::concurrency(t, loc, p);
+    let retries = routes::retries(t, loc, p).unwrap_or(0);
+    let retry_backoff = routes::retry_backoff(t, loc, p).unwrap_or(DEFAULT_RETRY_BACKOFF);
     Some(McpEndpoint {
         path: path?,
         upstream: upstream?,
@@ -203,13 +224,15 @@ fn entry(
         jwt_audience,
         jwt_issuer,
         jwt_require_exp,
+        concurrency,
+        retries,
+        retry_backoff,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::routes;
 
     /// The `[[mcp]]` entries of `text` (with its `[defaults]`), or its problems.
     fn read(text: &str) -> Result<Vec<McpEndpoint>, Vec<String>> {
@@ -278,6 +301,90 @@ timeout = "5s"
         assert_eq!(
             m.principal,
             McpPrincipal::Source(PrincipalSource::Header(http::header::AUTHORIZATION))
+        );
+    }
+
+    #[test]
+    fn concurrency_and_retries_have_the_routes_defaults_and_are_read() {
+        let mcp = read(
+            r#"
+[defaults]
+concurrency = 8
+retries = 3
+retry_backoff = "1s"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+[[mcp]]
+path = "/mcp2"
+upstream = "http://127.0.0.1:1/mcp"
+concurrency = 4
+retries = 10
+retry_backoff = "250ms"
+"#,
+        )
+        .unwrap();
+        // The built-in defaults of a route; `[defaults]` is not inherited for these.
+        let route = routes::Route::defaults();
+        assert_eq!(mcp[0].concurrency, None);
+        assert_eq!(mcp[0].retries, 0);
+        assert_eq!(mcp[0].retry_backoff, Duration::from_millis(100));
+        assert_eq!(
+            (mcp[0].concurrency, mcp[0].retries, mcp[0].retry_backoff),
+            (route.concurrency, route.retries, route.retry_backoff)
+        );
+        assert_eq!(mcp[1].concurrency, Some(4));
+        assert_eq!(mcp[1].retries, 10);
+        assert_eq!(mcp[1].retry_backoff, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn concurrency_and_retries_are_refused_as_on_routes() {
+        let cases = [
+            ("retries", "11", "must be at most 10"),
+            ("retries", "-1", "-1 is negative"),
+            ("retries", "\"2\"", "expected an integer, found a string"),
+            ("concurrency", "0", "must be at least 1"),
+            ("concurrency", "-3", "-3 is negative"),
+            ("retry_backoff", "\"0s\"", "must be longer than 0"),
+            ("retry_backoff", "3", "expected a string, found an integer"),
+        ];
+        for (key, value, message) in cases {
+            let mcp = read(&format!(
+                "[[mcp]]\npath = \"/mcp\"\nupstream = \"http://127.0.0.1:1/mcp\"\n{key} = {value}\n"
+            ))
+            .unwrap_err();
+            assert_eq!(mcp, [format!("mcp[0].{key}: {message}")]);
+            let table: Table =
+                format!("[[routes]]\nmethod = \"GET\"\npath = \"/a\"\n{key} = {value}\n")
+                    .parse()
+                    .unwrap();
+            let mut p = Problems::default();
+            let upstream = Upstream::parse("http://127.0.0.1:1").unwrap();
+            routes::section(&table, &RouteFields::default(), Some(&upstream), &mut p);
+            let route: Vec<_> = p.0.iter().map(ToString::to_string).collect();
+            assert_eq!(route, [format!("routes[0].{key}: {message}")]);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_still_refused() {
+        let ps = read(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+concurency = 2
+retry = 1
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(ps.len(), 2, "{ps:#?}");
+        assert!(ps[0].starts_with("mcp[0].concurency: unknown key (known here: "));
+        assert!(ps[1].starts_with("mcp[0].retry: unknown key (known here: "));
+        assert!(
+            ps[0].ends_with(", concurrency, retries, retry_backoff)"),
+            "{ps:#?}"
         );
     }
 
