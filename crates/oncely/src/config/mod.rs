@@ -5,6 +5,14 @@
 //! turns what it read into typed values with defaults applied. Nothing downstream looks a
 //! setting up by name.
 //!
+//! One module per section reads its part of the table: [`routes`] (`[[routes]]` and the
+//! `[defaults]` they inherit), [`mcp`] (`[[mcp]]`), [`webhooks`] (`[[webhooks]]`) and
+//! [`tracing`] (`[tracing]`); this module reads the top-level keys and `tls`, and checks
+//! what spans sections (one endpoint per path). What the sections share sits below them,
+//! and none of them uses this module: [`read`] (the TOML getters and the problem
+//! collector), [`values`] (value parsers), [`upstream`] (the [`Upstream`] URL) and
+//! [`pattern`] (route path patterns).
+//!
 //! Relative file paths (`tls`, `upstream_ca`, `jwks_file`) are taken relative to the
 //! config file's directory.
 //!
@@ -14,23 +22,31 @@
 //! `signature_header`, `signature_encoding`, `signature_prefix` and `timestamp_header`;
 //! the `[tracing]` section (OTLP traces, [`tracing`]).
 
+mod mcp;
 mod pattern;
 mod read;
+mod routes;
 pub mod tracing;
+mod upstream;
+mod values;
+mod webhooks;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::{HeaderName, Method, Uri};
-use oncely_core::Class;
-use oncely_mcp::{JwtKey, McpPrincipal};
-use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, UnitsOf, UnitsRule};
+use http::Method;
 use toml::Table;
 
+pub use mcp::McpEndpoint;
 pub use pattern::{normalize_path, PathError, PathPattern};
 pub use read::Problem;
-use read::{at, Problems};
+pub use routes::{MethodMatch, Reconcile, Route};
+pub use upstream::Upstream;
+pub use webhooks::WebhookEndpoint;
+
+use read::{at, check, Problems};
+use values::{env_name, relative};
 
 /// The default gateway address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -57,53 +73,6 @@ pub enum ConfigError {
     Invalid(Vec<Problem>),
 }
 
-/// An upstream base URL: `http://` or `https://`, with an optional path prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    /// The URL as parsed.
-    pub uri: Uri,
-}
-
-impl Upstream {
-    /// Parses and checks an upstream URL.
-    pub fn parse(text: &str) -> Result<Upstream, String> {
-        let uri: Uri = text
-            .parse()
-            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
-        match uri.scheme_str() {
-            Some("http") | Some("https") => {}
-            _ => {
-                return Err(format!(
-                    "upstream {text:?} must start with http:// or https://"
-                ))
-            }
-        }
-        if uri.authority().is_none() {
-            return Err(format!("upstream {text:?} has no host"));
-        }
-        if uri.query().is_some() {
-            return Err(format!("upstream {text:?} must not have a query"));
-        }
-        Ok(Upstream { uri })
-    }
-
-    /// Whether it is an `https://` upstream.
-    pub fn is_https(&self) -> bool {
-        self.uri.scheme_str() == Some("https")
-    }
-
-    /// The path prefix, without a trailing slash (`""` for none).
-    pub fn base_path(&self) -> &str {
-        self.uri.path().trim_end_matches('/')
-    }
-}
-
-impl std::fmt::Display for Upstream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.uri)
-    }
-}
-
 /// PEM files to serve HTTPS with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -111,213 +80,6 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// Private key.
     pub key: PathBuf,
-}
-
-/// Which methods a route matches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MethodMatch {
-    /// `"*"`.
-    Any,
-    /// One method.
-    One(Method),
-}
-
-impl MethodMatch {
-    /// Whether `method` matches.
-    pub fn matches(&self, method: &Method) -> bool {
-        match self {
-            MethodMatch::Any => true,
-            MethodMatch::One(m) => m == method,
-        }
-    }
-}
-
-impl std::fmt::Display for MethodMatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MethodMatch::Any => f.write_str("*"),
-            MethodMatch::One(m) => f.write_str(m.as_str()),
-        }
-    }
-}
-
-/// A route's `key`.
-fn key_mode(text: &str) -> Result<KeyMode, String> {
-    Ok(match text {
-        "header" => KeyMode::Header,
-        "fingerprint" => KeyMode::Fingerprint,
-        "header-or-fingerprint" => KeyMode::HeaderOrFingerprint,
-        "none" => KeyMode::None,
-        other => {
-            return Err(format!(
-                "unknown key {other:?} (use header, fingerprint, header-or-fingerprint or none)"
-            ))
-        }
-    })
-}
-
-/// How to ask the upstream whether an `outcome_unknown` action happened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reconcile {
-    /// The method to ask with.
-    pub method: Method,
-    /// Path and query, with `{key}` standing for the downstream key.
-    pub target: String,
-}
-
-impl Reconcile {
-    fn parse(text: &str) -> Result<Reconcile, String> {
-        let (method, target) = text.split_once(' ').ok_or_else(|| {
-            format!("reconcile {text:?} must be \"METHOD /path?query\" with {{key}} in it")
-        })?;
-        let method = Method::from_bytes(method.as_bytes())
-            .map_err(|_| format!("reconcile {text:?}: {method:?} is not an HTTP method"))?;
-        let target = target.trim();
-        if !target.starts_with('/') {
-            return Err(format!(
-                "reconcile {text:?}: the target must start with \"/\""
-            ));
-        }
-        if !target.contains("{key}") {
-            return Err(format!(
-                "reconcile {text:?}: the target must contain {{key}} (the downstream key)"
-            ));
-        }
-        if target
-            .replace("{key}", "k")
-            .parse::<http::uri::PathAndQuery>()
-            .is_err()
-        {
-            return Err(format!(
-                "reconcile {text:?}: {target:?} is not a valid path and query"
-            ));
-        }
-        Ok(Reconcile {
-            method,
-            target: target.to_owned(),
-        })
-    }
-
-    /// The target with `{key}` replaced by the (URL-safe) downstream key.
-    pub fn target_for(&self, downstream_key: &str) -> String {
-        self.target.replace("{key}", downstream_key)
-    }
-}
-
-/// One `[[routes]]` entry, with `[defaults]` and the built-in defaults applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    /// The route's name in the ledger, logs and metrics: `METHOD PATTERN`.
-    pub name: String,
-    /// Which methods.
-    pub method: MethodMatch,
-    /// Which paths.
-    pub path: PathPattern,
-    /// Operation class (default `write`).
-    pub class: Class,
-    /// Key source (default `header-or-fingerprint`).
-    pub key: KeyMode,
-    /// Principal (default `header:authorization`).
-    pub principal: PrincipalSource,
-    /// Headers that are part of the fingerprint (lower case).
-    pub fingerprint_headers: Vec<HeaderName>,
-    /// JSON pointers left out of the fingerprint.
-    pub ignore_fields: Vec<String>,
-    /// Only these callers are guarded.
-    pub guard_when: Option<GuardWhen>,
-    /// Billing units (default none).
-    pub units: UnitsRule,
-    /// The upstream (the route's own, or the top-level one).
-    pub upstream: Option<Upstream>,
-    /// Upstream timeout (default 120s).
-    pub timeout: Duration,
-    /// Owner lease (default 30s).
-    pub lease: Duration,
-    /// Reconciliation endpoint.
-    pub reconcile: Option<Reconcile>,
-    /// Delay before the server's own reconciliation (default 60s).
-    pub reconcile_after: Duration,
-    /// Most upstream calls in flight.
-    pub concurrency: Option<usize>,
-    /// `answer = "before_record"`: a fresh answer's body ends before its completion is
-    /// durable (default `"after_record"`: only after). A crash in between is a crash
-    /// during the call.
-    pub answer_before_record: bool,
-    /// How many more times a temporary upstream failure is tried (default 0, at most 10).
-    pub retries: u32,
-    /// The first retry's delay ceiling, doubled per retry, full jitter (default 100ms).
-    pub retry_backoff: Duration,
-    /// Replay window (default 3h).
-    pub window: Duration,
-    /// How long a duplicate waits for the original (default 20s).
-    pub wait: Duration,
-}
-
-/// One `[[mcp]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpEndpoint {
-    /// The path clients use.
-    pub path: String,
-    /// The upstream MCP server.
-    pub upstream: Upstream,
-    /// What identifies the account.
-    pub principal: McpPrincipal,
-    /// Tools to guard (`*` = every tool not marked readOnlyHint).
-    pub tools: Vec<String>,
-    /// Guarded tools of class `action` (names, `*` wildcards); the rest are `write`.
-    pub actions: Vec<String>,
-    /// Replay window.
-    pub window: Duration,
-    /// How long a duplicate waits.
-    pub wait: Duration,
-    /// Billing units per guarded call (an extension): `call` (default) or
-    /// `json:/POINTER` into the tool's `arguments`.
-    pub units: UnitsRule,
-    /// Upstream timeout of a guarded call (an extension; default 120s).
-    pub timeout: Duration,
-    /// The owner's lease (an extension; default 30s).
-    pub lease: Duration,
-    /// With `jwt:CLAIM`: the audience a token's `aud` must name (`jwt_audience`).
-    pub jwt_audience: Option<String>,
-    /// With `jwt:CLAIM`: the issuer a token's `iss` must be (`jwt_issuer`).
-    pub jwt_issuer: Option<String>,
-    /// With `jwt:CLAIM`: whether a token without `exp` is refused (`jwt_require_exp`,
-    /// default true).
-    pub jwt_require_exp: bool,
-    /// Most guarded tool calls in flight to the server (an extension).
-    pub concurrency: Option<usize>,
-    /// Retries of a connection that was never made (an extension; default 0).
-    pub retries: u32,
-    /// The first retry's delay ceiling (an extension; default 100ms).
-    pub retry_backoff: Duration,
-}
-
-/// One `[[webhooks]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WebhookEndpoint {
-    /// The path senders post to.
-    pub path: String,
-    /// How signatures are checked.
-    pub verify: oncely_webhooks::Scheme,
-    /// The variable holding the secrets (space-separated).
-    pub secret_env: String,
-    /// How far a signed timestamp may be from now (default 5m).
-    pub tolerance: Duration,
-    /// Where the event id comes from (the scheme's default when unset).
-    pub event_id: Option<oncely_webhooks::EventIdSource>,
-    /// JSON pointers whose values also make a delivery unique.
-    pub dedupe_fields: Vec<String>,
-    /// Where deliveries go.
-    pub deliver_to: Upstream,
-    /// Timeout of one delivery (default 30s).
-    pub deliver_timeout: Duration,
-    /// Attempts before dead-lettering (default 10).
-    pub max_attempts: u32,
-    /// First retry delay (default 1s).
-    pub retry_backoff: Duration,
-    /// The delivery worker's lease on a delivery, renewed while it runs: a delivery cut
-    /// off by a crash is sent again about this long after (an extension; default 30s).
-    pub lease: Duration,
 }
 
 /// The whole validated configuration.
@@ -394,299 +156,6 @@ const TOP_KEYS: &[&str] = &[
     "tracing",
 ];
 
-const ROUTE_FIELDS: &[&str] = &[
-    "class",
-    "key",
-    "principal",
-    "fingerprint_headers",
-    "ignore_fields",
-    "guard_when",
-    "units",
-    "upstream",
-    "timeout",
-    "lease",
-    "reconcile",
-    "reconcile_after",
-    "concurrency",
-    "retries",
-    "retry_backoff",
-    "window",
-    "wait",
-    "answer",
-];
-
-const MCP_KEYS: &[&str] = &[
-    "path",
-    "upstream",
-    "principal",
-    "jwt_secret_env",
-    "jwks_file",
-    "jwt_audience",
-    "jwt_issuer",
-    "jwt_require_exp",
-    "tools",
-    "actions",
-    "window",
-    "wait",
-    "units",
-    "timeout",
-    "lease",
-];
-
-const WEBHOOK_KEYS: &[&str] = &[
-    "path",
-    "verify",
-    "secret_env",
-    "tolerance",
-    "event_id",
-    "dedupe_fields",
-    "deliver_to",
-    "deliver_timeout",
-    "max_attempts",
-    "retry_backoff",
-    "lease",
-    "signature_header",
-    "signature_encoding",
-    "signature_prefix",
-    "timestamp_header",
-];
-
-/// The route fields one table sets (a route or `[defaults]`); unset ones are `None`.
-#[derive(Debug, Default, Clone)]
-struct RouteFields {
-    method: Option<MethodMatch>,
-    class: Option<Class>,
-    key: Option<KeyMode>,
-    principal: Option<PrincipalSource>,
-    fingerprint_headers: Option<Vec<HeaderName>>,
-    ignore_fields: Option<Vec<String>>,
-    guard_when: Option<GuardWhen>,
-    units: Option<UnitsRule>,
-    upstream: Option<Upstream>,
-    timeout: Option<Duration>,
-    lease: Option<Duration>,
-    reconcile: Option<Reconcile>,
-    reconcile_after: Option<Duration>,
-    concurrency: Option<usize>,
-    answer_before_record: Option<bool>,
-    retries: Option<u32>,
-    retry_backoff: Option<Duration>,
-    window: Option<Duration>,
-    wait: Option<Duration>,
-}
-
-fn header_name(text: &str) -> Result<HeaderName, String> {
-    HeaderName::from_bytes(text.as_bytes())
-        .map_err(|_| format!("{text:?} is not a valid header name"))
-}
-
-fn pointer(text: &str) -> Result<(), String> {
-    if text.starts_with('/') {
-        Ok(())
-    } else {
-        Err(format!(
-            "{text:?} is not a JSON pointer (it must start with \"/\", e.g. \"/request_id\")"
-        ))
-    }
-}
-
-fn check<T>(problems: &mut Problems, loc: &str, key: &str, r: Result<T, String>) -> Option<T> {
-    r.map_err(|e| problems.add(at(loc, key), e)).ok()
-}
-
-fn env_name(text: &str) -> Result<(), String> {
-    if !text.is_empty()
-        && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !text.starts_with(|c: char| c.is_ascii_digit())
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "{text:?} is not an environment variable name (letters, digits and _)"
-        ))
-    }
-}
-
-/// `header:NAME`, `none`, and (when `jwt` is allowed) `jwt:CLAIM`.
-fn principal(text: &str, allow_jwt: bool) -> Result<McpPrincipal, String> {
-    if text == "none" {
-        Ok(McpPrincipal::Source(PrincipalSource::None))
-    } else if let Some(name) = text.strip_prefix("header:") {
-        header_name(name).map(|h| McpPrincipal::Source(PrincipalSource::Header(h)))
-    } else if let (true, Some(claim)) = (allow_jwt, text.strip_prefix("jwt:")) {
-        if claim.is_empty() {
-            Err("jwt: needs a claim name, e.g. jwt:sub".into())
-        } else {
-            // The key is filled in by the caller.
-            Ok(McpPrincipal::Jwt {
-                claim: claim.to_owned(),
-                key: JwtKey::SecretEnv(String::new()),
-            })
-        }
-    } else if allow_jwt {
-        Err(format!(
-            "unknown principal {text:?} (use header:NAME, jwt:CLAIM or none)"
-        ))
-    } else {
-        Err(format!(
-            "unknown principal {text:?} (use header:NAME or none)"
-        ))
-    }
-}
-
-/// A route's `principal`: `header:NAME` or `none`.
-fn route_principal(text: &str) -> Result<PrincipalSource, String> {
-    match principal(text, false)? {
-        McpPrincipal::Source(source) => Ok(source),
-        McpPrincipal::Jwt { .. } => unreachable!("jwt:CLAIM is refused on routes"),
-    }
-}
-
-fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
-    let mut f = RouteFields::default();
-    if let Some(m) = read::string(t, loc, "method", problems) {
-        f.method = check(
-            problems,
-            loc,
-            "method",
-            if m == "*" {
-                Ok(MethodMatch::Any)
-            } else {
-                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map(MethodMatch::One)
-                    .map_err(|_| format!("{m:?} is not an HTTP method (or \"*\")"))
-            },
-        );
-    }
-    if let Some(c) = read::string(t, loc, "class", problems) {
-        f.class = check(
-            problems,
-            loc,
-            "class",
-            match c.parse::<Class>() {
-                Ok(Class::Webhook) | Err(_) => Err(format!(
-                    "unknown class {c:?} (use read, write, action or job)"
-                )),
-                Ok(class) => Ok(class),
-            },
-        );
-    }
-    if let Some(k) = read::string(t, loc, "key", problems) {
-        f.key = check(problems, loc, "key", key_mode(k));
-    }
-    if let Some(p) = read::string(t, loc, "principal", problems) {
-        f.principal = check(problems, loc, "principal", route_principal(p));
-    }
-    if let Some(names) = read::strings(t, loc, "fingerprint_headers", problems) {
-        let mut out = Vec::new();
-        for (i, n) in names.iter().enumerate() {
-            match header_name(n) {
-                Ok(h) => out.push(h),
-                Err(e) => problems.add(format!("{}[{i}]", at(loc, "fingerprint_headers")), e),
-            }
-        }
-        f.fingerprint_headers = Some(out);
-    }
-    if let Some(ptrs) = read::strings(t, loc, "ignore_fields", problems) {
-        for (i, p) in ptrs.iter().enumerate() {
-            if let Err(e) = pointer(p) {
-                problems.add(format!("{}[{i}]", at(loc, "ignore_fields")), e);
-            }
-        }
-        f.ignore_fields = Some(ptrs);
-    }
-    if let Some(g) = read::table(t, loc, "guard_when", problems) {
-        let gloc = at(loc, "guard_when");
-        read::unknown_keys(g, &gloc, &["header", "prefix"], problems);
-        let header = match read::string(g, &gloc, "header", problems) {
-            Some(h) => check(problems, &gloc, "header", header_name(h)),
-            None => {
-                if !g.contains_key("header") {
-                    problems.add(at(&gloc, "header"), "missing (the header to look at)");
-                }
-                None
-            }
-        };
-        let prefix = read::string(g, &gloc, "prefix", problems).unwrap_or("");
-        f.guard_when = header.map(|header| GuardWhen {
-            header,
-            prefix: prefix.to_owned(),
-        });
-    }
-    if let Some(u) = read::string(t, loc, "units", problems) {
-        f.units = check(problems, loc, "units", UnitsRule::parse(u, UnitsOf::Route));
-    }
-    if let Some(u) = read::string(t, loc, "upstream", problems) {
-        f.upstream = check(problems, loc, "upstream", Upstream::parse(u));
-    }
-    for (key, slot) in [
-        ("timeout", &mut f.timeout),
-        ("lease", &mut f.lease),
-        ("window", &mut f.window),
-        ("wait", &mut f.wait),
-    ] {
-        if let Some(d) = read::duration(t, loc, key, problems) {
-            if d.is_zero() {
-                problems.add(at(loc, key), "must be longer than 0");
-            } else {
-                *slot = Some(d);
-            }
-        }
-    }
-    f.reconcile_after = read::duration(t, loc, "reconcile_after", problems);
-    if let Some(r) = read::string(t, loc, "reconcile", problems) {
-        f.reconcile = check(problems, loc, "reconcile", Reconcile::parse(r));
-    }
-    if let Some(a) = read::string(t, loc, "answer", problems) {
-        f.answer_before_record = check(
-            problems,
-            loc,
-            "answer",
-            match a {
-                "after_record" => Ok(false),
-                "before_record" => Ok(true),
-                other => Err(format!(
-                    "unknown answer {other:?} (use after_record or before_record)"
-                )),
-            },
-        );
-    }
-    if let Some(n) = read::integer(t, loc, "concurrency", problems) {
-        if n == 0 {
-            problems.add(at(loc, "concurrency"), "must be at least 1");
-        } else {
-            f.concurrency = Some(n as usize);
-        }
-    }
-    if let Some(n) = read::integer(t, loc, "retries", problems) {
-        if n > MAX_RETRIES.into() {
-            problems.add(at(loc, "retries"), format!("must be at most {MAX_RETRIES}"));
-        } else {
-            f.retries = Some(n as u32);
-        }
-    }
-    if let Some(d) = read::duration(t, loc, "retry_backoff", problems) {
-        if d.is_zero() {
-            problems.add(at(loc, "retry_backoff"), "must be longer than 0");
-        } else {
-            f.retry_backoff = Some(d);
-        }
-    }
-    f
-}
-
-/// The most retries a route may ask for.
-const MAX_RETRIES: u32 = 10;
-
-/// Resolves a path relative to the config file's directory.
-fn relative(base: Option<&Path>, p: &str) -> PathBuf {
-    let p = PathBuf::from(p);
-    match base {
-        Some(dir) if p.is_relative() => dir.join(p),
-        _ => p,
-    }
-}
-
 fn listen_addr(text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|_| format!("{text:?} is not an address such as 127.0.0.1:8080"))
@@ -706,6 +175,29 @@ fn store_url(text: &str) -> Result<String, String> {
         Err(format!(
             "unknown store {text:?}: use sqlite://PATH or postgres://USER@HOST/DB"
         ))
+    }
+}
+
+/// Reports every `[[mcp]]` or `[[webhooks]]` path that an entry before it uses already:
+/// these paths are served by the gateway itself, and of two on one path, one would be
+/// unreachable.
+fn endpoint_paths(table: &Table, p: &mut Problems) {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for section in ["mcp", "webhooks"] {
+        if let Some(toml::Value::Array(items)) = table.get(section) {
+            for (i, item) in items.iter().enumerate() {
+                let loc = format!("{section}[{i}]");
+                if let Some(path) = item.get("path").and_then(toml::Value::as_str) {
+                    if let Some((_, first)) = seen.iter().find(|(p2, _)| p2 == path) {
+                        p.add(
+                            at(&loc, "path"),
+                            format!("{path:?} is already used by {first}"),
+                        );
+                    }
+                    seen.push((path.to_owned(), loc));
+                }
+            }
+        }
     }
 }
 
@@ -830,89 +322,12 @@ impl Config {
         let drain_timeout =
             read::duration(&table, "", "drain_timeout", p).unwrap_or(DEFAULT_DRAIN_TIMEOUT);
 
-        let defaults = match read::table(&table, "", "defaults", p) {
-            Some(d) => {
-                let mut known = vec!["method"];
-                known.extend_from_slice(ROUTE_FIELDS);
-                read::unknown_keys(d, "defaults", &known, p);
-                route_fields(d, "defaults", p)
-            }
-            None => RouteFields::default(),
-        };
+        let defaults = routes::defaults(&table, p);
+        let routes = routes::section(&table, &defaults, upstream.as_ref(), p);
 
-        let mut routes = Vec::new();
-        for (i, t) in read::tables(&table, "routes", p).into_iter().enumerate() {
-            let loc = format!("routes[{i}]");
-            let mut known = vec!["method", "path"];
-            known.extend_from_slice(ROUTE_FIELDS);
-            read::unknown_keys(t, &loc, &known, p);
-            let fields = route_fields(t, &loc, p);
-            let path = match read::string(t, &loc, "path", p) {
-                Some(s) => check(p, &loc, "path", PathPattern::parse(s)),
-                None => {
-                    if !t.contains_key("path") {
-                        p.add(at(&loc, "path"), "missing (e.g. path = \"/v1/render\")");
-                    }
-                    None
-                }
-            };
-            let method = fields.method.clone().or(defaults.method.clone());
-            if method.is_none() && !t.contains_key("method") {
-                p.add(
-                    at(&loc, "method"),
-                    "missing (e.g. method = \"POST\", or \"*\")",
-                );
-            }
-            let route_upstream = fields.upstream.clone().or(defaults.upstream.clone());
-            if route_upstream.is_none() && upstream.is_none() && !t.contains_key("upstream") {
-                p.add(
-                    at(&loc, "upstream"),
-                    "no upstream: set `upstream` at the top of the file, on the route, or pass --upstream",
-                );
-            }
-            let (Some(path), Some(method)) = (path, method) else {
-                continue;
-            };
-            routes.push(Route::merge(
-                method,
-                path,
-                fields,
-                &defaults,
-                route_upstream.or(upstream.clone()),
-            ));
-        }
-
-        // An MCP or webhook path is served by the gateway itself; two of them on one path
-        // would make one unreachable.
-        let mut seen: Vec<(String, String)> = Vec::new();
-        for section in ["mcp", "webhooks"] {
-            if let Some(toml::Value::Array(items)) = table.get(section) {
-                for (i, item) in items.iter().enumerate() {
-                    let loc = format!("{section}[{i}]");
-                    if let Some(path) = item.get("path").and_then(toml::Value::as_str) {
-                        if let Some((_, first)) = seen.iter().find(|(p2, _)| p2 == path) {
-                            p.add(
-                                at(&loc, "path"),
-                                format!("{path:?} is already used by {first}"),
-                            );
-                        }
-                        seen.push((path.to_owned(), loc));
-                    }
-                }
-            }
-        }
-        let mut mcp = Vec::new();
-        for (i, t) in read::tables(&table, "mcp", p).into_iter().enumerate() {
-            if let Some(m) = mcp_endpoint(t, &format!("mcp[{i}]"), base, &defaults, p) {
-                mcp.push(m);
-            }
-        }
-        let mut webhooks = Vec::new();
-        for (i, t) in read::tables(&table, "webhooks", p).into_iter().enumerate() {
-            if let Some(w) = webhook_endpoint(t, &format!("webhooks[{i}]"), p) {
-                webhooks.push(w);
-            }
-        }
+        endpoint_paths(&table, p);
+        let mcp = mcp::section(&table, base, &defaults, p);
+        let webhooks = webhooks::section(&table, p);
 
         let tracing = tracing::section(&table, p);
 
@@ -944,367 +359,11 @@ impl Config {
     }
 }
 
-impl Route {
-    /// A route with every built-in default and a catch-all pattern.
-    pub fn defaults() -> Route {
-        Route {
-            name: "* /{*rest}".into(),
-            method: MethodMatch::Any,
-            path: PathPattern::parse("/{*rest}").expect("a valid pattern"),
-            class: Class::Write,
-            key: KeyMode::HeaderOrFingerprint,
-            principal: PrincipalSource::Header(http::header::AUTHORIZATION),
-            fingerprint_headers: Vec::new(),
-            ignore_fields: Vec::new(),
-            guard_when: None,
-            units: UnitsRule::None,
-            upstream: None,
-            timeout: Duration::from_secs(120),
-            lease: Duration::from_secs(30),
-            reconcile: None,
-            reconcile_after: Duration::from_secs(60),
-            concurrency: None,
-            answer_before_record: false,
-            retries: 0,
-            retry_backoff: Duration::from_millis(100),
-            window: Duration::from_secs(3 * 3600),
-            wait: Duration::from_secs(20),
-        }
-    }
-
-    fn merge(
-        method: MethodMatch,
-        path: PathPattern,
-        f: RouteFields,
-        d: &RouteFields,
-        upstream: Option<Upstream>,
-    ) -> Route {
-        let b = Route::defaults();
-        Route {
-            name: format!("{method} {path}"),
-            method,
-            path,
-            class: f.class.or(d.class).unwrap_or(b.class),
-            key: f.key.or(d.key).unwrap_or(b.key),
-            principal: f.principal.or(d.principal.clone()).unwrap_or(b.principal),
-            fingerprint_headers: f
-                .fingerprint_headers
-                .or(d.fingerprint_headers.clone())
-                .unwrap_or_default(),
-            ignore_fields: f
-                .ignore_fields
-                .or(d.ignore_fields.clone())
-                .unwrap_or_default(),
-            guard_when: f.guard_when.or(d.guard_when.clone()),
-            units: f.units.or(d.units.clone()).unwrap_or(b.units),
-            upstream,
-            timeout: f.timeout.or(d.timeout).unwrap_or(b.timeout),
-            lease: f.lease.or(d.lease).unwrap_or(b.lease),
-            reconcile: f.reconcile.or(d.reconcile.clone()),
-            reconcile_after: f
-                .reconcile_after
-                .or(d.reconcile_after)
-                .unwrap_or(b.reconcile_after),
-            concurrency: f.concurrency.or(d.concurrency),
-            answer_before_record: f
-                .answer_before_record
-                .or(d.answer_before_record)
-                .unwrap_or(b.answer_before_record),
-            retries: f.retries.or(d.retries).unwrap_or(b.retries),
-            retry_backoff: f
-                .retry_backoff
-                .or(d.retry_backoff)
-                .unwrap_or(b.retry_backoff),
-            window: f.window.or(d.window).unwrap_or(b.window),
-            wait: f.wait.or(d.wait).unwrap_or(b.wait),
-        }
-    }
-}
-
-fn required<'a>(
-    t: &'a Table,
-    loc: &str,
-    key: &str,
-    hint: &str,
-    p: &mut Problems,
-) -> Option<&'a str> {
-    let v = read::string(t, loc, key, p);
-    if v.is_none() && !t.contains_key(key) {
-        p.add(at(loc, key), format!("missing ({hint})"));
-    }
-    v
-}
-
-fn endpoint_path(text: &str) -> Result<String, String> {
-    if text.starts_with('/') && !text.contains(['?', '#', '{', '}']) {
-        Ok(text.to_owned())
-    } else {
-        Err(format!(
-            "path {text:?} must be a literal path starting with \"/\""
-        ))
-    }
-}
-
-fn mcp_endpoint(
-    t: &Table,
-    loc: &str,
-    base: Option<&Path>,
-    defaults: &RouteFields,
-    p: &mut Problems,
-) -> Option<McpEndpoint> {
-    read::unknown_keys(t, loc, MCP_KEYS, p);
-    let path = required(t, loc, "path", "e.g. path = \"/mcp\"", p)
-        .and_then(|s| check(p, loc, "path", endpoint_path(s)));
-    let upstream = required(t, loc, "upstream", "the MCP server's URL", p)
-        .and_then(|s| check(p, loc, "upstream", Upstream::parse(s)));
-    let secret_env = read::string(t, loc, "jwt_secret_env", p);
-    let jwks_file = read::string(t, loc, "jwks_file", p);
-    if let Some(e) = secret_env {
-        check(p, loc, "jwt_secret_env", env_name(e));
-    }
-    let principal = match read::string(t, loc, "principal", p) {
-        Some(text) => match check(p, loc, "principal", principal(text, true)) {
-            Some(McpPrincipal::Jwt { claim, .. }) => match (secret_env, jwks_file) {
-                (Some(e), None) => Some(McpPrincipal::Jwt {
-                    claim,
-                    key: JwtKey::SecretEnv(e.to_owned()),
-                }),
-                (None, Some(f)) => Some(McpPrincipal::Jwt {
-                    claim,
-                    key: JwtKey::JwksFile(relative(base, f)),
-                }),
-                (Some(_), Some(_)) => {
-                    p.add(
-                        at(loc, "principal"),
-                        "set one of jwt_secret_env and jwks_file, not both",
-                    );
-                    None
-                }
-                (None, None) => {
-                    p.add(
-                        at(loc, "principal"),
-                        format!("{text:?} needs jwt_secret_env or jwks_file to verify the token"),
-                    );
-                    None
-                }
-            },
-            other => other,
-        },
-        None => Some(McpPrincipal::Source(PrincipalSource::Header(
-            http::header::AUTHORIZATION,
-        ))),
-    };
-    if !matches!(principal, Some(McpPrincipal::Jwt { .. }) | None)
-        && (secret_env.is_some() || jwks_file.is_some())
-    {
-        p.add(
-            at(loc, "principal"),
-            "jwt_secret_env / jwks_file are set but principal is not jwt:CLAIM",
-        );
-    }
-    let jwt_audience = read::string(t, loc, "jwt_audience", p).map(str::to_owned);
-    let jwt_issuer = read::string(t, loc, "jwt_issuer", p).map(str::to_owned);
-    let jwt_require_exp = match t.get("jwt_require_exp") {
-        None => true,
-        Some(toml::Value::Boolean(b)) => *b,
-        Some(_) => {
-            p.add(at(loc, "jwt_require_exp"), "expected true or false");
-            true
-        }
-    };
-    for (key, set) in [
-        ("jwt_audience", jwt_audience.is_some()),
-        ("jwt_issuer", jwt_issuer.is_some()),
-        ("jwt_require_exp", t.contains_key("jwt_require_exp")),
-    ] {
-        if set && !matches!(principal, Some(McpPrincipal::Jwt { .. }) | None) {
-            p.add(at(loc, key), "is set but principal is not jwt:CLAIM");
-        }
-    }
-    let tools = read::strings(t, loc, "tools", p).unwrap_or_else(|| vec!["*".into()]);
-    for (i, tool) in tools.iter().enumerate() {
-        if tool.is_empty() {
-            p.add(format!("{}[{i}]", at(loc, "tools")), "empty tool name");
-        }
-    }
-    let actions = read::strings(t, loc, "actions", p).unwrap_or_default();
-    for (i, tool) in actions.iter().enumerate() {
-        if tool.is_empty() {
-            p.add(format!("{}[{i}]", at(loc, "actions")), "empty tool name");
-        }
-    }
-    let duration = |key: &str, default: Option<Duration>, builtin: u64, p: &mut Problems| {
-        read::duration(t, loc, key, p)
-            .or(default)
-            .unwrap_or(Duration::from_secs(builtin))
-    };
-    let window = duration("window", defaults.window, 3 * 3600, p);
-    let wait = duration("wait", defaults.wait, 20, p);
-    let timeout = duration("timeout", defaults.timeout, 120, p);
-    let lease = duration("lease", defaults.lease, 30, p);
-    let units = match read::string(t, loc, "units", p) {
-        Some(text) => check(
-            p,
-            loc,
-            "units",
-            oncely_mcp::parse_units(text).map_err(|e| e.to_string()),
-        ),
-        None => Some(UnitsRule::Fixed(1)),
-    };
-    Some(McpEndpoint {
-        path: path?,
-        upstream: upstream?,
-        principal: principal?,
-        tools,
-        actions,
-        window,
-        wait,
-        units: units?,
-        timeout,
-        lease,
-        jwt_audience,
-        jwt_issuer,
-        jwt_require_exp,
-        concurrency: None,
-        retries: 0,
-        retry_backoff: Duration::from_millis(100),
-    })
-}
-
-fn webhook_endpoint(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEndpoint> {
-    read::unknown_keys(t, loc, WEBHOOK_KEYS, p);
-    let path = required(t, loc, "path", "e.g. path = \"/hooks/stripe\"", p)
-        .and_then(|s| check(p, loc, "path", endpoint_path(s)));
-    let mut verify = required(
-        t,
-        loc,
-        "verify",
-        "stripe, standard, github or hmac-sha256",
-        p,
-    )
-    .and_then(|s| {
-        check(
-            p,
-            loc,
-            "verify",
-            s.parse::<oncely_webhooks::Scheme>()
-                .map_err(|e| e.to_string()),
-        )
-    });
-    // The generic scheme's own keys.
-    let hmac_keys = [
-        "signature_header",
-        "signature_encoding",
-        "signature_prefix",
-        "timestamp_header",
-    ];
-    match &mut verify {
-        Some(oncely_webhooks::Scheme::HmacSha256(cfg)) => {
-            if let Some(h) = read::string(t, loc, "signature_header", p) {
-                cfg.header = h.to_owned();
-            }
-            if let Some(e) = read::string(t, loc, "signature_encoding", p) {
-                if let Some(enc) = check(
-                    p,
-                    loc,
-                    "signature_encoding",
-                    e.parse()
-                        .map_err(|e: oncely_webhooks::ConfigError| e.to_string()),
-                ) {
-                    cfg.encoding = enc;
-                }
-            }
-            cfg.prefix = read::string(t, loc, "signature_prefix", p).map(str::to_owned);
-            cfg.timestamp_header = read::string(t, loc, "timestamp_header", p).map(str::to_owned);
-            if let Err(e) = cfg.validate() {
-                p.add(at(loc, "verify"), e.to_string());
-            }
-        }
-        Some(other) => {
-            for k in hmac_keys {
-                if t.contains_key(k) {
-                    p.add(
-                        at(loc, k),
-                        format!("only for verify = \"hmac-sha256\", not {:?}", other.name()),
-                    );
-                }
-            }
-        }
-        None => {}
-    }
-    let secret_env = required(t, loc, "secret_env", "the variable holding the secret", p)
-        .and_then(|s| check(p, loc, "secret_env", env_name(s).map(|()| s.to_owned())));
-    let tolerance =
-        read::duration(t, loc, "tolerance", p).unwrap_or(oncely_webhooks::DEFAULT_TOLERANCE);
-    let event_id = read::string(t, loc, "event_id", p).and_then(|s| {
-        check(
-            p,
-            loc,
-            "event_id",
-            s.parse::<oncely_webhooks::EventIdSource>()
-                .map_err(|e| e.to_string()),
-        )
-    });
-    if let (Some(v), None, false) = (&verify, &event_id, t.contains_key("event_id")) {
-        if v.default_event_id().is_none() {
-            p.add(
-                at(loc, "event_id"),
-                format!(
-                    "verify = {:?} has no default event id: set event_id = \"json:/POINTER\" or \"header:NAME\"",
-                    v.name()
-                ),
-            );
-        }
-    }
-    let dedupe_fields = read::strings(t, loc, "dedupe_fields", p).unwrap_or_default();
-    for (i, f) in dedupe_fields.iter().enumerate() {
-        if let Err(e) = pointer(f) {
-            p.add(format!("{}[{i}]", at(loc, "dedupe_fields")), e);
-        }
-    }
-    let deliver_to = required(t, loc, "deliver_to", "the URL deliveries go to", p)
-        .and_then(|s| check(p, loc, "deliver_to", Upstream::parse(s)));
-    let deliver_timeout =
-        read::duration(t, loc, "deliver_timeout", p).unwrap_or(Duration::from_secs(30));
-    let max_attempts = match read::integer(t, loc, "max_attempts", p) {
-        Some(0) => {
-            p.add(at(loc, "max_attempts"), "must be at least 1");
-            10
-        }
-        Some(n) if n > u32::MAX as u64 => {
-            p.add(at(loc, "max_attempts"), "is too large");
-            10
-        }
-        Some(n) => n as u32,
-        None => 10,
-    };
-    let retry_backoff =
-        read::duration(t, loc, "retry_backoff", p).unwrap_or(Duration::from_secs(1));
-    let lease = match read::duration(t, loc, "lease", p) {
-        Some(d) if d.is_zero() => {
-            p.add(at(loc, "lease"), "must be longer than 0");
-            Duration::from_secs(30)
-        }
-        Some(d) => d,
-        None => Duration::from_secs(30),
-    };
-    Some(WebhookEndpoint {
-        path: path?,
-        verify: verify?,
-        secret_env: secret_env?,
-        tolerance,
-        event_id,
-        dedupe_fields,
-        deliver_to: deliver_to?,
-        deliver_timeout,
-        max_attempts,
-        retry_backoff,
-        lease,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use oncely_core::Class;
+    use oncely_tower::{KeyMode, UnitsRule};
+
     use super::*;
 
     /// The contract's example file, verbatim.
@@ -1350,82 +409,6 @@ mod tests {
         assert_eq!(c.mcp[0].tools, vec!["*".to_string()]);
         assert_eq!(c.webhooks[0].max_attempts, 10);
         assert_eq!(c.webhooks[0].verify, oncely_webhooks::Scheme::Stripe);
-    }
-
-    #[test]
-    fn retries_default_to_none_and_are_bounded() {
-        let c = Config::resolve(
-            r#"
-upstream = "http://127.0.0.1:1"
-[defaults]
-retry_backoff = "50ms"
-[[routes]]
-method = "GET"
-path = "/a"
-class = "read"
-retries = 10
-[[routes]]
-method = "POST"
-path = "/b"
-"#,
-            None,
-            &Overrides::default(),
-        )
-        .unwrap();
-        assert_eq!(c.routes[0].retries, 10);
-        assert_eq!(c.routes[0].retry_backoff, Duration::from_millis(50));
-        assert_eq!(c.routes[1].retries, 0);
-        let ps = problems(
-            r#"
-upstream = "http://127.0.0.1:1"
-[[routes]]
-method = "GET"
-path = "/a"
-retries = 11
-retry_backoff = "0s"
-[[routes]]
-method = "GET"
-path = "/b"
-retries = -1
-"#,
-        );
-        assert_eq!(
-            ps,
-            [
-                "routes[0].retries: must be at most 10",
-                "routes[0].retry_backoff: must be longer than 0",
-                "routes[1].retries: -1 is negative",
-            ]
-        );
-    }
-
-    #[test]
-    fn defaults_apply_to_routes_and_route_fields_win() {
-        let c = Config::resolve(
-            r#"
-upstream = "http://127.0.0.1:1"
-[defaults]
-window = "1h"
-class = "action"
-[[routes]]
-method = "post"
-path = "/a"
-[[routes]]
-method = "*"
-path = "/b/{*rest}"
-window = "5m"
-"#,
-            None,
-            &Overrides::default(),
-        )
-        .unwrap();
-        assert_eq!(c.routes[0].window, Duration::from_secs(3600));
-        assert_eq!(c.routes[0].class, Class::Action);
-        assert_eq!(c.routes[0].name, "POST /a");
-        assert_eq!(c.routes[0].timeout, Duration::from_secs(120));
-        assert_eq!(c.routes[1].window, Duration::from_secs(300));
-        assert_eq!(c.routes[1].method, MethodMatch::Any);
-        assert_eq!(c.store, DEFAULT_STORE);
     }
 
     #[test]
@@ -1520,140 +503,32 @@ guard_when = { header = "authorization", prefx = "x" }
         assert!(c.routes.iter().all(|r| r.class == Class::Write
             && r.key == KeyMode::HeaderOrFingerprint
             && r.upstream.is_some()));
+        assert_eq!(c.store, DEFAULT_STORE);
     }
 
     #[test]
-    fn mcp_and_webhook_sections_are_checked() {
+    fn one_endpoint_per_path_over_mcp_and_webhooks() {
         let ps = problems(
             r#"
 [[mcp]]
 path = "/mcp"
 upstream = "http://127.0.0.1:1/mcp"
-principal = "jwt:sub"
 [[mcp]]
 path = "/mcp"
 upstream = "http://127.0.0.1:1/mcp"
-principal = "cookie:x"
 [[webhooks]]
-path = "/hooks/x"
-verify = "hmac-sha256"
-secret_env = "X SECRET"
-deliver_to = "http://127.0.0.1:1/x"
-max_attempts = 0
-lease = "0s"
-dedupe_fields = ["type"]
-[[webhooks]]
-path = "/hooks/s"
-verify = "svix"
+path = "/mcp"
+verify = "stripe"
 secret_env = "S"
 deliver_to = "http://127.0.0.1:1/x"
-signature_header = "x-sig"
 "#,
-        );
-        let want = [
-            "mcp[0].principal: \"jwt:sub\" needs jwt_secret_env or jwks_file",
-            "mcp[1].principal: unknown principal",
-            "mcp[1].path: \"/mcp\" is already used by mcp[0]",
-            "webhooks[0].secret_env: ",
-            "webhooks[0].max_attempts: must be at least 1",
-            "webhooks[0].lease: must be longer than 0",
-            "webhooks[0].dedupe_fields[0]: ",
-            "webhooks[0].event_id: verify = \"hmac-sha256\" has no default event id",
-            "webhooks[1].verify: unknown webhook verification scheme",
-        ];
-        for w in want {
-            assert!(ps.iter().any(|p| p.starts_with(w)), "{w:?} not in {ps:#?}");
-        }
-        assert_eq!(ps.len(), want.len(), "{ps:#?}");
-    }
-
-    #[test]
-    fn mcp_units_timeout_and_lease_are_read() {
-        let c = Config::resolve(
-            r#"
-[[mcp]]
-path = "/mcp"
-upstream = "http://127.0.0.1:1/mcp"
-units = "json:/text"
-timeout = "90s"
-lease = "10s"
-actions = ["place_order", "send_*"]
-"#,
-            None,
-            &Overrides::default(),
-        )
-        .unwrap();
-        assert_eq!(c.mcp[0].actions, vec!["place_order", "send_*"]);
-        assert_eq!(c.mcp[0].units, oncely_mcp::UnitsRule::Json("/text".into()));
-        assert_eq!(c.mcp[0].timeout, Duration::from_secs(90));
-        assert_eq!(c.mcp[0].lease, Duration::from_secs(10));
-        let ps = problems(
-            r#"
-[[mcp]]
-path = "/mcp"
-upstream = "http://127.0.0.1:1/mcp"
-units = "characters"
-actions = [""]
-"#,
-        );
-        assert_eq!(ps.len(), 2, "{ps:#?}");
-        assert!(
-            ps.iter().any(|p| p.starts_with("mcp[0].units: ")),
-            "{ps:#?}"
-        );
-        assert!(
-            ps.iter().any(|p| p.starts_with("mcp[0].actions[0]: ")),
-            "{ps:#?}"
-        );
-    }
-
-    #[test]
-    fn mcp_jwt_claim_checks_are_read_and_need_a_jwt_principal() {
-        let c = Config::resolve(
-            r#"
-[[mcp]]
-path = "/mcp"
-upstream = "http://127.0.0.1:1/mcp"
-principal = "jwt:sub"
-jwt_secret_env = "JWT_SECRET"
-jwt_audience = "https://api.example"
-jwt_issuer = "https://issuer.example"
-jwt_require_exp = false
-[[mcp]]
-path = "/mcp2"
-upstream = "http://127.0.0.1:1/mcp"
-"#,
-            None,
-            &Overrides::default(),
-        )
-        .unwrap();
-        assert_eq!(
-            c.mcp[0].jwt_audience.as_deref(),
-            Some("https://api.example")
         );
         assert_eq!(
-            c.mcp[0].jwt_issuer.as_deref(),
-            Some("https://issuer.example")
+            ps,
+            [
+                "mcp[1].path: \"/mcp\" is already used by mcp[0]",
+                "webhooks[0].path: \"/mcp\" is already used by mcp[0]",
+            ]
         );
-        assert!(!c.mcp[0].jwt_require_exp);
-        assert!(c.mcp[1].jwt_require_exp, "exp is required by default");
-        let ps = problems(
-            r#"
-[[mcp]]
-path = "/mcp"
-upstream = "http://127.0.0.1:1/mcp"
-jwt_audience = "x"
-jwt_require_exp = "no"
-"#,
-        );
-        let want = [
-            "mcp[0].jwt_require_exp: expected true or false",
-            "mcp[0].jwt_audience: is set but principal is not jwt:CLAIM",
-            "mcp[0].jwt_require_exp: is set but principal is not jwt:CLAIM",
-        ];
-        for w in want {
-            assert!(ps.iter().any(|p| p.starts_with(w)), "{w:?} not in {ps:#?}");
-        }
-        assert_eq!(ps.len(), want.len(), "{ps:#?}");
     }
 }

@@ -60,6 +60,31 @@ pub(crate) fn unknown_keys(table: &Table, loc: &str, known: &[&str], problems: &
     }
 }
 
+/// `Ok`'s value, or `None` with the error reported at `loc.key`.
+pub(crate) fn check<T>(
+    problems: &mut Problems,
+    loc: &str,
+    key: &str,
+    r: Result<T, String>,
+) -> Option<T> {
+    r.map_err(|e| problems.add(at(loc, key), e)).ok()
+}
+
+/// A string field that must be there: when it is absent, `missing (HINT)`.
+pub(crate) fn required<'a>(
+    t: &'a Table,
+    loc: &str,
+    key: &str,
+    hint: &str,
+    p: &mut Problems,
+) -> Option<&'a str> {
+    let v = string(t, loc, key, p);
+    if v.is_none() && !t.contains_key(key) {
+        p.add(at(loc, key), format!("missing ({hint})"));
+    }
+    v
+}
+
 fn type_name(v: &Value) -> &'static str {
     match v {
         Value::String(_) => "a string",
@@ -237,4 +262,33 @@ pub(crate) fn line_col(text: &str, offset: usize) -> String {
     let line = before.matches('\n').count() + 1;
     let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     format!("{line}:{col}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_getter_reports_at_its_location() {
+        let t: Table = "a = 1\nb = \"x\"\nn = -1\n[s]\nk = 2\n".parse().unwrap();
+        let mut p = Problems::default();
+        assert_eq!(string(&t, "", "b", &mut p), Some("x"));
+        assert_eq!(string(&t, "", "a", &mut p), None);
+        assert_eq!(integer(&t, "", "n", &mut p), None);
+        assert_eq!(required(&t, "", "missing", "a hint", &mut p), None);
+        assert_eq!(check(&mut p, "s", "k", Err::<(), _>("bad".into())), None);
+        unknown_keys(table(&t, "", "s", &mut p).unwrap(), "s", &["j"], &mut p);
+        let got: Vec<String> = p.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "a: expected a string, found an integer",
+                "n: -1 is negative",
+                "missing: missing (a hint)",
+                "s.k: bad",
+                "s.k: unknown key (known here: j)",
+            ]
+        );
+        assert_eq!(line_col("a\nbc", 3), "2:2");
+    }
 }

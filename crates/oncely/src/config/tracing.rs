@@ -147,7 +147,7 @@ pub(crate) fn section(table: &Table, p: &mut Problems) -> Option<Tracing> {
     }
 
     let headers_env = read::string(t, loc, "headers_env", p).map(str::to_string);
-    if let Some(Err(e)) = headers_env.as_deref().map(super::env_name) {
+    if let Some(Err(e)) = headers_env.as_deref().map(super::values::env_name) {
         p.add(at(loc, "headers_env"), e);
         ok = false;
     }
