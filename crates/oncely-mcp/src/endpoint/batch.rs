@@ -7,11 +7,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
+use oncely_tower::RequestHead;
 use serde_json::Value;
 
 use super::call::{read_call, unreadable_call};
 use super::forward::{forward, Answer};
 use super::guarded::guard;
+use super::headers::is_modern;
 use super::response::{empty, json_response, messages_in};
 use super::state::Inner;
 use crate::body::McpBody;
@@ -54,7 +56,10 @@ pub(super) async fn batch(
             continue;
         }
         let call = jsonrpc::as_request(&item).filter(|r| r.method == "tools/call");
-        let guarded = call.and_then(|_| read_call(&inner, &parts, &item, &text));
+        let guarded = call.and_then(|_| {
+            let head = RequestHead::of_parts(&parts);
+            read_call(&inner, &head, is_modern(&parts.headers), &item, &text)
+        });
         match guarded {
             Some(call) => calls.push((text, call)),
             None => {

@@ -1,5 +1,7 @@
 //! A guarded `tools/call` as the guard reads it ([`Call`]), and the refusal of a
-//! `tools/call` that cannot be read as one call to guard.
+//! `tools/call` that cannot be read as one call to guard. Read from plain inputs: the
+//! JSON-RPC message, its text as written, the request's head (where its principal and
+//! units are read) and the protocol era the transport knows it is of.
 
 use std::sync::Mutex;
 
@@ -7,7 +9,6 @@ use oncely_tower::trace::{attr, Span};
 use oncely_tower::{GuardedCall, RequestFacts, RequestHead};
 use serde_json::Value;
 
-use super::headers::is_modern;
 use super::state::Inner;
 use crate::jsonrpc::{self, ToolCall};
 use crate::tasks;
@@ -36,10 +37,12 @@ pub(super) struct Call {
 }
 
 /// Reads a guarded call, or `None` when it is forwarded as it is.
-/// `text` is `message` as it was written.
+/// `text` is `message` as it was written; `head` is its request's head, and `modern`
+/// whether that request is of the stateless era (2026-07-28 or later).
 pub(super) fn read_call(
     inner: &Inner,
-    parts: &http::request::Parts,
+    head: &RequestHead<'_>,
+    modern: bool,
     message: &Value,
     text: &str,
 ) -> Option<Call> {
@@ -49,19 +52,15 @@ pub(super) fn read_call(
     if !inner.catalog.is_guarded(&inner.config.tools, tool) {
         return None;
     }
-    let head = RequestHead::of_parts(parts);
     let policy = inner.config.policy_of(tool);
     // The principal's keyed hash is the gateway's (`Guard::principal_hash`), so one
     // account is one principal on HTTP routes and MCP endpoints alike; a call that
     // names none is forwarded as it is.
-    let facts = RequestFacts::read(&inner.guard, &policy.name, &head, &*inner.config.principal);
+    let facts = RequestFacts::read(&inner.guard, &policy.name, head, &*inner.config.principal);
     let principal = facts.principal?;
     // The units rule sees the call's arguments as the body (`{}` when absent).
     let arguments = read.arguments.unwrap_or("{}");
-    let units = inner
-        .config
-        .units
-        .request_units(&head, arguments.as_bytes());
+    let units = inner.config.units.request_units(head, arguments.as_bytes());
     // The texts as written, not as `message` holds them: a parsed number is a double
     // once it is past 64 bits or has many digits.
     let fingerprint = read.fingerprint(&principal, &inner.config.path);
@@ -73,8 +72,8 @@ pub(super) fn read_call(
         span: Mutex::new(span),
         id: request.id.clone(),
         tool: tool.to_string(),
-        modern: is_modern(&parts.headers),
-        tasks: is_modern(&parts.headers) && tasks::declares_tasks(request.params),
+        modern,
+        tasks: modern && tasks::declares_tasks(request.params),
         guarded: policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units),
     })
 }
