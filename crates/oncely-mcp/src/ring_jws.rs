@@ -1,6 +1,6 @@
 //! A `jsonwebtoken` crypto provider on ring (the crate rustls already brings), so that
 //! token verification needs neither aws-lc nor the RustCrypto `rsa` crate. It verifies
-//! exactly the algorithms [`crate::principal::JwtVerifier`] accepts: HS256, RS256
+//! exactly the algorithms the principal's `JwtVerifier` accepts: HS256, RS256
 //! (RSASSA-PKCS1-v1_5 with SHA-256, 2048 to 8192 bits) and ES256 (P-256). It never signs.
 
 use jsonwebtoken::crypto::{CryptoProvider, JwkUtils, JwtSigner, JwtVerifier};

@@ -18,7 +18,7 @@
 //!
 //! Only the shapes and that bookkeeping live here (see the extension's `schema.ts`:
 //! `CreateTaskResult`, `GetTaskResult`, `CancelTaskResult`, `UpdateTaskResult`);
-//! [`crate::endpoint`] decides when to use them.
+//! the endpoint decides when to use them.
 
 use std::collections::BTreeMap;
 

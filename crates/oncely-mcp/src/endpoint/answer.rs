@@ -1,0 +1,298 @@
+//! What the caller of a guarded call gets: each [`Execution`] of the engine mapped to an MCP
+//! answer (the fresh answer as it streams, a replay of the stored result under the repeat's
+//! own id, an `isError` result for a call still in flight, too large to keep or whose
+//! outcome is unknown, a task for a call that outlived `wait`), and what each answer
+//! records (the call's span, its request line and metrics).
+
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use http::{Response, StatusCode};
+use oncely_core::{Record, State};
+use oncely_http::problem::{ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD};
+use oncely_http::request_log::{Counted, RequestLine};
+use oncely_tower::trace::attr;
+use oncely_tower::{Execution, UpstreamFailure};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::call::Call;
+use super::response::{json_response, mark, problem};
+use super::results::{error_result, for_revision, outcome_unknown_result, task, too_large_result};
+use super::state::Inner;
+use crate::body::McpBody;
+use crate::jsonrpc::{self, REPLAY_META_KEY};
+use crate::tasks::{self, TaskStatus};
+
+/// Maps what the engine did to an MCP answer.
+pub(super) fn answer(
+    inner: &Inner,
+    execution: Execution,
+    call: &Call,
+    started: Instant,
+) -> Response<McpBody> {
+    match execution {
+        Execution::Fresh(fresh) => {
+            observe(
+                inner,
+                call,
+                &fresh.record,
+                "fresh",
+                Some(fresh.status.as_u16()),
+                started,
+            );
+            let mut resp = Response::new(fresh.body);
+            *resp.status_mut() = fresh.status;
+            *resp.headers_mut() = fresh.headers;
+            mark(resp.headers_mut(), "fresh", &fresh.record);
+            resp
+        }
+        Execution::Replayed(record) => replay(inner, &record, "replayed", call, started),
+        Execution::Joined(record) => replay(inner, &record, "joined", call, started),
+        Execution::InFlight {
+            record,
+            retry_after,
+        } => in_flight(inner, &record, retry_after, call, started),
+        Execution::TooLarge(record) => {
+            observe(inner, call, &record, "too_large", None, started);
+            respond(call, too_large_result(&call.tool, &record), &record)
+        }
+        Execution::OutcomeUnknown(record) => {
+            observe(inner, call, &record, "outcome_unknown", None, started);
+            outcome_unknown(call, &record, false)
+        }
+        Execution::StoreUnavailable(why) => {
+            tracing::error!(route = %call.guarded.route, error = %why,
+                "ledger unavailable: tools/call not forwarded");
+            if let Some(mut span) = call.span.lock().expect("call span lock").take() {
+                span.set(attr::ROUTE, call.guarded.route.as_str());
+                span.set(attr::DECISION, "store_unavailable");
+                span.fail("the ledger cannot be reached");
+                span.end();
+            }
+            problem(
+                ProblemCode::StoreUnavailable,
+                "the ledger cannot be reached; the tool call was not forwarded",
+            )
+        }
+        Execution::UpstreamFailed { record, failure } => {
+            observe(inner, call, &record, "fresh", None, started);
+            if record.state == State::OutcomeUnknown {
+                tracing::warn!(route = %call.guarded.route, record = %record.id, failure = ?failure,
+                    "action failed ambiguously: outcome_unknown");
+                return outcome_unknown(call, &record, true);
+            }
+            match failure {
+                UpstreamFailure::Unreachable(e) => {
+                    tracing::warn!(route = %call.guarded.route, error = %e, "upstream unreachable");
+                    problem(
+                        ProblemCode::UpstreamUnreachable,
+                        "the MCP server could not be reached",
+                    )
+                }
+                UpstreamFailure::Lost(e) => {
+                    tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
+                    problem(
+                        ProblemCode::UpstreamFailed,
+                        "the MCP server's answer broke off",
+                    )
+                }
+                UpstreamFailure::Timeout => problem(
+                    ProblemCode::UpstreamTimeout,
+                    "the MCP server did not answer within timeout",
+                ),
+                UpstreamFailure::Busy => problem(
+                    ProblemCode::UpstreamBusy,
+                    "the MCP server's every slot stayed taken; the call was not sent",
+                ),
+            }
+        }
+        // The key is the fingerprint, so a key is never reused with another one; and
+        // anything a later engine adds is answered as an internal error, not forwarded.
+        other => {
+            tracing::error!(route = %call.guarded.route, execution = ?other, "unexpected execution");
+            json_response(
+                StatusCode::OK,
+                &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+            )
+        }
+    }
+}
+
+/// The `CreateTaskResult` for a guarded call still running after `wait`: the task of
+/// the record's current attempt.
+pub(super) fn task_created(
+    inner: &Inner,
+    call: &Call,
+    record: &Record,
+    started: Instant,
+) -> Response<McpBody> {
+    observe(inner, call, record, "in_flight", None, started);
+    let task = task(
+        &inner.config,
+        record,
+        record.attempt,
+        &call.tool,
+        &TaskStatus::Working,
+    );
+    let mut resp = json_response(
+        StatusCode::OK,
+        &jsonrpc::result_message(&call.id, tasks::create_task_result(task)),
+    );
+    mark(resp.headers_mut(), "in_flight", record);
+    resp
+}
+
+fn replay(
+    inner: &Inner,
+    record: &Record,
+    kind: &'static str,
+    call: &Call,
+    started: Instant,
+) -> Response<McpBody> {
+    let stored = record
+        .response
+        .as_ref()
+        .and_then(|r| r.body.as_deref())
+        .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+    let Some(mut result) = stored else {
+        tracing::error!(record = %record.id, "a stored tool result is not JSON");
+        return json_response(
+            StatusCode::OK,
+            &jsonrpc::error_message(&call.id, -32603, "the stored tool result is unreadable"),
+        );
+    };
+    if result.get("resultType").and_then(Value::as_str) == Some("task") && !call.tasks {
+        // The original became a task on the server; this client did not declare the
+        // extension, so it must not get a task (and the tool does not run again).
+        let text = format!(
+            "The earlier call of `{tool}` with these arguments is a task on the server (task \
+             {task}), which this client cannot follow: it did not declare the \
+             io.modelcontextprotocol/tasks extension. The tool will not run again for these \
+             arguments until the replay window ends; call it from a client that supports \
+             tasks to follow it.",
+            tool = call.tool,
+            task = result.get("taskId").and_then(Value::as_str).unwrap_or("?"),
+        );
+        observe(inner, call, record, kind, None, started);
+        return tool_error(
+            call,
+            &text,
+            json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+            record,
+        );
+    }
+    jsonrpc::set_meta(
+        &mut result,
+        REPLAY_META_KEY,
+        json!({"status": kind, "original_at": record.created_at.to_rfc3339(), "record": record.id.as_str()}),
+    );
+    for_revision(&mut result, call.modern);
+    observe(inner, call, record, kind, None, started);
+    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
+    mark(resp.headers_mut(), kind, record);
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+/// The `isError` result for a call whose record awaits reconciliation: `first` when
+/// this caller's own call just failed ambiguously, else a duplicate of such a call.
+fn outcome_unknown(call: &Call, record: &Record, first: bool) -> Response<McpBody> {
+    respond(
+        call,
+        outcome_unknown_result(&call.tool, record, first),
+        record,
+    )
+}
+
+fn in_flight(
+    inner: &Inner,
+    record: &Record,
+    retry_after: Duration,
+    call: &Call,
+    started: Instant,
+) -> Response<McpBody> {
+    let after = retry_after.as_secs().max(1);
+    let text = format!(
+        "The original call of `{tool}` with these arguments is still running (it started at \
+         {at}). It will not run twice. Call `{tool}` again with the same arguments after \
+         {after} second{s} to receive its result.",
+        tool = call.tool,
+        at = record.created_at.to_rfc3339(),
+        s = if after == 1 { "" } else { "s" },
+    );
+    observe(inner, call, record, "in_flight", None, started);
+    let mut resp = tool_error(
+        call,
+        &text,
+        json!({"status": "in_flight", "original_at": record.created_at.to_rfc3339(), "retry_after": after}),
+        record,
+    );
+    resp.headers_mut()
+        .insert("retry-after", HeaderValue::from(after));
+    resp
+}
+
+/// Records what became of `call`: ends its span, and writes its request line and metrics.
+pub(super) fn observe(
+    inner: &Inner,
+    call: &Call,
+    record: &Record,
+    status: &'static str,
+    upstream_status: Option<u16>,
+    started: Instant,
+) {
+    let span = call.span.lock().expect("call span lock").take();
+    if let Some(mut span) = span {
+        span.set(attr::ROUTE, call.guarded.route.as_str());
+        span.set(attr::DECISION, status);
+        span.set(attr::RECORD, record.id.as_str());
+        span.set(attr::ATTEMPT, i64::from(record.attempt));
+        span.set(attr::PRINCIPAL, call.guarded.principal.as_str());
+        if let Some(upstream) = upstream_status {
+            span.set(attr::UPSTREAM_STATUS, i64::from(upstream));
+        }
+        if let Some(workflow) = &call.guarded.workflow_id {
+            span.set(attr::WORKFLOW_ID, workflow.as_str());
+        }
+        span.end();
+    }
+    // Labels are bounded: a tool no listing or config named counts as `other`.
+    let tool = inner.catalog.metric_label(&inner.config.tools, &call.tool);
+    RequestLine {
+        record: Some(record.id.as_str()),
+        route: call.guarded.route.as_str(),
+        principal: Some(call.guarded.principal.as_str()),
+        status,
+        attempt: Some(record.attempt),
+        workflow_id: record.workflow_id.as_deref(),
+        upstream_status,
+        provider_request_id: None,
+        duration_ms: started.elapsed().as_millis() as u64,
+        tool: Some(call.tool.as_str()),
+    }
+    .emit_counted_as(
+        "mcp tools/call",
+        Counted {
+            route: &inner.config.route_of(tool),
+            tool,
+        },
+    );
+}
+
+/// A tool result with `isError: true` and one text, marked with `_meta`, as the call's
+/// protocol revision writes it.
+fn tool_error(call: &Call, text: &str, meta: Value, record: &Record) -> Response<McpBody> {
+    respond(call, error_result(text, meta), record)
+}
+
+/// Answers `call` with `result`, as the call's protocol revision writes it.
+fn respond(call: &Call, mut result: Value, record: &Record) -> Response<McpBody> {
+    for_revision(&mut result, call.modern);
+    let mut resp = json_response(StatusCode::OK, &jsonrpc::result_message(&call.id, result));
+    if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
+        resp.headers_mut().insert(ONCELY_RECORD, v);
+    }
+    resp
+}

@@ -1,0 +1,108 @@
+//! A guarded `tools/call` as the guard reads it ([`Call`]), and the refusal of a
+//! `tools/call` that cannot be read as one call to guard. Read from plain inputs: the
+//! JSON-RPC message, its text as written, the request's head (where its principal and
+//! units are read) and the protocol era the transport knows it is of.
+
+use std::sync::Mutex;
+
+use oncely_tower::trace::{attr, Span};
+use oncely_tower::{GuardedCall, RequestFacts, RequestHead};
+use serde_json::Value;
+
+use super::state::Inner;
+use crate::jsonrpc::{self, ToolCall};
+use crate::tasks;
+
+/// JSON-RPC's "Invalid Request": a `tools/call` whose JSON repeats a member name.
+pub const INVALID_REQUEST: i64 = -32600;
+
+/// Why a `tools/call` that repeats a member name is refused: servers disagree on which of
+/// the values counts (most take the last, some the first, some refuse), so oncely cannot
+/// know which call it would be guarding.
+const REPEATED_NAME: &str = "the tools/call repeats a member name in its JSON; send each \
+    member once (servers disagree on which value counts, so oncely cannot guard it)";
+
+/// One guarded call, as read from its request.
+pub(super) struct Call {
+    pub(super) id: Value,
+    pub(super) tool: String,
+    pub(super) guarded: GuardedCall,
+    /// The session negotiated 2026-07-28 (or later): results carry `resultType`.
+    pub(super) modern: bool,
+    /// The request declared the tasks extension (2026-07-28): a call that outlives
+    /// `wait` is answered with a task.
+    pub(super) tasks: bool,
+    /// The call's server span (traces on), ended by `observe`.
+    pub(super) span: Mutex<Option<Span>>,
+}
+
+/// Reads a guarded call, or `None` when it is forwarded as it is.
+/// `text` is `message` as it was written; `head` is its request's head, and `modern`
+/// whether that request is of the stateless era (2026-07-28 or later).
+pub(super) fn read_call(
+    inner: &Inner,
+    head: &RequestHead<'_>,
+    modern: bool,
+    message: &Value,
+    text: &str,
+) -> Option<Call> {
+    let request = jsonrpc::as_request(message)?;
+    let read = ToolCall::read(message, text)?;
+    let tool = read.tool;
+    if !inner.catalog.is_guarded(&inner.config.tools, tool) {
+        return None;
+    }
+    let policy = inner.config.policy_of(tool);
+    // The principal's keyed hash is the gateway's (`Guard::principal_hash`), so one
+    // account is one principal on HTTP routes and MCP endpoints alike; a call that
+    // names none is forwarded as it is.
+    let facts = RequestFacts::read(&inner.guard, &policy.name, head, &*inner.config.principal);
+    let principal = facts.principal?;
+    // The units rule sees the call's arguments as the body (`{}` when absent).
+    let arguments = read.arguments.unwrap_or("{}");
+    let units = inner.config.units.request_units(head, arguments.as_bytes());
+    // The texts as written, not as `message` holds them: a parsed number is a double
+    // once it is past 64 bits or has many digits.
+    let fingerprint = read.fingerprint(&principal, &inner.config.path);
+    let span = facts.span.map(|mut span| {
+        span.set(attr::TOOL, tool);
+        span
+    });
+    Some(Call {
+        span: Mutex::new(span),
+        id: request.id.clone(),
+        tool: tool.to_string(),
+        modern,
+        tasks: modern && tasks::declares_tasks(request.params),
+        guarded: policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units),
+    })
+}
+
+/// The refusal of a `tools/call` that oncely cannot read as one call to guard, so that no
+/// spelling of a call passes unguarded: one that repeats a member name (servers disagree
+/// on which value counts), one without a usable id (a notification, or `"id": null`),
+/// and one whose `params` is not an object with a string `name`. `None` for any other
+/// message.
+pub(super) fn unreadable_call(message: &Value, text: &str) -> Option<Value> {
+    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    let refuse = |code, why: &str| Some(jsonrpc::error_message(&id, code, why));
+    if oncely_core::canon::Json::parse(text.as_bytes()).is_none() {
+        return refuse(INVALID_REQUEST, REPEATED_NAME);
+    }
+    if !matches!(id, Value::String(_) | Value::Number(_)) {
+        return refuse(
+            INVALID_REQUEST,
+            "a tools/call needs a string or number id (oncely guards requests, not notifications)",
+        );
+    }
+    if ToolCall::read(message, text).is_none() {
+        return refuse(
+            tasks::INVALID_PARAMS,
+            "a tools/call needs params with a string name",
+        );
+    }
+    None
+}

@@ -1,0 +1,130 @@
+//! What the HTTP transport reads of a request's headers: its protocol era
+//! (`MCP-Protocol-Version`) and, in the stateless era (2026-07-28), whether its routing
+//! headers match its body.
+
+use http::header::HeaderMap;
+use serde_json::Value;
+
+/// JSON-RPC error code of MCP 2026-07-28 for routing headers that disagree with the body.
+pub const HEADER_MISMATCH: i64 = -32020;
+
+/// Protocol revisions that use the initialize handshake and sessions; any later one is
+/// the stateless era (2026-07-28), whose routing headers must match the body.
+const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Where a request's `Mcp-Name` is in its body: a tool's name.
+pub(super) const NAME: (&str, &str) = ("/params/name", "tool name");
+
+/// Where a request's `Mcp-Name` is in its body: a task's id.
+pub(super) const TASK_ID: (&str, &str) = ("/params/taskId", "taskId");
+
+/// Whether a request is of the stateless era (2026-07-28 or later): its
+/// `MCP-Protocol-Version` names a revision without the initialize handshake.
+pub(super) fn is_modern(headers: &HeaderMap) -> bool {
+    header_str(headers, "mcp-protocol-version").is_some_and(|v| !HANDSHAKE_VERSIONS.contains(&v))
+}
+
+/// For the stateless era: the routing headers of a request must match its body
+/// (`Mcp-Method` its method, `Mcp-Name` the member `name` points to, and the
+/// `MCP-Protocol-Version` its `_meta` protocol version).
+pub(super) fn header_mismatch(
+    headers: &HeaderMap,
+    message: &Value,
+    name: (&str, &str),
+) -> Option<String> {
+    let version = header_str(headers, "mcp-protocol-version")?;
+    if HANDSHAKE_VERSIONS.contains(&version) {
+        return None;
+    }
+    let method = message.get("method").and_then(Value::as_str).unwrap_or("");
+    let (pointer, name_what) = name;
+    let name = message
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let check = |header: &str, what: &str, want: &str| {
+        let got = header_str(headers, &header.to_ascii_lowercase());
+        match got {
+            Some(got) if got == want => None,
+            Some(_) => Some(format!(
+                "{header} header does not match the body's {what} {want:?}"
+            )),
+            None => Some(format!(
+                "{header} header is missing: protocol {version} needs it \
+                 (the body's {what} is {want:?})"
+            )),
+        }
+    };
+    if let Some(problem) = check("Mcp-Method", "method", method) {
+        return Some(problem);
+    }
+    if let Some(problem) = check("Mcp-Name", name_what, name) {
+        return Some(problem);
+    }
+    if let Some(v) = message
+        .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+        .and_then(Value::as_str)
+    {
+        if v != version {
+            return Some("MCP-Protocol-Version header does not match _meta protocolVersion".into());
+        }
+    }
+    None
+}
+
+/// The header `name` as text, when it is present and readable.
+pub(super) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HeaderValue;
+    use serde_json::json;
+
+    #[test]
+    fn stateless_era_headers_must_match_the_body() {
+        let msg = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"render","arguments":{},
+            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}});
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            header_mismatch(&h, &msg, NAME),
+            None,
+            "no version header: handshake era"
+        );
+        h.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static("2025-06-18"),
+        );
+        assert_eq!(header_mismatch(&h, &msg, NAME), None);
+        h.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static("2026-07-28"),
+        );
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        h.insert("mcp-name", HeaderValue::from_static("other"));
+        assert!(header_mismatch(&h, &msg, NAME)
+            .unwrap()
+            .contains("Mcp-Name"));
+        h.insert("mcp-name", HeaderValue::from_static("render"));
+        assert_eq!(header_mismatch(&h, &msg, NAME), None);
+        h.insert("mcp-method", HeaderValue::from_static("tools/list"));
+        let wrong = header_mismatch(&h, &msg, NAME).unwrap();
+        assert!(
+            wrong.contains("Mcp-Method header does not match"),
+            "{wrong}"
+        );
+        // A missing header is named as missing, not as one that disagrees.
+        h.remove("mcp-method");
+        let missing = header_mismatch(&h, &msg, NAME).unwrap();
+        assert!(
+            missing.contains("Mcp-Method header is missing"),
+            "{missing}"
+        );
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        h.remove("mcp-name");
+        let missing = header_mismatch(&h, &msg, NAME).unwrap();
+        assert!(missing.contains("Mcp-Name header is missing"), "{missing}");
+    }
+}
