@@ -23,7 +23,7 @@ pub enum UpstreamError {
     AfterSend(String),
 }
 
-/// The upstream's answer, as the `run` closure of [`Engine::execute`](crate::Engine::execute) returns it, in
+/// The upstream's answer, as the `run` closure of `Engine::execute` returns it, in
 /// plain data: the protocol layer has already read from its own answer what the engine
 /// needs (what a stored answer keeps, the replay window the upstream asked for, its
 /// request id) and hands the rest back to its caller untouched as `head`.
@@ -123,7 +123,8 @@ pub struct GuardedCall {
     pub class: Class,
     /// The route's name, as the ledger shows it.
     pub route: String,
-    /// The principal's keyed hash ([`Engine::principal_hash`](crate::Engine::principal_hash)).
+    /// The principal's keyed hash (HMAC-SHA256 with the engine's principal key, as
+    /// `Engine::principal_hash` makes it).
     pub principal: String,
     /// How long a completed result is replayed.
     pub window: Duration,
@@ -188,7 +189,7 @@ pub enum UpstreamFailure {
     Busy,
 }
 
-/// What [`Engine::execute`](crate::Engine::execute) did, with a fresh answer of type `F` (the engine's is a
+/// What `Engine::execute` did, with a fresh answer of type `F` (the engine's is a
 /// [`FreshAnswer`]; a protocol layer maps it to its own with [`Execution::map_fresh`]).
 /// The HTTP layer is a thin translation of this.
 #[derive(Debug)]

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::budget::Budget;
 use crate::call::{Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamFailure};
+use crate::ledger;
 use crate::owner;
 use crate::tally::RepeatTally;
 use crate::tasks::{TaskCount, TaskToken};
@@ -216,7 +217,7 @@ impl Engine {
                     // The original failed harmlessly while we waited: claim again (and
                     // execute, with the same downstream key, if we win).
                     Decided::ClaimAgain => break,
-                    Decided::ReadClock => match owner::bounded(self.store.now()).await {
+                    Decided::ReadClock => match ledger::bounded(self.store.now()).await {
                         Ok(n) => now = Some(n),
                         Err(e) => return Execution::StoreUnavailable(e.to_string()),
                     },
@@ -242,7 +243,7 @@ impl Engine {
                             // Someone else moved it first: look again.
                             Detached::Failed(StoreError::Transition(_), f) => {
                                 run = Some(f);
-                                match owner::bounded(self.store.get(&record.id)).await {
+                                match ledger::bounded(self.store.get(&record.id)).await {
                                     Ok(Some(r)) => {
                                         record = r;
                                         now = None;
@@ -347,7 +348,7 @@ impl Engine {
             Ok(Ok(record)) => Ok(record),
             Ok(Err(WaitError::NotFound(id))) => Err(StoreError::NotFound(id)),
             Ok(Err(WaitError::Store(e))) => Err(StoreError::Unavailable(e)),
-            Err(_) => owner::bounded(self.store.get(id))
+            Err(_) => ledger::bounded(self.store.get(id))
                 .await?
                 .ok_or_else(|| StoreError::NotFound(id.clone())),
         }
@@ -376,7 +377,7 @@ impl Engine {
         let call = call.clone();
         let task = tokio::spawn(async move {
             let mut op = op;
-            let record = match tokio::time::timeout(owner::STORE_ANSWER, &mut op).await {
+            let record = match tokio::time::timeout(ledger::STORE_ANSWER, &mut op).await {
                 Ok(Ok(Claimed::Owned(record))) => record,
                 Ok(Ok(Claimed::Other(record))) => return Detached::Other(record, run),
                 Ok(Err(e)) => return Detached::Failed(e, run),
@@ -394,13 +395,13 @@ impl Engine {
                         let why = "the ledger answered the claim too late: nothing was sent";
                         tracing::warn!(record = %record.id, "{why}; releasing it");
                         let released =
-                            owner::bounded(store.release(&fence, Some(why.into()), window));
+                            ledger::bounded(store.release(&fence, Some(why.into()), window));
                         if let Err(e) = released.await {
                             tracing::warn!(record = %record.id, error = %e,
                                 "releasing a late claim failed; its lease will lapse");
                         }
                     });
-                    return Detached::Failed(owner::unanswered(), run);
+                    return Detached::Failed(ledger::unanswered(), run);
                 }
             };
             let Some(fence) = record.fence() else {

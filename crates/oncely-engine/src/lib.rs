@@ -18,6 +18,8 @@
 //!   [`UpstreamAnswer`], [`Head`], [`Execution`]).
 //! - [`engine`]: [`Engine`]: claim, wait, replay, refuse, and start the owner task.
 //! - `owner` (private): the owner task.
+//! - `ledger` (private): ledger operations bounded in time, an owner's writes retried
+//!   while it owns the record, its lease kept renewed.
 //! - `tally` (private): repeats counted in memory and written in sums.
 //! - `budget` (private): what answers in flight may hold.
 //! - [`stream`]: the body types, [`BodyStream`] in and [`CallerBody`] out.
@@ -25,6 +27,7 @@
 mod budget;
 pub mod call;
 pub mod engine;
+mod ledger;
 mod owner;
 pub mod stream;
 mod tally;
@@ -35,7 +38,7 @@ pub use call::{
     UpstreamError, UpstreamFailure,
 };
 pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};
-pub use owner::STORE_ANSWER;
+pub use ledger::STORE_ANSWER;
 pub use stream::{BodyStream, CallerBody};
 pub use tally::REPEAT_FLUSH;
 pub use tasks::TaskToken;

@@ -1,6 +1,6 @@
 //! Repeats (replays and joins) are counted in memory per record and written to the
 //! ledger in sums, one `record_repeats` per record every [`REPEAT_FLUSH`] and on
-//! [`Engine::drain`](crate::Engine::drain), so that a replay never waits on, nor queues
+//! the engine's drain (`Engine::drain`), so that a replay never waits on, nor queues
 //! behind, a ledger write.
 
 use std::collections::HashMap;

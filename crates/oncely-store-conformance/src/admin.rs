@@ -1,5 +1,8 @@
 //! The [`Admin`] section: expiry and purge, listing, principals kept apart, usage and
-//! statements, secrets, reconciliation schedules.
+//! statements, secrets, reconciliation schedules. One concept, kept in one file: the
+//! contract of one trait of `oncely_store`, a test a rule, as `admin_tests!` lists them
+//! and a backend author reads them. The tests share only the crate's helpers; split by
+//! operation, the files would mirror that list and no more.
 
 use std::time::Duration;
 

@@ -1,5 +1,9 @@
 //! The [`TaskQueue`] section: claims that enqueue work all or nothing, leases never
-//! shared, lapsed leases, renewals, retries, dead tasks, capped leasing.
+//! shared, lapsed leases, renewals, retries, dead tasks, capped leasing. One concept,
+//! kept in one file: the contract of one trait of `oncely_store`, a test a rule, as
+//! `task_queue_tests!` lists them and a backend author reads them. Its rules are one
+//! task's life (claimed with its record, leased, renewed, retried, finished or dead), so
+//! a split by operation would cut that life apart.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The job board: what the layer and the job worker share on one instance (the first
 //! requests waiting for their job's answer, the worker's wake-up, the job routes). A leaf:
-//! the [`Guard`](crate::Guard) holds it, the `jobs` module uses it.
+//! the guard (`Guard`) holds it, the `jobs` module uses it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};

@@ -55,7 +55,7 @@ pub struct RoutePolicy {
     /// Larger answers reach their caller but are not stored.
     pub max_response: u64,
     /// Most upstream calls in flight for this route: a guarded call's owner holds one of
-    /// its slots for its upstream call, the [`JobWorker`](crate::JobWorker) keeps a `job`
+    /// its slots for its upstream call, the job worker (`JobWorker`) keeps a `job`
     /// route's further jobs queued (durably) until a call ends, and the embedding service
     /// takes one for a request the layer forwards unguarded (the gateway's proxy does).
     pub concurrency: Option<Concurrency>,

@@ -1,7 +1,7 @@
 //! The extension points of a guarded route, as tower-http's `MakeRequestId`: where the
 //! client's key comes from ([`MakeKey`]), which account a request acts for
 //! ([`MakePrincipal`]), and what one execution is worth ([`MakeUnits`]). A
-//! [`RoutePolicy`](crate::RoutePolicy) holds one of each behind an `Arc`; the built-in
+//! route's policy (`RoutePolicy`) holds one of each behind an `Arc`; the built-in
 //! ones are the config's values ([`KeyMode`], [`PrincipalSource`], [`UnitsRule`]), and a
 //! service adds its own by implementing a trait: no proxy code changes. The MCP proxy
 //! uses the same traits for its principal and units.

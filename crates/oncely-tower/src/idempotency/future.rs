@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the future of [`IdempotencyService`](super::IdempotencyService).
+//! [`ResponseFuture`]: the future of the layer's service (`IdempotencyService`).
 //!
 //! A pinned enum, as tower-http does it, for the cheap paths: a request on no guarded
 //! route is the inner service's own future with its body boxed, nothing else. The
@@ -16,12 +16,13 @@ use futures::future::BoxFuture;
 use http::{HeaderValue, Response};
 use http_body::Body;
 
+use super::bypass::BypassLog;
 use crate::body::boxed;
 use crate::problem::{Problem, ProblemCode, ONCELY_STATUS};
 use crate::{BoxBody, BoxError};
 
 pin_project_lite::pin_project! {
-    /// The response future of [`IdempotencyService`](super::IdempotencyService).
+    /// The response future of the layer's service (`IdempotencyService`).
     #[project = Proj]
     pub struct ResponseFuture<F> {
         #[pin]
@@ -36,7 +37,7 @@ pin_project_lite::pin_project! {
         Forward {
             #[pin]
             fut: F,
-            bypassed: Option<super::service::BypassLog>,
+            bypassed: Option<BypassLog>,
             // A route that forwards every time (`read`, `key = "none"`): `fresh`.
             fresh: bool,
         },
@@ -47,7 +48,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn forward(fut: F, bypassed: Option<super::service::BypassLog>) -> Self {
+    pub(crate) fn forward(fut: F, bypassed: Option<BypassLog>) -> Self {
         ResponseFuture {
             kind: Kind::Forward {
                 fut,

@@ -8,8 +8,11 @@
 //!   [`Guard::execute`](crate::Guard::execute), and translates its
 //!   [`Execution`](crate::Execution) into the answer;
 //! - [`future`](ResponseFuture) is a pinned enum: the forwarded paths are the inner
-//!   service's own future; the guarded path is boxed.
+//!   service's own future; the guarded path is boxed;
+//! - `bypass` is the log line of a bypassed request, made by the service and written by
+//!   the future.
 
+mod bypass;
 mod future;
 pub(crate) mod handle;
 mod layer;

@@ -10,6 +10,7 @@ use http_body::Body;
 use tower::util::Oneshot;
 use tower::{Service, ServiceExt};
 
+use super::bypass::BypassLog;
 use super::future::ResponseFuture;
 use crate::body::boxed;
 use crate::facts::RequestFacts;
@@ -18,7 +19,7 @@ use crate::policy::RoutePolicies;
 use crate::sources::RequestHead;
 use crate::{BoxBody, BoxError};
 
-/// The service [`IdempotencyLayer`](super::IdempotencyLayer) makes. Every failure is an
+/// The service the layer (`IdempotencyLayer`) makes. Every failure is an
 /// HTTP answer, so its error is `Infallible`.
 #[derive(Debug)]
 pub struct IdempotencyService<S, P> {
@@ -44,45 +45,6 @@ impl<S: Clone, P> Clone for IdempotencyService<S, P> {
             guard: self.guard.clone(),
             policies: self.policies.clone(),
         }
-    }
-}
-
-/// What the one log line of a bypassed request needs.
-#[derive(Debug)]
-pub(crate) struct BypassLog {
-    pub(crate) route: String,
-    pub(crate) principal: Option<String>,
-    pub(crate) workflow_id: Option<String>,
-    pub(crate) started: Instant,
-    /// The request's server span (traces on).
-    pub(crate) span: Option<crate::trace::Span>,
-}
-
-impl BypassLog {
-    pub(crate) fn finish(self, upstream_status: u16) {
-        if let Some(mut span) = self.span {
-            use crate::trace::attr;
-            span.set(attr::ROUTE, self.route.as_str());
-            span.set(attr::DECISION, "bypassed");
-            if let Some(principal) = &self.principal {
-                span.set(attr::PRINCIPAL, principal.as_str());
-            }
-            span.set(attr::UPSTREAM_STATUS, i64::from(upstream_status));
-            span.set(attr::HTTP_STATUS, i64::from(upstream_status));
-            span.end();
-        }
-        crate::log::log_request(&crate::log::RequestLog {
-            record: None,
-            route: &self.route,
-            principal: self.principal.as_deref(),
-            status: "bypassed",
-            attempt: None,
-            workflow_id: self.workflow_id.as_deref(),
-            upstream_status: Some(upstream_status),
-            provider_request_id: None,
-            started: self.started,
-            span: None,
-        });
     }
 }
 

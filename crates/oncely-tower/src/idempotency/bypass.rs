@@ -1,0 +1,44 @@
+//! [`BypassLog`]: what the one log line (and the span) of a bypassed request needs. The
+//! service makes it for a request it bypasses (`guard_when` did not match, or no
+//! principal); the response future writes it once the inner service has answered.
+
+use std::time::Instant;
+
+/// What the one log line of a bypassed request needs.
+#[derive(Debug)]
+pub(crate) struct BypassLog {
+    pub(crate) route: String,
+    pub(crate) principal: Option<String>,
+    pub(crate) workflow_id: Option<String>,
+    pub(crate) started: Instant,
+    /// The request's server span (traces on).
+    pub(crate) span: Option<crate::trace::Span>,
+}
+
+impl BypassLog {
+    pub(crate) fn finish(self, upstream_status: u16) {
+        if let Some(mut span) = self.span {
+            use crate::trace::attr;
+            span.set(attr::ROUTE, self.route.as_str());
+            span.set(attr::DECISION, "bypassed");
+            if let Some(principal) = &self.principal {
+                span.set(attr::PRINCIPAL, principal.as_str());
+            }
+            span.set(attr::UPSTREAM_STATUS, i64::from(upstream_status));
+            span.set(attr::HTTP_STATUS, i64::from(upstream_status));
+            span.end();
+        }
+        crate::log::log_request(&crate::log::RequestLog {
+            record: None,
+            route: &self.route,
+            principal: self.principal.as_deref(),
+            status: "bypassed",
+            attempt: None,
+            workflow_id: self.workflow_id.as_deref(),
+            upstream_status: Some(upstream_status),
+            provider_request_id: None,
+            started: self.started,
+            span: None,
+        });
+    }
+}
