@@ -42,10 +42,11 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::{Form, Router};
+use oncely_store::Store;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use super::admin::AdminState;
+use crate::config::Config;
 use html::{esc, page, Section};
 
 /// The session cookie's name.
@@ -80,16 +81,25 @@ struct Session {
     expires: Instant,
 }
 
-/// What the console's handlers share.
+/// What the console's handlers share: what they take of the admin API's state (the
+/// admin API mounts the console; the console does not reach into the admin API), and the
+/// sessions.
 #[derive(Clone)]
 pub(crate) struct Console {
-    admin: AdminState,
+    /// The ledger.
+    store: Arc<dyn Store>,
+    /// The config (routes, windows, reconcile endpoints, `admin_token_env`).
+    config: Arc<Config>,
+    /// The admin token; `None` closes the console, as it closes the admin API.
+    token: Option<String>,
+    /// The webhook routes, called directly (a console request is authenticated here).
+    webhooks: Router,
     sessions: Arc<Mutex<HashMap<String, Session>>>,
 }
 
 impl Console {
     fn token(&self) -> Option<&str> {
-        self.admin.token.as_deref()
+        self.token.as_deref()
     }
 
     fn open_session(&self) -> (String, String) {
@@ -136,10 +146,19 @@ fn random_hex() -> String {
     hex::encode(bytes)
 }
 
-/// The console's routes, merged into the admin router.
-pub(crate) fn router(admin: AdminState) -> Router {
+/// The console's routes, merged into the admin router: the ledger, the config, the admin
+/// token and the webhook routes are the admin API's own.
+pub(crate) fn router(
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    token: Option<String>,
+    webhooks: Router,
+) -> Router {
     let console = Console {
-        admin,
+        store,
+        config,
+        token,
+        webhooks,
         sessions: Arc::default(),
     };
     let guarded = Router::new()
@@ -254,7 +273,7 @@ fn closed(console: &Console) -> Response {
         "Console closed",
         &format!(
             "The admin API and the console are closed: set {} to a token to open them.",
-            console.admin.config.admin_token_env
+            console.config.admin_token_env
         ),
     )
 }

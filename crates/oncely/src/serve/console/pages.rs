@@ -76,7 +76,7 @@ fn ok(
 
 async fn get_record(console: &Console, id: &str) -> Result<Record, Response> {
     let id = RecordId(id.to_owned());
-    match console.admin.store.get(&id).await {
+    match console.store.get(&id).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(store_error(StoreError::NotFound(id))),
         Err(e) => Err(store_error(e)),
@@ -105,7 +105,7 @@ pub(super) async fn records(
     Extension(viewer): Extension<Viewer>,
     Query(q): Query<RecordsQuery>,
 ) -> PageResult {
-    let store = &console.admin.store;
+    let store = &console.store;
     let now = store.now().await.map_err(store_error)?;
     let state = match q.state.trim() {
         "" => None,
@@ -117,7 +117,7 @@ pub(super) async fn records(
     let principal = match q.principal.trim() {
         "" => None,
         p => Some(
-            super::super::admin::principal_filter(store, p)
+            crate::operations::principal_filter(store, p)
                 .await
                 .map_err(|_| store_error(StoreError::Unavailable("principal key".into())))?,
         ),
@@ -200,7 +200,6 @@ pub(super) async fn records(
 
     let mut body = String::new();
     let routes: Vec<&str> = console
-        .admin
         .config
         .routes
         .iter()
@@ -347,10 +346,10 @@ pub(super) async fn record(
     Path(id): Path<String>,
     Query(q): Query<DoneQuery>,
 ) -> PageResult {
-    let store = &console.admin.store;
+    let store = &console.store;
     let r = get_record(&console, &id).await?;
     let now = store.now().await.map_err(store_error)?;
-    let route = console.admin.config.route_named(&r.route);
+    let route = console.config.route_named(&r.route);
     let schedule = if r.state == RecordState::OutcomeUnknown {
         store.reconcile_schedule(&r.id).await.ok().flatten()
     } else {
@@ -715,7 +714,7 @@ pub(super) async fn resolve(
     if r.state != RecordState::OutcomeUnknown {
         return Err(not_unknown(&r));
     }
-    let window = crate::operations::window_for(Some(&console.admin.config), &r.route);
+    let window = crate::operations::window_for(Some(&console.config), &r.route);
     let resolution = match resolution(&f, window) {
         Ok(res) => res,
         Err(e) => return Ok(resolve_form_page(&viewer, &r, &f, Some(&e))),
@@ -762,7 +761,6 @@ This cannot be undone.</p>\
         ));
     }
     let after = console
-        .admin
         .store
         .resolve(&r.id, resolution)
         .await
@@ -844,7 +842,7 @@ fn reconcilable<'a>(console: &'a Console, r: &Record) -> Result<&'a Route, Box<R
     if r.state != RecordState::OutcomeUnknown {
         return Err(Box::new(not_unknown(r)));
     }
-    match console.admin.config.route_named(&r.route) {
+    match console.config.route_named(&r.route) {
         Some(route) if route.reconcile.is_some() && route.upstream.is_some() => Ok(route),
         _ => Err(Box::new(error_page(
             StatusCode::CONFLICT,
@@ -866,20 +864,19 @@ pub(super) async fn reconcile(
     }
     let r = get_record(&console, &id).await?;
     let route = reconcilable(&console, &r).map_err(|e| *e)?;
-    let client =
-        crate::serve::proxy::UpstreamClient::new(console.admin.config.upstream_ca.as_deref())
-            .map_err(|e| {
-                error_page(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "Cannot reconcile",
-                    &format!("{e:#}"),
-                )
-            })?;
-    let attempt = match console.admin.store.reconcile_schedule(&r.id).await {
+    let client = crate::serve::proxy::UpstreamClient::new(console.config.upstream_ca.as_deref())
+        .map_err(|e| {
+            error_page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Cannot reconcile",
+                &format!("{e:#}"),
+            )
+        })?;
+    let attempt = match console.store.reconcile_schedule(&r.id).await {
         Ok(Some(s)) => s.attempts + 1,
         _ => 1,
     };
-    let outcome = reconcile_once(&*console.admin.store, &client, route, &r, attempt).await;
+    let outcome = reconcile_once(&*console.store, &client, route, &r, attempt).await;
     let done = match &outcome {
         Reconciled::Completed(a) | Reconciled::Released(a) => {
             format!("reconciled: now {}", a.state)
@@ -925,12 +922,7 @@ pub(super) async fn purge(
     if c.confirmed != "1" {
         return Ok(purge_form(Extension(viewer)).await);
     }
-    let n = console
-        .admin
-        .store
-        .purge_expired()
-        .await
-        .map_err(store_error)?;
+    let n = console.store.purge_expired().await.map_err(store_error)?;
     tracing::info!(target: "oncely::console", action = "purge", purged = n, by = "console", "console action");
     Ok(Redirect::to(&format!(
         "/console/?done={}",
@@ -954,7 +946,7 @@ pub(super) async fn usage(
     Extension(viewer): Extension<Viewer>,
     Query(q): Query<UsageQuery>,
 ) -> PageResult {
-    let store = &console.admin.store;
+    let store = &console.store;
     let since_text = match q.since.trim() {
         "" => "24h",
         s => s,
@@ -967,7 +959,7 @@ pub(super) async fn usage(
     let selected = match q.principal.trim() {
         "" => None,
         p => Some(
-            super::super::admin::principal_filter(store, p)
+            crate::operations::principal_filter(store, p)
                 .await
                 .map_err(|_| store_error(StoreError::Unavailable("principal key".into())))?,
         ),
@@ -1076,7 +1068,7 @@ pub(super) async fn dead_letters(
     Extension(viewer): Extension<Viewer>,
     Query(q): Query<DoneQuery>,
 ) -> PageResult {
-    let dead = oncely_webhooks::list_dead(console.admin.store.as_ref())
+    let dead = oncely_webhooks::list_dead(console.store.as_ref())
         .await
         .map_err(store_error)?;
     let mut body = String::new();
@@ -1147,7 +1139,6 @@ pub(super) async fn redeliver(
         .body(Body::empty())
         .expect("a valid request");
     let res = console
-        .admin
         .webhooks
         .clone()
         .oneshot(req)
@@ -1197,7 +1188,7 @@ pub(super) async fn in_flight_fragment(State(console): State<Console>) -> PageRe
 }
 
 async fn in_flight_table(console: &Console) -> Result<String, Response> {
-    let store = &console.admin.store;
+    let store = &console.store;
     let now = store.now().await.map_err(store_error)?;
     let filter = ListFilter {
         state: Some(RecordState::Processing),
