@@ -17,10 +17,10 @@ use serde::Deserialize;
 use tower::ServiceExt;
 
 use super::html::{
-    self, age, chart, csrf_field, esc, page, short_principal, state_badge, time_ago, url_enc,
-    Section,
+    self, age, chart, csrf_field, error_page, esc, html, page, short_principal, state_badge,
+    time_ago, url_enc, Section,
 };
-use super::{error_page, Console, Viewer};
+use super::state::{Console, Viewer};
 use crate::config::Route;
 use crate::operations::Verdict;
 use crate::serve::reconcile::{reconcile_once, Reconciled};
@@ -68,7 +68,7 @@ fn ok(
     notice: Option<&str>,
     body: &str,
 ) -> Response {
-    super::html(
+    html(
         StatusCode::OK,
         page(title, section, Some(viewer), notice, body),
     )
@@ -624,7 +624,7 @@ upstream. Duplicates then get the answer you give (completed), or execute again 
         headers = esc(&f.headers),
         bodytext = esc(&f.body),
     );
-    super::html(
+    html(
         if error.is_some() {
             StatusCode::BAD_REQUEST
         } else {
@@ -1184,7 +1184,7 @@ Refreshed every 2 s <span id=\"refreshed\"></span>.</p>\
 /// `GET /console/inflight/fragment`: the table alone.
 pub(super) async fn in_flight_fragment(State(console): State<Console>) -> PageResult {
     let table = in_flight_table(&console).await?;
-    Ok(super::html(StatusCode::OK, table))
+    Ok(html(StatusCode::OK, table))
 }
 
 async fn in_flight_table(console: &Console) -> Result<String, Response> {
