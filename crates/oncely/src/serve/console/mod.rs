@@ -67,25 +67,31 @@ pub(crate) fn router(
 ) -> Router {
     let console = Console::new(store, config, token, webhooks);
     let guarded = Router::new()
-        .route("/console/", get(pages::records))
-        .route("/console/records/{id}", get(pages::record))
+        .route("/console/", get(pages::records::records))
+        .route("/console/records/{id}", get(pages::record::record))
         .route(
             "/console/records/{id}/resolve",
-            get(pages::resolve_form).post(pages::resolve),
+            get(pages::resolve::resolve_form).post(pages::resolve::resolve),
         )
         .route(
             "/console/records/{id}/reconcile",
-            get(pages::reconcile_form).post(pages::reconcile),
+            get(pages::reconcile::reconcile_form).post(pages::reconcile::reconcile),
         )
-        .route("/console/purge", get(pages::purge_form).post(pages::purge))
-        .route("/console/usage", get(pages::usage))
-        .route("/console/webhooks", get(pages::dead_letters))
+        .route(
+            "/console/purge",
+            get(pages::purge::purge_form).post(pages::purge::purge),
+        )
+        .route("/console/usage", get(pages::usage::usage))
+        .route("/console/webhooks", get(pages::webhooks::dead_letters))
         .route(
             "/console/webhooks/{id}/redeliver",
-            get(pages::redeliver_form).post(pages::redeliver),
+            get(pages::webhooks::redeliver_form).post(pages::webhooks::redeliver),
         )
-        .route("/console/inflight", get(pages::in_flight))
-        .route("/console/inflight/fragment", get(pages::in_flight_fragment))
+        .route("/console/inflight", get(pages::inflight::in_flight))
+        .route(
+            "/console/inflight/fragment",
+            get(pages::inflight::in_flight_fragment),
+        )
         .route("/console/logout", axum::routing::post(logout))
         .route_layer(axum::middleware::from_fn_with_state(
             console.clone(),
