@@ -107,7 +107,12 @@ pub fn router(state: AdminState) -> Router {
         .fallback(|| async { AdminError::new(ProblemCode::NotFound, "no such admin route") })
         .with_state(state.clone())
         .merge(webhooks)
-        .merge(super::console::router(state))
+        .merge(super::console::router(
+            state.store,
+            state.config,
+            state.token,
+            state.webhooks,
+        ))
 }
 
 async fn auth(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -200,10 +205,7 @@ async fn list(
 }
 
 /// A principal as `?principal=P` takes it ([`crate::operations::principal_filter`]).
-pub(crate) async fn principal_filter(
-    store: &Arc<dyn Store>,
-    p: &str,
-) -> Result<String, AdminError> {
+async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String, AdminError> {
     Ok(crate::operations::principal_filter(store, p).await?)
 }
 

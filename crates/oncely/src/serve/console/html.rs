@@ -1,14 +1,17 @@
-//! The console's HTML: escaping, the page frame, small table and form pieces, and the
-//! server-rendered SVG chart of fresh executions against repeats. Everything is built as
-//! strings here, escaped at the point where a value enters markup.
+//! The console's HTML: escaping, the page frame, small table and form pieces, the two
+//! answers every page ends in (`html`, `error_page`), and the server-rendered SVG chart of
+//! fresh executions against repeats. Everything is built as strings here, escaped at the
+//! point where a value enters markup.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
 use oncely_core::units::format_duration;
 use oncely_core::Timestamp;
 
-use super::Viewer;
+use super::state::Viewer;
 
 /// Escapes text for HTML content and double-quoted attribute values.
 pub(super) use crate::statement::html as esc;
@@ -140,6 +143,25 @@ pub(super) fn page(
 <body><header><span class=\"brand\">oncely</span><nav>{nav}</nav></header>\
 <main><h1>{title}</h1>{notice}{body}</main></body></html>\n",
         title = esc(title),
+    )
+}
+
+/// An HTML answer with a status.
+pub(super) fn html(status: StatusCode, body: String) -> Response {
+    (status, Html(body)).into_response()
+}
+
+/// A page that says only what went wrong.
+pub(super) fn error_page(status: StatusCode, title: &str, detail: &str) -> Response {
+    html(
+        status,
+        page(
+            title,
+            Section::None,
+            None,
+            None,
+            &format!("<p class=\"error\">{}</p>", esc(detail)),
+        ),
     )
 }
 

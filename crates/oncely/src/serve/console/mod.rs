@@ -30,138 +30,68 @@
 
 mod html;
 mod pages;
+mod state;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::{Form, Router};
+use oncely_store::Store;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use super::admin::AdminState;
-use html::{esc, page, Section};
+use crate::config::Config;
+use html::{error_page, esc, html, page, Section};
+use state::{Console, Viewer, SESSION_TTL};
 
 /// The session cookie's name.
 const COOKIE: &str = "oncely_console";
-/// How long a console session lasts.
-const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// At most this many sessions are kept (the oldest go first).
-const MAX_SESSIONS: usize = 1000;
 /// The largest form a console POST may send.
 const MAX_FORM: usize = 1 << 20;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
 
-/// Who is looking at a page.
-#[derive(Debug, Clone)]
-pub(crate) enum Viewer {
-    /// A request with the admin token in its `Authorization` header.
-    Bearer,
-    /// A browser session opened at the login form.
-    Session {
-        /// The session id (the cookie's value).
-        id: String,
-        /// The token its forms carry.
-        csrf: String,
-    },
-}
-
-#[derive(Debug)]
-struct Session {
-    csrf: String,
-    expires: Instant,
-}
-
-/// What the console's handlers share.
-#[derive(Clone)]
-pub(crate) struct Console {
-    admin: AdminState,
-    sessions: Arc<Mutex<HashMap<String, Session>>>,
-}
-
-impl Console {
-    fn token(&self) -> Option<&str> {
-        self.admin.token.as_deref()
-    }
-
-    fn open_session(&self) -> (String, String) {
-        let id = random_hex();
-        let csrf = random_hex();
-        let now = Instant::now();
-        let mut sessions = self.sessions.lock().expect("sessions lock");
-        sessions.retain(|_, s| s.expires > now);
-        while sessions.len() >= MAX_SESSIONS {
-            let oldest = sessions
-                .iter()
-                .min_by_key(|(_, s)| s.expires)
-                .map(|(k, _)| k.clone());
-            match oldest {
-                Some(k) => sessions.remove(&k),
-                None => break,
-            };
-        }
-        sessions.insert(
-            id.clone(),
-            Session {
-                csrf: csrf.clone(),
-                expires: now + SESSION_TTL,
-            },
-        );
-        (id, csrf)
-    }
-
-    fn session(&self, id: &str) -> Option<String> {
-        let sessions = self.sessions.lock().expect("sessions lock");
-        sessions
-            .get(id)
-            .filter(|s| s.expires > Instant::now())
-            .map(|s| s.csrf.clone())
-    }
-
-    fn close_session(&self, id: &str) {
-        self.sessions.lock().expect("sessions lock").remove(id);
-    }
-}
-
-fn random_hex() -> String {
-    let bytes: [u8; 32] = rand::random();
-    hex::encode(bytes)
-}
-
-/// The console's routes, merged into the admin router.
-pub(crate) fn router(admin: AdminState) -> Router {
-    let console = Console {
-        admin,
-        sessions: Arc::default(),
-    };
+/// The console's routes, merged into the admin router: the ledger, the config, the admin
+/// token and the webhook routes are the admin API's own.
+pub(crate) fn router(
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    token: Option<String>,
+    webhooks: Router,
+) -> Router {
+    let console = Console::new(store, config, token, webhooks);
     let guarded = Router::new()
-        .route("/console/", get(pages::records))
-        .route("/console/records/{id}", get(pages::record))
+        .route("/console/", get(pages::records::records))
+        .route("/console/records/{id}", get(pages::record::record))
         .route(
             "/console/records/{id}/resolve",
-            get(pages::resolve_form).post(pages::resolve),
+            get(pages::resolve::resolve_form).post(pages::resolve::resolve),
         )
         .route(
             "/console/records/{id}/reconcile",
-            get(pages::reconcile_form).post(pages::reconcile),
+            get(pages::reconcile::reconcile_form).post(pages::reconcile::reconcile),
         )
-        .route("/console/purge", get(pages::purge_form).post(pages::purge))
-        .route("/console/usage", get(pages::usage))
-        .route("/console/webhooks", get(pages::dead_letters))
+        .route(
+            "/console/purge",
+            get(pages::purge::purge_form).post(pages::purge::purge),
+        )
+        .route("/console/usage", get(pages::usage::usage))
+        .route("/console/webhooks", get(pages::webhooks::dead_letters))
         .route(
             "/console/webhooks/{id}/redeliver",
-            get(pages::redeliver_form).post(pages::redeliver),
+            get(pages::webhooks::redeliver_form).post(pages::webhooks::redeliver),
         )
-        .route("/console/inflight", get(pages::in_flight))
-        .route("/console/inflight/fragment", get(pages::in_flight_fragment))
+        .route("/console/inflight", get(pages::inflight::in_flight))
+        .route(
+            "/console/inflight/fragment",
+            get(pages::inflight::in_flight_fragment),
+        )
         .route("/console/logout", axum::routing::post(logout))
         .route_layer(axum::middleware::from_fn_with_state(
             console.clone(),
@@ -229,32 +159,13 @@ async fn js() -> Response {
         .into_response()
 }
 
-/// An HTML answer with a status.
-pub(crate) fn html(status: StatusCode, body: String) -> Response {
-    (status, Html(body)).into_response()
-}
-
-/// A page that says only what went wrong.
-pub(crate) fn error_page(status: StatusCode, title: &str, detail: &str) -> Response {
-    html(
-        status,
-        page(
-            title,
-            Section::None,
-            None,
-            None,
-            &format!("<p class=\"error\">{}</p>", esc(detail)),
-        ),
-    )
-}
-
 fn closed(console: &Console) -> Response {
     error_page(
         StatusCode::FORBIDDEN,
         "Console closed",
         &format!(
             "The admin API and the console are closed: set {} to a token to open them.",
-            console.admin.config.admin_token_env
+            console.config.admin_token_env
         ),
     )
 }

@@ -1,0 +1,492 @@
+//! Classes and gaps: the class proposed for what no config classes (from methods,
+//! annotations and names), what the config says of the rest, the gaps (unguarded, no
+//! reconcile, slow but not a job) and the config lines that close each.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use oncely_core::units::format_duration;
+use oncely_core::Class;
+use oncely_store::redact_url as redact;
+use oncely_tower::KeyMode;
+
+use super::model::{Entry, Found, Gap, Target};
+use crate::config::{Config, McpEndpoint, Route};
+
+/// A completed call that took this long or longer is one an assistant has likely given
+/// up on: such a route should be a `job`.
+const SLOW: Duration = Duration::from_secs(30);
+
+/// Words that make an operation or tool a consequential `action`.
+const ACTION_WORDS: &[&str] = &["send", "pay", "order", "charge", "delete"];
+
+/// The class proposed for an operation or tool that no config classes.
+fn propose(f: &Found) -> Class {
+    match &f.target {
+        Target::Http { method, .. } => {
+            if matches!(
+                *method,
+                http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+            ) {
+                Class::Read
+            } else if says_action(&f.words) {
+                Class::Action
+            } else {
+                Class::Write
+            }
+        }
+        Target::Tool { .. } => {
+            if f.read_only_hint {
+                Class::Read
+            } else if f.destructive_hint || says_action(&f.words) {
+                Class::Action
+            } else {
+                Class::Write
+            }
+        }
+    }
+}
+
+/// Whether the words name a consequential action: `sendInvoice`, `place_order`,
+/// `/payments`, "Delete a pet" (whole words, camelCase split, simple inflections).
+fn says_action(text: &str) -> bool {
+    words(text).iter().any(|w| {
+        ACTION_WORDS.iter().any(|a| {
+            w.strip_prefix(a).is_some_and(|rest| {
+                matches!(
+                    rest,
+                    "" | "s" | "es" | "d" | "ed" | "ing" | "ment" | "ments"
+                )
+            })
+        })
+    })
+}
+
+/// Lower-case words: split at anything not a letter or digit, and at camelCase humps.
+fn words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    for c in text.chars() {
+        if !c.is_alphanumeric() {
+            if !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            prev_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && prev_lower && !word.is_empty() {
+            out.push(std::mem::take(&mut word));
+        }
+        prev_lower = c.is_lowercase() || c.is_ascii_digit();
+        word.extend(c.to_lowercase());
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// The tool selection of an `[[mcp]]` entry's `tools`, as the endpoint reads it.
+fn selection(tools: &[String]) -> Option<oncely_mcp::ToolSelection> {
+    oncely_mcp::McpConfig::new("/mcp", "http://127.0.0.1/mcp")
+        .and_then(|c| c.with_tools(tools))
+        .ok()
+        .map(|c| c.tools)
+}
+
+/// A concrete path an OpenAPI template stands for (`{id}` → a segment), to match
+/// against route patterns.
+fn sample_path(template: &str) -> String {
+    let mut out = String::new();
+    let mut in_param = false;
+    for c in template.chars() {
+        match c {
+            '{' => in_param = true,
+            '}' if in_param => {
+                in_param = false;
+                out.push_str("x1");
+            }
+            _ if in_param => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A route pattern for an OpenAPI path template: `{name}` kept where oncely's patterns
+/// take it, a segment that mixes text and parameters becomes a parameter of its own.
+pub(super) fn route_pattern(template: &str) -> String {
+    let mut names: Vec<String> = Vec::new();
+    let segments: Vec<String> = template
+        .split('/')
+        .enumerate()
+        .map(|(i, seg)| {
+            if !seg.contains(['{', '}']) {
+                return seg.to_owned();
+            }
+            let inner = seg
+                .strip_prefix('{')
+                .and_then(|s| s.strip_suffix('}'))
+                .filter(|s| !s.contains(['{', '}']));
+            let mut name: String = match inner {
+                Some(n) => n
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect(),
+                None => format!("segment{i}"),
+            };
+            if name.is_empty() || names.contains(&name) {
+                name = format!("{name}_{i}");
+            }
+            names.push(name.clone());
+            format!("{{{name}}}")
+        })
+        .collect();
+    segments.join("/")
+}
+
+pub(super) fn configured_route<'a>(config: Option<&'a Config>, f: &Found) -> Option<&'a Route> {
+    let Target::Http { method, path, .. } = &f.target else {
+        return None;
+    };
+    let sample = sample_path(path);
+    config?
+        .routes
+        .iter()
+        .find(|r| r.method.matches(method) && r.path.matches(&sample))
+}
+
+fn configured_mcp<'a>(config: Option<&'a Config>, source: &str) -> Option<&'a McpEndpoint> {
+    let norm = |u: &str| u.trim_end_matches('/').to_ascii_lowercase();
+    config?
+        .mcp
+        .iter()
+        .find(|m| norm(&m.upstream.to_string()) == norm(source))
+}
+
+fn key_name(k: KeyMode) -> &'static str {
+    match k {
+        KeyMode::Header => "header",
+        KeyMode::Fingerprint => "fingerprint",
+        KeyMode::HeaderOrFingerprint => "header-or-fingerprint",
+        KeyMode::None => "none",
+    }
+}
+
+fn replay_of(class: Class, guarded: bool) -> String {
+    match (class, guarded) {
+        (Class::Read, _) => "forwarded again (a read repeats harmlessly)".into(),
+        (_, false) => "executes again".into(),
+        (Class::Job, true) => {
+            "the job: 202 with its id while it runs, then its stored response".into()
+        }
+        (Class::Action, true) => {
+            "the stored first response; after an uncertain outcome, 409 until reconciled".into()
+        }
+        (_, true) => "the stored first response".into(),
+    }
+}
+
+/// The fix for an unguarded HTTP operation: a route of its own.
+pub(super) fn route_lines(method: &http::Method, path: &str, class: Class) -> String {
+    format!(
+        "[[routes]]\nmethod = \"{method}\"\npath = {}\nclass = \"{}\"",
+        toml_string(&route_pattern(path)),
+        class.as_str()
+    )
+}
+
+/// A reconcile line to adapt: a lookup by key under the operation's first segments.
+pub(super) fn reconcile_suggestion(path: &str) -> String {
+    let base: Vec<&str> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .take_while(|s| !s.contains('{'))
+        .collect();
+    format!("reconcile = \"GET /{}?reference={{key}}\"", base.join("/"))
+}
+
+pub(super) fn assess(
+    f: Found,
+    config: Option<&Config>,
+    durations: &HashMap<String, Vec<Duration>>,
+) -> Entry {
+    let proposed = propose(&f);
+    let store = config.map(|c| redact(&c.store));
+    match &f.target {
+        Target::Http { method, path, .. } => {
+            if let Some(route) = configured_route(config, &f) {
+                let class = route.class;
+                let guarded = class != Class::Read && route.key != KeyMode::None;
+                let mut gaps = Vec::new();
+                let at = format!("(in the route {})", route.name);
+                if class == Class::Action && route.reconcile.is_none() {
+                    gaps.push(Gap {
+                        kind: "no_reconcile",
+                        detail:
+                            "an action with no reconcile: an uncertain outcome waits for a person"
+                                .into(),
+                        fix: format!(
+                            "{}  # {at}: a lookup by key your upstream answers",
+                            reconcile_suggestion(path)
+                        ),
+                    });
+                }
+                // A route configured `read` is a read by its owner's word; only a
+                // non-read route that keys nothing leaves its operation unguarded.
+                if !guarded && class != Class::Read {
+                    gaps.push(Gap {
+                        kind: "unguarded",
+                        detail: format!(
+                            "{} route with key = \"none\": a retry executes it again",
+                            a(class)
+                        ),
+                        fix: format!("key = \"header-or-fingerprint\"  # {at}"),
+                    });
+                }
+                if class != Class::Job && class != Class::Read {
+                    if let Some(slow) = durations.get(&route.name).and_then(|d| {
+                        let n = d.iter().filter(|d| **d >= SLOW).count();
+                        (n > 0).then(|| (n, d.len(), d.iter().max().copied().unwrap_or_default()))
+                    }) {
+                        let (n, total, max) = slow;
+                        gaps.push(Gap {
+                            kind: "slow_not_job",
+                            detail: format!(
+                                "{n} of {total} completed calls took {} or longer (the longest {}s): assistants give up before the answer",
+                                format_duration(SLOW),
+                                max.as_secs()
+                            ),
+                            fix: format!("class = \"job\"  # {at}"),
+                        });
+                    }
+                }
+                Entry {
+                    class,
+                    configured: true,
+                    key: guarded.then(|| key_name(route.key).to_owned()),
+                    store: if guarded { store } else { None },
+                    window: guarded.then_some(route.window),
+                    replay: replay_of(class, guarded),
+                    reconcile: reconcile_text(
+                        class,
+                        guarded,
+                        route.reconcile.as_ref().map(|r| {
+                            format!(
+                                "{} {} after {}",
+                                r.method,
+                                r.target,
+                                format_duration(route.reconcile_after)
+                            )
+                        }),
+                    ),
+                    gaps,
+                    found: f,
+                }
+            } else {
+                let mut gaps = Vec::new();
+                if proposed != Class::Read {
+                    gaps.push(Gap {
+                        kind: "unguarded",
+                        detail: format!(
+                            "{} operation no route guards: a retry executes it again",
+                            a(proposed)
+                        ),
+                        fix: route_lines(method, path, proposed),
+                    });
+                }
+                if proposed == Class::Action {
+                    gaps.push(Gap {
+                        kind: "no_reconcile",
+                        detail:
+                            "an action with no reconcile: an uncertain outcome waits for a person"
+                                .into(),
+                        fix: format!(
+                            "{}  # a lookup by key your upstream answers",
+                            reconcile_suggestion(path)
+                        ),
+                    });
+                }
+                Entry {
+                    class: proposed,
+                    configured: false,
+                    key: None,
+                    store: None,
+                    window: None,
+                    replay: replay_of(proposed, false),
+                    reconcile: reconcile_text(proposed, false, None),
+                    gaps,
+                    found: f,
+                }
+            }
+        }
+        Target::Tool { name } => {
+            let endpoint = configured_mcp(config, &f.source);
+            // The endpoint's own rule (oncely_mcp::config), not a copy of it.
+            let guarded = endpoint.is_some_and(|m| {
+                selection(&m.tools).is_some_and(|s| s.guards(name, f.read_only_hint))
+            });
+            let (class, configured) = match endpoint {
+                Some(m) if guarded => (
+                    if oncely_mcp::config::any_matches(&m.actions, name) {
+                        Class::Action
+                    } else {
+                        Class::Write
+                    },
+                    true,
+                ),
+                Some(_) if f.read_only_hint => (Class::Read, true),
+                _ => (proposed, false),
+            };
+            let mut gaps = Vec::new();
+            if !guarded && class != Class::Read {
+                let fix = match endpoint {
+                    Some(m) => {
+                        let mut tools = m.tools.clone();
+                        tools.push(name.clone());
+                        let mut lines = format!("tools = {}", toml_list(&tools));
+                        if class == Class::Action {
+                            let mut actions = m.actions.clone();
+                            actions.push(name.clone());
+                            lines.push_str(&format!("\nactions = {}", toml_list(&actions)));
+                        }
+                        format!("{lines}  # (in the [[mcp]] of {})", m.upstream)
+                    }
+                    None => mcp_lines(
+                        &f.source,
+                        "/mcp",
+                        &[name.clone()]
+                            .into_iter()
+                            .filter(|_| class == Class::Action)
+                            .collect::<Vec<_>>(),
+                    ),
+                };
+                gaps.push(Gap {
+                    kind: "unguarded",
+                    detail: format!(
+                        "{} tool no [[mcp]] guards: a retried call executes it again",
+                        a(class)
+                    ),
+                    fix,
+                });
+            }
+            let window = endpoint.filter(|_| guarded).map(|m| m.window);
+            Entry {
+                class,
+                configured,
+                key: guarded.then(|| "fingerprint".to_owned()),
+                store: if guarded { store } else { None },
+                window,
+                replay: replay_of(class, guarded),
+                reconcile: reconcile_text(class, guarded, None),
+                gaps,
+                found: f,
+            }
+        }
+    }
+}
+
+fn reconcile_text(class: Class, guarded: bool, configured: Option<String>) -> Option<String> {
+    match (class, guarded) {
+        (Class::Read, _) => None,
+        (_, false) => Some("none: nothing is recorded".into()),
+        (Class::Action, true) => Some(configured.unwrap_or_else(|| {
+            "by hand: oncely ledger resolve ID (outcome_unknown until then)".into()
+        })),
+        (_, true) => Some("released: a retry executes again with the same downstream key".into()),
+    }
+}
+
+/// "a write", "an action".
+fn a(class: Class) -> String {
+    match class {
+        Class::Action => "an action".into(),
+        c => format!("a {}", c.as_str()),
+    }
+}
+
+fn toml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| toml_string(s)).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+pub(super) fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+pub(super) fn mcp_lines(upstream: &str, path: &str, actions: &[String]) -> String {
+    let mut lines = format!(
+        "[[mcp]]\npath = {}\nupstream = {}\ntools = [\"*\"]",
+        toml_string(path),
+        toml_string(upstream)
+    );
+    if !actions.is_empty() {
+        lines.push_str(&format!("\nactions = {}", toml_list(actions)));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_words_are_whole_words_in_any_case_style() {
+        for yes in [
+            "deletePet",
+            "place_order",
+            "Send an invoice",
+            "/v1/payments",
+            "charges",
+            "POST /orders",
+        ] {
+            assert!(says_action(yes), "{yes}");
+        }
+        for no in [
+            "payload",
+            "sender_name",
+            "reorder",
+            "addPet",
+            "perform-search",
+            "put-square",
+        ] {
+            assert!(!says_action(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn templates_become_route_patterns_that_match_their_samples() {
+        assert_eq!(route_pattern("/pets/{id}"), "/pets/{id}");
+        assert_eq!(route_pattern("/a/{x.y}/b"), "/a/{x_y}/b");
+        assert_eq!(route_pattern("/f/{name}.json"), "/f/{segment2}");
+        for t in ["/pets/{id}", "/board/{row}/{column}", "/f/{name}.json", "/"] {
+            let p = crate::config::PathPattern::parse(&route_pattern(t)).unwrap();
+            assert!(p.matches(&sample_path(t)), "{t}");
+        }
+    }
+
+    #[test]
+    fn tools_are_selected_by_the_endpoints_rule() {
+        let all = selection(&["*".into()]).unwrap();
+        assert!(all.guards("send_invoice", false));
+        assert!(!all.guards("balance", true));
+        let named = selection(&["render".into()]).unwrap();
+        assert!(named.guards("render", false));
+        assert!(!named.guards("other", false));
+        assert!(oncely_mcp::config::any_matches(
+            &["send_*".into()],
+            "send_invoice"
+        ));
+        assert!(!oncely_mcp::config::any_matches(
+            &["send_*".into()],
+            "resend_x"
+        ));
+    }
+}

@@ -1,0 +1,40 @@
+//! `GET/POST /console/purge`: purging the expired records, as `oncely ledger purge
+//! --expired` does (confirmation first).
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+
+use super::super::html::url_enc;
+use super::super::state::{Console, Viewer};
+use super::shared::{confirm_page, store_error, Confirmed, PageResult};
+
+/// `GET /console/purge`: the confirmation.
+pub(crate) async fn purge_form(Extension(viewer): Extension<Viewer>) -> Response {
+    confirm_page(
+        &viewer,
+        "Purge expired records",
+        "Delete every completed and released record whose window has ended (as <code>oncely ledger purge --expired</code>; the server also does this every minute). Records in processing or outcome_unknown are never purged.",
+        "/console/purge",
+        "Purge",
+        "/console/",
+    )
+}
+
+/// `POST /console/purge`.
+pub(crate) async fn purge(
+    State(console): State<Console>,
+    Extension(viewer): Extension<Viewer>,
+    Form(c): Form<Confirmed>,
+) -> PageResult {
+    if c.confirmed != "1" {
+        return Ok(purge_form(Extension(viewer)).await);
+    }
+    let n = console.store.purge_expired().await.map_err(store_error)?;
+    tracing::info!(target: "oncely::console", action = "purge", purged = n, by = "console", "console action");
+    Ok(Redirect::to(&format!(
+        "/console/?done={}",
+        url_enc(&format!("purged {n} expired records"))
+    ))
+    .into_response())
+}
