@@ -13,14 +13,14 @@ use oncely_mcp::{JwtKey, McpPrincipal};
 use oncely_tower::{PrincipalSource, UnitsRule};
 use toml::Table;
 
-use super::read::{self, at, check, required, Problems};
+use super::read::{self, at, check, required, Mistakes};
 use super::routes::{self, RouteFields, DEFAULT_RETRY_BACKOFF};
 use super::upstream::Upstream;
 use super::values::{endpoint_path, env_name, principal, relative};
 
 /// One `[[mcp]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpEndpoint {
+pub struct McpEntry {
     /// The path clients use.
     pub path: String,
     /// The upstream MCP server.
@@ -89,8 +89,8 @@ pub(super) fn section(
     table: &Table,
     base: Option<&Path>,
     defaults: &RouteFields,
-    p: &mut Problems,
-) -> Vec<McpEndpoint> {
+    p: &mut Mistakes,
+) -> Vec<McpEntry> {
     let mut mcp = Vec::new();
     for (i, t) in read::tables(table, "mcp", p).into_iter().enumerate() {
         if let Some(m) = entry(t, &format!("mcp[{i}]"), base, defaults, p) {
@@ -106,8 +106,8 @@ fn entry(
     loc: &str,
     base: Option<&Path>,
     defaults: &RouteFields,
-    p: &mut Problems,
-) -> Option<McpEndpoint> {
+    p: &mut Mistakes,
+) -> Option<McpEntry> {
     read::unknown_keys(t, loc, MCP_KEYS, p);
     let path = required(t, loc, "path", "e.g. path = \"/mcp\"", p)
         .and_then(|s| check(p, loc, "path", endpoint_path(s)));
@@ -189,7 +189,7 @@ fn entry(
             p.add(format!("{}[{i}]", at(loc, "actions")), "empty tool name");
         }
     }
-    let duration = |key: &str, default: Option<Duration>, builtin: u64, p: &mut Problems| {
+    let duration = |key: &str, default: Option<Duration>, builtin: u64, p: &mut Mistakes| {
         read::duration(t, loc, key, p)
             .or(default)
             .unwrap_or(Duration::from_secs(builtin))
@@ -210,7 +210,7 @@ fn entry(
     let concurrency = routes::concurrency(t, loc, p);
     let retries = routes::retries(t, loc, p).unwrap_or(0);
     let retry_backoff = routes::retry_backoff(t, loc, p).unwrap_or(DEFAULT_RETRY_BACKOFF);
-    Some(McpEndpoint {
+    Some(McpEntry {
         path: path?,
         upstream: upstream?,
         principal: principal?,
@@ -235,9 +235,9 @@ mod tests {
     use super::*;
 
     /// The `[[mcp]]` entries of `text` (with its `[defaults]`), or its problems.
-    fn read(text: &str) -> Result<Vec<McpEndpoint>, Vec<String>> {
+    fn read(text: &str) -> Result<Vec<McpEntry>, Vec<String>> {
         let table: Table = text.parse().unwrap();
-        let mut p = Problems::default();
+        let mut p = Mistakes::default();
         let defaults = routes::defaults(&table, &mut p);
         let mcp = section(&table, None, &defaults, &mut p);
         if p.0.is_empty() {
@@ -359,7 +359,7 @@ retry_backoff = "250ms"
                 format!("[[routes]]\nmethod = \"GET\"\npath = \"/a\"\n{key} = {value}\n")
                     .parse()
                     .unwrap();
-            let mut p = Problems::default();
+            let mut p = Mistakes::default();
             let upstream = Upstream::parse("http://127.0.0.1:1").unwrap();
             routes::section(&table, &RouteFields::default(), Some(&upstream), &mut p);
             let route: Vec<_> = p.0.iter().map(ToString::to_string).collect();

@@ -38,14 +38,14 @@ use std::time::Duration;
 use http::Method;
 use toml::Table;
 
-pub use mcp::McpEndpoint;
+pub use mcp::McpEntry;
 pub use pattern::{normalize_path, PathError, PathPattern};
-pub use read::Problem;
+pub use read::Mistake;
 pub use routes::{MethodMatch, Reconcile, Route};
 pub use upstream::Upstream;
 pub use webhooks::WebhookEndpoint;
 
-use read::{at, check, Problems};
+use read::{at, check, Mistakes};
 use values::{env_name, relative};
 
 /// The default gateway address.
@@ -70,7 +70,7 @@ pub enum ConfigError {
     },
     /// The file was read and has problems, each with its location.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    Invalid(Vec<Problem>),
+    Invalid(Vec<Mistake>),
 }
 
 /// PEM files to serve HTTPS with.
@@ -112,7 +112,7 @@ pub struct Config {
     /// Guarded routes, first match wins.
     pub routes: Vec<Route>,
     /// MCP endpoints.
-    pub mcp: Vec<McpEndpoint>,
+    pub mcp: Vec<McpEntry>,
     /// Webhook endpoints.
     pub webhooks: Vec<WebhookEndpoint>,
     /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
@@ -181,7 +181,7 @@ fn store_url(text: &str) -> Result<String, String> {
 /// Reports every `[[mcp]]` or `[[webhooks]]` path that an entry before it uses already:
 /// these paths are served by the gateway itself, and of two on one path, one would be
 /// unreachable.
-fn endpoint_paths(table: &Table, p: &mut Problems) {
+fn endpoint_paths(table: &Table, p: &mut Mistakes) {
     let mut seen: Vec<(String, String)> = Vec::new();
     for section in ["mcp", "webhooks"] {
         if let Some(toml::Value::Array(items)) = table.get(section) {
@@ -242,17 +242,17 @@ impl Config {
                     .span()
                     .map(|s| read::line_col(text, s.start))
                     .unwrap_or_else(|| "1:1".into());
-                return Err(ConfigError::Invalid(vec![Problem {
+                return Err(ConfigError::Invalid(vec![Mistake {
                     at,
                     message: format!("TOML syntax: {}", e.message().trim().replace('\n', "; ")),
                 }]));
             }
         };
-        let mut problems = Problems::default();
+        let mut problems = Mistakes::default();
         let p = &mut problems;
         read::unknown_keys(&table, "", TOP_KEYS, p);
 
-        let addr = |key: &str, flag: &Option<String>, default: &str, p: &mut Problems| match flag {
+        let addr = |key: &str, flag: &Option<String>, default: &str, p: &mut Mistakes| match flag {
             Some(v) => check(
                 p,
                 "",
@@ -294,7 +294,7 @@ impl Config {
 
         let tls = read::table(&table, "", "tls", p).and_then(|t| {
             read::unknown_keys(t, "tls", &["cert", "key"], p);
-            let file = |k: &str, p: &mut Problems| match read::string(t, "tls", k, p) {
+            let file = |k: &str, p: &mut Mistakes| match read::string(t, "tls", k, p) {
                 Some(f) if !f.is_empty() => Some(relative(base, f)),
                 Some(_) => {
                     p.add(at("tls", k), "is empty");

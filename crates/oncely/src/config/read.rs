@@ -13,14 +13,14 @@ use toml::{Table, Value};
 
 /// One thing wrong with a config file, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
+pub struct Mistake {
     /// Where: `routes[2].window`, `tls.cert`, or the file's `LINE:COL` for syntax errors.
     pub at: String,
     /// What is wrong.
     pub message: String,
 }
 
-impl fmt::Display for Problem {
+impl fmt::Display for Mistake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.at, self.message)
     }
@@ -28,11 +28,11 @@ impl fmt::Display for Problem {
 
 /// The problems found so far.
 #[derive(Debug, Default)]
-pub(crate) struct Problems(pub(crate) Vec<Problem>);
+pub(crate) struct Mistakes(pub(crate) Vec<Mistake>);
 
-impl Problems {
+impl Mistakes {
     pub(crate) fn add(&mut self, at: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
+        self.0.push(Mistake {
             at: at.into(),
             message: message.into(),
         });
@@ -49,7 +49,7 @@ pub(crate) fn at(loc: &str, key: &str) -> String {
 }
 
 /// Reports every key of `table` that is not in `known`.
-pub(crate) fn unknown_keys(table: &Table, loc: &str, known: &[&str], problems: &mut Problems) {
+pub(crate) fn unknown_keys(table: &Table, loc: &str, known: &[&str], problems: &mut Mistakes) {
     for key in table.keys() {
         if !known.contains(&key.as_str()) {
             problems.add(
@@ -62,7 +62,7 @@ pub(crate) fn unknown_keys(table: &Table, loc: &str, known: &[&str], problems: &
 
 /// `Ok`'s value, or `None` with the error reported at `loc.key`.
 pub(crate) fn check<T>(
-    problems: &mut Problems,
+    problems: &mut Mistakes,
     loc: &str,
     key: &str,
     r: Result<T, String>,
@@ -76,7 +76,7 @@ pub(crate) fn required<'a>(
     loc: &str,
     key: &str,
     hint: &str,
-    p: &mut Problems,
+    p: &mut Mistakes,
 ) -> Option<&'a str> {
     let v = string(t, loc, key, p);
     if v.is_none() && !t.contains_key(key) {
@@ -102,7 +102,7 @@ pub(crate) fn string<'a>(
     table: &'a Table,
     loc: &str,
     key: &str,
-    problems: &mut Problems,
+    problems: &mut Mistakes,
 ) -> Option<&'a str> {
     match table.get(key)? {
         Value::String(s) => Some(s),
@@ -117,7 +117,7 @@ pub(crate) fn string<'a>(
 }
 
 /// A non-negative integer field.
-pub(crate) fn integer(table: &Table, loc: &str, key: &str, problems: &mut Problems) -> Option<u64> {
+pub(crate) fn integer(table: &Table, loc: &str, key: &str, problems: &mut Mistakes) -> Option<u64> {
     match table.get(key)? {
         Value::Integer(n) if *n >= 0 => Some(*n as u64),
         Value::Integer(n) => {
@@ -139,7 +139,7 @@ pub(crate) fn strings(
     table: &Table,
     loc: &str,
     key: &str,
-    problems: &mut Problems,
+    problems: &mut Mistakes,
 ) -> Option<Vec<String>> {
     match table.get(key)? {
         Value::Array(items) => {
@@ -170,7 +170,7 @@ pub(crate) fn table<'a>(
     parent: &'a Table,
     loc: &str,
     key: &str,
-    problems: &mut Problems,
+    problems: &mut Mistakes,
 ) -> Option<&'a Table> {
     match parent.get(key)? {
         Value::Table(t) => Some(t),
@@ -185,7 +185,7 @@ pub(crate) fn table<'a>(
 }
 
 /// An array of tables (`[[routes]]`).
-pub(crate) fn tables<'a>(parent: &'a Table, key: &str, problems: &mut Problems) -> Vec<&'a Table> {
+pub(crate) fn tables<'a>(parent: &'a Table, key: &str, problems: &mut Mistakes) -> Vec<&'a Table> {
     match parent.get(key) {
         None => Vec::new(),
         Some(Value::Array(items)) => items
@@ -220,7 +220,7 @@ pub(crate) fn duration(
     table: &Table,
     loc: &str,
     key: &str,
-    problems: &mut Problems,
+    problems: &mut Mistakes,
 ) -> Option<Duration> {
     let text = string(table, loc, key, problems)?;
     match oncely_core::parse_duration(text) {
@@ -233,7 +233,7 @@ pub(crate) fn duration(
 }
 
 /// A size field (`10MiB`, or a plain integer of bytes).
-pub(crate) fn size(table: &Table, loc: &str, key: &str, problems: &mut Problems) -> Option<u64> {
+pub(crate) fn size(table: &Table, loc: &str, key: &str, problems: &mut Mistakes) -> Option<u64> {
     match table.get(key)? {
         Value::Integer(n) if *n >= 0 => Some(*n as u64),
         Value::String(text) => match oncely_core::parse_size(text) {
@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn each_getter_reports_at_its_location() {
         let t: Table = "a = 1\nb = \"x\"\nn = -1\n[s]\nk = 2\n".parse().unwrap();
-        let mut p = Problems::default();
+        let mut p = Mistakes::default();
         assert_eq!(string(&t, "", "b", &mut p), Some("x"));
         assert_eq!(string(&t, "", "a", &mut p), None);
         assert_eq!(integer(&t, "", "n", &mut p), None);

@@ -12,7 +12,7 @@ use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, UnitsOf, UnitsRule};
 use toml::Table;
 
 use super::pattern::PathPattern;
-use super::read::{self, at, check, Problems};
+use super::read::{self, at, check, Mistakes};
 use super::upstream::Upstream;
 use super::values::{header_name, pointer, principal};
 
@@ -210,7 +210,7 @@ fn route_principal(text: &str) -> Result<PrincipalSource, String> {
     }
 }
 
-fn route_fields(t: &Table, loc: &str, problems: &mut Problems) -> RouteFields {
+fn route_fields(t: &Table, loc: &str, problems: &mut Mistakes) -> RouteFields {
     let mut f = RouteFields::default();
     if let Some(m) = read::string(t, loc, "method", problems) {
         f.method = check(
@@ -333,7 +333,7 @@ pub(super) const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 
 /// `concurrency`: an integer of at least 1, or `None` (unlimited) when it is absent or
 /// wrong (then reported). Routes, `[defaults]` and `[[mcp]]` entries read it so.
-pub(super) fn concurrency(t: &Table, loc: &str, p: &mut Problems) -> Option<usize> {
+pub(super) fn concurrency(t: &Table, loc: &str, p: &mut Mistakes) -> Option<usize> {
     let n = read::integer(t, loc, "concurrency", p)?;
     if n == 0 {
         p.add(at(loc, "concurrency"), "must be at least 1");
@@ -344,7 +344,7 @@ pub(super) fn concurrency(t: &Table, loc: &str, p: &mut Problems) -> Option<usiz
 
 /// `retries`: an integer from 0 to [`MAX_RETRIES`], or `None` when it is absent or wrong
 /// (then reported). Routes, `[defaults]` and `[[mcp]]` entries read it so.
-pub(super) fn retries(t: &Table, loc: &str, p: &mut Problems) -> Option<u32> {
+pub(super) fn retries(t: &Table, loc: &str, p: &mut Mistakes) -> Option<u32> {
     let n = read::integer(t, loc, "retries", p)?;
     match u32::try_from(n) {
         Ok(n) if n <= MAX_RETRIES => Some(n),
@@ -357,7 +357,7 @@ pub(super) fn retries(t: &Table, loc: &str, p: &mut Problems) -> Option<u32> {
 
 /// `retry_backoff`: a duration longer than 0, or `None` when it is absent or wrong (then
 /// reported). Routes, `[defaults]` and `[[mcp]]` entries read it so.
-pub(super) fn retry_backoff(t: &Table, loc: &str, p: &mut Problems) -> Option<Duration> {
+pub(super) fn retry_backoff(t: &Table, loc: &str, p: &mut Mistakes) -> Option<Duration> {
     let d = read::duration(t, loc, "retry_backoff", p)?;
     if d.is_zero() {
         p.add(at(loc, "retry_backoff"), "must be longer than 0");
@@ -367,7 +367,7 @@ pub(super) fn retry_backoff(t: &Table, loc: &str, p: &mut Problems) -> Option<Du
 }
 
 /// Reads `[defaults]` (no table: no defaults).
-pub(super) fn defaults(table: &Table, p: &mut Problems) -> RouteFields {
+pub(super) fn defaults(table: &Table, p: &mut Mistakes) -> RouteFields {
     match read::table(table, "", "defaults", p) {
         Some(d) => {
             let mut known = vec!["method"];
@@ -386,7 +386,7 @@ pub(super) fn section(
     table: &Table,
     defaults: &RouteFields,
     upstream: Option<&Upstream>,
-    p: &mut Problems,
+    p: &mut Mistakes,
 ) -> Vec<Route> {
     let mut routes = Vec::new();
     for (i, t) in read::tables(table, "routes", p).into_iter().enumerate() {
@@ -518,7 +518,7 @@ mod tests {
     fn read(text: &str) -> Result<Vec<Route>, Vec<String>> {
         let table: Table = text.parse().unwrap();
         let upstream = Upstream::parse("http://127.0.0.1:1").unwrap();
-        let mut p = Problems::default();
+        let mut p = Mistakes::default();
         let d = defaults(&table, &mut p);
         let routes = section(&table, &d, Some(&upstream), &mut p);
         if p.0.is_empty() {

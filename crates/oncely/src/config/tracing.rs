@@ -19,7 +19,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Uri};
 use toml::Table;
 
-use super::read::{self, at, Problems};
+use super::read::{self, at, Mistakes};
 
 /// The validated `[tracing]` section.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +70,7 @@ const KEYS: &[&str] = &[
 pub const DEFAULT_SERVICE_NAME: &str = "oncely";
 
 /// Reads `[tracing]`, or `None` when it is absent or has problems (each reported).
-pub(crate) fn section(table: &Table, p: &mut Problems) -> Option<Tracing> {
+pub(crate) fn section(table: &Table, p: &mut Mistakes) -> Option<Tracing> {
     let loc = "tracing";
     let t = read::table(table, "", loc, p)?;
     read::unknown_keys(t, loc, KEYS, p);
@@ -152,7 +152,7 @@ pub(crate) fn section(table: &Table, p: &mut Problems) -> Option<Tracing> {
         ok = false;
     }
 
-    let count = |key: &str, default: usize, p: &mut Problems| -> Option<usize> {
+    let count = |key: &str, default: usize, p: &mut Mistakes| -> Option<usize> {
         match read::integer(t, loc, key, p) {
             None if t.contains_key(key) => None,
             None => Some(default),
@@ -165,7 +165,7 @@ pub(crate) fn section(table: &Table, p: &mut Problems) -> Option<Tracing> {
     };
     let max_queue = count("max_queue", 2048, p);
     let max_batch = count("max_batch", 512, p);
-    let duration = |key: &str, default: Duration, p: &mut Problems| -> Option<Duration> {
+    let duration = |key: &str, default: Duration, p: &mut Mistakes| -> Option<Duration> {
         match read::duration(t, loc, key, p) {
             None if t.contains_key(key) => None,
             None => Some(default),
@@ -264,7 +264,7 @@ mod tests {
 
     fn read(text: &str) -> Result<Option<Tracing>, Vec<String>> {
         let table: Table = text.parse().unwrap();
-        let mut p = Problems::default();
+        let mut p = Mistakes::default();
         let t = section(&table, &mut p);
         if p.0.is_empty() {
             Ok(t)

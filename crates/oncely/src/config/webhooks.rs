@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use toml::Table;
 
-use super::read::{self, at, check, required, Problems};
+use super::read::{self, at, check, required, Mistakes};
 use super::upstream::Upstream;
 use super::values::{endpoint_path, env_name, pointer};
 
@@ -58,7 +58,7 @@ const WEBHOOK_KEYS: &[&str] = &[
 ];
 
 /// Reads `[[webhooks]]`: the entries without problems (each problem is reported).
-pub(super) fn section(table: &Table, p: &mut Problems) -> Vec<WebhookEndpoint> {
+pub(super) fn section(table: &Table, p: &mut Mistakes) -> Vec<WebhookEndpoint> {
     let mut webhooks = Vec::new();
     for (i, t) in read::tables(table, "webhooks", p).into_iter().enumerate() {
         if let Some(w) = entry(t, &format!("webhooks[{i}]"), p) {
@@ -69,7 +69,7 @@ pub(super) fn section(table: &Table, p: &mut Problems) -> Vec<WebhookEndpoint> {
 }
 
 /// One `[[webhooks]]` entry at `loc`, or `None` when it has problems (each reported).
-fn entry(t: &Table, loc: &str, p: &mut Problems) -> Option<WebhookEndpoint> {
+fn entry(t: &Table, loc: &str, p: &mut Mistakes) -> Option<WebhookEndpoint> {
     read::unknown_keys(t, loc, WEBHOOK_KEYS, p);
     let path = required(t, loc, "path", "e.g. path = \"/hooks/stripe\"", p)
         .and_then(|s| check(p, loc, "path", endpoint_path(s)));
@@ -208,7 +208,7 @@ mod tests {
     /// The `[[webhooks]]` entries of `text`, or its problems.
     fn read(text: &str) -> Result<Vec<WebhookEndpoint>, Vec<String>> {
         let table: Table = text.parse().unwrap();
-        let mut p = Problems::default();
+        let mut p = Mistakes::default();
         let webhooks = section(&table, &mut p);
         if p.0.is_empty() {
             Ok(webhooks)

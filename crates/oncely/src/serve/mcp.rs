@@ -16,7 +16,7 @@ use oncely_tower::{BoxBody, Guard};
 
 use super::proxy::{Proxy, Target, UpstreamClient};
 use super::retry::RetryPolicy;
-use crate::config::{Config, McpEndpoint as McpEntry, Upstream};
+use crate::config::{Config, McpEntry, Upstream};
 
 /// The configured MCP endpoints, by path.
 #[derive(Clone, Debug, Default)]

@@ -11,7 +11,7 @@ use oncely_store::redact_url as redact;
 use oncely_tower::KeyMode;
 
 use super::model::{Entry, Found, Gap, Target};
-use crate::config::{Config, McpEndpoint, Route};
+use crate::config::{Config, McpEntry, Route};
 
 /// A completed call that took this long or longer is one an assistant has likely given
 /// up on: such a route should be a `job`.
@@ -163,7 +163,7 @@ pub(super) fn configured_route<'a>(config: Option<&'a Config>, f: &Found) -> Opt
         .find(|r| r.method.matches(method) && r.path.matches(&sample))
 }
 
-fn configured_mcp<'a>(config: Option<&'a Config>, source: &str) -> Option<&'a McpEndpoint> {
+fn configured_mcp<'a>(config: Option<&'a Config>, source: &str) -> Option<&'a McpEntry> {
     let norm = |u: &str| u.trim_end_matches('/').to_ascii_lowercase();
     config?
         .mcp
