@@ -92,50 +92,45 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
     // is not an upstream call: it has `timeout` of its own, and the upstream gets its
     // whole `timeout` from the moment a slot is taken.
     let slot = match &call.slots {
-        None => None,
+        None => Ok(None),
         Some(slots) => match timeout_at(deadline, slots.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Some(permit),
+            Ok(Ok(permit)) => Ok(Some(permit)),
             Ok(Err(_closed)) => {
-                drop(upstream);
                 let why = "upstream unreachable: the route's concurrency limit is closed";
-                let record = settle(
-                    &*store,
-                    &record,
-                    &fence,
-                    Disposition::Release,
+                Err((
                     why.to_string(),
-                    call.window,
-                )
-                .await;
-                let _ = head.send(Head::Failed {
-                    record: Box::new(record),
-                    failure: UpstreamFailure::Unreachable(why.to_string()),
-                });
-                return;
+                    UpstreamFailure::Unreachable(why.to_string()),
+                ))
             }
-            Err(_elapsed) => {
-                drop(upstream);
-                // Still waiting for one of the route's slots: nothing was sent.
-                let why = format!(
+            // Still waiting for one of the route's slots: nothing was sent.
+            Err(_elapsed) => Err((
+                format!(
                     "no upstream slot of the route came free within {:?}; nothing was sent",
                     call.timeout
-                );
-                let record = settle(
-                    &*store,
-                    &record,
-                    &fence,
-                    Disposition::Release,
-                    why,
-                    call.window,
-                )
-                .await;
-                let _ = head.send(Head::Failed {
-                    record: Box::new(record),
-                    failure: UpstreamFailure::Busy,
-                });
-                return;
-            }
+                ),
+                UpstreamFailure::Busy,
+            )),
         },
+    };
+    let slot = match slot {
+        Ok(slot) => slot,
+        Err((why, failure)) => {
+            drop(upstream);
+            let record = settle(
+                &*store,
+                &record,
+                &fence,
+                Disposition::Release,
+                why,
+                call.window,
+            )
+            .await;
+            let _ = head.send(Head::Failed {
+                record: Box::new(record),
+                failure,
+            });
+            return;
+        }
     };
     if slot.is_some() {
         deadline = tokio::time::Instant::now() + call.timeout;

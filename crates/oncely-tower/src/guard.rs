@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use futures::future::{BoxFuture, FutureExt};
+use futures::future::FutureExt;
 use http::{HeaderMap, StatusCode};
 use oncely_core::{DownstreamKey, Record, Timestamp};
 use oncely_engine::Engine;
@@ -83,6 +83,10 @@ impl std::fmt::Debug for UpstreamResponse {
 /// would store the answer and its body was kept (not over `max_response`); otherwise it
 /// is dropped uncalled (when the owner task ends).
 pub type Classifier = Box<dyn FnOnce(StatusCode, &HeaderMap, &[u8]) -> Classified + Send>;
+
+/// The owner's upstream call, as the `run` closure of [`Guard::execute`] returns it.
+pub type UpstreamCall =
+    futures::future::BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>;
 
 /// The answer of a call this request owned and executed now.
 pub struct FreshResponse {
@@ -210,12 +214,7 @@ impl Guard {
     /// or from the ledger (replay, join, refusal). `run` is called at most once.
     pub async fn execute<F>(&self, call: GuardedCall, run: F) -> Execution
     where
-        F: FnOnce(
-                DownstreamKey,
-                &Record,
-            ) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
-            + Send
-            + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> UpstreamCall + Send + 'static,
     {
         let run = move |key: DownstreamKey, record: &Record| to_engine(run(key, record));
         self.engine.execute(call, run).await.map_fresh(fresh)
@@ -224,9 +223,7 @@ impl Guard {
 
 /// The upstream call as the engine runs it: its answer in plain data, the headers handed
 /// back to the caller untouched.
-pub(crate) fn to_engine(
-    call: BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>,
-) -> oncely_engine::Upstream<HeaderMap> {
+pub(crate) fn to_engine(call: UpstreamCall) -> oncely_engine::Upstream<HeaderMap> {
     Box::pin(call.map(|answer| answer.map(answer_to_engine)))
 }
 

@@ -92,8 +92,8 @@ pub use oncely_http::{headers, problem};
 
 pub use facts::{read_body, RequestFacts};
 pub use guard::{
-    Classified, Classifier, Execution, FreshResponse, Guard, GuardedCall, UpstreamError,
-    UpstreamFailure, UpstreamResponse,
+    Classified, Classifier, Execution, FreshResponse, Guard, GuardedCall, UpstreamCall,
+    UpstreamError, UpstreamFailure, UpstreamResponse,
 };
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use job_board::JobBoard;

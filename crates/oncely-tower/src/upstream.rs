@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, FutureExt};
+use futures::future::FutureExt;
 use http::{Request, Response};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 
 use crate::body::boxed;
-use crate::guard::{UpstreamError, UpstreamResponse};
+use crate::guard::{UpstreamCall, UpstreamError, UpstreamResponse};
 use crate::sources::MakeUnits;
 use crate::trace::ClientSpan;
 use crate::{BoxBody, BoxError};
@@ -22,10 +22,7 @@ use crate::{BoxBody, BoxError};
 pub struct OwnerSend;
 
 /// The upstream call, its span (if any) ended with its answer.
-pub(crate) fn traced(
-    call: BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>,
-    span: Option<ClientSpan>,
-) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>> {
+pub(crate) fn traced(call: UpstreamCall, span: Option<ClientSpan>) -> UpstreamCall {
     let Some(span) = span else { return call };
     Box::pin(call.map(move |result| {
         match &result {
@@ -42,7 +39,7 @@ pub(crate) fn call_upstream<S, ResBody>(
     inner: S,
     req: Request<BoxBody>,
     units: Arc<dyn MakeUnits>,
-) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
+) -> UpstreamCall
 where
     S: Service<Request<BoxBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,

@@ -7,14 +7,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::FutureExt;
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use oncely_core::{DownstreamKey, Record, State, StoredResponse};
 use oncely_http::problem::ProblemCode;
 use oncely_tower::trace::Span;
-use oncely_tower::{Classified, Classifier, Execution, OwnerSend, UpstreamError, UpstreamResponse};
+use oncely_tower::{Classified, Classifier, Execution, OwnerSend, UpstreamCall, UpstreamResponse};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -102,12 +101,7 @@ async fn guard_as_task<F>(
     started: Instant,
 ) -> Response<McpBody>
 where
-    F: FnOnce(
-            DownstreamKey,
-            &Record,
-        ) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
-        + Send
-        + 'static,
+    F: FnOnce(DownstreamKey, &Record) -> UpstreamCall + Send + 'static,
 {
     let deadline = Instant::now() + call.guarded.wait;
     let guard = inner.guard.clone();
@@ -181,13 +175,9 @@ fn owner_call(
     id: Value,
     parent: Option<oncely_tower::trace::SpanParent>,
     owner_tracked: Tracked,
-) -> impl FnOnce(DownstreamKey, &Record) -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>>
-       + Send
-       + 'static {
+) -> impl FnOnce(DownstreamKey, &Record) -> UpstreamCall + Send + 'static {
     let upstream = me.upstream.clone();
-    move |downstream: DownstreamKey,
-          claimed: &Record|
-          -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>> {
+    move |downstream: DownstreamKey, claimed: &Record| -> UpstreamCall {
         // The derived downstream key reaches the server, so that it can deduplicate too.
         let bytes = forwarded_call(&bytes, downstream.as_str());
         let (attempt, history) = (claimed.attempt, History::of(claimed));

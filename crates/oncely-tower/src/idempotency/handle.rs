@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use oncely_core::{Class, DownstreamKey, FingerprintBuilder, Record};
@@ -14,9 +13,7 @@ use tower::Service;
 
 use crate::body::full;
 use crate::facts::RequestFacts;
-use crate::guard::{
-    Execution, FreshResponse, Guard, UpstreamError, UpstreamFailure, UpstreamResponse,
-};
+use crate::guard::{Execution, FreshResponse, Guard, UpstreamCall, UpstreamFailure};
 use crate::jobs::JobRequest;
 use crate::log::{log_request, provider_request_id, RequestLog};
 use crate::policy::RoutePolicy;
@@ -153,9 +150,7 @@ where
         headers: parts.headers.clone(),
         body: bytes.clone(),
     });
-    let run = move |downstream: DownstreamKey,
-                    _: &Record|
-          -> BoxFuture<'static, Result<UpstreamResponse, UpstreamError>> {
+    let run = move |downstream: DownstreamKey, _: &Record| -> UpstreamCall {
         crate::headers::sent_whole(&mut parts.headers, bytes.len());
         parts.headers.insert(
             HeaderName::from_static(IDEMPOTENCY_KEY),
