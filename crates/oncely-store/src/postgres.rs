@@ -12,7 +12,7 @@
 //! - Rare transitions (`take_over`, `resolve`) lock the row (`SELECT ... FOR UPDATE`),
 //!   apply the pure transition, and write the row back, in one transaction.
 //! - A claim that meets a completed record is answered from an in-memory cache of
-//!   completed records until shortly before the record expires (`postgres/replays.rs`):
+//!   completed records until shortly before the record expires (`crate::replays`):
 //!   a completed record is final, so every instance may replay it without a round trip.
 //! - Every time comes from the database's clock (`clock_timestamp()`), plus the offset of
 //!   the store's [`Clock`] (zero outside tests), so that instances with
@@ -41,6 +41,7 @@ use tokio_postgres::{NoTls, Row};
 
 use self::batch::{Batcher, Completed, Step};
 use crate::memory::usage_from_rows;
+use crate::replays::{Limits, Now, ReplayCache};
 use crate::waiters::Waiters;
 use crate::{
     new_record_id, Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent,
@@ -52,7 +53,6 @@ mod listener;
 pub mod migrations;
 mod queue;
 mod reconcile;
-mod replays;
 
 /// How long an operation waits for a pooled connection, or for a new one, before the
 /// store answers [`StoreError::Unavailable`].
@@ -75,8 +75,33 @@ struct Inner {
     clock: Arc<dyn Clock>,
     listener: JoinHandle<()>,
     batcher: Batcher,
-    replays: replays::ReplayCache,
+    /// Completed records, served to `claim` (see `crate::replays`): a claim that finds a
+    /// completed record is answered from memory, on any instance sharing the database,
+    /// for as long as the record is replayable. It stays honest this way:
+    ///
+    /// - it answers only [`Ledger::claim`] (not `get`, `lookup` or `list`, which show the
+    ///   repeat counters, which a claim answered from a completed record does not read),
+    ///   and only with records that were read completed, i.e. from a durable completion;
+    /// - its time is the database's time of an entry's read carried forward on this
+    ///   host's monotonic clock ([`Now::SinceRead`]): a step of this host's wall clock
+    ///   cannot stretch a record's window;
+    /// - within [`REPLAY_LIMITS`]: an entry counts as expired a margin before the record
+    ///   does, so that the drift between this host's monotonic clock and the database's
+    ///   clock cannot serve a record that another instance already purged, and is read
+    ///   again from the database after an age limit at the latest.
+    ///
+    /// A record enters when a claim reads it completed, not when this instance completes
+    /// it.
+    replays: ReplayCache,
 }
+
+/// The replay cache's limits on PostgreSQL: an entry counts as expired 1 s before its
+/// record does, and is read again after a minute at the latest.
+const REPLAY_LIMITS: Limits = Limits {
+    margin: Duration::from_secs(1),
+    max_age: Some(Duration::from_secs(60)),
+    ..Limits::DEFAULT
+};
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -137,7 +162,7 @@ impl PgStore {
         Ok(PgStore {
             inner: Arc::new(Inner {
                 batcher,
-                replays: replays::ReplayCache::default(),
+                replays: ReplayCache::new(REPLAY_LIMITS),
                 pool,
                 waiters,
                 clock: options.clock,
@@ -335,9 +360,11 @@ impl Ledger for PgStore {
         let offset = self.offset();
         // A completed record answers from memory until (shortly before) it expires: no
         // transition applies to it, and nothing can take its key before then.
-        if let Some(r) = self.inner.replays.get(&spec.scope, &spec.key, offset) {
+        let replays = &self.inner.replays;
+        if let Some(r) = replays.get(&spec.scope, &spec.key, Now::SinceRead { offset }) {
             return Ok(Claim::Existing(r));
         }
+        let epoch = replays.epoch();
         let fingerprint = spec.fingerprint.0.as_slice();
         let lease = millis(spec.lease);
         let batcher = &self.inner.batcher;
@@ -365,7 +392,7 @@ impl Ledger for PgStore {
             };
             let decided = match decide_claim(Some(&record), spec, now) {
                 ClaimDecision::Insert | ClaimDecision::Existing => {
-                    self.inner.replays.offer(&record, now.0, offset);
+                    replays.offer(epoch, &record, now, offset);
                     return Ok(Claim::Existing(record));
                 }
                 ClaimDecision::Reclaim => {

@@ -10,7 +10,7 @@
 //!   anyone waits.
 //! - **Checkpoints** of the WAL run on a thread of their own ([`checkpoint`]), not inside
 //!   the writer's commits.
-//! - A **replay cache** ([`replays`]) answers repeats of completed records without a
+//! - A **replay cache** (`crate::replays`) answers repeats of completed records without a
 //!   blocking thread; only repeat counters can be briefly stale across instances.
 //! - The **schema** is a list of migrations applied on open ([`schema::MIGRATIONS`]).
 //! - The ledger's files are owner-only (0600) and `secure_delete` is on, so a deleted
@@ -34,6 +34,7 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 use crate::memory::usage_from_rows;
 use crate::plan::plan_claims;
+use crate::replays::{Now, ReplayCache};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
     new_record_id, Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat,
@@ -47,13 +48,11 @@ mod queue;
 mod readers;
 mod reconcile;
 mod repeats;
-mod replays;
 mod rows;
 pub mod schema;
 mod writer;
 
 use readers::{Readers, Watcher};
-use replays::ReplayCache;
 use writer::{Applied, Shared, Writer};
 
 pub use schema::{Migration, MIGRATIONS, SCHEMA_VERSION};
@@ -105,6 +104,19 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
     waiters: Arc<Waiters>,
     watcher: Watcher,
+    /// Completed records, served to `claim` and `lookup` without a blocking thread while
+    /// replayable at the store clock's `now` (see `crate::replays`). They stay honest
+    /// this way:
+    ///
+    /// - `add_repeats` and `record_repeats` forget the record after their commit;
+    /// - the writer clears the cache whenever another connection (another instance or
+    ///   process) has committed, which it sees from `PRAGMA data_version` after each
+    ///   group and every few milliseconds while the cache is not empty; so counters
+    ///   another instance added show up within that interval;
+    /// - the cache's epoch, bumped by every forget and clear, stops a read that started
+    ///   before an invalidation from putting its older copy back.
+    ///
+    /// A record enters when a claim or a lookup reads it, not when it completes.
     cache: Arc<ReplayCache>,
     clock: Arc<dyn Clock>,
     migrated: Vec<u32>,
@@ -160,6 +172,12 @@ impl SqliteStore {
         // What the read saw may be committed but not yet synced ([`durable`]).
         self.durability.settled().await?;
         Ok(found)
+    }
+
+    /// Offers a record read since `epoch` to the replay cache.
+    fn offer(&self, epoch: u64, record: &Record) {
+        let offset = self.clock.offset().as_millis().min(i64::MAX as u128) as i64;
+        self.cache.offer(epoch, record, self.clock.now(), offset);
     }
 
     /// Applies a fenced or guarded transition to one record inside the writer.
@@ -221,6 +239,7 @@ fn open_blocking(
     .map_err(cannot_open)?;
     let watch = readers::open_read_only(&path, settings.busy_timeout).map_err(cannot_open)?;
     let waiters = Arc::new(Waiters::default());
+    // No margin and no age limit: the writer invalidates on every foreign commit.
     let cache = Arc::new(ReplayCache::default());
     let durability = durable::Durability::new();
     let syncer = if pipelined {
@@ -377,7 +396,10 @@ fn claim_in(
 impl Ledger for SqliteStore {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
         // A replayable record answers at once: nothing can take its key before it expires.
-        if let Some(r) = self.cache.get(&spec.scope, &spec.key, self.clock.now()) {
+        if let Some(r) = self
+            .cache
+            .get(&spec.scope, &spec.key, Now::Is(self.clock.now()))
+        {
             return Ok(Claim::Existing(r));
         }
         let epoch = self.cache.epoch();
@@ -388,7 +410,7 @@ impl Ledger for SqliteStore {
             .run(move |conn, now| claim_in(conn, &spec, now, clock.monotonic()))
             .await?;
         if let Claim::Existing(r) = &claim {
-            self.cache.offer(epoch, r, self.clock.now());
+            self.offer(epoch, r);
         }
         Ok(claim)
     }
@@ -478,7 +500,7 @@ impl Ledger for SqliteStore {
     }
 
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
-        if let Some(r) = self.cache.get(scope, key, self.clock.now()) {
+        if let Some(r) = self.cache.get(scope, key, Now::Is(self.clock.now())) {
             return Ok(Some(r));
         }
         let epoch = self.cache.epoch();
@@ -487,7 +509,7 @@ impl Ledger for SqliteStore {
             .read(move |conn| rows::by_key(conn, &scope, &key))
             .await?;
         if let Some(r) = &found {
-            self.cache.offer(epoch, r, self.clock.now());
+            self.offer(epoch, r);
         }
         Ok(found)
     }
