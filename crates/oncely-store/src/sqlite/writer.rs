@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 
 use super::checkpoint::{self, WalState};
 use super::durable::{Batch, Durability, Syncer};
-use super::sql_error;
+use super::error::sql_error;
 use crate::replays::ReplayCache;
 use crate::waiters::Waiters;
 use crate::{Clock, Result, StoreError};
