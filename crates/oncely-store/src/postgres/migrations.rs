@@ -8,6 +8,7 @@
 
 use tokio_postgres::Client;
 
+use super::error::{error_text, unavailable};
 use crate::{Result, StoreError};
 
 /// One schema change.
@@ -103,10 +104,10 @@ const LOCK_KEY: i64 = 0x6f6e_6365_6c79;
 
 /// Applies every migration the database has not seen; returns the versions applied.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
-    let tx = client.transaction().await.map_err(super::unavailable)?;
+    let tx = client.transaction().await.map_err(unavailable)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version    integer PRIMARY KEY,
@@ -115,11 +116,11 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
          )",
     )
     .await
-    .map_err(super::unavailable)?;
+    .map_err(unavailable)?;
     let rows = tx
         .query("SELECT version FROM schema_migrations", &[])
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
     let seen: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     if let Some(newer) = seen.iter().find(|v| **v > known) {
@@ -135,7 +136,7 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
                 "migration {} ({}) failed: {}",
                 m.version,
                 m.name,
-                super::error_text(&e)
+                error_text(&e)
             ))
         })?;
         tx.execute(
@@ -143,11 +144,11 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
             &[&m.version, &m.name],
         )
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
         tracing::info!(version = m.version, name = m.name, "applied migration");
         applied.push(m.version);
     }
-    tx.commit().await.map_err(super::unavailable)?;
+    tx.commit().await.map_err(unavailable)?;
     Ok(applied)
 }
 

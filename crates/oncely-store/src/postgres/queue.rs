@@ -23,7 +23,10 @@ use std::time::Duration;
 use oncely_core::{ClaimSpec, Completion, Record, Scope, Timestamp};
 use tokio_postgres::Row;
 
-use super::{corrupt, record_from_row, unavailable, PgStore, ResponseColumns, COLUMNS, NOW};
+use super::error::{corrupt, unavailable};
+use super::rows::{record_from_row, ResponseColumns, COLUMNS};
+use super::sql::NOW;
+use super::store::PgStore;
 use crate::plan::plan_claims;
 use crate::queue::{headers_from_json, headers_to_json, LAPSED_ON_LAST_ATTEMPT};
 use crate::Ledger;

@@ -6,7 +6,8 @@
 
 use oncely_core::{RecordId, Timestamp};
 
-use super::{corrupt, PgStore};
+use super::error::corrupt;
+use super::store::PgStore;
 use crate::{ReconcileSchedule, Result};
 
 /// Migration 3: the reconciliation schedule.
