@@ -28,8 +28,8 @@
 //! the pool, the listener's own connection), `store` (the [`PgStore`] handle and its
 //! statement helpers), `rows` and `sql` (records as rows, and the statements),
 //! [`migrations`] (the schema), the traits' impls `ledger` (with `batch`, the grouped
-//! claims and completions), `waiting` (with `listener`, LISTEN/NOTIFY), `queue`, `admin`
-//! (with `reconcile`), and `error`.
+//! claims and completions), `waiting` (with `listener`, LISTEN/NOTIFY), `queue` (with
+//! `enqueue`, the claims that enqueue a task), `admin` (with `reconcile`), and `error`.
 
 use std::sync::Arc;
 
@@ -38,6 +38,7 @@ use crate::{Result, Store, StoreOptions};
 mod admin;
 mod batch;
 mod connection;
+mod enqueue;
 mod error;
 mod ledger;
 mod listener;
