@@ -72,12 +72,42 @@ CREATE TABLE secrets (
     Migration {
         version: 2,
         name: "task queue (webhook deliveries, queued jobs)",
-        sql: super::queue::MIGRATION_SQL,
+        sql: r#"
+CREATE TABLE tasks (
+    id           text PRIMARY KEY,
+    kind         text NOT NULL,
+    record       text,
+    target       text NOT NULL,
+    method       text NOT NULL,
+    headers      text NOT NULL,
+    body         bytea,
+    state        text NOT NULL CHECK (state IN ('pending', 'running', 'dead')),
+    attempts     integer NOT NULL,
+    max_attempts integer NOT NULL,
+    timeout_ms   bigint NOT NULL,
+    backoff_ms   bigint NOT NULL,
+    next_at      bigint NOT NULL,
+    owner        text,
+    lease_until  bigint,
+    last_error   text,
+    created_at   bigint NOT NULL,
+    updated_at   bigint NOT NULL
+);
+CREATE INDEX tasks_pending ON tasks (kind, next_at) WHERE state = 'pending';
+CREATE INDEX tasks_running ON tasks (kind, lease_until) WHERE state = 'running';
+CREATE INDEX tasks_state ON tasks (kind, state, created_at);
+CREATE INDEX tasks_record ON tasks (record);
+"#,
     },
     Migration {
         version: 3,
         name: "reconciliation schedule",
-        sql: super::reconcile::MIGRATION_SQL,
+        sql: r#"
+ALTER TABLE records
+    ADD COLUMN reconcile_for      bigint,
+    ADD COLUMN reconcile_attempts integer NOT NULL DEFAULT 0,
+    ADD COLUMN reconcile_next_at  bigint;
+"#,
     },
     Migration {
         version: 4,

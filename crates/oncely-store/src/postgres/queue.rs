@@ -31,34 +31,6 @@ pub(super) const TASK_COLUMNS: &str =
     "id, kind, record, target, method, headers, body, state, attempts, max_attempts, \
      timeout_ms, backoff_ms, next_at, owner, lease_until, last_error, created_at, updated_at";
 
-/// Migration 2: the task queue.
-pub(super) const MIGRATION_SQL: &str = r#"
-CREATE TABLE tasks (
-    id           text PRIMARY KEY,
-    kind         text NOT NULL,
-    record       text,
-    target       text NOT NULL,
-    method       text NOT NULL,
-    headers      text NOT NULL,
-    body         bytea,
-    state        text NOT NULL CHECK (state IN ('pending', 'running', 'dead')),
-    attempts     integer NOT NULL,
-    max_attempts integer NOT NULL,
-    timeout_ms   bigint NOT NULL,
-    backoff_ms   bigint NOT NULL,
-    next_at      bigint NOT NULL,
-    owner        text,
-    lease_until  bigint,
-    last_error   text,
-    created_at   bigint NOT NULL,
-    updated_at   bigint NOT NULL
-);
-CREATE INDEX tasks_pending ON tasks (kind, next_at) WHERE state = 'pending';
-CREATE INDEX tasks_running ON tasks (kind, lease_until) WHERE state = 'running';
-CREATE INDEX tasks_state ON tasks (kind, state, created_at);
-CREATE INDEX tasks_record ON tasks (record);
-"#;
-
 fn task_from_row(row: &Row) -> Result<Task> {
     let get_i64 = |c: &str| row.try_get::<_, i64>(c).map_err(corrupt);
     let get_u32 = |c: &str| {
