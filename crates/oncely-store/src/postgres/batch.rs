@@ -24,7 +24,11 @@ use tokio_postgres::Row;
 
 use deadpool_postgres::Pool;
 
-use super::{cols, record_from_row, unavailable, COLUMNS, NOW};
+use super::connection::checkout;
+use super::error::{corrupt, unavailable};
+use super::listener::CHANNEL;
+use super::rows::{attempt_param, cols, millis, record_from_row, ResponseColumns, COLUMNS};
+use super::sql::{NOW, SQL};
 use crate::{Result, StoreError};
 
 /// At most this many claims share one statement.
@@ -189,16 +193,10 @@ enum Failure {
 }
 
 async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Step>, Failure> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|e| Failure::Store(super::pool_error(e)))?;
+    let client = checkout(pool).await.map_err(Failure::Store)?;
     let rows = if jobs.len() == 1 {
         let (job, spec) = (&jobs[0], &jobs[0].spec);
-        let stmt = client
-            .prepare_cached(&super::SQL.claim)
-            .await
-            .map_err(failure)?;
+        let stmt = client.prepare_cached(&SQL.claim).await.map_err(failure)?;
         client
             .query(
                 &stmt,
@@ -212,7 +210,7 @@ async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Step>, Fa
                     &spec.route,
                     &spec.principal,
                     &spec.owner,
-                    &super::millis(spec.lease),
+                    &millis(spec.lease),
                     &spec.workflow_id,
                 ],
             )
@@ -231,7 +229,7 @@ async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Step>, Fa
         let routes: Vec<&str> = jobs.iter().map(|j| j.spec.route.as_str()).collect();
         let principals: Vec<&str> = jobs.iter().map(|j| j.spec.principal.as_str()).collect();
         let owners: Vec<&str> = jobs.iter().map(|j| j.spec.owner.as_str()).collect();
-        let leases: Vec<i64> = jobs.iter().map(|j| super::millis(j.spec.lease)).collect();
+        let leases: Vec<i64> = jobs.iter().map(|j| millis(j.spec.lease)).collect();
         let workflows: Vec<Option<&str>> =
             jobs.iter().map(|j| j.spec.workflow_id.as_deref()).collect();
         client
@@ -262,8 +260,8 @@ fn steps(jobs: &[Job], rows: &[Row]) -> Result<Vec<Step>> {
     let mut found: HashMap<(String, String), (Record, bool, i64)> =
         HashMap::with_capacity(rows.len());
     for row in rows {
-        let inserted: bool = row.try_get("inserted").map_err(super::corrupt)?;
-        let now: i64 = row.try_get("now").map_err(super::corrupt)?;
+        let inserted: bool = row.try_get("inserted").map_err(corrupt)?;
+        let now: i64 = row.try_get("now").map_err(corrupt)?;
         let record = record_from_row(row)?;
         found.insert(
             (record.scope.as_str().to_string(), record.key.clone()),
@@ -376,21 +374,17 @@ async fn execute_completions(
     pool: &Pool,
     jobs: &[CompleteJob],
 ) -> Result<HashMap<Fence, Record>, Failure> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|e| Failure::Store(super::pool_error(e)))?;
+    let client = checkout(pool).await.map_err(Failure::Store)?;
     let offset = jobs[0].offset;
     let mut responses = Vec::with_capacity(jobs.len());
     for job in jobs {
-        responses.push(
-            super::ResponseColumns::of(Some(&job.completion.response)).map_err(Failure::Store)?,
-        );
+        responses
+            .push(ResponseColumns::of(Some(&job.completion.response)).map_err(Failure::Store)?);
     }
     let rows = if jobs.len() == 1 {
         let (job, response) = (&jobs[0], &responses[0]);
         let stmt = client
-            .prepare_cached(&super::SQL.complete)
+            .prepare_cached(&SQL.complete)
             .await
             .map_err(failure)?;
         client
@@ -400,8 +394,8 @@ async fn execute_completions(
                     &offset,
                     &job.fence.id.0,
                     &job.fence.owner,
-                    &super::attempt_param(job.fence.attempt),
-                    &super::millis(job.completion.window),
+                    &attempt_param(job.fence.attempt),
+                    &millis(job.completion.window),
                     &job.completion.replay_until.map(|t| t.0),
                     &response.status,
                     &response.headers,
@@ -421,12 +415,9 @@ async fn execute_completions(
         let owners: Vec<&str> = jobs.iter().map(|j| j.fence.owner.as_str()).collect();
         let attempts: Vec<i32> = jobs
             .iter()
-            .map(|j| super::attempt_param(j.fence.attempt))
+            .map(|j| attempt_param(j.fence.attempt))
             .collect();
-        let windows: Vec<i64> = jobs
-            .iter()
-            .map(|j| super::millis(j.completion.window))
-            .collect();
+        let windows: Vec<i64> = jobs.iter().map(|j| millis(j.completion.window)).collect();
         let untils: Vec<Option<i64>> = jobs
             .iter()
             .map(|j| j.completion.replay_until.map(|t| t.0))
@@ -499,6 +490,6 @@ static SQL_COMPLETE_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::ne
          SELECT u.*, CASE WHEN u.waiting > 0 THEN pg_notify('{channel}', u.id) END AS notified
          FROM u",
         r = cols("r"),
-        channel = super::listener::CHANNEL,
+        channel = CHANNEL,
     )
 });

@@ -11,24 +11,23 @@ use futures::StreamExt;
 use oncely_core::RecordId;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 
+use super::connection::Connector;
+use super::error::unavailable;
 use crate::waiters::Waiters;
 use crate::{Result, StoreError};
 
 /// The notification channel; the payload is a record id.
-pub(crate) const CHANNEL: &str = "oncely_records";
+pub(super) const CHANNEL: &str = "oncely_records";
 
 /// How often the idle listener checks that its connection still answers.
 const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Starts the listener; returns once it listens (or the first connection failed).
-pub(crate) async fn start(
-    config: tokio_postgres::Config,
-    waiters: Arc<Waiters>,
-) -> Result<JoinHandle<()>> {
+pub(super) async fn start(connector: Connector, waiters: Arc<Waiters>) -> Result<JoinHandle<()>> {
     let (ready_tx, ready_rx) = oneshot::channel();
-    let task = tokio::spawn(run(config, waiters, ready_tx));
+    let task = tokio::spawn(run(connector, waiters, ready_tx));
     match ready_rx.await {
         Ok(Ok(())) => Ok(task),
         Ok(Err(e)) => Err(e),
@@ -38,15 +37,11 @@ pub(crate) async fn start(
     }
 }
 
-async fn run(
-    config: tokio_postgres::Config,
-    waiters: Arc<Waiters>,
-    ready: oneshot::Sender<Result<()>>,
-) {
+async fn run(connector: Connector, waiters: Arc<Waiters>, ready: oneshot::Sender<Result<()>>) {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(50);
     loop {
-        match connect(&config).await {
+        match connect(&connector).await {
             Ok((client, mut messages)) => {
                 backoff = Duration::from_millis(50);
                 match ready.take() {
@@ -78,14 +73,11 @@ async fn run(
 
 /// Connects and subscribes; the receiver yields notification payloads and closes when
 /// the connection ends.
-async fn connect(
-    config: &tokio_postgres::Config,
-) -> Result<(Client, mpsc::UnboundedReceiver<String>)> {
-    let (client, mut connection) = config.connect(NoTls).await.map_err(super::unavailable)?;
+async fn connect(connector: &Connector) -> Result<(Client, mpsc::UnboundedReceiver<String>)> {
+    let (client, mut messages) = connector.dedicated().await?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let mut stream = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = stream.next().await {
+        while let Some(message) = messages.next().await {
             match message {
                 Ok(AsyncMessage::Notification(n)) => {
                     if tx.send(n.payload().to_string()).is_err() {
@@ -103,7 +95,7 @@ async fn connect(
     client
         .batch_execute(&format!("LISTEN {CHANNEL}"))
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
     Ok((client, rx))
 }
 

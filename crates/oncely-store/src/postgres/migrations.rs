@@ -8,6 +8,7 @@
 
 use tokio_postgres::Client;
 
+use super::error::{error_text, unavailable};
 use crate::{Result, StoreError};
 
 /// One schema change.
@@ -71,12 +72,42 @@ CREATE TABLE secrets (
     Migration {
         version: 2,
         name: "task queue (webhook deliveries, queued jobs)",
-        sql: super::queue::MIGRATION_SQL,
+        sql: r#"
+CREATE TABLE tasks (
+    id           text PRIMARY KEY,
+    kind         text NOT NULL,
+    record       text,
+    target       text NOT NULL,
+    method       text NOT NULL,
+    headers      text NOT NULL,
+    body         bytea,
+    state        text NOT NULL CHECK (state IN ('pending', 'running', 'dead')),
+    attempts     integer NOT NULL,
+    max_attempts integer NOT NULL,
+    timeout_ms   bigint NOT NULL,
+    backoff_ms   bigint NOT NULL,
+    next_at      bigint NOT NULL,
+    owner        text,
+    lease_until  bigint,
+    last_error   text,
+    created_at   bigint NOT NULL,
+    updated_at   bigint NOT NULL
+);
+CREATE INDEX tasks_pending ON tasks (kind, next_at) WHERE state = 'pending';
+CREATE INDEX tasks_running ON tasks (kind, lease_until) WHERE state = 'running';
+CREATE INDEX tasks_state ON tasks (kind, state, created_at);
+CREATE INDEX tasks_record ON tasks (record);
+"#,
     },
     Migration {
         version: 3,
         name: "reconciliation schedule",
-        sql: super::reconcile::MIGRATION_SQL,
+        sql: r#"
+ALTER TABLE records
+    ADD COLUMN reconcile_for      bigint,
+    ADD COLUMN reconcile_attempts integer NOT NULL DEFAULT 0,
+    ADD COLUMN reconcile_next_at  bigint;
+"#,
     },
     Migration {
         version: 4,
@@ -103,10 +134,10 @@ const LOCK_KEY: i64 = 0x6f6e_6365_6c79;
 
 /// Applies every migration the database has not seen; returns the versions applied.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
-    let tx = client.transaction().await.map_err(super::unavailable)?;
+    let tx = client.transaction().await.map_err(unavailable)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version    integer PRIMARY KEY,
@@ -115,11 +146,11 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
          )",
     )
     .await
-    .map_err(super::unavailable)?;
+    .map_err(unavailable)?;
     let rows = tx
         .query("SELECT version FROM schema_migrations", &[])
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
     let seen: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     if let Some(newer) = seen.iter().find(|v| **v > known) {
@@ -135,7 +166,7 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
                 "migration {} ({}) failed: {}",
                 m.version,
                 m.name,
-                super::error_text(&e)
+                error_text(&e)
             ))
         })?;
         tx.execute(
@@ -143,11 +174,11 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
             &[&m.version, &m.name],
         )
         .await
-        .map_err(super::unavailable)?;
+        .map_err(unavailable)?;
         tracing::info!(version = m.version, name = m.name, "applied migration");
         applied.push(m.version);
     }
-    tx.commit().await.map_err(super::unavailable)?;
+    tx.commit().await.map_err(unavailable)?;
     Ok(applied)
 }
 

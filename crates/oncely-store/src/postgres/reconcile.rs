@@ -6,16 +6,9 @@
 
 use oncely_core::{RecordId, Timestamp};
 
-use super::{corrupt, PgStore};
+use super::error::corrupt;
+use super::store::PgStore;
 use crate::{ReconcileSchedule, Result};
-
-/// Migration 3: the reconciliation schedule.
-pub(super) const MIGRATION_SQL: &str = r#"
-ALTER TABLE records
-    ADD COLUMN reconcile_for      bigint,
-    ADD COLUMN reconcile_attempts integer NOT NULL DEFAULT 0,
-    ADD COLUMN reconcile_next_at  bigint;
-"#;
 
 /// The schedule of the record's current stay in outcome_unknown, in SQL.
 const ATTEMPTS: &str = "CASE WHEN reconcile_for = updated_at THEN reconcile_attempts ELSE 0 END";

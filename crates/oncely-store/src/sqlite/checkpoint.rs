@@ -15,7 +15,7 @@
 //! starts the WAL over, and the file grows without end (1.1 GB in ten seconds of fresh
 //! requests). Every frame then extends the file: new blocks, zeroed pages, and an
 //! `fdatasync` that has to commit the file's size too. So when a checkpoint finds the
-//! WAL longer than [`SqliteSettings::wal_restart_pages`](super::SqliteSettings), it asks
+//! WAL longer than `SqliteSettings::wal_restart_pages`, it asks
 //! the writer to finish the job: between two groups, with no write under way, the writer
 //! runs a passive checkpoint of its own, which has only the frames appended since this
 //! thread's to copy and so copies them all, and its next write starts the WAL over from
@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::{schema, sql_error};
+use super::error::sql_error;
+use super::schema;
 use crate::{Result, StoreError};
 
 /// How often the checkpointer looks for commits to copy into the database file.

@@ -14,7 +14,8 @@ use oncely_core::{ClaimSpec, Completion, Timestamp};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{leases, rows, sql_error, SqliteStore};
+use super::error::sql_error;
+use super::{leases, rows, SqliteStore};
 use crate::plan::plan_claims;
 use crate::queue::{headers_from_json, headers_to_json};
 use crate::{

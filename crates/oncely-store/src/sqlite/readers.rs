@@ -19,7 +19,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::Semaphore;
 
-use super::{schema, sql_error};
+use super::error::sql_error;
+use super::schema;
 use crate::waiters::Waiters;
 use crate::{Result, StoreError};
 

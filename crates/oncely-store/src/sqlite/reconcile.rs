@@ -5,7 +5,8 @@
 use oncely_core::{RecordId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{sql_error, SqliteStore};
+use super::error::sql_error;
+use super::SqliteStore;
 use crate::{ReconcileSchedule, Result};
 
 /// Migration 3: the reconciliation schedule.

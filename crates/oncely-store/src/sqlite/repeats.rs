@@ -5,7 +5,7 @@
 use oncely_core::{RecordId, Timestamp};
 use rusqlite::{params, Connection};
 
-use super::sql_error;
+use super::error::sql_error;
 use crate::{Repeat, RepeatEvent, RepeatEvents, RepeatKind, Result, StoreError};
 
 /// Migration 4: repeat events.

@@ -6,7 +6,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::sync::LazyLock;
 
-use super::sql_error;
+use super::error::sql_error;
 use crate::{ListFilter, Result, StoreError, UsageRow};
 
 /// The columns of a record, in the order [`from_row`] reads them.

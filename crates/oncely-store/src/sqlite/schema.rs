@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::sql_error;
+use super::error::sql_error;
 use crate::{Result, StoreError};
 
 /// One step of the schema.

@@ -35,8 +35,8 @@ use tokio::sync::oneshot;
 
 use super::checkpoint::{self, WalState};
 use super::durable::{Batch, Durability, Syncer};
-use super::replays::ReplayCache;
-use super::sql_error;
+use super::error::sql_error;
+use crate::replays::ReplayCache;
 use crate::waiters::Waiters;
 use crate::{Clock, Result, StoreError};
 

@@ -1,0 +1,401 @@
+//! The PostgreSQL store's [`Ledger`].
+//!
+//! - A claim is one `INSERT ... ON CONFLICT (scope, key) DO NOTHING` that also returns the
+//!   row already holding the key, grouped with the instance's concurrent claims
+//!   (`batch`); only a released row (reclaim) or an expired one (renew) costs a second,
+//!   conditional `UPDATE`, so two claimants can never both win. A claim that meets a
+//!   completed record is answered from the replay cache until shortly before it expires.
+//! - Owner transitions (`complete`, `release`, `mark_unknown`, `renew`) are one `UPDATE`
+//!   fenced by `owner`, `attempt` and `state`; when it matches no row, the row is read and
+//!   the pure transition of `oncely_core::record` names the exact refusal.
+//! - Rare transitions (`take_over`, `resolve`) lock the row (`SELECT ... FOR UPDATE`),
+//!   apply the pure transition, and write the row back, in one transaction.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oncely_core::record::{decide_claim, ClaimDecision};
+use oncely_core::{
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, TakeOverOutcome, Timestamp,
+    TransitionError,
+};
+use tokio_postgres::types::ToSql;
+
+use super::batch::{Completed, Step};
+use super::error::{corrupt, unavailable};
+use super::rows::{attempt_param, millis, record_from_row, ResponseColumns};
+use super::sql::{NOW, SQL};
+use super::store::PgStore;
+use crate::replays::Now;
+use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
+
+impl PgStore {
+    /// Explains why a fenced `UPDATE` matched no row: the record is gone, or the pure
+    /// transition refuses it.
+    async fn refusal(
+        &self,
+        id: &RecordId,
+        check: impl FnOnce(&mut Record, Timestamp) -> Result<(), TransitionError>,
+    ) -> StoreError {
+        match self.get(id).await {
+            Err(e) => e,
+            Ok(None) => StoreError::NotFound(id.clone()),
+            Ok(Some(mut record)) => {
+                let now = record.updated_at;
+                match check(&mut record, now) {
+                    Err(e) => StoreError::Transition(e),
+                    // The fenced UPDATE and the read disagree: only possible if the row
+                    // changed in between in a way no transition allows.
+                    Ok(()) => StoreError::Unavailable(format!(
+                        "record {id} changed while it was written; try again"
+                    )),
+                }
+            }
+        }
+    }
+
+    /// A fenced owner transition: the `UPDATE` in `sql` takes `$1` offset, `$2` id,
+    /// `$3` owner, `$4` attempt, then `extra`.
+    async fn fenced(
+        &self,
+        sql: &str,
+        fence: &Fence,
+        extra: &[&(dyn ToSql + Sync)],
+        check: impl FnOnce(&mut Record, Timestamp) -> Result<(), TransitionError>,
+    ) -> Result<Record> {
+        let offset = self.offset();
+        let attempt = attempt_param(fence.attempt);
+        let mut params: Vec<&(dyn ToSql + Sync)> =
+            vec![&offset, &fence.id.0, &fence.owner, &attempt];
+        params.extend_from_slice(extra);
+        match self.query_opt(sql, &params).await? {
+            Some(row) => {
+                let record = record_from_row(&row)?;
+                // Wake local waiters at once, without the round trip through NOTIFY.
+                self.inner.waiters.wake(&record.id);
+                Ok(record)
+            }
+            None => Err(self.refusal(&fence.id, check).await),
+        }
+    }
+
+    /// Completes one record with its own statement.
+    async fn complete_alone(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        let response = ResponseColumns::of(Some(&completion.response))?;
+        let window = millis(completion.window);
+        let until = completion.replay_until.map(|t| t.0);
+        let units = completion.units as i64;
+        let check_completion = completion.clone();
+        self.fenced(
+            &SQL.complete,
+            fence,
+            &[
+                &window,
+                &until,
+                &response.status,
+                &response.headers,
+                &response.body,
+                &units,
+                &completion.provider_request_id,
+            ],
+            move |r, now| r.complete(fence, check_completion, now),
+        )
+        .await
+    }
+
+    /// Locks a record, applies `f` to it at the database's time, and writes it back.
+    async fn locked<T>(
+        &self,
+        id: &RecordId,
+        f: impl FnOnce(&mut Record, Timestamp) -> Result<T, TransitionError>,
+    ) -> Result<T> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let select = tx.prepare_cached(&SQL.lock).await.map_err(unavailable)?;
+        let Some(row) = tx
+            .query_opt(&select, &[&self.offset(), &id.0])
+            .await
+            .map_err(unavailable)?
+        else {
+            return Err(StoreError::NotFound(id.clone()));
+        };
+        let now = Timestamp(row.try_get("now").map_err(corrupt)?);
+        let mut record = record_from_row(&row)?;
+        let out = f(&mut record, now)?;
+        let write = tx.prepare_cached(&SQL.write).await.map_err(unavailable)?;
+        let response = ResponseColumns::of(record.response.as_ref())?;
+        let attempt = attempt_param(record.attempt);
+        let units = record.units as i64;
+        tx.execute(
+            &write,
+            &[
+                &record.id.0,
+                &record.state.as_str(),
+                &record.owner,
+                &attempt,
+                &record.lease_until.map(|t| t.0),
+                &record.updated_at.0,
+                &record.completed_at.map(|t| t.0),
+                &record.expires_at.map(|t| t.0),
+                &response.status,
+                &response.headers,
+                &response.body,
+                &units,
+                &record.provider_request_id,
+                &record.last_error,
+            ],
+        )
+        .await
+        .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        self.inner.waiters.wake(id);
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Ledger for PgStore {
+    async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
+        let offset = self.offset();
+        // A completed record answers from memory until (shortly before) it expires: no
+        // transition applies to it, and nothing can take its key before then.
+        let replays = &self.inner.replays;
+        if let Some(r) = replays.get(&spec.scope, &spec.key, Now::SinceRead { offset }) {
+            return Ok(Claim::Existing(r));
+        }
+        let epoch = replays.epoch();
+        let fingerprint = spec.fingerprint.0.as_slice();
+        let lease = millis(spec.lease);
+        let batcher = &self.inner.batcher;
+        let mut step = batcher.claim(new_record_id(), spec, offset).await?;
+        // A purge or another claimant can move the row between our statements; each
+        // round either decides or sees a newer row, so a few rounds always suffice.
+        for _ in 0..8 {
+            let (record, now) = match step {
+                Step::Inserted(record) => return Ok(Claim::Owned(record)),
+                Step::Held(record, now) => (record, Timestamp(now)),
+                // The holder committed after the statement's snapshot: read it now.
+                Step::Retry => match self
+                    .query_opt(&SQL.claim_read, &[&offset, &spec.scope.as_str(), &spec.key])
+                    .await?
+                {
+                    Some(row) => (
+                        record_from_row(&row)?,
+                        Timestamp(row.try_get("now").map_err(corrupt)?),
+                    ),
+                    None => {
+                        step = batcher.claim(new_record_id(), spec, offset).await?;
+                        continue;
+                    }
+                },
+            };
+            let decided = match decide_claim(Some(&record), spec, now) {
+                ClaimDecision::Insert | ClaimDecision::Existing => {
+                    replays.offer(epoch, &record, now, offset);
+                    return Ok(Claim::Existing(record));
+                }
+                ClaimDecision::Reclaim => {
+                    self.query_opt(
+                        &SQL.reclaim,
+                        &[
+                            &offset,
+                            &record.id.0,
+                            &fingerprint,
+                            &spec.owner,
+                            &lease,
+                            &spec.workflow_id,
+                        ],
+                    )
+                    .await?
+                }
+                ClaimDecision::Renew => {
+                    self.query_opt(
+                        &SQL.renew_expired,
+                        &[
+                            &offset,
+                            &record.id.0,
+                            &new_record_id().0,
+                            &fingerprint,
+                            &spec.class.as_str(),
+                            &spec.route,
+                            &spec.principal,
+                            &spec.owner,
+                            &lease,
+                            &spec.workflow_id,
+                        ],
+                    )
+                    .await?
+                }
+            };
+            if let Some(row) = decided {
+                return Ok(Claim::Owned(record_from_row(&row)?));
+            }
+            // Someone else reclaimed, renewed or purged the row first: claim again.
+            step = batcher.claim(new_record_id(), spec, offset).await?;
+        }
+        Err(StoreError::Unavailable(format!(
+            "the claim of key {:?} kept racing with other writers; try again",
+            spec.key
+        )))
+    }
+
+    async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        let offset = self.offset();
+        let grouped = self.inner.batcher.complete(fence, &completion, offset);
+        match grouped.await? {
+            Completed::Done(record) => {
+                // Wake local waiters at once, without the round trip through NOTIFY.
+                self.inner.waiters.wake(&record.id);
+                // Not offered to the replay cache: the first claim that reads it does.
+                Ok(*record)
+            }
+            Completed::Refused => Err(self
+                .refusal(&fence.id, |r, now| r.complete(fence, completion, now))
+                .await),
+            Completed::Retry => self.complete_alone(fence, completion).await,
+        }
+    }
+
+    async fn release(
+        &self,
+        fence: &Fence,
+        error: Option<String>,
+        window: Duration,
+    ) -> Result<Record> {
+        let window_ms = millis(window);
+        self.fenced(&SQL.release, fence, &[&error, &window_ms], |r, now| {
+            r.release(fence, None, window, now)
+        })
+        .await
+    }
+
+    async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
+        self.fenced(&SQL.mark_unknown, fence, &[&error], |r, now| {
+            r.mark_unknown(fence, String::new(), now)
+        })
+        .await
+    }
+
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
+        let lease_ms = millis(lease);
+        self.fenced(&SQL.renew, fence, &[&lease_ms], |r, now| {
+            r.renew(fence, lease, now)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        expected_attempt: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<TakeOverOutcome> {
+        // A lease counts as lapsed only once the server has been up for a whole lease: an
+        // owner that could not renew while the database was down is alive, and is given
+        // one lease after a restart to renew before anyone takes its record over.
+        let up: i64 = self
+            .query_opt(NOW, &[&self.offset()])
+            .await?
+            .map(|row| row.try_get("up"))
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or(i64::MAX);
+        if up < millis(lease) {
+            return Err(StoreError::Transition(TransitionError::LeaseHeld {
+                id: id.clone(),
+            }));
+        }
+        self.locked(id, |r, now| {
+            r.take_over(expected_attempt, owner, lease, now)
+        })
+        .await
+    }
+
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>> {
+        self.query_opt(&SQL.get, &[&id.0])
+            .await?
+            .map(|row| record_from_row(&row))
+            .transpose()
+    }
+
+    async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
+        self.query_opt(&SQL.lookup, &[&scope.as_str(), &key])
+            .await?
+            .map(|row| record_from_row(&row))
+            .transpose()
+    }
+
+    async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
+        self.locked(id, |r, now| {
+            r.resolve(resolution, now)?;
+            Ok(r.clone())
+        })
+        .await
+    }
+
+    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&SQL.add_repeats)
+            .await
+            .map_err(unavailable)?;
+        let n = client
+            .execute(&stmt, &[&id.0, &(count as i64), &(units as i64)])
+            .await
+            .map_err(unavailable)?;
+        if n == 0 {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
+        if repeats.is_empty() {
+            return self.add_repeats(id, 0, 0).await;
+        }
+        let units: u64 = repeats.iter().map(|r| r.units).sum();
+        let at: Vec<i64> = repeats.iter().map(|r| r.at.0).collect();
+        let kind: Vec<&str> = repeats.iter().map(|r| r.kind.as_str()).collect();
+        let each: Vec<i64> = repeats.iter().map(|r| r.units as i64).collect();
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&SQL.record_repeats)
+            .await
+            .map_err(unavailable)?;
+        // One statement: the counters and the events are written together or not at all.
+        let n = client
+            .execute(
+                &stmt,
+                &[
+                    &id.0,
+                    &(repeats.len() as i64),
+                    &(units as i64),
+                    &at,
+                    &kind,
+                    &each,
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        if n == 0 {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        let row = self
+            .query_opt(&SQL.now, &[&self.offset()])
+            .await?
+            .ok_or_else(|| StoreError::Unavailable("the database returned no time".into()))?;
+        Ok(Timestamp(row.try_get(0).map_err(corrupt)?))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(unavailable)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,58 @@
+//! The PostgreSQL store: several gateway instances share one ledger.
+//!
+//! - A claim is one `INSERT ... ON CONFLICT (scope, key) DO NOTHING` that also returns the
+//!   row already holding the key; only a released row (reclaim) or an expired one (renew)
+//!   costs a second, conditional `UPDATE`, so two claimants can never both win.
+//! - Concurrent claims, and concurrent completions, of one instance are grouped into one
+//!   statement and one commit each (`batch`); a lone call runs its own statement at once.
+//! - Owner transitions (`complete`, `release`, `mark_unknown`, `renew`) are one `UPDATE`
+//!   fenced by `owner`, `attempt` and `state`; when it matches no row, the row is read and
+//!   the pure transition of `oncely_core::record` names the exact refusal.
+//! - Rare transitions (`take_over`, `resolve`) lock the row (`SELECT ... FOR UPDATE`),
+//!   apply the pure transition, and write the row back, in one transaction.
+//! - A claim that meets a completed record is answered from an in-memory cache of
+//!   completed records until shortly before the record expires (`crate::replays`):
+//!   a completed record is final, so every instance may replay it without a round trip.
+//! - Every time comes from the database's clock (`clock_timestamp()`), plus the offset of
+//!   the store's [`Clock`](crate::Clock) (zero outside tests), so that instances with
+//!   skewed clocks agree on leases and windows.
+//! - `wait_for` counts itself in the row's `waiting` column; a transition out of
+//!   `processing` sends `NOTIFY` only when that count is above zero, and the listener
+//!   of every instance (`listener`) wakes its local waiters.
+//! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`].
+//!
+//! Connections are plain TCP (no TLS): run PostgreSQL on a private network or through a
+//! local proxy.
+//!
+//! The parts: `connection` (the only one that knows how a connection is made: the URL,
+//! the pool, the listener's own connection), `store` (the [`PgStore`] handle and its
+//! statement helpers), `rows` and `sql` (records as rows, and the statements),
+//! [`migrations`] (the schema), the traits' impls `ledger` (with `batch`, the grouped
+//! claims and completions), `waiting` (with `listener`, LISTEN/NOTIFY), `queue` (with
+//! `enqueue`, the claims that enqueue a task), `admin` (with `reconcile`), and `error`.
+
+use std::sync::Arc;
+
+use crate::{Result, Store, StoreOptions};
+
+mod admin;
+mod batch;
+mod connection;
+mod enqueue;
+mod error;
+mod ledger;
+mod listener;
+pub mod migrations;
+mod queue;
+mod reconcile;
+mod rows;
+mod sql;
+mod store;
+mod waiting;
+
+pub use store::PgStore;
+
+/// Opens (and migrates) the PostgreSQL store at `url`.
+pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(PgStore::connect(url, options).await?))
+}

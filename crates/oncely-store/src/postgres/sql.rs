@@ -1,0 +1,214 @@
+//! The statements of the ledger on `records` and `repeat_events`, built once ([`SQL`]).
+//! Every time in them is the database's clock plus the store clock's offset, passed as
+//! `$1` ([`NOW`]); a transition out of `processing` notifies [`CHANNEL`] when someone
+//! waits for the record.
+
+use std::sync::LazyLock;
+
+use super::listener::CHANNEL;
+use super::rows::{cols, COLUMNS};
+
+/// The database's time in ms since the epoch, plus the offset in `$1`, and how long the
+/// server has been up, in ms, plus the same offset (`up`: a test clock's steps count as
+/// time the server was up).
+pub(super) const NOW: &str =
+    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now, \
+     (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint + $1::bigint AS up";
+
+/// Every statement the store runs, built once.
+pub(super) struct Statements {
+    pub(super) claim: String,
+    pub(super) claim_read: String,
+    pub(super) reclaim: String,
+    pub(super) renew_expired: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) mark_unknown: String,
+    pub(super) renew: String,
+    pub(super) lock: String,
+    pub(super) write: String,
+    pub(super) get: String,
+    pub(super) lookup: String,
+    pub(super) wait_start: String,
+    pub(super) wait_end: String,
+    pub(super) list: String,
+    pub(super) purge: String,
+    pub(super) add_repeats: String,
+    pub(super) record_repeats: String,
+    pub(super) repeat_totals: String,
+    pub(super) repeat_list: String,
+    pub(super) purge_repeats: String,
+    pub(super) usage: String,
+    pub(super) now: String,
+}
+
+/// A fenced owner transition that sets `set` and sends NOTIFY when someone waits.
+fn fenced_update(set: &str, notify: bool) -> String {
+    let notify = if notify {
+        format!(
+            ", CASE WHEN u.waiting > 0 THEN pg_notify('{}', u.id) END AS notified",
+            CHANNEL
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "WITH t AS ({NOW}), u AS (
+             UPDATE records r SET {set}
+             FROM t
+             WHERE r.id = $2 AND r.owner = $3 AND r.attempt = $4 AND r.state = 'processing'
+             RETURNING {ret})
+         SELECT u.*{notify} FROM u",
+        ret = cols("r")
+    )
+}
+
+/// The statements, built on first use.
+pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
+    claim: format!(
+        "WITH t AS ({NOW}),
+         ins AS (
+             INSERT INTO records (id, scope, key, fingerprint, class, route, principal, state,
+                                  owner, attempt, lease_until, created_at, updated_at,
+                                  workflow_id)
+             SELECT $2, $3, $4, $5, $6, $7, $8, 'processing', $9, 1, t.now + $10, t.now,
+                    t.now, $11
+             FROM t
+             ON CONFLICT (scope, key) DO NOTHING
+             RETURNING {ins})
+         SELECT true AS inserted, t.now, {ins} FROM ins, t
+         UNION ALL
+         SELECT false, t.now, {r} FROM records r, t
+         WHERE r.scope = $3 AND r.key = $4 AND NOT EXISTS (SELECT 1 FROM ins)",
+        ins = COLUMNS.join(", "),
+        r = cols("r"),
+    ),
+    claim_read: format!(
+        "WITH t AS ({NOW})
+         SELECT false AS inserted, t.now, {r} FROM records r, t
+         WHERE r.scope = $2 AND r.key = $3",
+        r = cols("r")
+    ),
+    reclaim: format!(
+        "WITH t AS ({NOW})
+         UPDATE records r SET state = 'processing', owner = $4, attempt = r.attempt + 1,
+             lease_until = t.now + $5, updated_at = t.now, expires_at = NULL,
+             workflow_id = COALESCE($6, r.workflow_id)
+         FROM t
+         WHERE r.id = $2 AND r.state = 'released' AND r.fingerprint = $3
+         RETURNING {r}",
+        r = cols("r")
+    ),
+    renew_expired: format!(
+        "WITH t AS ({NOW})
+         UPDATE records r SET id = $3, fingerprint = $4, class = $5, route = $6,
+             principal = $7, state = 'processing', owner = $8, attempt = 1,
+             lease_until = t.now + $9, created_at = t.now, updated_at = t.now,
+             completed_at = NULL, expires_at = NULL, response_status = NULL,
+             response_headers = NULL, response_body = NULL, units = 0, repeats = 0,
+             repeat_units = 0, workflow_id = $10, provider_request_id = NULL,
+             last_error = NULL, waiting = 0
+         FROM t
+         WHERE r.id = $2 AND ((r.state = 'completed'
+           AND (r.expires_at IS NULL OR r.expires_at <= t.now))
+           OR (r.state = 'released' AND r.expires_at <= t.now))
+         RETURNING {r}",
+        r = cols("r")
+    ),
+    // $5 window ms, $6 replay_until, $7 status, $8 headers, $9 body, $10 units, $11 req id
+    complete: fenced_update(
+        "state = 'completed', lease_until = NULL, completed_at = t.now,
+         expires_at = LEAST(t.now + $5, COALESCE($6, 9223372036854775807)),
+         response_status = $7, response_headers = $8, response_body = $9, units = $10,
+         provider_request_id = COALESCE($11, r.provider_request_id), updated_at = t.now,
+         last_error = NULL",
+        true,
+    ),
+    release: fenced_update(
+        "state = 'released', lease_until = NULL, updated_at = t.now, last_error = $5,
+         expires_at = t.now + $6",
+        true,
+    ),
+    mark_unknown: fenced_update(
+        "state = 'outcome_unknown', lease_until = NULL, updated_at = t.now, last_error = $5",
+        true,
+    ),
+    renew: fenced_update("lease_until = t.now + $5, updated_at = t.now", false),
+    lock: format!(
+        "WITH t AS ({NOW})
+         SELECT t.now, {r} FROM records r, t WHERE r.id = $2 FOR UPDATE OF r",
+        r = cols("r")
+    ),
+    write: format!(
+        "WITH u AS (
+             UPDATE records SET state = $2, owner = $3, attempt = $4, lease_until = $5,
+                 updated_at = $6, completed_at = $7, expires_at = $8, response_status = $9,
+                 response_headers = $10, response_body = $11, units = $12,
+                 provider_request_id = $13, last_error = $14
+             WHERE id = $1
+             RETURNING id, state, waiting)
+         SELECT CASE WHEN u.waiting > 0 AND u.state <> 'processing'
+                     THEN pg_notify('{}', u.id) END
+         FROM u",
+        CHANNEL
+    ),
+    get: format!("SELECT {} FROM records WHERE id = $1", COLUMNS.join(", ")),
+    lookup: format!(
+        "SELECT {} FROM records WHERE scope = $1 AND key = $2",
+        COLUMNS.join(", ")
+    ),
+    wait_start: format!(
+        "UPDATE records SET waiting = waiting + 1
+         WHERE id = $1 AND state = 'processing'
+         RETURNING {}",
+        COLUMNS.join(", ")
+    ),
+    wait_end: "UPDATE records SET waiting = GREATEST(waiting - 1, 0) WHERE id = $1".into(),
+    list: format!(
+        "SELECT {} FROM records
+         WHERE ($1::text IS NULL OR state = $1)
+           AND ($2::text IS NULL OR principal = $2)
+           AND ($3::text IS NULL OR route = $3)
+         ORDER BY created_at DESC, id DESC
+         LIMIT $4",
+        COLUMNS.join(", ")
+    ),
+    purge: format!(
+        "WITH t AS ({NOW})
+         DELETE FROM records r USING t
+         WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
+            OR (r.state = 'released' AND r.expires_at <= t.now)"
+    ),
+    add_repeats: "UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
+                  WHERE id = $1"
+        .into(),
+    record_repeats: "WITH u AS (
+             UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
+             WHERE id = $1
+             RETURNING id, principal, route, expires_at)
+         INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at)
+         SELECT u.id, u.principal, u.route, e.at, e.kind, e.units, u.expires_at
+         FROM u, unnest($4::bigint[], $5::text[], $6::bigint[]) AS e(at, kind, units)"
+        .into(),
+    repeat_totals: "SELECT count(*)::bigint, COALESCE(sum(units), 0)::bigint FROM repeat_events
+                    WHERE principal = $1 AND at >= $2"
+        .into(),
+    repeat_list: "SELECT record_id, route, at, kind, units FROM repeat_events
+                  WHERE principal = $1 AND at >= $2 ORDER BY at, seq LIMIT $3"
+        .into(),
+    purge_repeats: format!(
+        "WITH t AS ({NOW})
+         DELETE FROM repeat_events e USING t
+         WHERE e.expires_at IS NULL OR e.expires_at <= t.now"
+    ),
+    usage: "SELECT principal, count(*)::bigint AS fresh,
+                   COALESCE(sum(units), 0)::bigint AS fresh_units,
+                   COALESCE(sum(repeats), 0)::bigint AS repeats,
+                   COALESCE(sum(repeat_units), 0)::bigint AS repeat_units
+            FROM records
+            WHERE state = 'completed' AND completed_at IS NOT NULL
+              AND ($1::bigint IS NULL OR completed_at >= $1)
+            GROUP BY principal"
+        .into(),
+    now: NOW.to_string(),
+});

@@ -1,0 +1,85 @@
+//! The SQLite store's [`Admin`]: listing and usage on the read connections; purges and
+//! secrets in the writer.
+
+use async_trait::async_trait;
+use oncely_core::{Record, RecordId, Timestamp};
+use rusqlite::{params, OptionalExtension};
+
+use super::error::sql_error;
+use super::{repeats, rows, SqliteStore};
+use crate::memory::usage_from_rows;
+use crate::{Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, StoreError, Usage};
+
+#[async_trait]
+impl Admin for SqliteStore {
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let filter = filter.clone();
+        self.read(move |conn| rows::list(conn, &filter)).await
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        self.writer
+            .run(|conn, now| {
+                let gone = conn
+                    .prepare_cached(
+                        "DELETE FROM records WHERE (state = 'completed' \
+                         AND (expires_at IS NULL OR expires_at <= ?1)) \
+                         OR (state = 'released' AND expires_at <= ?1)",
+                    )
+                    .and_then(|mut st| st.execute([now.0]))
+                    .map_err(sql_error)?;
+                repeats::purge(conn, now)?;
+                Ok((gone as u64, None))
+            })
+            .await
+    }
+
+    async fn repeat_events(
+        &self,
+        principal: &str,
+        since: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<RepeatEvents> {
+        let principal = principal.to_string();
+        self.read(move |conn| repeats::list(conn, &principal, since, limit))
+            .await
+    }
+
+    async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
+        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
+        Ok(usage_from_rows(rows))
+    }
+
+    async fn secret(&self, name: &str) -> Result<Vec<u8>> {
+        let name = name.to_string();
+        self.writer
+            .run(move |conn, _now| {
+                let fresh = rand::random::<[u8; 32]>().to_vec();
+                conn.prepare_cached("INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)")
+                    .and_then(|mut st| st.execute(params![name, fresh]))
+                    .map_err(sql_error)?;
+                let value: Option<Vec<u8>> = conn
+                    .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
+                    .and_then(|mut st| st.query_row([&name], |row| row.get(0)).optional())
+                    .map_err(sql_error)?;
+                let value = value.ok_or_else(|| {
+                    StoreError::Unavailable(format!("the secret {name:?} was not kept"))
+                })?;
+                Ok((value, None))
+            })
+            .await
+    }
+
+    async fn reconcile_schedule(&self, id: &RecordId) -> Result<Option<ReconcileSchedule>> {
+        self.reconcile_get(id).await
+    }
+
+    async fn schedule_reconcile(
+        &self,
+        id: &RecordId,
+        seen: ReconcileSchedule,
+        next: ReconcileSchedule,
+    ) -> Result<bool> {
+        self.reconcile_set(id, seen, next).await
+    }
+}

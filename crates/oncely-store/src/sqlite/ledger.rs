@@ -1,0 +1,285 @@
+//! The SQLite store's [`Ledger`]: a claim and every transition run in the writer, as
+//! the pure rules of `oncely_core::record`; a lookup or a claim that meets a replayable
+//! record is answered from the replay cache.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oncely_core::{
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
+    Timestamp, TransitionError,
+};
+use rusqlite::{params, Connection};
+
+use super::error::sql_error;
+use super::writer::Applied;
+use super::{leases, repeats, rows, SqliteStore};
+use crate::plan::plan_claims;
+use crate::replays::Now;
+use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
+
+impl SqliteStore {
+    /// Offers a record read since `epoch` to the replay cache.
+    fn offer(&self, epoch: u64, record: &Record) {
+        let offset = self.clock.offset().as_millis().min(i64::MAX as u128) as i64;
+        self.cache.offer(epoch, record, self.clock.now(), offset);
+    }
+
+    /// Applies a fenced or guarded transition to one record inside the writer.
+    async fn transition<T, F>(&self, id: &RecordId, change: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Record, Timestamp) -> Result<T, TransitionError> + Send + 'static,
+    {
+        let id = id.clone();
+        self.writer
+            .run(move |conn, now| mutate(conn, &id, now, change))
+            .await
+    }
+}
+
+/// Reads a record, applies `change` to a copy, and writes it back only if allowed.
+fn mutate<T>(
+    conn: &Connection,
+    id: &RecordId,
+    now: Timestamp,
+    change: impl FnOnce(&mut Record, Timestamp) -> Result<T, TransitionError>,
+) -> Result<Applied<T>> {
+    let mut record = rows::by_id(conn, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+    let out = change(&mut record, now)?;
+    rows::update_state(conn, &record)?;
+    Ok((out, Some(id.clone())))
+}
+
+/// The atomic claim: the row holding `(scope, key)` decides, inside the writer. A lease
+/// met or made here is watched on the monotonic clock `mono` ([`leases`]).
+fn claim_in(
+    conn: &Connection,
+    spec: &ClaimSpec,
+    now: Timestamp,
+    mono: Duration,
+) -> Result<Applied<Claim>> {
+    // Most claims are of a new key: try the insert first (what the plan says for no
+    // row), and read the row only when one already holds the key. The single writer
+    // (and `BEGIN IMMEDIATE` between processes) keeps the two steps one decision.
+    let record = Record::new_claim(new_record_id(), spec, now);
+    if rows::insert_new(conn, &record)? {
+        leases::record_remaining(&record, mono);
+        return Ok((Claim::Owned(record), None));
+    }
+    let Some(existing) = rows::by_key(conn, &spec.scope, &spec.key)? else {
+        return Err(StoreError::Unavailable(
+            "the insert of a claim met a row that is gone".into(),
+        ));
+    };
+    let plan = plan_claims(std::slice::from_ref(spec), None, now, |_, _| {
+        Ok(Some(existing.clone()))
+    })?;
+    let claim = match plan {
+        Err(record) => Claim::Existing(leases::as_observed(record, now, mono)),
+        Ok(mut records) => {
+            let (replaces, record) = records.pop().expect("a granted plan has a record");
+            match replaces {
+                // Reclaimed: the same row, attempt + 1.
+                Some(old) if old == record.id => rows::update_state(conn, &record)?,
+                // Renewed: a new intention under the key, with a new id and identity.
+                Some(old) => rows::update(conn, &old, &record)?,
+                None => {
+                    return Err(StoreError::Unavailable(
+                        "a claim planned an insert over a row".into(),
+                    ))
+                }
+            }
+            Claim::Owned(record)
+        }
+    };
+    if let Claim::Owned(record) = &claim {
+        leases::record_remaining(record, mono);
+    }
+    Ok((claim, None))
+}
+
+#[async_trait]
+impl Ledger for SqliteStore {
+    async fn claim(&self, spec: &ClaimSpec) -> Result<Claim> {
+        // A replayable record answers at once: nothing can take its key before it expires.
+        if let Some(r) = self
+            .cache
+            .get(&spec.scope, &spec.key, Now::Is(self.clock.now()))
+        {
+            return Ok(Claim::Existing(r));
+        }
+        let epoch = self.cache.epoch();
+        let spec = spec.clone();
+        let clock = self.clock.clone();
+        let claim = self
+            .writer
+            .run(move |conn, now| claim_in(conn, &spec, now, clock.monotonic()))
+            .await?;
+        if let Claim::Existing(r) = &claim {
+            self.offer(epoch, r);
+        }
+        Ok(claim)
+    }
+
+    async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record> {
+        let fence = fence.clone();
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.complete(&fence, completion, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        // Not offered to the replay cache: the first claim or lookup that reads it does.
+        Ok(done)
+    }
+
+    async fn release(
+        &self,
+        fence: &Fence,
+        error: Option<String>,
+        window: Duration,
+    ) -> Result<Record> {
+        let fence = fence.clone();
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.release(&fence, error, window, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        Ok(done)
+    }
+
+    async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
+        let fence = fence.clone();
+        let done = self
+            .transition(&fence.id.clone(), move |r, now| {
+                r.mark_unknown(&fence, error, now)?;
+                Ok(r.clone())
+            })
+            .await?;
+        leases::forget(done.id.as_str());
+        Ok(done)
+    }
+
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
+        let fence = fence.clone();
+        let clock = self.clock.clone();
+        self.transition(&fence.id.clone(), move |r, now| {
+            r.renew(&fence, lease, now)?;
+            leases::record_remaining(r, clock.monotonic());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        expected_attempt: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<TakeOverOutcome> {
+        let owner = owner.to_string();
+        let clock = self.clock.clone();
+        self.transition(id, move |r, now| {
+            // Lapsed or not is decided on the monotonic clock, not by `now` ([`leases`]).
+            if r.state == State::Processing && r.attempt == expected_attempt {
+                if !leases::record_remaining(r, clock.monotonic()).is_zero() {
+                    return Err(TransitionError::LeaseHeld { id: r.id.clone() });
+                }
+                r.lease_until = Some(now);
+            }
+            let outcome = r.take_over(expected_attempt, &owner, lease, now)?;
+            leases::record_remaining(r, clock.monotonic());
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>> {
+        let id = id.clone();
+        let found = self.read(move |conn| rows::by_id(conn, &id)).await?;
+        let (now, mono) = (self.clock.now(), self.clock.monotonic());
+        Ok(found.map(|r| leases::as_observed(r, now, mono)))
+    }
+
+    async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
+        if let Some(r) = self.cache.get(scope, key, Now::Is(self.clock.now())) {
+            return Ok(Some(r));
+        }
+        let epoch = self.cache.epoch();
+        let (scope, key) = (scope.clone(), key.to_string());
+        let found = self
+            .read(move |conn| rows::by_key(conn, &scope, &key))
+            .await?;
+        if let Some(r) = &found {
+            self.offer(epoch, r);
+        }
+        Ok(found)
+    }
+
+    async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
+        self.transition(id, move |r, now| {
+            r.resolve(resolution, now)?;
+            Ok(r.clone())
+        })
+        .await
+    }
+
+    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+        let changed = id.clone();
+        let id = id.clone();
+        let out = self
+            .writer
+            .run(move |conn, _now| {
+                let changed = conn
+                    .prepare_cached(
+                        "UPDATE records SET repeats = repeats + ?1, \
+                         repeat_units = repeat_units + ?2 WHERE id = ?3",
+                    )
+                    .and_then(|mut st| st.execute(params![count as i64, units as i64, id.0]))
+                    .map_err(sql_error)?;
+                if changed == 0 {
+                    return Err(StoreError::NotFound(id));
+                }
+                Ok(((), None))
+            })
+            .await;
+        // After the commit: later lookups read the new counters.
+        self.cache.forget(&changed);
+        out
+    }
+
+    async fn record_repeats(&self, id: &RecordId, events: &[Repeat]) -> Result<()> {
+        let changed = id.clone();
+        let id = id.clone();
+        let events = events.to_vec();
+        let out = self
+            .writer
+            .run(move |conn, _now| {
+                repeats::record(conn, &id, &events)?;
+                Ok(((), None))
+            })
+            .await;
+        // After the commit: later lookups read the new counters.
+        self.cache.forget(&changed);
+        out
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(self.clock.now())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.read(|conn| {
+            conn.query_row("SELECT 1", [], |_| Ok(()))
+                .map_err(sql_error)
+        })
+        .await?;
+        // The writer too: a ledger that can be read but not written is not healthy.
+        self.writer.run(|_, _| Ok(((), None))).await
+    }
+}
