@@ -35,7 +35,7 @@ use crate::{Result, StoreError};
 const MAX_BATCH: usize = 512;
 
 /// What the claim statement said about one claim.
-pub(super) enum Step {
+pub(super) enum Claimed {
     /// A new row, owned by this claim.
     Inserted(Record),
     /// The row holding the key, and the database's time of the statement.
@@ -48,7 +48,7 @@ struct Job {
     id: RecordId,
     spec: ClaimSpec,
     offset: i64,
-    reply: oneshot::Sender<Result<Step>>,
+    reply: oneshot::Sender<Result<Claimed>>,
 }
 
 /// A queue of jobs that a dispatcher runs in groups, at most `in_flight` groups at a time.
@@ -121,7 +121,12 @@ impl Batcher {
     }
 
     /// Claims `spec` with the record id `id` (used if a row is inserted).
-    pub(super) async fn claim(&self, id: RecordId, spec: &ClaimSpec, offset: i64) -> Result<Step> {
+    pub(super) async fn claim(
+        &self,
+        id: RecordId,
+        spec: &ClaimSpec,
+        offset: i64,
+    ) -> Result<Claimed> {
         let (reply, answer) = oneshot::channel();
         self.claims.send(Job {
             id,
@@ -171,7 +176,7 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>) {
         // A deadlock or serialization failure is retried claim by claim.
         Err(Failure::Conflict) => {
             for job in jobs {
-                let _ = job.reply.send(Ok(Step::Retry));
+                let _ = job.reply.send(Ok(Claimed::Retry));
             }
         }
         // Anything else (the server is gone) is every claim's answer.
@@ -192,7 +197,7 @@ enum Failure {
     Store(StoreError),
 }
 
-async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Step>, Failure> {
+async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Claimed>, Failure> {
     let client = checkout(pool).await.map_err(Failure::Store)?;
     let rows = if jobs.len() == 1 {
         let (job, spec) = (&jobs[0], &jobs[0].spec);
@@ -252,11 +257,11 @@ async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Step>, Fa
             .await
             .map_err(failure)?
     };
-    steps(jobs, &rows).map_err(Failure::Store)
+    claimed(jobs, &rows).map_err(Failure::Store)
 }
 
 /// Matches the returned rows to the claims by `(scope, key)`.
-fn steps(jobs: &[Job], rows: &[Row]) -> Result<Vec<Step>> {
+fn claimed(jobs: &[Job], rows: &[Row]) -> Result<Vec<Claimed>> {
     let mut found: HashMap<(String, String), (Record, bool, i64)> =
         HashMap::with_capacity(rows.len());
     for row in rows {
@@ -273,9 +278,9 @@ fn steps(jobs: &[Job], rows: &[Row]) -> Result<Vec<Step>> {
         .map(|job| {
             let key = (job.spec.scope.as_str().to_string(), job.spec.key.clone());
             match found.get(&key) {
-                Some((r, true, _)) if r.id == job.id => Step::Inserted(r.clone()),
-                Some((r, _, now)) => Step::Held(r.clone(), *now),
-                None => Step::Retry,
+                Some((r, true, _)) if r.id == job.id => Claimed::Inserted(r.clone()),
+                Some((r, _, now)) => Claimed::Held(r.clone(), *now),
+                None => Claimed::Retry,
             }
         })
         .collect())

@@ -21,7 +21,7 @@ use oncely_core::{
 };
 use tokio_postgres::types::ToSql;
 
-use super::batch::{Completed, Step};
+use super::batch::{Claimed, Completed};
 use super::error::{corrupt, unavailable};
 use super::rows::{attempt_param, millis, record_from_row, ResponseColumns};
 use super::sql::{NOW, SQL};
@@ -172,10 +172,10 @@ impl Ledger for PgStore {
         // round either decides or sees a newer row, so a few rounds always suffice.
         for _ in 0..8 {
             let (record, now) = match step {
-                Step::Inserted(record) => return Ok(Claim::Owned(record)),
-                Step::Held(record, now) => (record, Timestamp(now)),
+                Claimed::Inserted(record) => return Ok(Claim::Owned(record)),
+                Claimed::Held(record, now) => (record, Timestamp(now)),
                 // The holder committed after the statement's snapshot: read it now.
-                Step::Retry => match self
+                Claimed::Retry => match self
                     .query_opt(&SQL.claim_read, &[&offset, &spec.scope.as_str(), &spec.key])
                     .await?
                 {
