@@ -7,6 +7,9 @@
 //! - `sslmode`: tokio-postgres knows `disable`, `prefer` and `require`; libpq adds
 //!   `verify-ca` and `verify-full`. `allow` (plain first, TLS if refused) is refused.
 //! - `sslrootcert` (a PEM file, or `system`), `sslcert` and `sslkey` (PEM), `sslsni`.
+//! - `statement_timeout` out of `options` (`-c statement_timeout=5s`): applied with `SET`
+//!   once a connection is open instead of in the startup packet, so that a pooler that
+//!   refuses startup options (PgBouncer) still gets it; the rest of `options` stays.
 
 use std::path::PathBuf;
 
@@ -19,6 +22,9 @@ pub(super) struct StoreUrl {
     pub(super) driver: String,
     /// How TLS is used.
     pub(super) tls: TlsParams,
+    /// `statement_timeout` as `options` sets it (a PostgreSQL duration, e.g. `5s` or
+    /// `5000`), if it does.
+    pub(super) statement_timeout: Option<String>,
 }
 
 /// libpq's `sslmode`.
@@ -127,6 +133,7 @@ pub(super) fn parse(url: &str) -> Result<StoreUrl, StoreError> {
     let mut root_cert = None;
     let (mut cert, mut key) = (None, None);
     let mut sni = true;
+    let mut statement_timeout = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (raw_key, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = decode(raw_key)?;
@@ -156,6 +163,18 @@ pub(super) fn parse(url: &str) -> Result<StoreUrl, StoreError> {
                      key file (owner-only)"
                         .into(),
                 ))
+            }
+            "options" => {
+                let (rest, timeout) = take_statement_timeout(&value()?);
+                match timeout {
+                    Some(timeout) => {
+                        statement_timeout = Some(timeout);
+                        if !rest.is_empty() {
+                            kept.push(format!("options={}", encode(&rest)));
+                        }
+                    }
+                    None => kept.push(pair.to_owned()),
+                }
             }
             _ => kept.push(pair.to_owned()),
         }
@@ -191,6 +210,7 @@ pub(super) fn parse(url: &str) -> Result<StoreUrl, StoreError> {
             client_cert,
             sni,
         },
+        statement_timeout,
     })
 }
 
@@ -221,6 +241,72 @@ fn ssl_mode(value: &str) -> Result<SslMode, StoreError> {
     })
 }
 
+/// `options` without its `statement_timeout` setting, and that setting's value (the
+/// last one, as the server would take it). The server splits `options` at whitespace,
+/// a backslash escaping the next character, and reads `-c NAME=VALUE`, `-cNAME=VALUE`
+/// and `--NAME=VALUE`, with `-` in a name read as `_`.
+fn take_statement_timeout(options: &str) -> (String, Option<String>) {
+    let words = split_options(options);
+    let mut kept: Vec<&str> = Vec::new();
+    let mut timeout = None;
+    let mut i = 0;
+    while i < words.len() {
+        let word = &words[i].1;
+        let (setting, used) = if word == "-c" && i + 1 < words.len() {
+            (Some(words[i + 1].1.as_str()), 2)
+        } else if let Some(rest) = word.strip_prefix("--").or_else(|| word.strip_prefix("-c")) {
+            (Some(rest), 1)
+        } else {
+            (None, 1)
+        };
+        let value = setting
+            .and_then(|s| s.split_once('='))
+            .and_then(|(name, value)| {
+                (name
+                    .replace('-', "_")
+                    .eq_ignore_ascii_case("statement_timeout"))
+                .then(|| value.to_owned())
+            });
+        match value {
+            Some(value) => timeout = Some(value),
+            None => kept.extend(words[i..i + used].iter().map(|(raw, _)| raw.as_str())),
+        }
+        i += used;
+    }
+    (kept.join(" "), timeout)
+}
+
+/// The words of `options`: each as written (escapes kept) and as read.
+fn split_options(options: &str) -> Vec<(String, String)> {
+    let mut words = Vec::new();
+    let mut chars = options.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return words;
+        }
+        let (mut raw, mut read) = (String::new(), String::new());
+        while let Some(&c) = chars.peek() {
+            if c.is_ascii_whitespace() {
+                break;
+            }
+            chars.next();
+            raw.push(c);
+            if c == '\\' {
+                if let Some(next) = chars.next() {
+                    raw.push(next);
+                    read.push(next);
+                }
+            } else {
+                read.push(c);
+            }
+        }
+        words.push((raw, read));
+    }
+}
+
 /// Percent-decodes a URL component (`+` is a plus, as libpq and tokio-postgres read it).
 fn decode(text: &str) -> Result<String, StoreError> {
     let bytes = text.as_bytes();
@@ -240,6 +326,19 @@ fn decode(text: &str) -> Result<String, StoreError> {
         }
     }
     String::from_utf8(out).map_err(|_| bad(format!("{text:?} is not UTF-8 once decoded")))
+}
+
+/// Percent-encodes a URL parameter's value.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -277,6 +376,7 @@ mod tests {
                 sni: false,
             }
         );
+        assert_eq!(url.statement_timeout, None);
         // No parameters left: no '?'.
         let url = parse("postgresql://db/ledger?sslmode=require").unwrap();
         assert_eq!(url.driver, "postgresql://db/ledger");
@@ -361,6 +461,36 @@ mod tests {
             assert!(m.contains(needle), "{q}: {m}");
             assert!(m.starts_with("bad PostgreSQL URL"), "{m}");
         }
+    }
+
+    #[test]
+    fn statement_timeout_is_taken_out_of_options_and_the_other_settings_stay() {
+        let url = parse("postgres://db/x?options=-c%20statement_timeout%3D5s").unwrap();
+        assert_eq!(url.statement_timeout.as_deref(), Some("5s"));
+        assert_eq!(url.driver, "postgres://db/x");
+        let url = parse(
+            "postgres://db/x?options=-csearch_path%3Dt_1%20--statement-timeout%3D250ms\
+             %20-c%20work_mem%3D4MB&sslmode=disable",
+        )
+        .unwrap();
+        assert_eq!(url.statement_timeout.as_deref(), Some("250ms"));
+        assert_eq!(
+            url.driver,
+            "postgres://db/x?options=-csearch_path%3Dt_1%20-c%20work_mem%3D4MB"
+        );
+        let config: tokio_postgres::Config = url.driver.parse().unwrap();
+        assert_eq!(
+            config.get_options(),
+            Some("-csearch_path=t_1 -c work_mem=4MB")
+        );
+        // Options without it are kept exactly as written.
+        let url = parse("postgres://db/x?options=-csearch_path%3Dt_1").unwrap();
+        assert_eq!(url.driver, "postgres://db/x?options=-csearch_path%3Dt_1");
+        assert_eq!(url.statement_timeout, None);
+        // An escaped space belongs to its word.
+        let (rest, t) = take_statement_timeout(r"-c application_name=a\ b -cstatement_timeout=0");
+        assert_eq!(rest, r"-c application_name=a\ b");
+        assert_eq!(t.as_deref(), Some("0"));
     }
 
     #[test]
