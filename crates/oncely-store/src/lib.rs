@@ -465,16 +465,30 @@ impl Default for StoreOptions {
     }
 }
 
-/// A store URL without its password, for messages.
+/// A store URL without its password, for messages: the one in the user part, and a
+/// `password` or `sslpassword` parameter. The other parameters (file paths such as
+/// `sslkey` included) are shown as they are.
 pub fn redact_url(url: &str) -> String {
+    let mut shown = url.to_owned();
     if let Some((scheme, rest)) = url.split_once("://") {
         if let Some((userinfo, host)) = rest.split_once('@') {
             if let Some((user, _)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
+                shown = format!("{scheme}://{user}:***@{host}");
             }
         }
     }
-    url.to_owned()
+    let query_at = shown.find('@').unwrap_or(0);
+    let Some(q) = shown[query_at..].find('?').map(|i| query_at + i) else {
+        return shown;
+    };
+    let params: Vec<String> = shown[q + 1..]
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if ["password", "sslpassword"].contains(&key) => format!("{key}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{}?{}", &shown[..q], params.join("&"))
 }
 
 /// A new record id: time-ordered, opaque.
@@ -494,5 +508,13 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://me@db/x"), "postgres://me@db/x");
         assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
+        assert_eq!(
+            redact_url("postgres://me@db/x?sslmode=verify-full&password=secret&sslkey=/k.pem"),
+            "postgres://me@db/x?sslmode=verify-full&password=***&sslkey=/k.pem"
+        );
+        assert_eq!(
+            redact_url("postgres://me:a?b@db/x?sslpassword=pw&application_name=gw"),
+            "postgres://me:***@db/x?sslpassword=***&application_name=gw"
+        );
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! Each migration runs once, in one transaction, in order; `schema_migrations` remembers
 //! which ran. [`migrate`] holds a transaction-scoped advisory lock, so several instances
-//! that start together apply each migration exactly once. Append new migrations at the end
-//! with the next version number (the job queue and the webhook delivery queue go here);
-//! never edit one that has shipped.
+//! that start together apply each migration exactly once; the connection's statement
+//! timeout does not apply to it. Append new migrations at the end with the next version
+//! number (the job queue and the webhook delivery queue go here); never edit one that
+//! has shipped.
 
 use tokio_postgres::Client;
 
@@ -135,6 +136,11 @@ const LOCK_KEY: i64 = 0x6f6e_6365_6c79;
 /// Applies every migration the database has not seen; returns the versions applied.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
     let tx = client.transaction().await.map_err(unavailable)?;
+    // A schema change may take long, and so may waiting for another instance's: the
+    // connection's statement timeout is for the requests' statements, not for these.
+    tx.batch_execute("SET LOCAL statement_timeout = 0")
+        .await
+        .map_err(unavailable)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await
         .map_err(unavailable)?;

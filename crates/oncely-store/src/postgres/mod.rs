@@ -21,11 +21,11 @@
 //!   of every instance (`listener`) wakes its local waiters.
 //! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`].
 //!
-//! Connections are plain TCP (no TLS): run PostgreSQL on a private network or through a
-//! local proxy.
+//! Connections use TLS as libpq's `sslmode` says (`prefer` by default; `verify-full`
+//! checks the certificate and the host), with rustls; see `connection`.
 //!
-//! The parts: `connection` (the only one that knows how a connection is made: the URL,
-//! the pool, the listener's own connection), `store` (the [`PgStore`] handle and its
+//! The parts: `connection` (the only one that knows how a connection is made: the URL
+//! and its libpq parameters, TLS, the pool, the listener's own connection), `store` (the [`PgStore`] handle and its
 //! statement helpers), `rows` and `sql` (records as rows, and the statements),
 //! [`migrations`] (the schema), the traits' impls `ledger` (with `batch`, the grouped
 //! claims and completions), `waiting` (with `listener`, LISTEN/NOTIFY), `queue` (with

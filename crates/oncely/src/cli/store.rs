@@ -44,21 +44,22 @@ pub(crate) async fn open(args: &StoreArgs) -> Result<Ledger, Failure> {
         .clone()
         .or_else(|| config.as_ref().map(|c| c.store.clone()))
         .unwrap_or_else(|| DEFAULT_STORE.to_owned());
-    let store = open_url(&url).await?;
+    let options = config
+        .as_ref()
+        .map_or_else(StoreOptions::default, Config::store_options);
+    let store = open_url(&url, options).await?;
     Ok(Ledger { store, url, config })
 }
 
 /// Opens (and migrates) a store by URL; every failure is a one-line exit 2.
-pub(crate) async fn open_url(url: &str) -> Result<Arc<dyn Store>, Failure> {
-    oncely_store::open(url, StoreOptions::default())
-        .await
-        .map_err(|e| match e {
-            StoreError::Config(m) => Failure::usage(m),
-            other => Failure::usage(format!(
-                "cannot open store {}: {other}",
-                oncely_store::redact_url(url)
-            )),
-        })
+pub(crate) async fn open_url(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, Failure> {
+    oncely_store::open(url, options).await.map_err(|e| match e {
+        StoreError::Config(m) => Failure::usage(m),
+        other => Failure::usage(format!(
+            "cannot open store {}: {other}",
+            oncely_store::redact_url(url)
+        )),
+    })
 }
 
 /// `oncely migrate`: opening a store creates or upgrades its schema.

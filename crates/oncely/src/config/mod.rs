@@ -93,6 +93,9 @@ pub struct Config {
     pub admin_token_env: String,
     /// Store URL.
     pub store: String,
+    /// Most connections this process opens to a PostgreSQL store (extension; default
+    /// 16).
+    pub store_pool_size: usize,
     /// Default upstream.
     pub upstream: Option<Upstream>,
     /// Extra CA certificates for https upstreams (extension).
@@ -136,12 +139,15 @@ pub struct Overrides {
 pub const DEFAULT_MAX_INFLIGHT: u64 = 512 << 20;
 /// The default `drain_timeout`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default `store_pool_size`.
+pub const DEFAULT_STORE_POOL_SIZE: usize = 16;
 
 const TOP_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
     "admin_token_env",
     "store",
+    "store_pool_size",
     "upstream",
     "upstream_ca",
     "tls",
@@ -285,6 +291,15 @@ impl Config {
             }
         };
 
+        let store_pool_size = match read::integer(&table, "", "store_pool_size", p) {
+            Some(0) => {
+                p.add(at("", "store_pool_size"), "must be at least 1");
+                None
+            }
+            n => n.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        }
+        .unwrap_or(DEFAULT_STORE_POOL_SIZE);
+
         let upstream = match &overrides.upstream {
             Some(u) => check(p, "", "--upstream", Upstream::parse(u)),
             None => read::string(&table, "", "upstream", p)
@@ -339,6 +354,7 @@ impl Config {
             admin_listen: admin_listen.expect("checked"),
             admin_token_env,
             store: store.expect("checked"),
+            store_pool_size,
             upstream,
             upstream_ca,
             tls,
@@ -351,6 +367,14 @@ impl Config {
             webhooks,
             tracing,
         })
+    }
+
+    /// How the store is opened: `store_pool_size` connections at most.
+    pub fn store_options(&self) -> oncely_store::StoreOptions {
+        oncely_store::StoreOptions {
+            pool_size: self.store_pool_size,
+            ..oncely_store::StoreOptions::default()
+        }
     }
 
     /// The route a ledger record names (`Record::route`), if it is configured.
@@ -481,6 +505,29 @@ guard_when = { header = "authorization", prefx = "x" }
             panic!()
         };
         assert_eq!(ps[0].at, "--store");
+    }
+
+    #[test]
+    fn store_pool_size_defaults_to_16_and_must_be_at_least_one() {
+        let none = Overrides::default();
+        let c = Config::resolve("", None, &none).unwrap();
+        assert_eq!(c.store_pool_size, DEFAULT_STORE_POOL_SIZE);
+        assert_eq!(c.store_options().pool_size, 16);
+        let c = Config::resolve("store_pool_size = 40\n", None, &none).unwrap();
+        assert_eq!(c.store_options().pool_size, 40);
+        for (text, problem) in [
+            (
+                "store_pool_size = 0\n",
+                "store_pool_size: must be at least 1",
+            ),
+            (
+                "store_pool_size = \"8\"\n",
+                "store_pool_size: expected an integer",
+            ),
+        ] {
+            let ps = problems(text);
+            assert!(ps.iter().any(|p| p.starts_with(problem)), "{ps:?}");
+        }
     }
 
     #[test]

@@ -42,7 +42,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use oncely_core::State;
-use oncely_store::{ListFilter, Store, StoreOptions};
+use oncely_store::{ListFilter, Store};
 use oncely_tower::Guard;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -142,7 +142,7 @@ pub async fn run_reloading(
         Some(t) => t.export_headers().map_err(anyhow::Error::msg)?,
         None => Vec::new(),
     };
-    let store = oncely_store::open(&config.store, StoreOptions::default())
+    let store = oncely_store::open(&config.store, config.store_options())
         .await
         .with_context(|| format!("store {}", oncely_store::redact_url(&config.store)))?;
     let principal_key = crate::operations::principal_key(&*store)

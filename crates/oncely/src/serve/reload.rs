@@ -21,8 +21,8 @@
 //! place) is refused too.
 //!
 //! Read at start only (a change is refused, naming the field): `listen`, `admin_listen`,
-//! `admin_token_env`, `store`, `upstream_ca`, `tls`, `max_inflight_bytes`, `[tracing]`
-//! (its exporter is built at start); and the job
+//! `admin_token_env`, `store`, `store_pool_size`, `upstream_ca`, `tls`,
+//! `max_inflight_bytes`, `[tracing]` (its exporter is built at start); and the job
 //! key, so a reload that brings the first `job` route to a server started without one
 //! (and without `ONCELY_SECRET_KEY`) is refused too. Applied:
 //! everything else, `drain_timeout` and the routes' `reconcile` settings (the reconciler
@@ -177,11 +177,12 @@ impl Reloader {
 }
 
 /// The config fields a running server cannot take from a reload.
-pub const FIXED: [&str; 8] = [
+pub const FIXED: [&str; 9] = [
     "listen",
     "admin_listen",
     "admin_token_env",
     "store",
+    "store_pool_size",
     "upstream_ca",
     "tls",
     "max_inflight_bytes",
@@ -194,6 +195,7 @@ fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         old.admin_listen == new.admin_listen,
         old.admin_token_env == new.admin_token_env,
         old.store == new.store,
+        old.store_pool_size == new.store_pool_size,
         old.upstream_ca == new.upstream_ca,
         old.tls == new.tls,
         old.max_inflight_bytes == new.max_inflight_bytes,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use oncely_core::State;
 use oncely_store::redact_url as redact;
-use oncely_store::ListFilter;
+use oncely_store::{ListFilter, StoreOptions};
 
 use super::super::store::open_url;
 use crate::config::Config;
@@ -35,7 +35,8 @@ pub(super) async fn observed_durations(
         },
         (None, None) => return Ok(HashMap::new()),
     };
-    let store = open_url(&url).await?;
+    let options = config.map_or_else(StoreOptions::default, Config::store_options);
+    let store = open_url(&url, options).await?;
     let records = store
         .list(&ListFilter {
             state: Some(State::Completed),

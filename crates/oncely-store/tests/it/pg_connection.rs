@@ -1,0 +1,94 @@
+//! The limits a PostgreSQL store's connections get, against a real server: the pool's
+//! size, the statement timeout (oncely's default, or the URL's
+//! `options=-c statement_timeout=...`), and the application name (`oncely`, or the
+//! URL's `application_name`).
+
+use std::time::{Duration, Instant};
+
+use oncely_core::Class;
+use oncely_store::postgres::PgStore;
+use oncely_store::{Ledger, StoreOptions};
+use oncely_store_conformance::spec;
+use oncely_store_conformance::testing::{fresh_pg_schema, shared_pg_url};
+
+/// `SHOW name` on a pooled connection of `store`.
+async fn setting(store: &PgStore, name: &str) -> String {
+    let client = store.pool().get().await.unwrap();
+    client
+        .query_one(&format!("SHOW {name}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn pooled_connections_get_the_pool_size_a_statement_timeout_and_the_name_oncely() {
+    let url = fresh_pg_schema(&shared_pg_url()).await;
+    let options = StoreOptions {
+        pool_size: 5,
+        ..StoreOptions::default()
+    };
+    let store = PgStore::connect(&url, options).await.unwrap();
+    assert_eq!(store.pool().status().max_size, 5);
+    assert_eq!(setting(&store, "statement_timeout").await, "10s");
+    assert_eq!(setting(&store, "application_name").await, "oncely");
+}
+
+#[tokio::test]
+async fn the_url_sets_the_statement_timeout_and_a_slower_statement_is_cancelled() {
+    let base = fresh_pg_schema(&shared_pg_url()).await;
+    // Beside the schema the URL already sets in `options`.
+    let url = base.replace("options=", "options=-c%20statement_timeout%3D300ms%20")
+        + "&application_name=billing-gateway";
+    let store = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(setting(&store, "statement_timeout").await, "300ms");
+    assert_eq!(setting(&store, "application_name").await, "billing-gateway");
+    let client = store.pool().get().await.unwrap();
+    let started = Instant::now();
+    let err = client.query("SELECT pg_sleep(5)", &[]).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(client);
+    // The other settings of `options` still apply: the store works in its own schema.
+    let claim = store
+        .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+        .await
+        .unwrap();
+    assert!(matches!(claim, oncely_store::Claim::Owned(_)), "{claim:?}");
+    // `0` turns it off.
+    let url = base.replace("options=", "options=-cstatement_timeout%3D0%20");
+    let store = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(setting(&store, "statement_timeout").await, "0");
+}
+
+/// Migrations are not bound by the statement timeout: an instance that starts while
+/// another holds the migration lock (a long migration) waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_waits_for_the_lock_longer_than_the_statement_timeout() {
+    let base = fresh_pg_schema(&shared_pg_url()).await;
+    let url = base.replace("options=", "options=-c%20statement_timeout%3D200ms%20");
+    let (mut locker, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let tx = locker.transaction().await.unwrap();
+    // migrations::migrate's lock ("oncely" in ASCII).
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&0x6f6e_6365_6c79_i64])
+        .await
+        .unwrap();
+    let opening =
+        tokio::spawn(async move { PgStore::connect(&url, StoreOptions::default()).await });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!opening.is_finished(), "it waits for the lock");
+    tx.commit().await.unwrap();
+    let store = opening.await.unwrap().unwrap();
+    assert_eq!(setting(&store, "statement_timeout").await, "200ms");
+}
