@@ -316,6 +316,14 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Reads up to [`MAX_ANSWER`] of an answer and drops it, so that its connection can be
+/// used again. A combinator, boxed: an `async` block that collects a boxed-error body
+/// cannot be proven `Send` for every lifetime of the error type (rust-lang/rust#64552).
+fn drain(body: oncely_tower::BoxBody) -> futures::future::BoxFuture<'static, ()> {
+    use futures::FutureExt as _;
+    Box::pin(Limited::new(body, MAX_ANSWER).collect().map(|_| ()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,12 +366,4 @@ mod tests {
             status::StatusCode::Error as i32
         );
     }
-}
-
-/// Reads up to [`MAX_ANSWER`] of an answer and drops it, so that its connection can be
-/// used again. A combinator, boxed: an `async` block that collects a boxed-error body
-/// cannot be proven `Send` for every lifetime of the error type (rust-lang/rust#64552).
-fn drain(body: oncely_tower::BoxBody) -> futures::future::BoxFuture<'static, ()> {
-    use futures::FutureExt as _;
-    Box::pin(Limited::new(body, MAX_ANSWER).collect().map(|_| ()))
 }
