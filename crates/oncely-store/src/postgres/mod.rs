@@ -19,13 +19,16 @@
 //! - `wait_for` counts itself in the row's `waiting` column; a transition out of
 //!   `processing` sends `NOTIFY` only when that count is above zero, and the listener
 //!   of every instance (`listener`) wakes its local waiters.
-//! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`].
+//! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`],
+//!   which first refuses a server that does not take writes (a standby reached without
+//!   `target_session_attrs=read-write`), in one line that says what to change.
 //!
 //! Connections are plain TCP (no TLS): run PostgreSQL on a private network or through a
 //! local proxy.
 //!
 //! The parts: `connection` (the only one that knows how a connection is made: the URL,
-//! the pool, the listener's own connection), `store` (the [`PgStore`] handle and its
+//! the pool, the listener's own connection), `server` (the server reached must take
+//! writes: a standby is refused), `store` (the [`PgStore`] handle and its
 //! statement helpers), `rows` and `sql` (records as rows, and the statements),
 //! [`migrations`] (the schema), the traits' impls `ledger` (with `batch`, the grouped
 //! claims and completions), `waiting` (with `listener`, LISTEN/NOTIFY), `queue` (with
@@ -46,6 +49,7 @@ pub mod migrations;
 mod queue;
 mod reconcile;
 mod rows;
+mod server;
 mod sql;
 mod store;
 mod waiting;

@@ -28,6 +28,7 @@ mod mcp_tasks;
 mod mcp_upstream;
 mod openapi;
 mod packaging;
+mod pg_failover;
 mod process;
 mod proxy;
 mod reconcile;
