@@ -21,7 +21,8 @@
 //!   of every instance (`listener`) wakes its local waiters.
 //! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`],
 //!   which first refuses a server that does not take writes (a standby reached without
-//!   `target_session_attrs=read-write`), in one line that says what to change.
+//!   `target_session_attrs=read-write`) and a session that notifications do not reach (a
+//!   pooler in transaction mode), each in one line that says what to change.
 //!
 //! Connections are plain TCP (no TLS): run PostgreSQL on a private network or through a
 //! local proxy.

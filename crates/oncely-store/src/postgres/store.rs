@@ -76,19 +76,28 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    /// Connects to `url` (`postgres://USER[:PASS]@HOST[:PORT]/DB[?options=...]`), applies
-    /// pending migrations, and starts listening for wake-ups. A server that does not take
-    /// writes (a standby) is refused first with [`StoreError::Config`](crate::StoreError::Config).
+    /// Connects to `url` (`postgres://USER[:PASS]@HOST[:PORT]/DB[?options=...]`), starts
+    /// listening for wake-ups, and applies pending migrations. A server that does not take
+    /// writes (a standby), or a session whose notifications do not reach the listener (a
+    /// pooler in transaction mode), is refused first with [`StoreError::Config`](crate::StoreError::Config).
     pub async fn connect(url: &str, options: StoreOptions) -> Result<PgStore> {
         let connector = Connector::parse(url)?;
         let pool = connector.pool(options.pool_size)?;
         {
-            let mut client = checkout(&pool).await?;
+            let client = checkout(&pool).await?;
             server::refuse_read_only(&client).await?;
-            migrations::migrate(&mut client).await?;
         }
         let waiters = Arc::new(Waiters::default());
         let listener = listener::start(connector, waiters.clone()).await?;
+        let ready = async {
+            listener::check_delivery(&pool, &waiters).await?;
+            let mut client = checkout(&pool).await?;
+            migrations::migrate(&mut client).await
+        };
+        if let Err(e) = ready.await {
+            listener.abort();
+            return Err(e);
+        }
         if server::several_hosts_without_read_write(url) {
             tracing::warn!(
                 "the store URL lists several hosts without target_session_attrs=read-write: \

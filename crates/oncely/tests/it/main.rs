@@ -29,6 +29,7 @@ mod mcp_upstream;
 mod openapi;
 mod packaging;
 mod pg_failover;
+mod pg_pooler;
 mod process;
 mod proxy;
 mod reconcile;
