@@ -16,6 +16,11 @@
 //! - Every time comes from the database's clock (`clock_timestamp()`), plus the offset of
 //!   the store's [`Clock`](crate::Clock) (zero outside tests), so that instances with
 //!   skewed clocks agree on leases and windows.
+//! - A lease counts as lapsed only once the server has been the primary it is now for a
+//!   whole lease: since its postmaster started (a restart), or since this database was
+//!   first seen on its WAL timeline (a promoted standby), whichever is later, so that an
+//!   owner that could not renew while the database was away renews before anyone takes
+//!   its record or task over.
 //! - `wait_for` counts itself in the row's `waiting` column; a transition out of
 //!   `processing` sends `NOTIFY` only when that count is above zero, and the listener
 //!   of every instance (`listener`) wakes its local waiters.

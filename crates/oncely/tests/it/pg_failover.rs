@@ -6,6 +6,8 @@
 //!   twice, every caller answered 2xx for one intention got the same body, each replays
 //!   afterwards, new requests in the outage get 503 `store_unavailable` at once, and both
 //!   gateways (pool and LISTEN connection) move to the new primary without a restart;
+//! - a failover longer than a route's lease lets no other gateway take a live owner's
+//!   record over as soon as the standby is promoted (the owner renews first);
 //! - with `target_session_attrs=read-write`, a standby or a host that is down listed
 //!   first is passed over for the primary;
 //! - without it (libpq's default `any`), a URL whose first host is a standby is refused
@@ -477,4 +479,47 @@ async fn without_target_session_attrs_a_standby_first_is_refused_and_a_failover_
     assert_eq!(replay.header("oncely-status"), "replayed");
     assert_eq!(replay.body, first.body);
     assert_eq!(up.total(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_longer_than_the_lease_lets_no_other_gateway_take_a_live_owners_record() {
+    let cluster = cluster().await;
+    let url = cluster.url(
+        &[cluster.port(0), cluster.port(1)],
+        "target_session_attrs=read-write",
+    );
+    migrate(&url);
+    let up = Renders::start(Duration::from_secs(7)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("oncely.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "upstream = \"{}\"\nstore = \"{url}\"\n\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/render\"\nclass = \"write\"\nkey = \"fingerprint\"\n\
+             lease = \"2s\"\nwait = \"20s\"\n",
+            up.url
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let a = Gateway::start(&["--config", &config], &[]);
+    let b = Gateway::start(&["--config", &config], &[]);
+    let url_a = a.url("/v1/render");
+    let original = tokio::spawn(async move { http_post(&url_a, "a long call", &AUTH).await });
+    up.until_begun(1).await;
+    // The primary is lost for twice the lease: the owner cannot renew meanwhile.
+    on_cluster(&cluster, PgCluster::kill_primary).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    on_cluster(&cluster, PgCluster::promote).await;
+    // A duplicate right after the promotion finds the owner's lease lapsed by the
+    // database's clock; the owner is alive, and renews as soon as it can.
+    let dup = http_post(&b.url("/v1/render"), "a long call", &AUTH).await;
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(original.header("oncely-status"), "fresh");
+    assert_eq!(up.runs("a long call"), 1, "the live owner's call ran again");
+    assert_eq!(dup.status, 200, "{}", dup.text());
+    assert_eq!(dup.header("oncely-status"), "joined");
+    assert_eq!(dup.body, original.body);
 }
