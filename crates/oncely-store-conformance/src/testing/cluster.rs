@@ -140,6 +140,18 @@ impl PgCluster {
         }
     }
 
+    /// Stops the primary (`pg_ctl stop -m fast`; its data and role stay), as a restart
+    /// that is not a failover begins.
+    pub fn stop_primary(&self) {
+        self.pg_ctl(self.primary(), &["-m", "fast", "stop"]);
+    }
+
+    /// Starts a [`PgCluster::stop_primary`]ped primary again on its port; its standby
+    /// reconnects by itself.
+    pub fn start_primary(&self) {
+        self.pg_ctl(self.primary(), &["-t", "60", "start"]);
+    }
+
     /// Promotes the standby (`pg_ctl promote`, waiting until it takes writes): it is the
     /// primary from now on, with no standby of its own (so no synchronous replication).
     pub fn promote(&self) {
