@@ -1,5 +1,7 @@
 //! Test support shared by every crate's integration tests: a real
-//! PostgreSQL server for the tests, and a fresh schema per test on it.
+//! PostgreSQL server for the tests, and a fresh schema (or database) per test on it; a
+//! primary with a synchronous streaming standby, for failovers ([`PgCluster`]); and
+//! PgBouncer in front of a server ([`PgBouncer`]).
 //!
 //! The shared server is `ONCELY_TEST_PG_URL` (set by `scripts/test`, which starts a
 //! throwaway one). Without it, on CI (`CI` set) asking for it fails the test; elsewhere
@@ -9,6 +11,12 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
+
+mod bouncer;
+mod cluster;
+
+pub use bouncer::{PgBouncer, PoolMode};
+pub use cluster::PgCluster;
 
 /// A throwaway PostgreSQL server started by `scripts/pg-env serve`; stopped and removed
 /// when dropped (the script stops it when its standard input closes).
@@ -95,14 +103,7 @@ impl PgServer {
 
     /// Runs `pg_ctl ARGS` on this server's data directory as the server's user.
     fn pg_ctl(&self, args: &[&str]) {
-        let pg_ctl = format!("{}/pg_ctl", self.bin);
-        let mut cmd = if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", &pg_ctl]);
-            c
-        } else {
-            Command::new(&pg_ctl)
-        };
+        let mut cmd = as_server_user(&format!("{}/pg_ctl", self.bin));
         let log = format!("{}/../server.log", self.data);
         let status = cmd
             .args(["-D", &self.data, "-l", &log, "-w"])
@@ -127,6 +128,40 @@ fn is_root() -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
         .unwrap_or(false)
+}
+
+/// `program` run as the servers' user: `postgres` when the tests run as root (initdb,
+/// the server and PgBouncer refuse root), else the current user.
+fn as_server_user(program: &str) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", program]);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// A new directory for a server's files, which the servers' user owns.
+fn server_dir(prefix: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).expect("create a server directory");
+    if is_root() {
+        let status = Command::new("chown")
+            .args(["postgres:", &dir.display().to_string()])
+            .status()
+            .expect("run chown");
+        assert!(status.success(), "chown postgres: {}", dir.display());
+    }
+    dir
 }
 
 /// The shared test server's URL (see the module docs).
@@ -156,6 +191,22 @@ pub fn shared_pg_url() -> String {
         url
     })
     .clone()
+}
+
+/// The name of a new, empty database on the server at `base` (for poolers, which do not
+/// pass a URL's `options` on, so that [`fresh_pg_schema`] cannot serve them: see
+/// [`PgBouncer::url`]).
+pub async fn fresh_pg_database(base: &str) -> String {
+    let (client, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
+    tokio::spawn(connection);
+    let name = format!("t_{}", uuid::Uuid::now_v7().simple());
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create a test database");
+    name
 }
 
 /// A URL on a new, empty schema of the server at `base` (`search_path` in the URL), so

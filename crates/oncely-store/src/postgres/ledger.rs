@@ -24,7 +24,7 @@ use tokio_postgres::types::ToSql;
 use super::batch::{Claimed, Completed};
 use super::error::{corrupt, unavailable};
 use super::rows::{attempt_param, millis, record_from_row, ResponseColumns};
-use super::sql::{NOW, SQL};
+use super::sql::SQL;
 use super::store::PgStore;
 use crate::replays::Now;
 use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
@@ -292,11 +292,12 @@ impl Ledger for PgStore {
         owner: &str,
         lease: Duration,
     ) -> Result<TakeOverOutcome> {
-        // A lease counts as lapsed only once the server has been up for a whole lease: an
-        // owner that could not renew while the database was down is alive, and is given
-        // one lease after a restart to renew before anyone takes its record over.
+        // A lease counts as lapsed only once the server has been the primary it is now for
+        // a whole lease (`UP`): an owner that could not renew while the database was down,
+        // or while a standby was being promoted, is alive, and is given one lease after a
+        // restart or a failover to renew before anyone takes its record over.
         let up: i64 = self
-            .query_opt(NOW, &[&self.offset()])
+            .query_opt(&SQL.up, &[&self.offset()])
             .await?
             .map(|row| row.try_get("up"))
             .transpose()

@@ -3,17 +3,24 @@
 //!
 //! If the connection drops, notifications sent meanwhile are lost; so after every
 //! reconnect the listener wakes every local waiter, and each re-reads its record.
+//!
+//! A new store checks that notifications reach its listener at all ([`check_delivery`]):
+//! a pooler that does not keep a session per client (PgBouncer in transaction or
+//! statement mode) takes the `LISTEN` and then hands its server connection to others,
+//! so nothing would ever wake a waiter of another instance (and named prepared
+//! statements, which every statement of the store is, would land on the wrong session).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use deadpool_postgres::Pool;
 use futures::StreamExt;
 use oncely_core::RecordId;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client};
 
-use super::connection::Connector;
+use super::connection::{checkout, Connector};
 use super::error::unavailable;
 use crate::waiters::Waiters;
 use crate::{Result, StoreError};
@@ -23,6 +30,44 @@ pub(super) const CHANNEL: &str = "oncely_records";
 
 /// How often the idle listener checks that its connection still answers.
 const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// How long [`check_delivery`] waits for each of its notifications (a new one each time):
+/// a notification arrives in milliseconds, the longer waits are for a loaded server.
+const PROBE_WAITS: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+];
+
+/// Sends a notification of its own through the pool and waits until the listener, which
+/// [`start`] started, hears it: [`StoreError::Config`] when it never does.
+pub(super) async fn check_delivery(pool: &Pool, waiters: &Waiters) -> Result<()> {
+    let probe = RecordId(format!("probe_{}", uuid::Uuid::now_v7().simple()));
+    let sub = waiters.subscribe(&probe);
+    for wait in PROBE_WAITS {
+        let notified = sub.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The simple protocol: no prepared statement, which a transaction pooler would
+        // lose between two messages.
+        let client = checkout(pool).await?;
+        client
+            .batch_execute(&format!("NOTIFY {CHANNEL}, '{}'", probe.0))
+            .await
+            .map_err(unavailable)?;
+        drop(client);
+        if tokio::time::timeout(wait, notified).await.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(StoreError::Config(
+        "PostgreSQL notifications do not reach oncely's listening session: a connection \
+         pooler in transaction or statement mode does not keep the session oncely needs \
+         (LISTEN/NOTIFY, prepared statements); use PgBouncer with pool_mode = session, or \
+         connect to PostgreSQL directly"
+            .into(),
+    ))
+}
 
 /// Starts the listener; returns once it listens (or the first connection failed).
 pub(super) async fn start(connector: Connector, waiters: Arc<Waiters>) -> Result<JoinHandle<()>> {

@@ -128,6 +128,23 @@ CREATE INDEX repeat_events_principal ON repeat_events (principal, at);
 CREATE INDEX repeat_events_expires ON repeat_events (expires_at);
 "#,
     },
+    Migration {
+        version: 5,
+        name: "timelines (a lease lapses only once the primary has been up for it)",
+        sql: r#"
+-- When this database was first seen taking writes on each WAL timeline of its server
+-- (ms, the database's clock plus the store clock's offset): a promoted standby starts a
+-- new timeline, and a lease counts as lapsed only once the server has been the primary
+-- for a whole lease (postgres::sql::UP). The timeline the schema is created on counts as
+-- old as the server.
+CREATE TABLE timelines (
+    timeline text PRIMARY KEY,
+    since    bigint NOT NULL
+);
+INSERT INTO timelines (timeline, since)
+VALUES (substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 0);
+"#,
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("oncely" in ASCII).

@@ -16,16 +16,25 @@
 //! - Every time comes from the database's clock (`clock_timestamp()`), plus the offset of
 //!   the store's [`Clock`](crate::Clock) (zero outside tests), so that instances with
 //!   skewed clocks agree on leases and windows.
+//! - A lease counts as lapsed only once the server has been the primary it is now for a
+//!   whole lease: since its postmaster started (a restart), or since this database was
+//!   first seen on its WAL timeline (a promoted standby), whichever is later, so that an
+//!   owner that could not renew while the database was away renews before anyone takes
+//!   its record or task over.
 //! - `wait_for` counts itself in the row's `waiting` column; a transition out of
 //!   `processing` sends `NOTIFY` only when that count is above zero, and the listener
 //!   of every instance (`listener`) wakes its local waiters.
-//! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`].
+//! - Schema changes are the versioned [`migrations`], applied by [`PgStore::connect`],
+//!   which first refuses a server that does not take writes (a standby reached without
+//!   `target_session_attrs=read-write`) and a session that notifications do not reach (a
+//!   pooler in transaction mode), each in one line that says what to change.
 //!
 //! Connections use TLS as libpq's `sslmode` says (`prefer` by default; `verify-full`
 //! checks the certificate and the host), with rustls; see `connection`.
 //!
 //! The parts: `connection` (the only one that knows how a connection is made: the URL
-//! and its libpq parameters, TLS, the pool, the listener's own connection), `store` (the [`PgStore`] handle and its
+//! and its libpq parameters, TLS, the pool, the listener's own connection), `server` (the
+//! server reached must take writes: a standby is refused), `store` (the [`PgStore`] handle and its
 //! statement helpers), `rows` and `sql` (records as rows, and the statements),
 //! [`migrations`] (the schema), the traits' impls `ledger` (with `batch`, the grouped
 //! claims and completions), `waiting` (with `listener`, LISTEN/NOTIFY), `queue` (with
@@ -46,6 +55,7 @@ pub mod migrations;
 mod queue;
 mod reconcile;
 mod rows;
+mod server;
 mod sql;
 mod store;
 mod waiting;

@@ -18,7 +18,7 @@ use oncely_core::{ClaimSpec, Completion, Timestamp};
 use tokio_postgres::Row;
 
 use super::error::{corrupt, unavailable};
-use super::sql::NOW;
+use super::sql::{NOW, UP};
 use super::store::PgStore;
 use crate::queue::{headers_from_json, LAPSED_ON_LAST_ATTEMPT};
 use crate::{
@@ -85,12 +85,12 @@ pub(super) fn ms(d: Duration) -> i64 {
 /// task that lapsed on its last attempt and is dead instead).
 static LEASE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH t AS ({NOW}),
+        "WITH t AS ({NOW}), {UP},
          due AS (
-             SELECT k.id FROM tasks k, t
+             SELECT k.id FROM tasks k, t, up u
              WHERE k.kind = $2 AND ((k.state = 'pending' AND k.next_at <= t.now)
                 OR (k.state = 'running' AND k.lease_until <= t.now
-                    AND t.up >= k.lease_until - k.updated_at))
+                    AND u.up >= k.lease_until - k.updated_at))
              ORDER BY CASE WHEN k.state = 'running' THEN k.lease_until ELSE k.next_at END, k.id
              LIMIT $3
              FOR UPDATE OF k SKIP LOCKED)

@@ -8,12 +8,36 @@ use std::sync::LazyLock;
 use super::listener::CHANNEL;
 use super::rows::{cols, COLUMNS};
 
-/// The database's time in ms since the epoch, plus the offset in `$1`, and how long the
-/// server has been up, in ms, plus the same offset (`up`: a test clock's steps count as
-/// time the server was up).
+/// The database's time in ms since the epoch, plus the offset in `$1`.
 pub(super) const NOW: &str =
-    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now, \
-     (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint + $1::bigint AS up";
+    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now";
+
+/// Common table expressions that end in `up`, one row whose `up` says how long, in ms
+/// plus the offset in `$1` (a test clock's steps count as time up), the server has been
+/// the primary it is now: since its postmaster started, or since this database was first
+/// seen on the server's current WAL timeline, whichever is later. A lease counts as
+/// lapsed only once `up` covers a whole lease, so that an owner that could not renew
+/// while the database was away is given a lease to renew before anyone takes over.
+///
+/// A restart keeps the timeline and starts the postmaster again; a promoted standby
+/// keeps its postmaster (started long before) and starts a new timeline. The first
+/// statement with these expressions on a new timeline records when it saw it
+/// (`timelines`), so the outage before a promotion does not count as time up either.
+/// One that meets a concurrent first sighting counts `up` as zero.
+pub(super) const UP: &str = "\
+    tl AS (SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS timeline,
+                  (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now),
+    seen AS (INSERT INTO timelines (timeline, since)
+             SELECT tl.timeline, tl.now FROM tl
+             WHERE NOT EXISTS (SELECT 1 FROM timelines s WHERE s.timeline = tl.timeline)
+             ON CONFLICT (timeline) DO NOTHING
+             RETURNING since),
+    up AS (SELECT tl.now - greatest(
+                      (extract(epoch FROM pg_postmaster_start_time()) * 1000)::bigint,
+                      coalesce((SELECT since FROM seen),
+                               (SELECT s.since FROM timelines s WHERE s.timeline = tl.timeline),
+                               tl.now)) AS up
+           FROM tl)";
 
 /// Every statement the store runs, built once.
 pub(super) struct Statements {
@@ -40,6 +64,7 @@ pub(super) struct Statements {
     pub(super) purge_repeats: String,
     pub(super) usage: String,
     pub(super) now: String,
+    pub(super) up: String,
 }
 
 /// A fenced owner transition that sets `set` and sends NOTIFY when someone waits.
@@ -211,4 +236,5 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
             GROUP BY principal"
         .into(),
     now: NOW.to_string(),
+    up: format!("WITH {UP} SELECT up FROM up"),
 });

@@ -13,7 +13,7 @@ use tokio_postgres::Row;
 use super::batch::Batcher;
 use super::connection::{checkout, Connector};
 use super::error::unavailable;
-use super::{listener, migrations};
+use super::{listener, migrations, server};
 use crate::replays::{Limits, ReplayCache};
 use crate::waiters::Waiters;
 use crate::{Clock, Result, StoreOptions};
@@ -76,17 +76,36 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    /// Connects to `url` (`postgres://USER[:PASS]@HOST[:PORT]/DB[?options=...]`), applies
-    /// pending migrations, and starts listening for wake-ups.
+    /// Connects to `url` (`postgres://USER[:PASS]@HOST[:PORT]/DB[?options=...]`), starts
+    /// listening for wake-ups, and applies pending migrations. A server that does not take
+    /// writes (a standby), or a session whose notifications do not reach the listener (a
+    /// pooler in transaction mode), is refused first with [`StoreError::Config`](crate::StoreError::Config).
     pub async fn connect(url: &str, options: StoreOptions) -> Result<PgStore> {
         let connector = Connector::parse(url)?;
         let pool = connector.pool(options.pool_size)?;
         {
-            let mut client = checkout(&pool).await?;
-            migrations::migrate(&mut client).await?;
+            let client = checkout(&pool).await?;
+            server::refuse_read_only(&client).await?;
         }
         let waiters = Arc::new(Waiters::default());
         let listener = listener::start(connector, waiters.clone()).await?;
+        let ready = async {
+            listener::check_delivery(&pool, &waiters).await?;
+            let mut client = checkout(&pool).await?;
+            migrations::migrate(&mut client).await
+        };
+        if let Err(e) = ready.await {
+            listener.abort();
+            return Err(e);
+        }
+        if server::several_hosts_without_read_write(url) {
+            tracing::warn!(
+                "the store URL lists several hosts without target_session_attrs=read-write: \
+                 a new connection goes to the first host that answers, which after a \
+                 failover may be a standby (guarded requests then get 503 until it is \
+                 promoted); add target_session_attrs=read-write"
+            );
+        }
         // Fewer statements in flight than connections make bigger groups: measured best
         // at a quarter of the pool (16 connections: 4 claim statements at a time).
         let batcher = Batcher::start(pool.clone(), (options.pool_size / 4).max(1));

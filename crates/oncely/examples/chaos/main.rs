@@ -1,6 +1,7 @@
 //! The chaos run: the real `oncely` binary under faults (SIGKILL and restart, a fault proxy
-//! before the upstream, stalled callers, SQLite write locks, PostgreSQL restarts, clock
-//! steps), with agents retrying many intentions, then a check of the whole history.
+//! before the upstream, stalled callers, SQLite write locks, PostgreSQL restarts and
+//! failovers, clock steps), with agents retrying many intentions, then a check of the
+//! whole history.
 //! Loopback only; stops by itself.
 //!
 //! Run with: `scripts/chaos --minutes 10 --seed 7`

@@ -1,5 +1,6 @@
 //! The short chaos run, with a fixed seed: the real binary (one instance on SQLite, then two
-//! on one PostgreSQL of its own) under SIGKILLs and restarts and a fault proxy before the
+//! on one PostgreSQL of its own, a primary with a synchronous standby) under SIGKILLs and
+//! restarts, PostgreSQL restarts and failovers, and a fault proxy before the
 //! upstream (delays, resets before and after sending, slow and stalled answers), with
 //! agents retrying many write, action, job and webhook intentions; the history checker
 //! must find nothing. The harness is `examples/chaos/harness`; the long run is
@@ -16,7 +17,7 @@ use std::time::Duration;
 use harness::{Fault, Options};
 
 /// The fault kinds the short run injects.
-const SHORT_RUN_FAULTS: [Fault; 10] = [
+const SHORT_RUN_FAULTS: [Fault; 11] = [
     Fault::Kill,
     Fault::ProxyDelay,
     Fault::ProxyResetBefore,
@@ -26,6 +27,7 @@ const SHORT_RUN_FAULTS: [Fault; 10] = [
     Fault::StalledCaller,
     Fault::SqliteLock,
     Fault::PgRestart,
+    Fault::PgFailover,
     Fault::ClockStep,
 ];
 

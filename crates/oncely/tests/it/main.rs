@@ -28,6 +28,8 @@ mod mcp_tasks;
 mod mcp_upstream;
 mod openapi;
 mod packaging;
+mod pg_failover;
+mod pg_pooler;
 mod pg_tls;
 mod process;
 mod proxy;

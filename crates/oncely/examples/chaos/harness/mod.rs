@@ -1,5 +1,6 @@
 //! The chaos harness: runs the real `oncely` binary (one instance on a SQLite ledger, then
-//! two instances on one PostgreSQL database) against a recording upstream behind a fault
+//! two instances on one PostgreSQL database, a primary with a synchronous standby when
+//! failovers are injected: see `pg`) against a recording upstream behind a fault
 //! proxy, with agents that retry many intentions concurrently, injects faults at seeded
 //! random points, lets the run settle, and checks the history (see `check`).
 //!
@@ -10,6 +11,7 @@ mod agents;
 mod check;
 mod gateway;
 mod journal;
+mod pg;
 mod proxy;
 mod upstream;
 
@@ -20,7 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncely_store_conformance::testing::PgServer;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -29,6 +30,7 @@ pub(crate) use check::PhaseReport;
 
 use agents::Callers;
 use gateway::{Instances, Launch, Timing};
+use pg::Pg;
 use proxy::{Proxy, ProxyFault};
 
 /// A kind of fault.
@@ -47,12 +49,15 @@ pub(crate) enum Fault {
     SqliteLock,
     /// PostgreSQL stopped, then started again.
     PgRestart,
+    /// The PostgreSQL primary SIGKILLed and its synchronous standby promoted (then a new
+    /// standby made of the dead node).
+    PgFailover,
     /// The gateways' wall clock steps (libfaketime).
     ClockStep,
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 10] = [
+    pub(crate) const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::ProxyDelay,
         Fault::ProxyResetBefore,
@@ -62,6 +67,7 @@ impl Fault {
         Fault::StalledCaller,
         Fault::SqliteLock,
         Fault::PgRestart,
+        Fault::PgFailover,
         Fault::ClockStep,
     ];
 
@@ -76,6 +82,7 @@ impl Fault {
             Fault::StalledCaller => "stalled-caller",
             Fault::SqliteLock => "sqlite-lock",
             Fault::PgRestart => "pg-restart",
+            Fault::PgFailover => "pg-failover",
             Fault::ClockStep => "clock-step",
         }
     }
@@ -87,7 +94,7 @@ impl Fault {
     fn applies_to(self, store: StoreKind) -> bool {
         match self {
             Fault::SqliteLock => store == StoreKind::Sqlite,
-            Fault::PgRestart => store == StoreKind::Postgres,
+            Fault::PgRestart | Fault::PgFailover => store == StoreKind::Postgres,
             _ => true,
         }
     }
@@ -237,7 +244,9 @@ pub(crate) fn run(options: &Options) -> Report {
 struct Target {
     callers: Callers,
     proxy: Proxy,
-    pg: Option<Arc<PgServer>>,
+    pg: Option<Arc<Pg>>,
+    /// Held by a PostgreSQL restart or failover: one waits for the other to end.
+    pg_faults: tokio::sync::Mutex<()>,
     ledger: PathBuf,
     clock_file: PathBuf,
     timing: Timing,
@@ -257,16 +266,19 @@ async fn phase(
     let up = upstream::start(journal.clone()).await;
     let proxy = Proxy::start(up, journal.clone()).await;
     let pg = match store {
-        StoreKind::Postgres => Some(Arc::new(
-            tokio::task::spawn_blocking(PgServer::start)
-                .await
-                .expect("PostgreSQL starts"),
-        )),
+        StoreKind::Postgres => {
+            let failovers = options.faults.contains(&Fault::PgFailover);
+            Some(Arc::new(
+                tokio::task::spawn_blocking(move || Pg::start(failovers))
+                    .await
+                    .expect("PostgreSQL starts"),
+            ))
+        }
         StoreKind::Sqlite => None,
     };
     let ledger = dir.join("ledger.db");
     let store_url = match &pg {
-        Some(pg) => pg.url.clone(),
+        Some(pg) => pg.url(),
         None => format!("sqlite://{}", ledger.display()),
     };
     let timing = Timing {
@@ -337,6 +349,7 @@ async fn phase(
         callers: callers.clone(),
         proxy: proxy.clone(),
         pg: pg.clone(),
+        pg_faults: tokio::sync::Mutex::new(()),
         ledger,
         clock_file,
         timing,
@@ -468,7 +481,11 @@ async fn inject_until(
         let kind = *kinds.choose(&mut rng).expect("some kinds");
         let slow_kind = matches!(
             kind,
-            Fault::Kill | Fault::SqliteLock | Fault::PgRestart | Fault::StalledCaller
+            Fault::Kill
+                | Fault::SqliteLock
+                | Fault::PgRestart
+                | Fault::PgFailover
+                | Fault::StalledCaller
         );
         if slow_kind && busy[&kind].swap(true, Ordering::SeqCst) {
             continue;
@@ -540,6 +557,7 @@ async fn inject(t: &Target, kind: Fault, mut rng: StdRng) {
         }
         Fault::PgRestart => {
             let Some(pg) = t.pg.clone() else { return };
+            let _one_at_a_time = t.pg_faults.lock().await;
             let down = ms(&mut rng, 500, 4000);
             journal.fault(
                 Fault::PgRestart,
@@ -550,6 +568,17 @@ async fn inject(t: &Target, kind: Fault, mut rng: StdRng) {
             let _ = tokio::task::spawn_blocking(move || p.stop()).await;
             tokio::time::sleep(down).await;
             let _ = tokio::task::spawn_blocking(move || pg.start_again()).await;
+        }
+        Fault::PgFailover => {
+            let Some(pg) = t.pg.clone() else { return };
+            let _one_at_a_time = t.pg_faults.lock().await;
+            let down = ms(&mut rng, 300, 3000);
+            journal.fault(
+                Fault::PgFailover,
+                None,
+                format!("primary SIGKILLed, its standby promoted after {down:?}"),
+            );
+            let _ = tokio::task::spawn_blocking(move || pg.fail_over(down)).await;
         }
         Fault::ClockStep => {
             let now: i64 = std::fs::read_to_string(&t.clock_file)
