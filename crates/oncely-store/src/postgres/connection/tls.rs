@@ -57,9 +57,12 @@ impl MakeRustls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let algorithms = provider.signature_verification_algorithms;
         let verifier: Arc<dyn ServerCertVerifier> = match params.check() {
-            Check::Nothing => Arc::new(AnyCertificate { algorithms }),
-            Check::Chain => Arc::new(ChainOnly {
-                roots: Arc::new(root_store(params.roots())?),
+            Check::Nothing => Arc::new(NoName {
+                roots: None,
+                algorithms,
+            }),
+            Check::Chain => Arc::new(NoName {
+                roots: Some(Arc::new(root_store(params.roots())?)),
                 algorithms,
             }),
             Check::ChainAndHost => WebPkiServerVerifier::builder_with_provider(
@@ -169,57 +172,17 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, StoreError> {
         })
 }
 
-/// `prefer` and `require` without a root certificate file: any certificate is taken
-/// (libpq's behaviour), but the handshake's signatures are still checked.
+/// A verifier that never checks the name: with `roots`, the chain to a trusted CA
+/// (`verify-ca`, and `require` with a root certificate file); without, any certificate
+/// (`prefer` and `require` without one: libpq's behaviour). The handshake's signatures
+/// are checked either way.
 #[derive(Debug)]
-struct AnyCertificate {
+struct NoName {
+    roots: Option<Arc<RootCertStore>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-/// `verify-ca` (and `require` with a root certificate file): the chain to a trusted CA,
-/// not the name.
-#[derive(Debug)]
-struct ChainOnly {
-    roots: Arc<RootCertStore>,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NoName {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -228,14 +191,16 @@ impl ServerCertVerifier for ChainOnly {
         _: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
