@@ -88,6 +88,7 @@ impl PgStore {
             server::refuse_read_only(&client).await?;
         }
         let waiters = Arc::new(Waiters::default());
+        let several_hosts_without_read_write = connector.several_hosts_without_read_write();
         let listener = listener::start(connector, waiters.clone()).await?;
         let ready = async {
             listener::check_delivery(&pool, &waiters).await?;
@@ -98,7 +99,7 @@ impl PgStore {
             listener.abort();
             return Err(e);
         }
-        if server::several_hosts_without_read_write(url) {
+        if several_hosts_without_read_write {
             tracing::warn!(
                 "the store URL lists several hosts without target_session_attrs=read-write: \
                  a new connection goes to the first host that answers, which after a \

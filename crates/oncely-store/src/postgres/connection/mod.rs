@@ -87,6 +87,20 @@ impl Connector {
         })
     }
 
+    /// Whether the URL lists several hosts without `target_session_attrs=read-write`: a
+    /// new connection then goes to the first host that answers, which after a failover
+    /// may be a standby.
+    pub(super) fn several_hosts_without_read_write(&self) -> bool {
+        let hosts = self
+            .config
+            .get_hosts()
+            .len()
+            .max(self.config.get_hostaddrs().len());
+        hosts > 1
+            && self.config.get_target_session_attrs()
+                != tokio_postgres::config::TargetSessionAttrs::ReadWrite
+    }
+
     /// How long opening one connection may take: `connect_timeout` for each host it may
     /// try (as libpq's is), TLS and authentication included.
     fn open_timeout(&self) -> Duration {
@@ -198,6 +212,31 @@ mod tests {
 
     fn connector(url: &str) -> Connector {
         Connector::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    #[test]
+    fn several_hosts_without_read_write_is_told_apart() {
+        for (url, warn) in [
+            ("postgres://u@a:1,b:2/db", true),
+            ("postgres://u@a:1,b:2/db?target_session_attrs=any", true),
+            ("postgres://u@a:1,b:2/db?application_name=x", true),
+            ("postgres://u:p,w@a:1/db", false),
+            ("postgres://u@a:1/db", false),
+            (
+                "postgres://u@a:1,b:2/db?target_session_attrs=read-write",
+                false,
+            ),
+            (
+                "postgresql://u@a,b/db?connect_timeout=2&target_session_attrs=read-write",
+                false,
+            ),
+        ] {
+            assert_eq!(
+                connector(url).several_hosts_without_read_write(),
+                warn,
+                "{url}"
+            );
+        }
     }
 
     #[test]
