@@ -92,3 +92,48 @@ async fn a_migration_waits_for_the_lock_longer_than_the_statement_timeout() {
     let store = opening.await.unwrap().unwrap();
     assert_eq!(setting(&store, "statement_timeout").await, "200ms");
 }
+
+/// A ledger made by the schema before migration 5 (no `timelines`) is upgraded when a
+/// newer oncely opens it, and keeps its records.
+#[tokio::test]
+async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
+    let url = fresh_pg_schema(&shared_pg_url()).await;
+    let store = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    let first = spec("alice", "k1", "{}", Class::Write, "a");
+    store.claim(&first).await.unwrap();
+    drop(store);
+    // Back to version 4, as the previous oncely left it.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("DROP TABLE timelines; DELETE FROM schema_migrations WHERE version = 5")
+        .await
+        .unwrap();
+
+    let store = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    let kept = store.lookup(&first.scope, &first.key).await.unwrap();
+    assert!(kept.is_some(), "the record made before the upgrade is kept");
+    let versions: Vec<i32> = client
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    let timelines: i64 = client
+        .query_one("SELECT count(*) FROM timelines", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(timelines, 1, "the current timeline is recorded");
+}
