@@ -229,12 +229,38 @@ fn run(
 }
 
 /// `fdatasync` of the WAL file (opened on first use: it exists once the writer has
-/// committed in WAL mode).
+/// committed in WAL mode), after checking that the file held open is still the one at
+/// the WAL's path. A WAL removed or replaced from under the store (a careless clean-up,
+/// a failing disk remounted) would otherwise sync fine: SQLite goes on writing to the
+/// unlinked file, and what it holds is gone at the next open, so that is a failed sync
+/// too. The check is one `stat` per sync, not per write.
 fn sync(wal: &Path, file: &mut Option<File>) -> std::io::Result<()> {
-    if file.is_none() {
-        *file = Some(File::open(wal)?);
-    }
-    file.as_ref().expect("opened above").sync_data()
+    let at_path = std::fs::metadata(wal)?;
+    let file = match file {
+        Some(file) => {
+            if !same_file(&file.metadata()?, &at_path) {
+                return Err(std::io::Error::other(
+                    "the WAL file was removed or replaced while the ledger was open",
+                ));
+            }
+            file
+        }
+        None => file.insert(File::open(wal)?),
+    };
+    file.sync_data()
+}
+
+/// Whether two metadata describe one file (device and inode).
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// Whether two metadata describe one file (not told apart off Unix).
+#[cfg(not(unix))]
+fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
+    true
 }
 
 #[cfg(test)]
@@ -332,5 +358,25 @@ mod tests {
             durability.settled().await,
             Err(StoreError::Unavailable(_))
         ));
+    }
+    #[test]
+    fn a_wal_removed_or_replaced_after_it_was_opened_fails_the_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join("ledger.db-wal");
+        std::fs::write(&wal, b"frames").unwrap();
+        let mut file = None;
+        sync(&wal, &mut file).expect("the WAL at its path syncs");
+        assert!(file.is_some(), "held open for the next sync");
+        sync(&wal, &mut file).expect("and again");
+
+        // Removed while held open: syncing the unlinked file would succeed, and lose it.
+        std::fs::remove_file(&wal).unwrap();
+        let err = sync(&wal, &mut file).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+
+        // Replaced by another file at the same path.
+        std::fs::write(&wal, b"other frames").unwrap();
+        let err = sync(&wal, &mut file).unwrap_err();
+        assert!(err.to_string().contains("removed or replaced"), "{err}");
     }
 }

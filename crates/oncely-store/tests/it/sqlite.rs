@@ -499,6 +499,15 @@ async fn a_failed_wal_sync_refuses_the_write_and_every_later_write_and_read() {
         .await
         .unwrap()
         .is_none());
+    // A write synced before the failure, so that the syncer holds the WAL open: the
+    // unlinked file it holds would still sync, so the syncer must see that the WAL at
+    // its path is gone (before that check, this test passed only when nothing had been
+    // synced yet).
+    let before = spec("carol", "k0", "{}", Class::Write, "c");
+    assert!(matches!(
+        store.claim(&before).await.unwrap(),
+        Claim::Owned(_)
+    ));
     let mut wal = h.path().into_os_string();
     wal.push("-wal");
     std::fs::remove_file(&wal).expect("the ledger runs in WAL mode");
