@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
-use oncely_core::{ClaimSpec, DownstreamKey, Fence, Record, RecordId, TakeOverOutcome};
+use oncely_core::{
+    ClaimSpec, DownstreamKey, Fence, Record, RecordId, TakeOverOutcome, TransitionError,
+};
 use oncely_store::{Claim, RepeatKind, Store, StoreError};
 use tokio::sync::oneshot;
 
@@ -240,6 +242,29 @@ impl Engine {
                                 return owner_answer(record, head).await
                             }
                             Detached::Other(record, _) => return Execution::OutcomeUnknown(record),
+                            // The store holds the lease live (by its own observation of
+                            // it, or while its server has not been up for a whole lease):
+                            // wait as for a live lease, a while at a time, within `wait`.
+                            Detached::Failed(
+                                StoreError::Transition(TransitionError::LeaseHeld { .. }),
+                                f,
+                            ) => {
+                                run = Some(f);
+                                if wait_left.is_zero() {
+                                    return Execution::InFlight {
+                                        retry_after: retry_after(call.wait),
+                                        record,
+                                    };
+                                }
+                                waited = true;
+                                let pause = wait_left.min(LEASE_HELD_PAUSE);
+                                record = match self.wait_shared(&record.id, pause).await {
+                                    Ok(r) => r,
+                                    Err(StoreError::NotFound(_)) => break,
+                                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
+                                };
+                                now = None;
+                            }
                             // Someone else moved it first: look again.
                             Detached::Failed(StoreError::Transition(_), f) => {
                                 run = Some(f);
@@ -442,6 +467,10 @@ async fn owner_answer<H>(
         },
     }
 }
+
+/// How long a claimant whose take-over the store refused as `LeaseHeld` waits (on the
+/// record, woken by its end) before it looks again, within its `wait`.
+const LEASE_HELD_PAUSE: Duration = Duration::from_millis(200);
 
 /// The default bound of what answers in flight may hold in memory (512 MiB).
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 512 << 20;

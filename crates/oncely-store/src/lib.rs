@@ -46,6 +46,8 @@ mod replays;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod waiters;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod watch;
 
 pub use backend::open;
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -152,6 +152,33 @@ impl PgCluster {
         self.pg_ctl(self.primary(), &["-t", "60", "start"]);
     }
 
+    /// Stops the standby (`pg_ctl stop -m fast`): with no synchronous standby, every
+    /// commit on the primary waits (it is written there, but not visible or answered)
+    /// until [`PgCluster::resume_standby`], as on a server whose synchronous standby is
+    /// away or slow.
+    pub fn stop_standby(&self) {
+        self.pg_ctl(self.standby(), &["-m", "fast", "stop"]);
+    }
+
+    /// Starts a [`PgCluster::stop_standby`]ped standby again and waits until the primary
+    /// replicates to it synchronously (the waiting commits are answered then).
+    pub fn resume_standby(&self) {
+        let (standby, primary) = (self.standby(), self.primary());
+        self.pg_ctl(standby, &["-t", "60", "start"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.psql(
+            primary,
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+        ) != "1"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the standby never replicated synchronously again"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Promotes the standby (`pg_ctl promote`, waiting until it takes writes): it is the
     /// primary from now on, with no standby of its own (so no synchronous replication).
     pub fn promote(&self) {

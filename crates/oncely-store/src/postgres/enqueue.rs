@@ -150,7 +150,7 @@ impl PgStore {
                 ],
             )
             .await?;
-        row.map(|row| record_from_row(&row).map(Claim::Owned))
+        row.map(|row| record_from_row(&row).map(|r| self.owned(r)))
             .transpose()
     }
 
@@ -307,6 +307,6 @@ impl PgStore {
         .await
         .map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;
-        Ok(Some(Claim::Owned(first)))
+        Ok(Some(self.owned(first)))
     }
 }

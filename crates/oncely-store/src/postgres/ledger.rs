@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use oncely_core::record::{decide_claim, ClaimDecision};
 use oncely_core::{
-    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, TakeOverOutcome, Timestamp,
-    TransitionError,
+    ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
+    Timestamp, TransitionError,
 };
 use tokio_postgres::types::ToSql;
 
@@ -27,6 +27,7 @@ use super::rows::{attempt_param, millis, record_from_row, ResponseColumns};
 use super::sql::SQL;
 use super::store::PgStore;
 use crate::replays::Now;
+use crate::watch;
 use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
 
 impl PgStore {
@@ -77,6 +78,12 @@ impl PgStore {
             }
             None => Err(self.refusal(&fence.id, check).await),
         }
+    }
+
+    /// A record claimed here: its lease's watch starts now (`crate::watch`).
+    pub(super) fn owned(&self, record: Record) -> Claim {
+        watch::record_remaining(&record, self.monotonic());
+        Claim::Owned(record)
     }
 
     /// Completes one record with its own statement.
@@ -172,7 +179,7 @@ impl Ledger for PgStore {
         // round either decides or sees a newer row, so a few rounds always suffice.
         for _ in 0..8 {
             let (record, now) = match step {
-                Claimed::Inserted(record) => return Ok(Claim::Owned(record)),
+                Claimed::Inserted(record) => return Ok(self.owned(record)),
                 Claimed::Held(record, now) => (record, Timestamp(now)),
                 // The holder committed after the statement's snapshot: read it now.
                 Claimed::Retry => match self
@@ -192,7 +199,8 @@ impl Ledger for PgStore {
             let decided = match decide_claim(Some(&record), spec, now) {
                 ClaimDecision::Insert | ClaimDecision::Existing => {
                     replays.offer(epoch, &record, now, offset);
-                    return Ok(Claim::Existing(record));
+                    let seen = watch::as_observed(record, now, self.monotonic());
+                    return Ok(Claim::Existing(seen));
                 }
                 ClaimDecision::Reclaim => {
                     self.query_opt(
@@ -228,7 +236,7 @@ impl Ledger for PgStore {
                 }
             };
             if let Some(row) = decided {
-                return Ok(Claim::Owned(record_from_row(&row)?));
+                return Ok(self.owned(record_from_row(&row)?));
             }
             // Someone else reclaimed, renewed or purged the row first: claim again.
             step = batcher.claim(new_record_id(), spec, offset).await?;
@@ -246,13 +254,18 @@ impl Ledger for PgStore {
             Completed::Done(record) => {
                 // Wake local waiters at once, without the round trip through NOTIFY.
                 self.inner.waiters.wake(&record.id);
+                watch::forget(record.id.as_str());
                 // Not offered to the replay cache: the first claim that reads it does.
                 Ok(*record)
             }
             Completed::Refused => Err(self
                 .refusal(&fence.id, |r, now| r.complete(fence, completion, now))
                 .await),
-            Completed::Retry => self.complete_alone(fence, completion).await,
+            Completed::Retry => {
+                let done = self.complete_alone(fence, completion).await?;
+                watch::forget(done.id.as_str());
+                Ok(done)
+            }
         }
     }
 
@@ -263,26 +276,34 @@ impl Ledger for PgStore {
         window: Duration,
     ) -> Result<Record> {
         let window_ms = millis(window);
-        self.fenced(&SQL.release, fence, &[&error, &window_ms], |r, now| {
-            r.release(fence, None, window, now)
-        })
-        .await
+        let released = self
+            .fenced(&SQL.release, fence, &[&error, &window_ms], |r, now| {
+                r.release(fence, None, window, now)
+            })
+            .await?;
+        watch::forget(released.id.as_str());
+        Ok(released)
     }
 
     async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
-        self.fenced(&SQL.mark_unknown, fence, &[&error], |r, now| {
-            r.mark_unknown(fence, String::new(), now)
-        })
-        .await
+        let unknown = self
+            .fenced(&SQL.mark_unknown, fence, &[&error], |r, now| {
+                r.mark_unknown(fence, String::new(), now)
+            })
+            .await?;
+        watch::forget(unknown.id.as_str());
+        Ok(unknown)
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
         let lease_ms = millis(lease);
-        self.fenced(&SQL.renew, fence, &[&lease_ms], |r, now| {
-            r.renew(fence, lease, now)
-        })
-        .await
-        .map(|_| ())
+        let renewed = self
+            .fenced(&SQL.renew, fence, &[&lease_ms], |r, now| {
+                r.renew(fence, lease, now)
+            })
+            .await?;
+        watch::record_remaining(&renewed, self.monotonic());
+        Ok(())
     }
 
     async fn take_over(
@@ -308,17 +329,35 @@ impl Ledger for PgStore {
                 id: id.clone(),
             }));
         }
+        // And only once this process has seen the same lease token for a whole lease
+        // (`crate::watch`): a renewal or a claim whose commit waited (a synchronous standby
+        // away) is already lapsed by the database's clock when it becomes visible, while
+        // its owner is alive and renews again.
+        let mono = self.monotonic();
         self.locked(id, |r, now| {
-            r.take_over(expected_attempt, owner, lease, now)
+            if r.state == State::Processing
+                && r.attempt == expected_attempt
+                && !watch::record_remaining(r, mono).is_zero()
+            {
+                return Err(TransitionError::LeaseHeld { id: r.id.clone() });
+            }
+            let outcome = r.take_over(expected_attempt, owner, lease, now)?;
+            watch::record_remaining(r, mono);
+            Ok(outcome)
         })
         .await
     }
 
     async fn get(&self, id: &RecordId) -> Result<Option<Record>> {
-        self.query_opt(&SQL.get, &[&id.0])
-            .await?
-            .map(|row| record_from_row(&row))
-            .transpose()
+        let Some(row) = self.query_opt(&SQL.get, &[&self.offset(), &id.0]).await? else {
+            return Ok(None);
+        };
+        let now = Timestamp(row.try_get("now").map_err(corrupt)?);
+        Ok(Some(watch::as_observed(
+            record_from_row(&row)?,
+            now,
+            self.monotonic(),
+        )))
     }
 
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {

@@ -21,6 +21,7 @@ use super::error::{corrupt, unavailable};
 use super::sql::{NOW, UP};
 use super::store::PgStore;
 use crate::queue::{headers_from_json, LAPSED_ON_LAST_ATTEMPT};
+use crate::watch;
 use crate::{
     Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError, TaskFence, TaskId,
     TaskOutcome, TaskQueue, TaskState,
@@ -82,7 +83,10 @@ pub(super) fn ms(d: Duration) -> i64 {
 }
 
 /// Leases up to `$3` due tasks of kind `$2` to `$4` for `$5` ms (`$6`: the error of a
-/// task that lapsed on its last attempt and is dead instead).
+/// task that lapsed on its last attempt and is dead instead). A running task is due only
+/// when its lease lapsed by the database's clock, the server has been up for a whole
+/// lease (`UP`), and this process watched the same lease (`$7` ids, `$8` their
+/// `lease_until`) unchanged for a whole lease ([`LAPSED_SQL`], `crate::watch`).
 static LEASE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH t AS ({NOW}), {UP},
@@ -90,7 +94,9 @@ static LEASE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
              SELECT k.id FROM tasks k, t, up u
              WHERE k.kind = $2 AND ((k.state = 'pending' AND k.next_at <= t.now)
                 OR (k.state = 'running' AND k.lease_until <= t.now
-                    AND u.up >= k.lease_until - k.updated_at))
+                    AND u.up >= k.lease_until - k.updated_at
+                    AND (k.id, k.lease_until) IN
+                        (SELECT * FROM unnest($7::text[], $8::bigint[]))))
              ORDER BY CASE WHEN k.state = 'running' THEN k.lease_until ELSE k.next_at END, k.id
              LIMIT $3
              FOR UPDATE OF k SKIP LOCKED)
@@ -105,20 +111,78 @@ static LEASE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                FROM due d JOIN tasks s ON s.id = d.id) x, t
          WHERE k.id = x.id
          RETURNING {cols}",
-        cols = TASK_COLUMNS
-            .split(", ")
-            .map(|c| format!("k.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        cols = *TASK_COLUMNS_OF_K
     )
 });
 
-/// The tasks a lease statement returned that it leased (not those it made dead).
-fn leased(rows: &[Row]) -> Result<Vec<Task>> {
+/// [`TASK_COLUMNS`] of the table named `k`.
+static TASK_COLUMNS_OF_K: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    TASK_COLUMNS
+        .split(", ")
+        .map(|c| format!("k.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+});
+
+/// Renews task `$2` of owner `$3` and attempt `$4` for `$5` ms.
+static RENEW_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS ({NOW})
+         UPDATE tasks k SET lease_until = t.now + $5, updated_at = t.now
+         FROM t
+         WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
+         RETURNING {cols}",
+        cols = *TASK_COLUMNS_OF_K
+    )
+});
+
+/// The running tasks of kind `$2` whose lease lapsed by the database's clock: the
+/// candidates this process watches before [`LEASE_SQL`] may take one over.
+static LAPSED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS ({NOW})
+         SELECT {TASK_COLUMNS} FROM tasks k, t
+         WHERE k.kind = $2 AND k.state = 'running' AND k.lease_until <= t.now
+         ORDER BY k.lease_until, k.id
+         LIMIT 256"
+    )
+});
+
+/// The tasks a lease statement returned that it leased (not those it made dead); the
+/// watch of each one's lease starts now (`crate::watch`).
+fn leased(rows: &[Row], mono: Duration) -> Result<Vec<Task>> {
     let mut tasks = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
     tasks.retain(|t| t.state == TaskState::Running);
+    for t in &tasks {
+        watch::task_remaining(t, mono);
+    }
     tasks.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(tasks)
+}
+
+impl PgStore {
+    /// The running tasks of `kind` whose lease this process has watched lapse
+    /// (`crate::watch`): their ids and their `lease_until`, as [`LEASE_SQL`] takes them.
+    /// A commit that waited (a synchronous standby away) shows a renewal already lapsed
+    /// by the database's clock while its worker is alive: the first look here starts
+    /// the watch, and the task is taken over only if no renewal shows for a whole lease.
+    async fn watched_lapsed(&self, kind: &str) -> Result<(Vec<String>, Vec<i64>)> {
+        let rows = self.query(&LAPSED_SQL, &[&self.offset(), &kind]).await?;
+        let mono = self.monotonic();
+        let mut ids = Vec::new();
+        let mut untils = Vec::new();
+        for row in &rows {
+            let task = task_from_row(row)?;
+            if let (true, Some(until)) = (
+                watch::task_remaining(&task, mono).is_zero(),
+                task.lease_until,
+            ) {
+                ids.push(task.id.0);
+                untils.push(until.0);
+            }
+        }
+        Ok((ids, untils))
+    }
 }
 
 #[async_trait]
@@ -164,6 +228,7 @@ impl TaskQueue for PgStore {
         lease: Duration,
     ) -> Result<Vec<Task>> {
         let max = max.min(i64::MAX as usize) as i64;
+        let (ids, untils) = self.watched_lapsed(kind).await?;
         let rows = self
             .query(
                 &LEASE_SQL,
@@ -174,10 +239,12 @@ impl TaskQueue for PgStore {
                     &owner,
                     &ms(lease),
                     &LAPSED_ON_LAST_ATTEMPT,
+                    &ids,
+                    &untils,
                 ],
             )
             .await?;
-        leased(&rows)
+        leased(&rows, self.monotonic())
     }
 
     /// One transaction that takes the kind's advisory lock (so capped leases of one kind
@@ -191,6 +258,7 @@ impl TaskQueue for PgStore {
         lease: Duration,
     ) -> Result<Vec<Task>> {
         let offset = self.offset();
+        let (ids, untils) = self.watched_lapsed(kind).await?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         tx.execute(
@@ -227,40 +295,37 @@ impl TaskQueue for PgStore {
                     &owner,
                     &ms(lease),
                     &LAPSED_ON_LAST_ATTEMPT,
+                    &ids,
+                    &untils,
                 ],
             )
             .await
             .map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;
-        leased(&rows)
+        leased(&rows, self.monotonic())
     }
 
     async fn renew_task(&self, fence: &TaskFence, lease: Duration) -> Result<()> {
-        let sql = format!(
-            "WITH t AS ({NOW})
-             UPDATE tasks k SET lease_until = t.now + $5, updated_at = t.now
-             FROM t
-             WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
-             RETURNING k.id"
-        );
-        self.query_opt(
-            &sql,
-            &[
-                &self.offset(),
-                &fence.id.0,
-                &fence.owner,
-                &i32_of(fence.attempt),
-                &ms(lease),
-            ],
-        )
-        .await?
-        .map(|_| ())
-        .ok_or_else(|| {
-            StoreError::Task(TaskError::Fenced {
-                id: fence.id.clone(),
-                attempt: fence.attempt,
-            })
-        })
+        let row = self
+            .query_opt(
+                &RENEW_SQL,
+                &[
+                    &self.offset(),
+                    &fence.id.0,
+                    &fence.owner,
+                    &i32_of(fence.attempt),
+                    &ms(lease),
+                ],
+            )
+            .await?
+            .ok_or_else(|| {
+                StoreError::Task(TaskError::Fenced {
+                    id: fence.id.clone(),
+                    attempt: fence.attempt,
+                })
+            })?;
+        watch::task_remaining(&task_from_row(&row)?, self.monotonic());
+        Ok(())
     }
 
     async fn finish_task(&self, fence: &TaskFence, outcome: TaskOutcome) -> Result<Finished> {
@@ -271,6 +336,9 @@ impl TaskQueue for PgStore {
                 attempt: fence.attempt,
             })
         };
+        // Its lease ends here, whatever the outcome (forgetting early only restarts the
+        // watch at the next look).
+        watch::forget(fence.id.as_str());
         let done = match outcome {
             TaskOutcome::Done => {
                 let row = self

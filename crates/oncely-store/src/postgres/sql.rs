@@ -177,16 +177,21 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
          FROM u",
         CHANNEL
     ),
-    get: format!("SELECT {} FROM records WHERE id = $1", COLUMNS.join(", ")),
+    get: format!(
+        "WITH t AS ({NOW}) SELECT t.now, {r} FROM records r, t WHERE r.id = $2",
+        r = cols("r")
+    ),
     lookup: format!(
         "SELECT {} FROM records WHERE scope = $1 AND key = $2",
         COLUMNS.join(", ")
     ),
     wait_start: format!(
-        "UPDATE records SET waiting = waiting + 1
-         WHERE id = $1 AND state = 'processing'
-         RETURNING {}",
-        COLUMNS.join(", ")
+        "WITH t AS ({NOW})
+         UPDATE records r SET waiting = r.waiting + 1
+         FROM t
+         WHERE r.id = $2 AND r.state = 'processing'
+         RETURNING t.now, {r}",
+        r = cols("r")
     ),
     wait_end: "UPDATE records SET waiting = GREATEST(waiting - 1, 0) WHERE id = $1".into(),
     list: format!(

@@ -134,6 +134,11 @@ impl PgStore {
         self.inner.clock.offset().as_millis().min(i64::MAX as u128) as i64
     }
 
+    /// This process's monotonic time, by which leases are watched (`crate::watch`).
+    pub(super) fn monotonic(&self) -> Duration {
+        self.inner.clock.monotonic()
+    }
+
     /// A connection from the pool.
     pub(super) async fn client(&self) -> Result<Object> {
         checkout(&self.inner.pool).await

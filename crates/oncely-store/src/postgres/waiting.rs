@@ -6,19 +6,26 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use oncely_core::{Record, RecordId, State};
+use oncely_core::{Record, RecordId, State, Timestamp};
 
 use super::connection::checkout;
+use super::error::corrupt;
 use super::rows::record_from_row;
 use super::sql::SQL;
 use super::store::PgStore;
-use crate::{Ledger, Result, StoreError, Waiting};
+use crate::{watch, Ledger, Result, StoreError, Waiting};
 
 impl PgStore {
     /// Counts a waiter in the row if it is processing, and returns the row either way.
     async fn start_waiting(&self, id: &RecordId) -> Result<(Option<Record>, bool)> {
-        if let Some(row) = self.query_opt(&SQL.wait_start, &[&id.0]).await? {
-            return Ok((Some(record_from_row(&row)?), true));
+        if let Some(row) = self
+            .query_opt(&SQL.wait_start, &[&self.offset(), &id.0])
+            .await?
+        {
+            // A processing record, its lease as this process observed it (`crate::watch`).
+            let now = Timestamp(row.try_get("now").map_err(corrupt)?);
+            let record = watch::as_observed(record_from_row(&row)?, now, self.monotonic());
+            return Ok((Some(record), true));
         }
         Ok((self.get(id).await?, false))
     }

@@ -13,9 +13,10 @@ use rusqlite::{params, Connection};
 
 use super::error::sql_error;
 use super::writer::Applied;
-use super::{leases, repeats, rows, SqliteStore};
+use super::{repeats, rows, SqliteStore};
 use crate::plan::plan_claims;
 use crate::replays::Now;
+use crate::watch;
 use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
 
 impl SqliteStore {
@@ -52,7 +53,7 @@ fn mutate<T>(
 }
 
 /// The atomic claim: the row holding `(scope, key)` decides, inside the writer. A lease
-/// met or made here is watched on the monotonic clock `mono` ([`leases`]).
+/// met or made here is watched on the monotonic clock `mono` ([`watch`]).
 fn claim_in(
     conn: &Connection,
     spec: &ClaimSpec,
@@ -64,7 +65,7 @@ fn claim_in(
     // (and `BEGIN IMMEDIATE` between processes) keeps the two steps one decision.
     let record = Record::new_claim(new_record_id(), spec, now);
     if rows::insert_new(conn, &record)? {
-        leases::record_remaining(&record, mono);
+        watch::record_remaining(&record, mono);
         return Ok((Claim::Owned(record), None));
     }
     let Some(existing) = rows::by_key(conn, &spec.scope, &spec.key)? else {
@@ -76,7 +77,7 @@ fn claim_in(
         Ok(Some(existing.clone()))
     })?;
     let claim = match plan {
-        Err(record) => Claim::Existing(leases::as_observed(record, now, mono)),
+        Err(record) => Claim::Existing(watch::as_observed(record, now, mono)),
         Ok(mut records) => {
             let (replaces, record) = records.pop().expect("a granted plan has a record");
             match replaces {
@@ -94,7 +95,7 @@ fn claim_in(
         }
     };
     if let Claim::Owned(record) = &claim {
-        leases::record_remaining(record, mono);
+        watch::record_remaining(record, mono);
     }
     Ok((claim, None))
 }
@@ -130,7 +131,7 @@ impl Ledger for SqliteStore {
                 Ok(r.clone())
             })
             .await?;
-        leases::forget(done.id.as_str());
+        watch::forget(done.id.as_str());
         // Not offered to the replay cache: the first claim or lookup that reads it does.
         Ok(done)
     }
@@ -148,7 +149,7 @@ impl Ledger for SqliteStore {
                 Ok(r.clone())
             })
             .await?;
-        leases::forget(done.id.as_str());
+        watch::forget(done.id.as_str());
         Ok(done)
     }
 
@@ -160,7 +161,7 @@ impl Ledger for SqliteStore {
                 Ok(r.clone())
             })
             .await?;
-        leases::forget(done.id.as_str());
+        watch::forget(done.id.as_str());
         Ok(done)
     }
 
@@ -169,7 +170,7 @@ impl Ledger for SqliteStore {
         let clock = self.clock.clone();
         self.transition(&fence.id.clone(), move |r, now| {
             r.renew(&fence, lease, now)?;
-            leases::record_remaining(r, clock.monotonic());
+            watch::record_remaining(r, clock.monotonic());
             Ok(())
         })
         .await
@@ -185,15 +186,15 @@ impl Ledger for SqliteStore {
         let owner = owner.to_string();
         let clock = self.clock.clone();
         self.transition(id, move |r, now| {
-            // Lapsed or not is decided on the monotonic clock, not by `now` ([`leases`]).
+            // Lapsed or not is decided on the monotonic clock, not by `now` ([`watch`]).
             if r.state == State::Processing && r.attempt == expected_attempt {
-                if !leases::record_remaining(r, clock.monotonic()).is_zero() {
+                if !watch::record_remaining(r, clock.monotonic()).is_zero() {
                     return Err(TransitionError::LeaseHeld { id: r.id.clone() });
                 }
                 r.lease_until = Some(now);
             }
             let outcome = r.take_over(expected_attempt, &owner, lease, now)?;
-            leases::record_remaining(r, clock.monotonic());
+            watch::record_remaining(r, clock.monotonic());
             Ok(outcome)
         })
         .await
@@ -203,7 +204,7 @@ impl Ledger for SqliteStore {
         let id = id.clone();
         let found = self.read(move |conn| rows::by_id(conn, &id)).await?;
         let (now, mono) = (self.clock.now(), self.clock.monotonic());
-        Ok(found.map(|r| leases::as_observed(r, now, mono)))
+        Ok(found.map(|r| watch::as_observed(r, now, mono)))
     }
 
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {

@@ -40,7 +40,6 @@ mod admin;
 mod checkpoint;
 mod durable;
 mod error;
-mod leases;
 mod ledger;
 mod queue;
 mod readers;

@@ -5,7 +5,7 @@
 //! orders processes). A claim-with-task writes several rows, so it runs under a
 //! `SAVEPOINT` and rolls back to it on any error, leaving the rest of the group intact.
 //! The moves themselves are the pure ones of [`crate::queue`]; whether a running task's
-//! lease lapsed is decided on the monotonic clock ([`super::leases`]).
+//! lease lapsed is decided on the monotonic clock ([`crate::watch`]).
 
 use async_trait::async_trait;
 use std::time::Duration;
@@ -15,9 +15,10 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::error::sql_error;
-use super::{leases, rows, SqliteStore};
+use super::{rows, SqliteStore};
 use crate::plan::plan_claims;
 use crate::queue::{headers_from_json, headers_to_json};
+use crate::watch;
 use crate::{
     Claim, Finished, NewTask, Result, StoreError, Task, TaskCounts, TaskError, TaskFence, TaskId,
     TaskOutcome, TaskQueue, TaskState,
@@ -134,7 +135,7 @@ fn atomically<T>(conn: &Connection, work: impl FnOnce() -> Result<T>) -> Result<
 }
 
 /// The running tasks of `kind`, each with what is left of its lease as this process
-/// observes it on the monotonic clock `mono` ([`super::leases`]). Their records' leases
+/// observes it on the monotonic clock `mono` ([`crate::watch`]). Their records' leases
 /// are watched from now on too, so that a dead worker's record lapses with its task.
 fn running(conn: &Connection, kind: &str, mono: Duration) -> Result<Vec<(Task, Duration)>> {
     let tasks: Vec<Task> = conn
@@ -150,10 +151,10 @@ fn running(conn: &Connection, kind: &str, mono: Duration) -> Result<Vec<(Task, D
     for t in tasks {
         if let Some(record) = &t.record {
             if let Some(r) = rows::by_id(conn, record)? {
-                leases::record_remaining(&r, mono);
+                watch::record_remaining(&r, mono);
             }
         }
-        let left = leases::task_remaining(&t, mono);
+        let left = watch::task_remaining(&t, mono);
         out.push((t, left));
     }
     Ok(out)
@@ -194,7 +195,7 @@ fn lease_due(
         let ok = t.lease(owner, lease, now);
         update(conn, &t)?;
         if ok {
-            leases::task_remaining(&t, mono);
+            watch::task_remaining(&t, mono);
             leased.push(t);
         }
     }
@@ -236,7 +237,7 @@ impl TaskQueue for SqliteStore {
                             }
                         }
                         rows::insert(conn, record)?;
-                        leases::record_remaining(record, clock.monotonic());
+                        watch::record_remaining(record, clock.monotonic());
                     }
                     let first = records[0].1.clone();
                     let task = Task::new(TaskId::new(), Some(first.id.clone()), task, now);
@@ -305,7 +306,7 @@ impl TaskQueue for SqliteStore {
                 })?;
                 t.renew(&fence, lease, now)?;
                 update(conn, &t)?;
-                leases::task_remaining(&t, clock.monotonic());
+                watch::task_remaining(&t, clock.monotonic());
                 Ok(((), None))
             })
             .await
@@ -320,7 +321,7 @@ impl TaskQueue for SqliteStore {
                     attempt: fence.attempt,
                 })?;
                 let finished = t.finish(&fence, outcome, now)?;
-                leases::forget(t.id.as_str());
+                watch::forget(t.id.as_str());
                 if finished == Finished::Done {
                     conn.prepare_cached("DELETE FROM tasks WHERE id = ?1")
                         .and_then(|mut st| st.execute([&t.id.0]))

@@ -21,10 +21,10 @@ use crate::common::{get, post as http_post, upstream, Answer, Gateway};
 
 /// Every execution an upstream saw: (its text or event id, its `Idempotency-Key`, when).
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(String, String, Instant)>>>);
+pub(crate) struct Seen(Arc<Mutex<Vec<(String, String, Instant)>>>);
 
 impl Seen {
-    fn of(&self, text: &str) -> Vec<(String, Instant)> {
+    pub(crate) fn of(&self, text: &str) -> Vec<(String, Instant)> {
         self.0
             .lock()
             .unwrap()
@@ -35,7 +35,12 @@ impl Seen {
     }
 
     /// Waits until `text` was executed `n` times; gives up after `limit`.
-    async fn until(&self, text: &str, n: usize, limit: Duration) -> Vec<(String, Instant)> {
+    pub(crate) async fn until(
+        &self,
+        text: &str,
+        n: usize,
+        limit: Duration,
+    ) -> Vec<(String, Instant)> {
         let start = Instant::now();
         loop {
             let got = self.of(text);
@@ -63,7 +68,7 @@ impl Seen {
 /// `cut` hangs for a minute (it is cut off by the crash), a T that starts with `slow`
 /// takes 4 s; everything else answers 201 at once. `POST /internal/events`: the same per
 /// event id.
-fn service(seen: Seen) -> axum::Router {
+pub(crate) fn service(seen: Seen) -> axum::Router {
     async fn hang_first(seen: &Seen, text: &str, headers: &HeaderMap) {
         if seen.note(text, headers) && text.starts_with("cut") {
             tokio::time::sleep(Duration::from_secs(60)).await;
@@ -110,7 +115,7 @@ const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// A job route with a long `timeout` (60s) and a short `lease` (1s), one job at a time,
 /// and a webhook endpoint with the same lease.
-fn config(dir: &std::path::Path, store: &str, up: std::net::SocketAddr) -> String {
+pub(crate) fn config(dir: &std::path::Path, store: &str, up: std::net::SocketAddr) -> String {
     let cfg = dir.join("oncely.toml");
     std::fs::write(
         &cfg,
@@ -143,7 +148,7 @@ lease = "1s"
 
 /// `oncely serve --config CFG`; every instance seals queued jobs with the same key (a
 /// PostgreSQL ledger with a job route refuses to start without one).
-fn start(cfg: &str) -> Gateway {
+pub(crate) fn start(cfg: &str) -> Gateway {
     Gateway::start(
         &["--config", cfg],
         &[
@@ -258,7 +263,7 @@ async fn another_instance_takes_up_a_killed_instances_job_within_a_lease() {
     a_and_b_are_taken_up(&heir, &seen, &jobs, killed).await;
 }
 
-fn signed(event_id: &str, body: &str) -> Vec<(String, String)> {
+pub(crate) fn signed(event_id: &str, body: &str) -> Vec<(String, String)> {
     let scheme: oncely_webhooks::Scheme = "standard".parse().unwrap();
     let secrets = oncely_webhooks::Secrets::parse(&scheme, WEBHOOK_SECRET).unwrap();
     let now = std::time::SystemTime::now()

@@ -30,6 +30,7 @@ mod openapi;
 mod packaging;
 mod pg_failover;
 mod pg_pooler;
+mod pg_stalls;
 mod pg_tls;
 mod process;
 mod proxy;

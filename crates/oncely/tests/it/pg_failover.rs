@@ -258,7 +258,7 @@ pub(crate) fn assert_migrate_refuses(store: &str, needle: &str) {
     assert_usage_error(&run_bounded(&["migrate", "--store", store]), needle);
 }
 
-async fn cluster() -> Arc<PgCluster> {
+pub(crate) async fn cluster() -> Arc<PgCluster> {
     Arc::new(
         tokio::task::spawn_blocking(PgCluster::start)
             .await
@@ -267,7 +267,7 @@ async fn cluster() -> Arc<PgCluster> {
 }
 
 /// Runs a blocking step of the cluster's (kill, promote) off the test's runtime.
-async fn on_cluster(cluster: &Arc<PgCluster>, step: fn(&PgCluster)) {
+pub(crate) async fn on_cluster(cluster: &Arc<PgCluster>, step: fn(&PgCluster)) {
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || step(&c)).await.unwrap();
 }

@@ -1,14 +1,25 @@
-//! Leases on SQLite, measured on the monotonic clock.
+//! Leases as this process observed them, on the monotonic clock: the one rule by which
+//! the SQLite and PostgreSQL stores decide that a lease lapsed.
 //!
-//! A lease is stored as `lease_until` with the wall-clock time of its last renewal
-//! (`updated_at`), but a step of the wall clock (NTP, an operator) must neither let a
-//! live owner be taken over nor hold a dead one's work. So this process decides that a
-//! lease lapsed only by what it observed: the lease's token (attempt and `lease_until`,
-//! which every renewal changes) unchanged for its whole length (`lease_until -
-//! updated_at`) of monotonic time since this process first saw it. A live owner renews
-//! every third of its lease, so whoever watches sees the token change before that; an
-//! owner that died is taken over one lease after it was first seen without renewals
-//! (after a restart: one lease after the restart).
+//! A lease is stored as `lease_until` with the time of its last renewal (`updated_at`).
+//! Neither may be trusted alone to say that the owner is gone:
+//!
+//! - a step of the wall clock (NTP, an operator) must neither let a live owner be taken
+//!   over nor hold a dead one's work (SQLite stamps leases with this host's clock);
+//! - a lease is dated when the statement that wrote it began, and becomes visible only
+//!   when it commits: a commit that waited (PostgreSQL's synchronous standby away, a
+//!   stalled disk) shows a renewal, or a claim, that is already lapsed by the store's
+//!   clock the moment anyone can read it, while its owner is alive and renews again
+//!   (the chaos run found a `write` executed twice 20 ms apart so).
+//!
+//! So this process decides that a lease lapsed only by what it observed: the lease's
+//! token (attempt and `lease_until`, which every renewal changes) unchanged for its whole
+//! length (`lease_until - updated_at`) of monotonic time since this process first saw
+//! it. A live owner renews every third of its lease, so whoever watches sees the token
+//! change before that; an owner that died is taken over one lease after it was first
+//! seen without renewals (after a restart of this process: one lease after the restart).
+//! PostgreSQL also requires the lease to be lapsed by the database's clock, and the server
+//! to have been up for a whole lease (`postgres::sql::UP`).
 //!
 //! The observations are the process's own, shared by every store it opens (record and
 //! task ids are unique), and written ones count: a claim, renewal or take-over made here
@@ -56,7 +67,7 @@ fn watched() -> std::sync::MutexGuard<'static, Watched> {
 
 /// Stops watching `id` (its lease ended here: completed, released, finished). Forgetting
 /// too early only makes the next look start the watch again, later.
-pub(super) fn forget(id: &str) {
+pub(crate) fn forget(id: &str) {
     watched().seen.remove(id);
 }
 
@@ -96,7 +107,7 @@ fn remaining(
 }
 
 /// What is left of a processing record's lease (zero for any other record, or no lease).
-pub(super) fn record_remaining(r: &Record, mono: Duration) -> Duration {
+pub(crate) fn record_remaining(r: &Record, mono: Duration) -> Duration {
     match (r.state, r.lease_until) {
         (State::Processing, Some(until)) => {
             remaining(r.id.as_str(), r.attempt, until, r.updated_at, mono)
@@ -106,7 +117,7 @@ pub(super) fn record_remaining(r: &Record, mono: Duration) -> Duration {
 }
 
 /// What is left of a running task's lease (zero for any other task, or no lease).
-pub(super) fn task_remaining(t: &Task, mono: Duration) -> Duration {
+pub(crate) fn task_remaining(t: &Task, mono: Duration) -> Duration {
     match (t.state, t.lease_until) {
         (TaskState::Running, Some(until)) => {
             remaining(t.id.as_str(), t.attempts, until, t.updated_at, mono)
@@ -122,7 +133,7 @@ pub(super) fn task_remaining(t: &Task, mono: Duration) -> Duration {
 /// Where the observation agrees with the stored `lease_until` to within
 /// [`AGREE_WITHIN`] (no clock step: the two clocks only round differently), the stored
 /// value is kept, so that two reads of one unchanged lease give the same record.
-pub(super) fn as_observed(mut r: Record, now: Timestamp, mono: Duration) -> Record {
+pub(crate) fn as_observed(mut r: Record, now: Timestamp, mono: Duration) -> Record {
     if let (State::Processing, Some(until)) = (r.state, r.lease_until) {
         let observed = now.plus(record_remaining(&r, mono));
         if (observed.0 - until.0).abs() > AGREE_WITHIN.as_millis() as i64 {

@@ -1,0 +1,149 @@
+//! Commits that wait, through the real binary, on a real primary whose synchronous
+//! standby is stopped for a while (`PgCluster::stop_standby`): every commit on the
+//! primary then waits, holding its row locks, until the standby is back.
+//!
+//! A lease written by such a commit is dated when its statement began, so it can be
+//! lapsed by the database's clock the moment it becomes visible, while its owner is alive
+//! and about to call the upstream (a claim) or still calling it (a renewal). Neither may
+//! let a duplicate take the record over: the chaos run found both (a `write` executed
+//! twice 20 ms apart, a `job` run again 12 ms after it started).
+
+use std::time::Duration;
+
+use oncely_store_conformance::testing::PgCluster;
+
+use crate::common::{post as http_post, Gateway};
+use crate::pg_failover::{cluster, migrate, on_cluster, Renders, AUTH};
+
+/// Two gateways on the cluster, a `write` route with a lease of 1 s and a wait of 20 s.
+async fn gateways(cluster: &PgCluster, up: &Renders) -> (Gateway, Gateway, tempfile::TempDir) {
+    let url = cluster.url(
+        &[cluster.port(0), cluster.port(1)],
+        "target_session_attrs=read-write",
+    );
+    migrate(&url);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("oncely.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "upstream = \"{}\"\nstore = \"{url}\"\n\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/render\"\nclass = \"write\"\nkey = \"fingerprint\"\n\
+             lease = \"1s\"\nwait = \"20s\"\n",
+            up.url
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let a = Gateway::start(&["--config", &config], &[]);
+    let b = Gateway::start(&["--config", &config], &[]);
+    (a, b, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_commit_waits_past_the_lease_is_not_taken_over() {
+    let cluster = cluster().await;
+    let up = Renders::start(Duration::from_secs(2)).await;
+    let (a, b, _dir) = gateways(&cluster, &up).await;
+
+    on_cluster(&cluster, PgCluster::stop_standby).await;
+    let url_a = a.url("/v1/render");
+    let original = tokio::spawn(async move { http_post(&url_a, "a stalled claim", &AUTH).await });
+    // The claim's commit waits for the standby past the lease it wrote: nothing is
+    // forwarded before the ledger has answered.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        up.total(),
+        0,
+        "a call was forwarded before its claim was answered"
+    );
+    let url_b = b.url("/v1/render");
+    let dup = tokio::spawn(async move { http_post(&url_b, "a stalled claim", &AUTH).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    on_cluster(&cluster, PgCluster::resume_standby).await;
+
+    let (original, dup) = (original.await.unwrap(), dup.await.unwrap());
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(dup.status, 200, "{}", dup.text());
+    assert_eq!(up.runs("a stalled claim"), 1, "the intention ran twice");
+    assert_eq!(dup.body, original.body);
+    let mut statuses = [
+        original.header("oncely-status"),
+        dup.header("oncely-status"),
+    ];
+    statuses.sort();
+    assert_eq!(statuses, ["fresh", "joined"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_whose_commit_waits_past_the_lease_keeps_the_owners_record() {
+    let cluster = cluster().await;
+    let up = Renders::start(Duration::from_secs(5)).await;
+    let (a, b, _dir) = gateways(&cluster, &up).await;
+
+    let url_a = a.url("/v1/render");
+    let original = tokio::spawn(async move { http_post(&url_a, "a long call", &AUTH).await });
+    up.until_begun(1).await;
+    // The owner's renewals wait for the standby, past the lease each wrote.
+    on_cluster(&cluster, PgCluster::stop_standby).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let url_b = b.url("/v1/render");
+    let dup = tokio::spawn(async move { http_post(&url_b, "a long call", &AUTH).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    on_cluster(&cluster, PgCluster::resume_standby).await;
+
+    let (original, dup) = (original.await.unwrap(), dup.await.unwrap());
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(original.header("oncely-status"), "fresh");
+    assert_eq!(up.runs("a long call"), 1, "the live owner's call ran again");
+    assert_eq!(dup.status, 200, "{}", dup.text());
+    assert_eq!(dup.header("oncely-status"), "joined");
+    assert_eq!(dup.body, original.body);
+}
+
+/// A webhook delivery runs 4 s at one gateway while commits wait for 2.5 s (its task's
+/// lease is 1 s, renewed every third): the other gateway, polling for due deliveries,
+/// finds the task's renewal lapsed by the database's clock once it is visible, and must
+/// not send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_renewal_whose_commit_waits_past_the_lease_keeps_the_delivery_with_its_worker() {
+    use crate::durable::{config, service, signed, start, Seen};
+
+    let cluster = cluster().await;
+    let url = cluster.url(
+        &[cluster.port(0), cluster.port(1)],
+        "target_session_attrs=read-write",
+    );
+    migrate(&url);
+    let seen = Seen::default();
+    let up = crate::common::upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &url, up);
+    let (a, _b) = (start(&cfg), start(&cfg));
+    let body = r#"{"type":"invoice.paid","id":"slow_evt"}"#;
+    let mut headers: Vec<(String, String)> = signed("msg_stall", body);
+    headers.push(("content-type".into(), "application/json".into()));
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let ack = http_post(&a.url("/hooks/events"), body, &h).await;
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    assert_eq!(
+        seen.until("slow_evt", 1, Duration::from_secs(10))
+            .await
+            .len(),
+        1,
+        "the delivery began"
+    );
+    on_cluster(&cluster, PgCluster::stop_standby).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    on_cluster(&cluster, PgCluster::resume_standby).await;
+    // Past the delivery's end and a few polls of both workers.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        seen.of("slow_evt").len(),
+        1,
+        "the delivery was sent again while its worker was still sending it"
+    );
+}
