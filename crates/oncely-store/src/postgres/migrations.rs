@@ -141,8 +141,44 @@ CREATE TABLE timelines (
     timeline text PRIMARY KEY,
     since    bigint NOT NULL
 );
-INSERT INTO timelines (timeline, since)
-VALUES (substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 0);
+-- Edited after it shipped, with the same effect where it ran: a role that may not read
+-- the WAL position (Aurora without logical replication, a DBA's REVOKE) failed here, and
+-- migration 6 records the server as it is identified since.
+DO $$
+BEGIN
+    INSERT INTO timelines (timeline, since)
+    VALUES (substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 0);
+EXCEPTION WHEN OTHERS THEN
+    NULL;
+END $$;
+"#,
+    },
+    Migration {
+        version: 6,
+        name:
+            "the primary identified by its timeline and address (timelines without WAL functions)",
+        sql: r#"
+-- Which primary this is, for the lease rule (postgres::sql::UP): the server's WAL
+-- timeline (a promoted standby starts a new one) where the role may read it, and its
+-- address and port (a standby promoted on another host). A role that may not read the WAL
+-- position (Aurora without rds.logical_replication, a DBA's REVOKE) is told the primary
+-- apart by its address alone.
+CREATE FUNCTION oncely_primary() RETURNS text LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    timeline text;
+BEGIN
+    BEGIN
+        timeline := substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8);
+    EXCEPTION WHEN OTHERS THEN
+        timeline := '-';
+    END;
+    RETURN timeline || '@' || coalesce(host(inet_server_addr()), 'local') || ':'
+        || coalesce(inet_server_port()::text, '');
+END
+$fn$;
+-- The primary the schema is upgraded on counts as old as the server, as in migration 5.
+INSERT INTO timelines (timeline, since) VALUES (oncely_primary(), 0)
+ON CONFLICT (timeline) DO NOTHING;
 "#,
     },
 ];

@@ -20,12 +20,14 @@ pub(super) const NOW: &str =
 /// while the database was away is given a lease to renew before anyone takes over.
 ///
 /// A restart keeps the timeline and starts the postmaster again; a promoted standby
-/// keeps its postmaster (started long before) and starts a new timeline. The first
-/// statement with these expressions on a new timeline records when it saw it
-/// (`timelines`), so the outage before a promotion does not count as time up either.
-/// One that meets a concurrent first sighting counts `up` as zero.
+/// keeps its postmaster (started long before) and starts a new timeline, on another
+/// address or port as a rule. The first statement with these expressions on a new
+/// primary (`oncely_primary()`: the timeline where the role may read it, and the server's
+/// address and port; migration 6) records when it saw it (`timelines`), so the outage
+/// before a promotion does not count as time up either. One that meets a concurrent first
+/// sighting counts `up` as zero.
 pub(super) const UP: &str = "\
-    tl AS (SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS timeline,
+    tl AS (SELECT oncely_primary() AS timeline,
                   (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now),
     seen AS (INSERT INTO timelines (timeline, since)
              SELECT tl.timeline, tl.now FROM tl

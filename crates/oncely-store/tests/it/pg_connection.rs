@@ -110,7 +110,10 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         .unwrap();
     tokio::spawn(connection);
     client
-        .batch_execute("DROP TABLE timelines; DELETE FROM schema_migrations WHERE version = 5")
+        .batch_execute(
+            "DROP TABLE timelines; DROP FUNCTION oncely_primary(); \
+             DELETE FROM schema_migrations WHERE version >= 5",
+        )
         .await
         .unwrap();
 
@@ -129,11 +132,86 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
     let timelines: i64 = client
         .query_one("SELECT count(*) FROM timelines", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(timelines, 1, "the current timeline is recorded");
+    assert_eq!(
+        timelines, 2,
+        "the current timeline (migration 5) and primary (migration 6) are recorded"
+    );
+}
+
+/// A role that may not read the server's WAL position (Aurora PostgreSQL is reported to
+/// refuse `pg_current_wal_lsn()` unless logical replication is on; a DBA may revoke it):
+/// the ledger is created, and leases lapse and are taken over, by the server's address
+/// and start time alone.
+#[tokio::test]
+async fn a_role_that_may_not_read_the_wal_position_still_migrates_and_takes_over() {
+    use oncely_store::{ManualClock, TakeOverOutcome, TaskQueue};
+    use oncely_store_conformance::testing::fresh_pg_database;
+
+    let base = shared_pg_url();
+    let db = fresh_pg_database(&base).await;
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {db} LOGIN; ALTER DATABASE {db} OWNER TO {db}"
+        ))
+        .await
+        .unwrap();
+    let (path, query) = base.split_once('?').unwrap_or((&base, ""));
+    let at = |user: &str| {
+        let (server, _) = path.rsplit_once('/').unwrap();
+        let server = server.replacen("postgres@", &format!("{user}@"), 1);
+        let sep = if query.is_empty() { "" } else { "?" };
+        format!("{server}/{db}{sep}{query}")
+    };
+    let (owner, connection) = tokio_postgres::connect(&at("postgres"), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    owner
+        .batch_execute(&format!(
+            "REVOKE EXECUTE ON FUNCTION pg_current_wal_lsn() FROM PUBLIC; \
+             GRANT ALL ON SCHEMA public TO {db}"
+        ))
+        .await
+        .unwrap();
+    let url = at(&db);
+    let (limited, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let refused = limited.simple_query("SELECT pg_current_wal_lsn()").await;
+    assert!(refused.is_err(), "the role can still read the WAL position");
+
+    let clock = ManualClock::new();
+    let options = StoreOptions {
+        clock: std::sync::Arc::new(clock.clone()),
+        ..StoreOptions::default()
+    };
+    let store = PgStore::connect(&url, options).await.unwrap();
+    let lease = Duration::from_secs(2);
+    let mut first = spec("alice", "k1", "{}", Class::Write, "a");
+    first.lease = lease;
+    let oncely_store::Claim::Owned(r) = store.claim(&first).await.unwrap() else {
+        panic!("a new key is owned");
+    };
+    clock.advance(lease + Duration::from_secs(1));
+    let taken = store.take_over(&r.id, 1, "b", lease).await.unwrap();
+    assert!(
+        matches!(&taken, TakeOverOutcome::Owned(t) if t.attempt == 2),
+        "{taken:?}"
+    );
+    assert!(store
+        .lease_tasks("webhook", "w", 10, lease)
+        .await
+        .unwrap()
+        .is_empty());
 }
