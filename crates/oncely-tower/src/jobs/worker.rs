@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response};
 use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
-use oncely_core::{DownstreamKey, State, TakeOverOutcome};
+use oncely_core::{DownstreamKey, State, TakeOverOutcome, TransitionError};
 use oncely_store::queue::while_leased;
-use oncely_store::{Task, TaskOutcome};
+use oncely_store::{StoreError, Task, TaskOutcome};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tower::Service;
@@ -255,6 +255,12 @@ where
                 Ok(TakeOverOutcome::OutcomeUnknown(r)) => {
                     tracing::info!(target: "oncely::jobs", record = %r.id, "job's earlier worker stopped mid-call; outcome unknown");
                     return finish(TaskOutcome::Done, "outcome unknown").await;
+                }
+                // The store still holds the earlier run's lease (it has not watched it
+                // lapse for a whole lease yet): as `WaitUntil`, try the task again later.
+                Err(e @ StoreError::Transition(TransitionError::LeaseHeld { .. })) => {
+                    tracing::info!(target: "oncely::jobs", record = %record.id, "job's record is still leased by an earlier run; its task is retried later");
+                    return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
                 }
                 Err(e) => {
                     tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "cannot take over a job");

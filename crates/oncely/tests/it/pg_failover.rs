@@ -258,6 +258,37 @@ pub(crate) fn assert_migrate_refuses(store: &str, needle: &str) {
     assert_usage_error(&run_bounded(&["migrate", "--store", store]), needle);
 }
 
+/// Two gateways on `cluster` (the URL lists both hosts, with read-write), migrated, with
+/// a `write` route at `/v1/render` keyed by fingerprint, of lease `lease` and a wait of
+/// 20 s; the directory holds their config.
+pub(crate) async fn two_gateways(
+    cluster: &PgCluster,
+    up: &Renders,
+    lease: &str,
+) -> (Gateway, Gateway, tempfile::TempDir) {
+    let url = cluster.url(
+        &[cluster.port(0), cluster.port(1)],
+        "target_session_attrs=read-write",
+    );
+    migrate(&url);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("oncely.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "upstream = \"{}\"\nstore = \"{url}\"\n\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/render\"\nclass = \"write\"\nkey = \"fingerprint\"\n\
+             lease = \"{lease}\"\nwait = \"20s\"\n",
+            up.url
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let a = Gateway::start(&["--config", &config], &[]);
+    let b = Gateway::start(&["--config", &config], &[]);
+    (a, b, dir)
+}
+
 pub(crate) async fn cluster() -> Arc<PgCluster> {
     Arc::new(
         tokio::task::spawn_blocking(PgCluster::start)
@@ -484,27 +515,8 @@ async fn without_target_session_attrs_a_standby_first_is_refused_and_a_failover_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_longer_than_the_lease_lets_no_other_gateway_take_a_live_owners_record() {
     let cluster = cluster().await;
-    let url = cluster.url(
-        &[cluster.port(0), cluster.port(1)],
-        "target_session_attrs=read-write",
-    );
-    migrate(&url);
     let up = Renders::start(Duration::from_secs(7)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("oncely.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "upstream = \"{}\"\nstore = \"{url}\"\n\n[[routes]]\nmethod = \"POST\"\n\
-             path = \"/v1/render\"\nclass = \"write\"\nkey = \"fingerprint\"\n\
-             lease = \"2s\"\nwait = \"20s\"\n",
-            up.url
-        ),
-    )
-    .unwrap();
-    let config = config.display().to_string();
-    let a = Gateway::start(&["--config", &config], &[]);
-    let b = Gateway::start(&["--config", &config], &[]);
+    let (a, b, _dir) = two_gateways(&cluster, &up, "2s").await;
     let url_a = a.url("/v1/render");
     let original = tokio::spawn(async move { http_post(&url_a, "a long call", &AUTH).await });
     up.until_begun(1).await;

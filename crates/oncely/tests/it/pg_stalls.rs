@@ -12,39 +12,14 @@ use std::time::Duration;
 
 use oncely_store_conformance::testing::PgCluster;
 
-use crate::common::{post as http_post, Gateway};
-use crate::pg_failover::{cluster, migrate, on_cluster, Renders, AUTH};
-
-/// Two gateways on the cluster, a `write` route with a lease of 1 s and a wait of 20 s.
-async fn gateways(cluster: &PgCluster, up: &Renders) -> (Gateway, Gateway, tempfile::TempDir) {
-    let url = cluster.url(
-        &[cluster.port(0), cluster.port(1)],
-        "target_session_attrs=read-write",
-    );
-    migrate(&url);
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("oncely.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "upstream = \"{}\"\nstore = \"{url}\"\n\n[[routes]]\nmethod = \"POST\"\n\
-             path = \"/v1/render\"\nclass = \"write\"\nkey = \"fingerprint\"\n\
-             lease = \"1s\"\nwait = \"20s\"\n",
-            up.url
-        ),
-    )
-    .unwrap();
-    let config = config.display().to_string();
-    let a = Gateway::start(&["--config", &config], &[]);
-    let b = Gateway::start(&["--config", &config], &[]);
-    (a, b, dir)
-}
+use crate::common::post as http_post;
+use crate::pg_failover::{cluster, migrate, on_cluster, two_gateways, Renders, AUTH};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_commit_waits_past_the_lease_is_not_taken_over() {
     let cluster = cluster().await;
     let up = Renders::start(Duration::from_secs(2)).await;
-    let (a, b, _dir) = gateways(&cluster, &up).await;
+    let (a, b, _dir) = two_gateways(&cluster, &up, "1s").await;
 
     on_cluster(&cluster, PgCluster::stop_standby).await;
     let url_a = a.url("/v1/render");
@@ -79,7 +54,7 @@ async fn a_claim_whose_commit_waits_past_the_lease_is_not_taken_over() {
 async fn a_renewal_whose_commit_waits_past_the_lease_keeps_the_owners_record() {
     let cluster = cluster().await;
     let up = Renders::start(Duration::from_secs(5)).await;
-    let (a, b, _dir) = gateways(&cluster, &up).await;
+    let (a, b, _dir) = two_gateways(&cluster, &up, "1s").await;
 
     let url_a = a.url("/v1/render");
     let original = tokio::spawn(async move { http_post(&url_a, "a long call", &AUTH).await });
