@@ -160,11 +160,17 @@ impl PgCluster {
         self.pg_ctl(self.standby(), &["-m", "fast", "stop"]);
     }
 
+    /// Starts a [`PgCluster::stop_standby`]ped standby again without waiting for it to
+    /// replicate (its primary may be down: then it has only what it received before).
+    pub fn start_standby_again(&self) {
+        self.pg_ctl(self.standby(), &["-t", "60", "start"]);
+    }
+
     /// Starts a [`PgCluster::stop_standby`]ped standby again and waits until the primary
     /// replicates to it synchronously (the waiting commits are answered then).
     pub fn resume_standby(&self) {
-        let (standby, primary) = (self.standby(), self.primary());
-        self.pg_ctl(standby, &["-t", "60", "start"]);
+        let primary = self.primary();
+        self.start_standby_again();
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.psql(
             primary,

@@ -6,7 +6,9 @@
 //! lapsed by the database's clock the moment it becomes visible, while its owner is alive
 //! and about to call the upstream (a claim) or still calling it (a renewal). Neither may
 //! let a duplicate take the record over: the chaos run found both (a `write` executed
-//! twice 20 ms apart, a `job` run again 12 ms after it started).
+//! twice 20 ms apart, a `job` run again 12 ms after it started). And a commit that waits
+//! when the primary restarts is shown by the restarted primary though the standby never
+//! got it: no gateway may take it as recorded before the standby has it.
 
 use std::time::Duration;
 
@@ -121,4 +123,48 @@ async fn a_task_renewal_whose_commit_waits_past_the_lease_keeps_the_delivery_wit
         1,
         "the delivery was sent again while its worker was still sending it"
     );
+}
+
+/// A completion that waits for the standby when the primary is restarted is on the
+/// primary alone: the restarted primary shows it at once, but the standby never got it.
+/// The owner, retrying its completion there, must not take it as recorded: the standby is
+/// then promoted without it, and the record is `processing` again. The owner's next try
+/// records it on the new primary, and the intention runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_only_the_restarted_primary_has_is_recorded_again_after_the_failover() {
+    let cluster = cluster().await;
+    let up = Renders::start(Duration::from_secs(2)).await;
+    // A lease of 4 s: renewals at 1.33 s and 2.67 s, so that the completion (at 2 s) is
+    // the commit that waits, not a renewal it would queue behind.
+    let (a, b, _dir) = two_gateways(&cluster, &up, "4s").await;
+
+    let url_a = a.url("/v1/render");
+    let body = "a completion the standby missed";
+    let original = tokio::spawn(async move { http_post(&url_a, body, &AUTH).await });
+    up.until_begun(1).await;
+    // The claim and the first renewal are on both; the completion waits for the standby.
+    tokio::time::sleep(Duration::from_millis(1450)).await;
+    on_cluster(&cluster, PgCluster::stop_standby).await;
+    // The call ends at 2 s; its completion waits, and the next renewal queues behind it.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // A restart ends the waiting commit's session: the primary alone has it, and shows
+    // it once it is back. The owner tries its completion again meanwhile.
+    on_cluster(&cluster, PgCluster::stop_primary).await;
+    on_cluster(&cluster, PgCluster::start_primary).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // The primary is lost before the standby ever received the completion.
+    on_cluster(&cluster, PgCluster::kill_primary).await;
+    on_cluster(&cluster, PgCluster::start_standby_again).await;
+    on_cluster(&cluster, PgCluster::promote).await;
+
+    let dup = http_post(&b.url("/v1/render"), body, &AUTH).await;
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(dup.status, 200, "{}", dup.text());
+    assert_eq!(
+        up.runs(body),
+        1,
+        "the intention ran again after the failover"
+    );
+    assert_eq!(dup.body, original.body);
 }

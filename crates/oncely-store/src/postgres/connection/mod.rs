@@ -42,6 +42,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// (503 `store_unavailable`) instead of holding it.
 const STATEMENT_TIMEOUT: &str = "10s";
 
+/// What a new pooled connection runs before it is used: a write (migration 7's `barrier`
+/// row) whose commit waits, as every commit does, until the synchronous standbys have all
+/// the WAL before it. A primary that restarted while commits waited for its standby shows
+/// those commits at once, though a failover to that standby would lose them: a gateway
+/// that read one (an owner finding its completion "already recorded") would take it as
+/// durable. Waiting here makes a connection read only what the standbys have; with no
+/// synchronous standby it costs one commit per new connection. Before migration 7 the
+/// table is missing and the barrier does nothing.
+const BARRIER: &str = "DO $$ BEGIN UPDATE barrier SET n = n + 1 WHERE id = 1; \
+     EXCEPTION WHEN undefined_table THEN NULL; END $$";
+
 /// What the server sends on a dedicated connection besides its answers (notifications,
 /// notices); it ends when the connection does.
 pub(super) type Messages = BoxStream<'static, Result<AsyncMessage, tokio_postgres::Error>>;
@@ -119,7 +130,8 @@ impl Connector {
 
     /// A pool of at most `size` connections (at least one), opened as they are needed,
     /// each with the statement timeout set (with `SET`, not a startup option, so that a
-    /// pooler which refuses startup options, as PgBouncer does, still gets it).
+    /// pooler which refuses startup options, as PgBouncer does, still gets it), and each
+    /// used only once it has passed the [`BARRIER`].
     pub(super) fn pool(&self, size: usize) -> Result<Pool> {
         let manager = Manager::from_config(
             self.config.clone(),
@@ -136,9 +148,16 @@ impl Connector {
             .recycle_timeout(Some(POOL_TIMEOUT))
             .post_create(Hook::async_fn(move |client, _| {
                 let set = set.clone();
-                Box::pin(
-                    async move { client.batch_execute(&set).await.map_err(HookError::Backend) },
-                )
+                Box::pin(async move {
+                    client
+                        .batch_execute(&set)
+                        .await
+                        .map_err(HookError::Backend)?;
+                    client
+                        .batch_execute(BARRIER)
+                        .await
+                        .map_err(HookError::Backend)
+                })
             }))
             .runtime(Runtime::Tokio1)
             .build()
