@@ -49,9 +49,10 @@ const STATEMENT_TIMEOUT: &str = "10s";
 /// that read one (an owner finding its completion "already recorded") would take it as
 /// durable. Waiting here makes a connection read only what the standbys have; with no
 /// synchronous standby it costs one commit per new connection. Before migration 7 the
-/// table is missing and the barrier does nothing.
+/// table is missing, and on a standby nothing can be written: the barrier does nothing
+/// then (a standby is refused right after, by `server::refuse_read_only`).
 const BARRIER: &str = "DO $$ BEGIN UPDATE barrier SET n = n + 1 WHERE id = 1; \
-     EXCEPTION WHEN undefined_table THEN NULL; END $$";
+     EXCEPTION WHEN undefined_table OR read_only_sql_transaction THEN NULL; END $$";
 
 /// What the server sends on a dedicated connection besides its answers (notifications,
 /// notices); it ends when the connection does.
