@@ -23,7 +23,11 @@ async fn a_hundred_identical_requests_execute_once() {
     assert!(answers.iter().all(|a| a.status == 201 && &a.body == first));
     let fresh = answers.iter().filter(|a| a.oncely() == "fresh").count();
     let joined = answers.iter().filter(|a| a.oncely() == "joined").count();
-    assert_eq!((fresh, joined), (1, 99));
+    let replayed = answers.iter().filter(|a| a.oncely() == "replayed").count();
+    // One that reaches the gateway only after the 300 ms call ended (a loaded machine)
+    // is replayed instead of joined; either way it is a repeat, never a second run.
+    assert_eq!((fresh, joined + replayed), (1, 99));
+    assert!(joined > 0, "no request waited for the running original");
     gw.guard.drain().await;
     let r = gw.store.get(&answers[0].record()).await.unwrap().unwrap();
     assert_eq!(r.repeats, 99);
