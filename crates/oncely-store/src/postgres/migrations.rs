@@ -181,23 +181,6 @@ INSERT INTO timelines (timeline, since) VALUES (oncely_primary(), 0)
 ON CONFLICT (timeline) DO NOTHING;
 "#,
     },
-    Migration {
-        version: 7,
-        name: "barrier (a new connection reads only what the synchronous standbys have)",
-        sql: r#"
--- One row that every new connection updates before it is used (postgres::connection): the
--- commit waits, as every commit does, for the synchronous standbys to have all WAL up to
--- it. A primary that restarted while commits waited for its standby shows them at once,
--- though the standby may never get them (a failover then loses them); a gateway that read
--- such a completion would take its record as done. The barrier makes every connection
--- wait until the standbys have what the primary shows.
-CREATE TABLE barrier (
-    id integer PRIMARY KEY,
-    n  bigint  NOT NULL
-);
-INSERT INTO barrier (id, n) VALUES (1, 0);
-"#,
-    },
 ];
 
 /// The advisory lock key that serialises migrations ("oncely" in ASCII).

@@ -42,18 +42,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// (503 `store_unavailable`) instead of holding it.
 const STATEMENT_TIMEOUT: &str = "10s";
 
-/// What a new pooled connection runs before it is used: a write (migration 7's `barrier`
-/// row) whose commit waits, as every commit does, until the synchronous standbys have all
-/// the WAL before it. A primary that restarted while commits waited for its standby shows
-/// those commits at once, though a failover to that standby would lose them: a gateway
-/// that read one (an owner finding its completion "already recorded") would take it as
-/// durable. Waiting here makes a connection read only what the standbys have; with no
-/// synchronous standby it costs one commit per new connection. Before migration 7 the
-/// table is missing, and on a standby nothing can be written: the barrier does nothing
-/// then (a standby is refused right after, by `server::refuse_read_only`).
-const BARRIER: &str = "DO $$ BEGIN UPDATE barrier SET n = n + 1 WHERE id = 1; \
-     EXCEPTION WHEN undefined_table OR read_only_sql_transaction THEN NULL; END $$";
-
 /// What the server sends on a dedicated connection besides its answers (notifications,
 /// notices); it ends when the connection does.
 pub(super) type Messages = BoxStream<'static, Result<AsyncMessage, tokio_postgres::Error>>;
@@ -131,8 +119,7 @@ impl Connector {
 
     /// A pool of at most `size` connections (at least one), opened as they are needed,
     /// each with the statement timeout set (with `SET`, not a startup option, so that a
-    /// pooler which refuses startup options, as PgBouncer does, still gets it), and each
-    /// used only once it has passed the [`BARRIER`].
+    /// pooler which refuses startup options, as PgBouncer does, still gets it).
     pub(super) fn pool(&self, size: usize) -> Result<Pool> {
         let manager = Manager::from_config(
             self.config.clone(),
@@ -149,16 +136,9 @@ impl Connector {
             .recycle_timeout(Some(POOL_TIMEOUT))
             .post_create(Hook::async_fn(move |client, _| {
                 let set = set.clone();
-                Box::pin(async move {
-                    client
-                        .batch_execute(&set)
-                        .await
-                        .map_err(HookError::Backend)?;
-                    client
-                        .batch_execute(BARRIER)
-                        .await
-                        .map_err(HookError::Backend)
-                })
+                Box::pin(
+                    async move { client.batch_execute(&set).await.map_err(HookError::Backend) },
+                )
             }))
             .runtime(Runtime::Tokio1)
             .build()
