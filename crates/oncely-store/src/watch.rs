@@ -72,8 +72,10 @@ pub(crate) fn forget(id: &str) {
 }
 
 /// How long the lease `(attempt, until)` of `id`, renewed at `renewed`, still holds as
-/// this process observed it at monotonic time `mono` (zero: it lapsed).
-fn remaining(
+/// this process observed it at monotonic time `mono` (zero: it lapsed). For a store that
+/// reads only a lease's columns; [`record_remaining`] and [`task_remaining`] take a whole
+/// record or task.
+pub(crate) fn remaining(
     id: &str,
     attempt: u32,
     until: Timestamp,

@@ -5,7 +5,8 @@
 //! that start together apply each migration exactly once; the connection's statement
 //! timeout does not apply to it. Append new migrations at the end with the next version
 //! number (the job queue and the webhook delivery queue go here); never edit one that
-//! has shipped.
+//! has shipped, except so that it can run where it failed with the same effect wherever
+//! it ran (migration 5, on a role that may not read the WAL position).
 
 use tokio_postgres::Client;
 

@@ -124,29 +124,48 @@ static TASK_COLUMNS_OF_K: std::sync::LazyLock<String> = std::sync::LazyLock::new
         .join(", ")
 });
 
-/// Renews task `$2` of owner `$3` and attempt `$4` for `$5` ms.
+/// The columns of a task's lease, as [`lease_remaining`] reads them.
+const LEASE_COLUMNS: &str = "k.id, k.attempts, k.lease_until, k.updated_at";
+
+/// Renews task `$2` of owner `$3` and attempt `$4` for `$5` ms; returns its lease.
 static RENEW_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH t AS ({NOW})
          UPDATE tasks k SET lease_until = t.now + $5, updated_at = t.now
          FROM t
          WHERE k.id = $2 AND k.owner = $3 AND k.attempts = $4 AND k.state = 'running'
-         RETURNING {cols}",
-        cols = *TASK_COLUMNS_OF_K
+         RETURNING {LEASE_COLUMNS}"
     )
 });
 
-/// The running tasks of kind `$2` whose lease lapsed by the database's clock: the
+/// The leases of the running tasks of kind `$2` that lapsed by the database's clock: the
 /// candidates this process watches before [`LEASE_SQL`] may take one over.
 static LAPSED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH t AS ({NOW})
-         SELECT {TASK_COLUMNS} FROM tasks k, t
+         SELECT {LEASE_COLUMNS} FROM tasks k, t
          WHERE k.kind = $2 AND k.state = 'running' AND k.lease_until <= t.now
          ORDER BY k.lease_until, k.id
          LIMIT 256"
     )
 });
+
+/// A running task's lease read with [`LEASE_COLUMNS`], watched (`crate::watch`): its id,
+/// its `lease_until`, and what is left of it as this process observed it at `mono`.
+fn lease_remaining(row: &Row, mono: Duration) -> Result<(String, i64, Duration)> {
+    let id: String = row.try_get("id").map_err(corrupt)?;
+    let attempts: i32 = row.try_get("attempts").map_err(corrupt)?;
+    let until: i64 = row.try_get("lease_until").map_err(corrupt)?;
+    let renewed: i64 = row.try_get("updated_at").map_err(corrupt)?;
+    let left = watch::remaining(
+        &id,
+        attempts.max(0) as u32,
+        Timestamp(until),
+        Timestamp(renewed),
+        mono,
+    );
+    Ok((id, until, left))
+}
 
 /// The tasks a lease statement returned that it leased (not those it made dead); the
 /// watch of each one's lease starts now (`crate::watch`).
@@ -172,13 +191,10 @@ impl PgStore {
         let mut ids = Vec::new();
         let mut untils = Vec::new();
         for row in &rows {
-            let task = task_from_row(row)?;
-            if let (true, Some(until)) = (
-                watch::task_remaining(&task, mono).is_zero(),
-                task.lease_until,
-            ) {
-                ids.push(task.id.0);
-                untils.push(until.0);
+            let (id, until, left) = lease_remaining(row, mono)?;
+            if left.is_zero() {
+                ids.push(id);
+                untils.push(until);
             }
         }
         Ok((ids, untils))
@@ -324,7 +340,7 @@ impl TaskQueue for PgStore {
                     attempt: fence.attempt,
                 })
             })?;
-        watch::task_remaining(&task_from_row(&row)?, self.monotonic());
+        lease_remaining(&row, self.monotonic())?;
         Ok(())
     }
 

@@ -93,8 +93,9 @@ async fn a_migration_waits_for_the_lock_longer_than_the_statement_timeout() {
     assert_eq!(setting(&store, "statement_timeout").await, "200ms");
 }
 
-/// A ledger made by the schema before migration 5 (no `timelines`) is upgraded when a
-/// newer oncely opens it, and keeps its records.
+/// A ledger made by an earlier schema is upgraded when a newer oncely opens it, and keeps
+/// its records: from version 5 (timelines keyed by the timeline alone, no
+/// `oncely_primary()`), and from version 4 (no `timelines`).
 #[tokio::test]
 async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
     let url = fresh_pg_schema(&shared_pg_url()).await;
@@ -104,11 +105,41 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
     let first = spec("alice", "k1", "{}", Class::Write, "a");
     store.claim(&first).await.unwrap();
     drop(store);
-    // Back to version 4, as the previous oncely left it.
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(connection);
+    let count = |sql: &'static str| {
+        let client = &client;
+        async move { client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+
+    // Back to version 5, as the release before `oncely_primary()` left it: its timeline
+    // row (keyed by the timeline alone) stays, and the primary is recorded beside it.
+    client
+        .batch_execute(
+            "DROP FUNCTION oncely_primary(); DELETE FROM timelines WHERE timeline LIKE '%@%'; \
+             DELETE FROM schema_migrations WHERE version = 6",
+        )
+        .await
+        .unwrap();
+    assert_eq!(count("SELECT count(*) FROM timelines").await, 1);
+    let store = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    assert!(store
+        .lookup(&first.scope, &first.key)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        count("SELECT max(version)::bigint FROM schema_migrations").await,
+        6
+    );
+    assert_eq!(count("SELECT count(*) FROM timelines").await, 2);
+    drop(store);
+
+    // Back to version 4, as the previous oncely left it.
     client
         .batch_execute(
             "DROP TABLE timelines; DROP FUNCTION oncely_primary(); \
