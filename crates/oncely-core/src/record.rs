@@ -380,6 +380,16 @@ impl Record {
         }
     }
 
+    /// Whether `fence`'s own transition into `state` is already applied (the same owner
+    /// and attempt, in that state): that transition retried after its answer was lost
+    /// although it was written. It is answered as written, not refused, so its owner
+    /// does not take a write of its own for someone else's.
+    pub fn applied(&self, fence: &Fence, state: State) -> bool {
+        self.state == state
+            && self.attempt == fence.attempt
+            && self.owner.as_deref() == Some(fence.owner.as_str())
+    }
+
     fn check_fence(&self, fence: &Fence, action: &'static str) -> Result<(), TransitionError> {
         if self.state != State::Processing {
             // A stale owner whose record was taken over and finished is fenced out, not
@@ -412,6 +422,9 @@ impl Record {
         c: Completion,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
+        if self.applied(fence, State::Completed) {
+            return Ok(());
+        }
         self.check_fence(fence, "complete")?;
         let mut expires = now.plus(c.window);
         if let Some(until) = c.replay_until {
@@ -439,6 +452,9 @@ impl Record {
         window: Duration,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
+        if self.applied(fence, State::Released) {
+            return Ok(());
+        }
         self.check_fence(fence, "release")?;
         self.state = State::Released;
         self.lease_until = None;
@@ -455,6 +471,9 @@ impl Record {
         error: String,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
+        if self.applied(fence, State::OutcomeUnknown) {
+            return Ok(());
+        }
         self.check_fence(fence, "mark_unknown")?;
         self.state = State::OutcomeUnknown;
         self.lease_until = None;
@@ -771,6 +790,42 @@ mod tests {
             State::Processing,
             "a refused transition changes nothing"
         );
+    }
+
+    #[test]
+    fn a_transition_retried_after_it_was_applied_changes_nothing_and_is_not_refused() {
+        let mut r = claimed(Class::Write);
+        let fence = r.fence().unwrap();
+        r.complete(&fence, completion(), Timestamp(2_000)).unwrap();
+        let written = r.clone();
+        r.complete(&fence, completion(), Timestamp(3_000)).unwrap();
+        assert_eq!(r, written, "the retry rewrote the record");
+        // Not another owner's, nor another attempt's, nor into another state.
+        let mut other = fence.clone();
+        other.attempt += 1;
+        assert!(matches!(
+            r.complete(&other, completion(), Timestamp(3_000)),
+            Err(TransitionError::Fenced { .. })
+        ));
+        assert!(matches!(
+            r.release(&fence, None, WINDOW, Timestamp(3_000)),
+            Err(TransitionError::WrongState {
+                state: State::Completed,
+                ..
+            })
+        ));
+        let mut u = claimed(Class::Action);
+        let f = u.fence().unwrap();
+        u.mark_unknown(&f, "timeout".into(), Timestamp(2_000))
+            .unwrap();
+        u.mark_unknown(&f, "timeout".into(), Timestamp(3_000))
+            .unwrap();
+        assert_eq!(u.updated_at, Timestamp(2_000));
+        let mut l = claimed(Class::Write);
+        let f = l.fence().unwrap();
+        l.release(&f, None, WINDOW, Timestamp(2_000)).unwrap();
+        l.release(&f, None, WINDOW, Timestamp(3_000)).unwrap();
+        assert_eq!(l.expires_at, Some(Timestamp(2_000).plus(WINDOW)));
     }
 
     #[test]

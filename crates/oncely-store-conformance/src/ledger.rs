@@ -178,6 +178,75 @@ where
     assert_eq!(big.response.unwrap().body, None);
 }
 
+/// An owner's transition retried after its answer was lost (it was written) is answered
+/// with the record as written, not refused and not written again; another attempt's
+/// still is refused.
+pub async fn a_retried_transition_is_answered_as_written<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger,
+{
+    let store = h.store().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "retried", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let fence = r.fence().unwrap();
+    let done = store
+        .complete(&fence, completion("{\"first\":true}", 3))
+        .await
+        .unwrap();
+    let again = store
+        .complete(&fence, completion("{\"second\":true}", 5))
+        .await
+        .expect("the retried completion is answered");
+    assert_eq!(again.state, State::Completed);
+    assert_eq!(
+        again.response, done.response,
+        "the retry wrote another answer"
+    );
+    assert_eq!(again.units, 3);
+    assert_eq!(again.completed_at, done.completed_at);
+    let mut stale = fence.clone();
+    stale.attempt += 1;
+    assert!(matches!(
+        store.complete(&stale, completion("{}", 1)).await,
+        Err(StoreError::Transition(TransitionError::Fenced { .. }))
+    ));
+    assert!(matches!(
+        store.release(&fence, None, WINDOW).await,
+        Err(StoreError::Transition(TransitionError::WrongState {
+            state: State::Completed,
+            ..
+        }))
+    ));
+
+    let u = owned(
+        store
+            .claim(&spec("alice", "unknown", "{}", Class::Action, "a"))
+            .await
+            .unwrap(),
+    );
+    let fence = u.fence().unwrap();
+    let first = store.mark_unknown(&fence, "timeout".into()).await.unwrap();
+    let again = store.mark_unknown(&fence, "timeout".into()).await.unwrap();
+    assert_eq!(again.state, State::OutcomeUnknown);
+    assert_eq!(again.updated_at, first.updated_at);
+
+    let l = owned(
+        store
+            .claim(&spec("alice", "released", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let fence = l.fence().unwrap();
+    let first = store.release(&fence, None, WINDOW).await.unwrap();
+    let again = store.release(&fence, None, WINDOW).await.unwrap();
+    assert_eq!(again.state, State::Released);
+    assert_eq!(again.expires_at, first.expires_at);
+}
+
 /// The upstream can shorten the window (`Oncely-Replay-Until`); never lengthen it.
 pub async fn replay_until_shortens_the_window<H: Harness + ?Sized>(h: &H)
 where

@@ -143,6 +143,7 @@ macro_rules! ledger_tests {
             concurrent_claims_have_one_owner,
             concurrent_claims_across_instances_have_one_owner,
             complete_then_replay,
+            a_retried_transition_is_answered_as_written,
             replay_until_shortens_the_window,
             release_then_reclaim,
             stale_owner_refused_after_take_over,

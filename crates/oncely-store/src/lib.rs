@@ -240,6 +240,9 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     async fn claim(&self, spec: &ClaimSpec) -> Result<Claim>;
 
     /// The owner stores its answer (processing → completed), fenced by owner and attempt.
+    /// This, `release` and `mark_unknown` retried by their owner after the answer was lost
+    /// although the write was made (`Record::applied`) answer the record as written; on
+    /// PostgreSQL only once that write is durable (it may be on a restarted primary alone).
     async fn complete(&self, fence: &Fence, completion: Completion) -> Result<Record>;
 
     /// The owner gives up harmlessly (processing → released), fenced. The released

@@ -11,7 +11,9 @@
 //! a time (PostgreSQL: `FOR UPDATE SKIP LOCKED`), the worker renews its lease every third
 //! of it while the delivery runs, and a worker that dies mid-delivery leaves its task to
 //! be leased again about one lease later. The handler may therefore receive an event more
-//! than once, always with the same `Idempotency-Key`.
+//! than once, always with the same `Idempotency-Key`. A worker whose store is away when
+//! the delivery ends keeps its lease and retries recording the outcome (`finish`), so a
+//! delivery answered is not sent again only because the store was away at its end.
 //!
 //! The worker wakes at once when this process's ingress queues an event ([`Waker`]) and
 //! polls every `poll_interval` for retries that come due and other instances' tasks.
@@ -26,7 +28,7 @@ use http_body_util::{BodyExt, Full};
 use oncely_core::backoff;
 use oncely_http::client::{error_chain, ClientOptions, PooledClient};
 use oncely_store::queue::while_leased;
-use oncely_store::{Finished, Store, Task, TaskOutcome};
+use oncely_store::{Finished, Store, StoreError, Task, TaskOutcome};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -251,7 +253,14 @@ impl Run {
             .as_ref()
             .map(|r| r.to_string())
             .unwrap_or_default();
-        match self.store.finish_task(&fence, outcome).await {
+        match while_leased(
+            &*self.store,
+            &fence,
+            self.options.lease,
+            finish(&*self.store, &fence, outcome),
+        )
+        .await
+        {
             Ok(Finished::Done) => {
                 metrics::counter!("oncely_webhook_deliveries_total", "result" => "delivered")
                     .increment(1);
@@ -328,6 +337,38 @@ pub fn backoff_delay(base: Duration, attempt: u32) -> Duration {
 pub fn backoff_ceiling(base: Duration, attempt: u32) -> Duration {
     backoff::exponential(base, attempt.saturating_sub(1), MAX_BACKOFF)
 }
+
+/// Records a delivery's outcome, trying again while the store is away (keeping the lease
+/// meanwhile): a delivery whose outcome was never recorded is sent again once its lease
+/// lapses. Gives up on a refusal (the task was leased again) or after [`FINISH_RETRY_FOR`].
+async fn finish(
+    store: &dyn Store,
+    fence: &oncely_store::TaskFence,
+    outcome: TaskOutcome,
+) -> oncely_store::Result<Finished> {
+    let give_up = Instant::now() + FINISH_RETRY_FOR;
+    let mut failures = 0u32;
+    loop {
+        match store.finish_task(fence, outcome.clone()).await {
+            Err(e @ StoreError::Unavailable(_)) if Instant::now() < give_up => {
+                let pause = backoff::exponential(
+                    Duration::from_millis(100),
+                    failures,
+                    Duration::from_secs(5),
+                );
+                tracing::warn!(task = %fence.id, attempt = fence.attempt, error = %e,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "cannot record the delivery's outcome; retrying");
+                tokio::time::sleep(pause).await;
+                failures = failures.saturating_add(1);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long a worker keeps trying to record a delivery's outcome while the store is away.
+const FINISH_RETRY_FOR: Duration = Duration::from_secs(3600);
 
 #[cfg(test)]
 mod tests {

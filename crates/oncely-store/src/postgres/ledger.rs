@@ -32,27 +32,34 @@ use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
 
 impl PgStore {
     /// Explains why a fenced `UPDATE` matched no row: the record is gone, or the pure
-    /// transition refuses it.
+    /// transition refuses it. A record that already shows this fence's own transition
+    /// (`done`: the state it leaves; `Record::applied`) is that transition retried after
+    /// its answer was lost, and is answered as written once the ledger has it durably
+    /// ([`PgStore::durable`]).
     async fn refusal(
         &self,
         id: &RecordId,
+        fence: &Fence,
+        done: Option<State>,
         check: impl FnOnce(&mut Record, Timestamp) -> Result<(), TransitionError>,
-    ) -> StoreError {
-        match self.get(id).await {
-            Err(e) => e,
-            Ok(None) => StoreError::NotFound(id.clone()),
-            Ok(Some(mut record)) => {
-                let now = record.updated_at;
-                match check(&mut record, now) {
-                    Err(e) => StoreError::Transition(e),
-                    // The fenced UPDATE and the read disagree: only possible if the row
-                    // changed in between in a way no transition allows.
-                    Ok(()) => StoreError::Unavailable(format!(
-                        "record {id} changed while it was written; try again"
-                    )),
-                }
-            }
+    ) -> Result<Record> {
+        let mut record = match self.get(id).await? {
+            None => return Err(StoreError::NotFound(id.clone())),
+            Some(record) => record,
+        };
+        if done.is_some_and(|state| record.applied(fence, state)) {
+            self.durable().await?;
+            return Ok(record);
         }
+        let now = record.updated_at;
+        Err(match check(&mut record, now) {
+            Err(e) => StoreError::Transition(e),
+            // The fenced UPDATE and the read disagree: only possible if the row changed
+            // in between in a way no transition allows.
+            Ok(()) => StoreError::Unavailable(format!(
+                "record {id} changed while it was written; try again"
+            )),
+        })
     }
 
     /// A fenced owner transition: the `UPDATE` in `sql` takes `$1` offset, `$2` id,
@@ -61,6 +68,7 @@ impl PgStore {
         &self,
         sql: &str,
         fence: &Fence,
+        done: Option<State>,
         extra: &[&(dyn ToSql + Sync)],
         check: impl FnOnce(&mut Record, Timestamp) -> Result<(), TransitionError>,
     ) -> Result<Record> {
@@ -76,7 +84,7 @@ impl PgStore {
                 self.inner.waiters.wake(&record.id);
                 Ok(record)
             }
-            None => Err(self.refusal(&fence.id, check).await),
+            None => self.refusal(&fence.id, fence, done, check).await,
         }
     }
 
@@ -96,6 +104,7 @@ impl PgStore {
         self.fenced(
             &SQL.complete,
             fence,
+            Some(State::Completed),
             &[
                 &window,
                 &until,
@@ -258,9 +267,15 @@ impl Ledger for PgStore {
                 // Not offered to the replay cache: the first claim that reads it does.
                 Ok(*record)
             }
-            Completed::Refused => Err(self
-                .refusal(&fence.id, |r, now| r.complete(fence, completion, now))
-                .await),
+            Completed::Refused => {
+                let done = self
+                    .refusal(&fence.id, fence, Some(State::Completed), |r, now| {
+                        r.complete(fence, completion, now)
+                    })
+                    .await?;
+                watch::forget(done.id.as_str());
+                Ok(done)
+            }
             Completed::Retry => {
                 let done = self.complete_alone(fence, completion).await?;
                 watch::forget(done.id.as_str());
@@ -277,9 +292,13 @@ impl Ledger for PgStore {
     ) -> Result<Record> {
         let window_ms = millis(window);
         let released = self
-            .fenced(&SQL.release, fence, &[&error, &window_ms], |r, now| {
-                r.release(fence, None, window, now)
-            })
+            .fenced(
+                &SQL.release,
+                fence,
+                Some(State::Released),
+                &[&error, &window_ms],
+                |r, now| r.release(fence, None, window, now),
+            )
             .await?;
         watch::forget(released.id.as_str());
         Ok(released)
@@ -287,9 +306,13 @@ impl Ledger for PgStore {
 
     async fn mark_unknown(&self, fence: &Fence, error: String) -> Result<Record> {
         let unknown = self
-            .fenced(&SQL.mark_unknown, fence, &[&error], |r, now| {
-                r.mark_unknown(fence, String::new(), now)
-            })
+            .fenced(
+                &SQL.mark_unknown,
+                fence,
+                Some(State::OutcomeUnknown),
+                &[&error],
+                |r, now| r.mark_unknown(fence, String::new(), now),
+            )
             .await?;
         watch::forget(unknown.id.as_str());
         Ok(unknown)
@@ -298,7 +321,7 @@ impl Ledger for PgStore {
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<()> {
         let lease_ms = millis(lease);
         let renewed = self
-            .fenced(&SQL.renew, fence, &[&lease_ms], |r, now| {
+            .fenced(&SQL.renew, fence, None, &[&lease_ms], |r, now| {
                 r.renew(fence, lease, now)
             })
             .await?;

@@ -364,7 +364,14 @@ impl TaskQueue for PgStore {
                         &[&fence.id.0, &fence.owner, &attempt],
                     )
                     .await?;
-                return row.map(|_| Finished::Done).ok_or_else(fenced);
+                if row.is_some() {
+                    return Ok(Finished::Done);
+                }
+                // Gone: this delete retried after its answer was lost, or another worker's
+                // (the row is deleted by nothing else). Either way the delivery is done;
+                // the worker acts on that only once it is durable (`PgStore::durable`).
+                self.durable().await?;
+                return Err(fenced());
             }
             TaskOutcome::Retry { at, error } => (Some(at), error),
             TaskOutcome::Dead { error } => (None, error),

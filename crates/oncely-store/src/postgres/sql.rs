@@ -67,6 +67,7 @@ pub(super) struct Statements {
     pub(super) usage: String,
     pub(super) now: String,
     pub(super) up: String,
+    pub(super) durable: String,
 }
 
 /// A fenced owner transition that sets `set` and sends NOTIFY when someone waits.
@@ -244,4 +245,11 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
         .into(),
     now: NOW.to_string(),
     up: format!("WITH {UP} SELECT up FROM up"),
+    // A write of the primary's own row, or its first sighting (as in UP): the smallest
+    // commit that waits for the synchronous standbys (`PgStore::durable`).
+    durable: "INSERT INTO timelines (timeline, since)
+              VALUES (oncely_primary(),
+                      (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint)
+              ON CONFLICT (timeline) DO UPDATE SET since = timelines.since"
+        .into(),
 });

@@ -156,6 +156,21 @@ impl PgStore {
     }
 
     /// Runs one cached statement and returns its row, if any.
+    /// Returns once everything the server has committed is as durable as a write of
+    /// this instance's own: it commits a write (`SQL.durable`), and a commit waits until
+    /// the synchronous standbys have the WAL up to it, so everything before it too. A
+    /// primary restarted while commits waited for a standby shows them before any standby
+    /// has them; a write retried after its answer was lost that finds itself applied
+    /// confirms it this way before its writer acts on it (and stops), so that a failover
+    /// cannot take back what an owner was told it had written. (A transaction that only
+    /// takes an id writes no WAL of its own, and PostgreSQL lets it commit without
+    /// waiting: it must write a row.)
+    pub(super) async fn durable(&self) -> Result<()> {
+        self.query_opt(&super::sql::SQL.durable, &[&self.offset()])
+            .await
+            .map(|_| ())
+    }
+
     pub(super) async fn query_opt(
         &self,
         sql: &str,

@@ -8,8 +8,8 @@
 //! let a duplicate take the record over: the chaos run found both (a `write` executed
 //! twice 20 ms apart, a `job` run again 12 ms after it started). And a commit that waits
 //! when the primary restarts is shown by the restarted primary though the standby never
-//! got it: no gateway may take it as recorded before the standby has it (open: that test
-//! is ignored until it passes).
+//! got it: an owner (a completion) or a worker (a delivery's end) that retries its write
+//! there and finds it applied may not take it as recorded before the standby has it.
 
 use std::time::Duration;
 
@@ -132,7 +132,6 @@ async fn a_task_renewal_whose_commit_waits_past_the_lease_keeps_the_delivery_wit
 /// then promoted without it, and the record is `processing` again. The owner's next try
 /// records it on the new primary, and the intention runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known break, open: the write runs twice (see RELIABILITY.md, \"Open: commits only a restarted primary has\")"]
 async fn a_completion_only_the_restarted_primary_has_is_recorded_again_after_the_failover() {
     let cluster = cluster().await;
     let up = Renders::start(Duration::from_secs(2)).await;
@@ -166,7 +165,70 @@ async fn a_completion_only_the_restarted_primary_has_is_recorded_again_after_the
     assert_eq!(
         up.runs(body),
         1,
-        "the intention ran again after the failover"
+        "the intention ran again after the failover\nA:\n{}\nB:\n{}",
+        a.lines.lock().unwrap().join("\n"),
+        b.lines.lock().unwrap().join("\n")
     );
     assert_eq!(dup.body, original.body);
+}
+
+/// The same for a webhook delivery's end: a 4 s delivery with a 7.5 s task lease (renewed
+/// at 2.5 s and 5 s), so that the delivery's delete is the commit that waits when the
+/// primary is restarted. The worker retries it there, finds the task gone, and must not
+/// take it as delivered before the standby has that; the standby is then promoted without
+/// it, the task is running again under the worker's lease, and the worker's next try ends
+/// it there. The event is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_end_only_the_restarted_primary_has_is_recorded_again_after_the_failover() {
+    use crate::durable::{config, service, signed, start, Seen};
+
+    let cluster = cluster().await;
+    let url = cluster.url(
+        &[cluster.port(0), cluster.port(1)],
+        "target_session_attrs=read-write",
+    );
+    migrate(&url);
+    let seen = Seen::default();
+    let up = crate::common::upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &url, up);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let at = text.rfind("lease = \"1s\"").expect("the webhook's lease");
+    std::fs::write(
+        &cfg,
+        format!("{}lease = \"7500ms\"{}", &text[..at], &text[at + 12..]),
+    )
+    .unwrap();
+    let (a, b) = (start(&cfg), start(&cfg));
+    let body = r#"{"type":"invoice.paid","id":"slow_end"}"#;
+    let mut headers: Vec<(String, String)> = signed("msg_end", body);
+    headers.push(("content-type".into(), "application/json".into()));
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let ack = http_post(&a.url("/hooks/events"), body, &h).await;
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    let began = seen.until("slow_end", 1, Duration::from_secs(10)).await;
+    assert_eq!(began.len(), 1, "the delivery began");
+    // After the renewal at 2.5 s; the delivery ends at 4 s and its delete waits.
+    tokio::time::sleep(Duration::from_millis(2900).saturating_sub(began[0].1.elapsed())).await;
+    on_cluster(&cluster, PgCluster::stop_standby).await;
+    tokio::time::sleep(Duration::from_millis(4600).saturating_sub(began[0].1.elapsed())).await;
+    on_cluster(&cluster, PgCluster::stop_primary).await;
+    on_cluster(&cluster, PgCluster::start_primary).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    on_cluster(&cluster, PgCluster::kill_primary).await;
+    on_cluster(&cluster, PgCluster::start_standby_again).await;
+    on_cluster(&cluster, PgCluster::promote).await;
+    // Past the new primary's first lease and a lease watched, with polls of both (the
+    // delivery was sent again after 8-9 s here before the fix).
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        seen.of("slow_end").len(),
+        1,
+        "the delivery was sent again after the failover\nA:\n{}\nB:\n{}",
+        a.lines.lock().unwrap().join("\n"),
+        b.lines.lock().unwrap().join("\n")
+    );
 }
