@@ -35,6 +35,7 @@ pub struct Engine {
     pub(crate) repeats: Arc<RepeatTally>,
     budget: Arc<Budget>,
     waits: Mutex<HashMap<RecordId, SharedWait>>,
+    live: ledger::Live,
 }
 
 impl std::fmt::Debug for Engine {
@@ -59,6 +60,7 @@ impl Engine {
             repeats: Arc::new(RepeatTally::new(store_for_tally)),
             budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
             waits: Mutex::new(HashMap::new()),
+            live: ledger::Live::default(),
         }
     }
 
@@ -111,6 +113,13 @@ impl Engine {
         self.repeats.flush().await
     }
 
+    /// Whether `record`'s owner is an owner task of this engine's that still runs: its
+    /// lease is held, whatever the ledger says of it (a store that stalled past the
+    /// lease kept its renewals from landing), and it is never taken over from here.
+    pub fn runs(&self, record: &Record) -> bool {
+        self.live.holds(record)
+    }
+
     /// A new owner id of this instance (`INSTANCE/N`).
     pub fn new_owner(&self) -> String {
         format!(
@@ -149,12 +158,13 @@ impl Engine {
         owner::run(owner::OwnerTask {
             store: self.store.clone(),
             record,
-            fence,
             call,
             upstream,
             head,
             token: self.tasks.start(),
             budget: self.budget.clone(),
+            held: self.live.hold(&fence.owner),
+            fence,
         })
         .await
     }
@@ -228,7 +238,13 @@ impl Engine {
                             let store = self.store.clone();
                             let (id, attempt) = (record.id.clone(), record.attempt);
                             let (owner, lease) = (spec.owner.clone(), call.lease);
+                            let held_here = self.runs(&record);
                             async move {
+                                if held_here {
+                                    return Err(StoreError::Transition(
+                                        TransitionError::LeaseHeld { id },
+                                    ));
+                                }
                                 match store.take_over(&id, attempt, &owner, lease).await? {
                                     TakeOverOutcome::Owned(r) => Ok(Claimed::Owned(r)),
                                     TakeOverOutcome::OutcomeUnknown(r) => Ok(Claimed::Other(r)),
@@ -399,6 +415,7 @@ impl Engine {
         let token = self.tasks.start();
         let store = self.store.clone();
         let budget = self.budget.clone();
+        let live = self.live.clone();
         let call = call.clone();
         let task = tokio::spawn(async move {
             let mut op = op;
@@ -432,6 +449,7 @@ impl Engine {
             let Some(fence) = record.fence() else {
                 return Detached::Broken(format!("owned record {} has no owner", record.id));
             };
+            let held = live.hold(&fence.owner);
             let upstream = run(DownstreamKey::derive(&call.scope, &call.key), &record);
             let (head_tx, head_rx) = oneshot::channel();
             tokio::spawn(owner::run(owner::OwnerTask {
@@ -443,6 +461,7 @@ impl Engine {
                 head: head_tx,
                 token,
                 budget,
+                held,
             }));
             Detached::Owner(record, head_rx)
         });

@@ -44,6 +44,44 @@ pub(crate) fn unanswered() -> StoreError {
     ))
 }
 
+/// The owners running in this process, by owner id. A record one of them owns has a live
+/// owner whatever the ledger's clocks say of its lease: a store that stalled past the lease
+/// (a SQLite write lock held for seconds, a PostgreSQL commit that waited) kept its
+/// renewals from landing, not its owner from running. The engine never takes such a
+/// record over (`Engine::runs`).
+#[derive(Clone, Default)]
+pub(crate) struct Live(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+impl Live {
+    /// Counts `owner` as running until the returned guard is dropped.
+    pub(crate) fn hold(&self, owner: &str) -> Held {
+        self.0.lock().expect("live owners").insert(owner.to_owned());
+        Held {
+            live: self.clone(),
+            owner: owner.to_owned(),
+        }
+    }
+
+    pub(crate) fn holds(&self, record: &Record) -> bool {
+        record
+            .owner
+            .as_deref()
+            .is_some_and(|o| self.0.lock().expect("live owners").contains(o))
+    }
+}
+
+/// One running owner of [`Live`]'s, until dropped.
+pub(crate) struct Held {
+    live: Live,
+    owner: String,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.live.0.lock().expect("live owners").remove(&self.owner);
+    }
+}
+
 /// Keeps the lease alive from a task of its own, renewing every third of it (sooner,
 /// with backoff, after a failed renewal), until dropped or until the store says another
 /// owner took the record over.

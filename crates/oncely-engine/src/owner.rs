@@ -31,7 +31,9 @@ use crate::budget::{Budget, Reservation};
 use crate::call::{
     Classified, GuardedCall, Head, Upstream, UpstreamAnswer, UpstreamError, UpstreamFailure,
 };
-use crate::ledger::{keep_known_outcome, log_write_failure, settle, write, Lease, STORE_ANSWER};
+use crate::ledger::{
+    keep_known_outcome, log_write_failure, settle, write, Held, Lease, STORE_ANSWER,
+};
 use crate::stream::{CallerBody, FedChunk, Feed};
 use crate::tasks::TaskToken;
 use crate::BoxError;
@@ -46,6 +48,8 @@ pub(crate) struct OwnerTask<H> {
     pub(crate) head: oneshot::Sender<Head<H>>,
     pub(crate) token: TaskToken,
     pub(crate) budget: Arc<Budget>,
+    /// This owner counted as running in this process until the task ends.
+    pub(crate) held: Held,
 }
 
 struct InFlightGauge;
@@ -81,8 +85,10 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         head,
         token,
         budget,
+        held,
     } = task;
     let _token = token;
+    let _held = held;
     let _gauge = InFlightGauge::start();
     // Renewed from its own task until the outcome is written (or the record is lost).
     let lease = Lease::start(store.clone(), fence.clone(), call.lease);

@@ -780,6 +780,34 @@ async fn a_dead_owners_record_is_taken_over() {
     }
 }
 
+/// An owner of this instance's is alive while its call runs, whatever the ledger's clock
+/// says of its lease (here the store's clock jumps past it, as when a stalled store kept
+/// its renewals from landing): a duplicate waits for it and joins, and never takes the
+/// record over (an action would become outcome_unknown while it runs, a write run twice).
+#[tokio::test]
+async fn a_running_owner_of_this_instance_is_never_taken_over() {
+    for class in [Class::Action, Class::Write] {
+        let s = setup();
+        let up = Upstream::echo().delayed(Duration::from_millis(400));
+        let svc = layer(&s, policy(class), &up);
+        let first = send(&svc, req("x", Some("k"), ALICE));
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.clock.advance(Duration::from_secs(3600));
+            send(&svc, req("x", Some("k"), ALICE)).await
+        };
+        let ((st1, h1, body1), (st, h, body)) = tokio::join!(first, second);
+        assert_eq!((st1, status(&h1)), (StatusCode::OK, "fresh"), "{class}");
+        assert_eq!(st, 200, "{class}: {body}");
+        assert_eq!(status(&h), "joined", "{class}");
+        assert_eq!(body, body1);
+        assert_eq!(up.calls(), 1, "{class}");
+        let id = RecordId(h["oncely-record"].to_str().unwrap().into());
+        let r = s.store.get(&id).await.unwrap().unwrap();
+        assert_eq!((r.state, r.attempt), (State::Completed, 1), "{class}");
+    }
+}
+
 #[tokio::test]
 async fn units_by_rule() {
     let s = setup();

@@ -239,6 +239,18 @@ where
                 )
                 .await;
             }
+            // An owner task of this instance's still runs it (its renewals did not land
+            // while the store stalled): its lease is held, as below.
+            Decided::TakeOver if guard.engine().runs(&record) => {
+                tracing::info!(target: "oncely::jobs", record = %record.id, "job's record is still run by this instance; its task is retried later");
+                return retry_later(
+                    guard,
+                    &task_fence,
+                    policy.lease,
+                    "the record's owner still runs here".into(),
+                )
+                .await;
+            }
             Decided::TakeOver => match store
                 .take_over(
                     &record.id,
