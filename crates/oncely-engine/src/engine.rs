@@ -106,7 +106,7 @@ impl Engine {
         self.flush_repeats().await;
     }
 
-    /// Writes the repeats counted in memory so far to the ledger (one `add_repeats` per
+    /// Writes the repeats counted in memory so far to the ledger (one `record_repeats` per
     /// record), and returns once they are written. A background task does this every
     /// [`REPEAT_FLUSH`](crate::REPEAT_FLUSH); [`Engine::drain`] does it last.
     pub async fn flush_repeats(&self) {
@@ -350,7 +350,7 @@ impl Engine {
     }
 
     fn count_repeat(&self, record: &Record, kind: RepeatKind) {
-        self.repeats.add(&record.id, kind, record.units);
+        self.repeats.add(record, kind, record.units);
     }
 
     /// [`Store::wait_for`], shared by every request of this instance waiting on the same
@@ -796,7 +796,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn each_repeat_is_kept_with_its_kind_and_over_the_cap_only_counted() {
+    async fn each_repeat_is_kept_with_its_kind_and_over_the_cap_summed() {
         let store = oncely_store::open("memory:", Default::default())
             .await
             .unwrap();
@@ -816,16 +816,18 @@ mod tests {
             "all counted"
         );
         let events = store.repeat_events(&a.principal, None, 100).await.unwrap();
-        assert_eq!((events.total, events.total_units), (3, 9), "three listed");
+        assert_eq!((events.total, events.total_units), (5, 15), "all kept");
+        let counts: Vec<u64> = events.listed.iter().map(|e| e.count).collect();
+        assert_eq!(counts, [1, 1, 1, 2], "three one by one, two summed");
         assert!(events
             .listed
             .iter()
-            .all(|e| e.kind == RepeatKind::Replayed && e.units == 3 && e.record == a.id));
+            .all(|e| e.kind == RepeatKind::Replayed && e.units == 3 * e.count && e.record == a.id));
         // The cap is on what waits: after a flush, the next repeats are kept again.
         replay_n(&guard, "a", 2).await;
         guard.flush_repeats().await;
         let events = store.repeat_events(&a.principal, None, 100).await.unwrap();
-        assert_eq!(events.total, 5);
+        assert_eq!((events.total, events.listed.len()), (7, 6));
     }
 
     #[tokio::test]

@@ -1,5 +1,5 @@
 //! Repeats (replays and joins) are counted in memory per record and written to the
-//! ledger in sums, one `record_repeats` per record every [`REPEAT_FLUSH`] and on
+//! ledger, one `record_repeats` per record every [`REPEAT_FLUSH`] and on
 //! the engine's drain (`Engine::drain`), so that a replay never waits on, nor queues
 //! behind, a ledger write.
 
@@ -8,24 +8,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use oncely_core::RecordId;
-use oncely_store::{Repeat, RepeatKind, Store, StoreError};
+use oncely_core::{Record, RecordId};
+use oncely_store::{Repeat, RepeatKind, Store};
 
 /// How often the repeats counted in memory are written to the ledger.
 pub const REPEAT_FLUSH: Duration = Duration::from_millis(200);
 
 /// At most this many repeat events wait in memory (over every record) while the ledger
-/// cannot take them; beyond it a repeat is still counted, only not listed in statements.
+/// cannot take them; beyond it repeats are still counted, summed per record and kind (one
+/// event for several, listed in statements as one line).
 const MAX_PENDING_EVENTS: usize = 100_000;
 
 /// One record's repeats not yet written.
 #[derive(Debug, Default)]
 struct PendingRepeats {
+    /// The record's principal and route (its repeats are kept even if it left the ledger
+    /// before they were written).
+    principal: String,
+    route: String,
     /// Each one, with its time and kind (for statements).
     events: Vec<Repeat>,
-    /// Repeats over [`MAX_PENDING_EVENTS`]: counted, not kept one by one.
-    unlisted: u64,
-    unlisted_units: u64,
+    /// Repeats over [`MAX_PENDING_EVENTS`], summed per kind (joined, replayed).
+    summed: [Option<Repeat>; 2],
 }
 
 /// Repeats per record not yet written, and how many events they hold.
@@ -58,26 +62,42 @@ impl RepeatTally {
         }
     }
 
-    /// Counts one repeat of `id` worth `units`, and starts the flushing task on first use
-    /// (on the caller's runtime). No store call: the repeat is written with the next flush.
-    pub(crate) fn add(self: &Arc<Self>, id: &RecordId, kind: RepeatKind, units: u64) {
+    /// Counts one repeat of `record` worth `units`, and starts the flushing task on first
+    /// use (on the caller's runtime). No store call: the repeat is written with the next
+    /// flush.
+    pub(crate) fn add(self: &Arc<Self>, record: &Record, kind: RepeatKind, units: u64) {
         {
             let mut pending = self.pending.lock().expect("repeat tally lock");
             let keep = pending.events < self.max_events;
             if keep {
                 pending.events += 1;
             }
-            let entry = pending.by_record.entry(id.clone()).or_default();
-            if keep {
-                entry.events.push(Repeat {
-                    // The gateway's own clock: no store round trip on the answer's path.
-                    at: oncely_store::clock::system_now(),
-                    kind,
-                    units,
+            let entry = pending
+                .by_record
+                .entry(record.id.clone())
+                .or_insert_with(|| PendingRepeats {
+                    principal: record.principal.clone(),
+                    route: record.route.clone(),
+                    ..PendingRepeats::default()
                 });
+            let repeat = Repeat {
+                // The gateway's own clock: no store round trip on the answer's path.
+                at: oncely_store::clock::system_now(),
+                kind,
+                count: 1,
+                units,
+            };
+            if keep {
+                entry.events.push(repeat);
             } else {
-                entry.unlisted += 1;
-                entry.unlisted_units += units;
+                let slot = &mut entry.summed[kind as usize];
+                match slot {
+                    Some(sum) => {
+                        sum.count += 1;
+                        sum.units += units;
+                    }
+                    None => *slot = Some(repeat),
+                }
             }
         }
         if !self.flusher.load(Ordering::Relaxed) && !self.flusher.swap(true, Ordering::AcqRel) {
@@ -89,37 +109,33 @@ impl RepeatTally {
     pub(crate) async fn flush(&self) {
         let _writing = self.writing.lock().await;
         let taken = std::mem::take(&mut *self.pending.lock().expect("repeat tally lock"));
-        for (id, mut repeats) in taken.by_record {
-            let mut result = Ok(());
-            if !repeats.events.is_empty() {
-                result = self.store.record_repeats(&id, &repeats.events).await;
-                if result.is_ok() {
-                    repeats.events.clear();
-                }
+        for (id, repeats) in taken.by_record {
+            let mut all = repeats.events.clone();
+            all.extend(repeats.summed.iter().flatten().copied());
+            if all.is_empty() {
+                continue;
             }
-            if result.is_ok() && repeats.unlisted > 0 {
-                result = self
-                    .store
-                    .add_repeats(&id, repeats.unlisted, repeats.unlisted_units)
-                    .await;
-                if result.is_ok() {
-                    repeats.unlisted = 0;
-                    repeats.unlisted_units = 0;
-                }
-            }
-            match result {
-                Ok(()) => {}
-                // The record is gone (purged): nothing left to count on.
-                Err(StoreError::NotFound(_)) => {}
-                Err(e) => {
-                    tracing::warn!(target: "oncely::store", record = %id, repeats = repeats.events.len() as u64 + repeats.unlisted, error = %e, "could not count repeats; will retry");
-                    let mut pending = self.pending.lock().expect("repeat tally lock");
-                    pending.events += repeats.events.len();
-                    let entry = pending.by_record.entry(id).or_default();
-                    let later = std::mem::replace(entry, repeats);
-                    entry.events.extend(later.events);
-                    entry.unlisted += later.unlisted;
-                    entry.unlisted_units += later.unlisted_units;
+            let written = self
+                .store
+                .record_repeats(&id, &repeats.principal, &repeats.route, &all)
+                .await;
+            if let Err(e) = written {
+                let n: u64 = all.iter().map(|r| r.count).sum();
+                tracing::warn!(target: "oncely::store", record = %id, repeats = n, error = %e, "could not count repeats; will retry");
+                let mut pending = self.pending.lock().expect("repeat tally lock");
+                pending.events += repeats.events.len();
+                let entry = pending.by_record.entry(id).or_default();
+                let later = std::mem::replace(entry, repeats);
+                entry.events.extend(later.events);
+                for (kind, sum) in later.summed.into_iter().enumerate() {
+                    let Some(sum) = sum else { continue };
+                    match &mut entry.summed[kind] {
+                        Some(mine) => {
+                            mine.count += sum.count;
+                            mine.units += sum.units;
+                        }
+                        slot => *slot = Some(sum),
+                    }
                 }
             }
         }

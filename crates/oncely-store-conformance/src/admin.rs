@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use oncely_core::{Class, Resolution, Scope, State, TakeOverOutcome};
-use oncely_store::{Admin, Ledger, ListFilter, StoreError};
+use oncely_store::{Admin, Ledger, ListFilter};
 
 use crate::{completion, existing, owned, spec, Harness, LEASE, WINDOW};
 
@@ -335,8 +335,21 @@ where
             .await
             .unwrap();
         if key == "a1" {
-            store.add_repeats(&r.id, 2, 200).await.unwrap();
-            store.add_repeats(&r.id, 1, 100).await.unwrap();
+            let now = store.now().await.unwrap();
+            let summed = |count, units| oncely_store::Repeat {
+                at: now,
+                kind: oncely_store::RepeatKind::Replayed,
+                count,
+                units,
+            };
+            store
+                .record_repeats(&r.id, principal, &r.route, &[summed(2, 200)])
+                .await
+                .unwrap();
+            store
+                .record_repeats(&r.id, principal, &r.route, &[summed(1, 100)])
+                .await
+                .unwrap();
         }
     }
     let processing = owned(
@@ -384,18 +397,15 @@ where
         (bob.fresh, bob.fresh_units, bob.repeats, bob.repeat_units),
         (1, 7, 0, 0)
     );
-    let future = store.now().await.unwrap().plus(Duration::from_secs(60));
-    assert_eq!(store.usage(Some(future)).await.unwrap().totals.fresh, 0);
-    assert!(store
-        .add_repeats(&oncely_store::new_record_id(), 1, 1)
-        .await
-        .is_err());
+    // A period starts at the start of its hour: the next hour holds nothing yet.
+    let next_hour = store.now().await.unwrap().plus(Duration::from_secs(3600));
+    assert_eq!(store.usage(Some(next_hour)).await.unwrap().totals.fresh, 0);
     drop(processing);
 }
 
 /// Each repeat is kept with its time, kind and units, listed per principal oldest first
-/// (capped, with exact totals), counted on the record like `add_repeats`, and purged with
-/// the record.
+/// (capped, with exact totals), counted on the record, and, once purged with the record,
+/// summed per route and hour.
 pub async fn repeat_events_for_statements<H: Harness + ?Sized>(h: &H)
 where
     H::Store: Ledger + Admin,
@@ -422,27 +432,40 @@ where
         Repeat {
             at: at(1),
             kind: RepeatKind::Joined,
+            count: 1,
             units: 10,
         },
         Repeat {
             at: at(5),
             kind: RepeatKind::Replayed,
+            count: 1,
             units: 10,
         },
         Repeat {
             at: at(9),
             kind: RepeatKind::Replayed,
+            count: 1,
             units: 10,
         },
     ];
-    store.record_repeats(&ids[0], &alice[..2]).await.unwrap();
-    store.record_repeats(&ids[0], &alice[2..]).await.unwrap();
+    let route = "POST /v1/render";
+    store
+        .record_repeats(&ids[0], "alice", route, &alice[..2])
+        .await
+        .unwrap();
+    store
+        .record_repeats(&ids[0], "alice", route, &alice[2..])
+        .await
+        .unwrap();
     store
         .record_repeats(
             &ids[1],
+            "bob",
+            route,
             &[Repeat {
                 at: at(2),
                 kind: RepeatKind::Replayed,
+                count: 1,
                 units: 3,
             }],
         )
@@ -470,34 +493,42 @@ where
         (1, 3, 30)
     );
     assert_eq!(capped.listed[0].kind, RepeatKind::Joined);
+    // A period starts at the start of its hour.
     let later = store
-        .repeat_events("alice", Some(at(5)), 100)
+        .repeat_events("alice", Some(at(9)), 100)
         .await
         .unwrap();
-    assert_eq!((later.listed.len(), later.total), (2, 2));
+    assert_eq!((later.listed.len(), later.total), (3, 3));
+    let next_hour = store
+        .repeat_events("alice", Some(at(3_600_000)), 100)
+        .await
+        .unwrap();
+    assert_eq!((next_hour.listed.len(), next_hour.total), (0, 0));
     let bob = store.repeat_events("bob", None, 100).await.unwrap();
     assert_eq!((bob.total, bob.total_units, bob.listed.len()), (1, 3, 1));
     assert_eq!(
         store.repeat_events("carol", None, 100).await.unwrap().total,
         0
     );
-    assert!(matches!(
-        store
-            .record_repeats(&oncely_store::new_record_id(), &alice[..1])
-            .await,
-        Err(StoreError::NotFound(_))
-    ));
-    // The events go with their record's window.
+    // The events go with their record's window: no longer listed, summed per route
+    // and hour, the totals the same.
     h.advance(WINDOW + Duration::from_secs(1));
     assert_eq!(store.purge_expired().await.unwrap(), 2);
-    assert_eq!(
-        store.repeat_events("alice", None, 100).await.unwrap().total,
-        0
-    );
-    assert_eq!(
-        store.repeat_events("bob", None, 100).await.unwrap().total,
-        0
-    );
+    let after = store.repeat_events("alice", None, 100).await.unwrap();
+    assert!(after.listed.is_empty(), "{after:?}");
+    assert_eq!((after.total, after.total_units), (3, 30));
+    let older: (u64, u64, u64, u64) = after.older.iter().fold((0, 0, 0, 0), |t, h| {
+        (
+            t.0 + h.repeats,
+            t.1 + h.repeat_units,
+            t.2 + h.joined,
+            t.3 + h.replayed,
+        )
+    });
+    assert_eq!(older, (3, 30, 1, 2));
+    assert!(after.older.iter().all(|h| h.route == route));
+    let bob = store.repeat_events("bob", None, 100).await.unwrap();
+    assert_eq!((bob.total, bob.total_units, bob.listed.len()), (1, 3, 0));
 }
 
 /// Many repeats in one write (a busy record's flush: hundreds of replays in one tally) are
@@ -528,11 +559,18 @@ where
             } else {
                 RepeatKind::Replayed
             },
+            count: 1,
             units: i % 5,
         })
         .collect();
-    store.record_repeats(&r.id, &events).await.unwrap();
-    store.record_repeats(&r.id, &events[..1]).await.unwrap();
+    store
+        .record_repeats(&r.id, "dora", &r.route, &events)
+        .await
+        .unwrap();
+    store
+        .record_repeats(&r.id, "dora", &r.route, &events[..1])
+        .await
+        .unwrap();
     let units: u64 = events.iter().map(|e| e.units).sum::<u64>() + events[0].units;
     let record = store.get(&r.id).await.unwrap().unwrap();
     assert_eq!((record.repeats, record.repeat_units), (151, units));
@@ -666,4 +704,208 @@ where
         Some(fresh),
         "a new stay in outcome_unknown starts afresh"
     );
+}
+
+/// Usage outlives the records: what records and their repeats counted is the same before
+/// and after the purge that deletes them (and after an expired key is renewed in place),
+/// per principal and per route and hour; repeats written after their record was purged
+/// are counted; the history's old hours go with `purge_usage`.
+pub async fn usage_outlives_the_records<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    use oncely_store::{Repeat, RepeatKind};
+    let store = h.store().await;
+    let mut done = Vec::new();
+    for (principal, key, units) in [("erin", "e1", 5u64), ("erin", "e2", 7), ("finn", "f1", 1)] {
+        let r = owned(
+            store
+                .claim(&spec(principal, key, "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&r.fence().unwrap(), completion("{}", units))
+            .await
+            .unwrap();
+        done.push(r);
+    }
+    let now = store.now().await.unwrap();
+    let repeat = |kind, units| Repeat {
+        at: now,
+        kind,
+        count: 1,
+        units,
+    };
+    store
+        .record_repeats(
+            &done[0].id,
+            "erin",
+            &done[0].route,
+            &[
+                repeat(RepeatKind::Joined, 5),
+                repeat(RepeatKind::Replayed, 5),
+            ],
+        )
+        .await
+        .unwrap();
+    let before = store.usage(None).await.unwrap();
+    let hours_before = store.usage_by_hour(None).await.unwrap();
+    assert_eq!(
+        (before.totals.fresh, before.totals.fresh_units),
+        (3, 13),
+        "{before:?}"
+    );
+    assert_eq!((before.totals.repeats, before.totals.repeat_units), (2, 10));
+    let erin: Vec<_> = hours_before
+        .iter()
+        .filter(|r| r.principal == "erin")
+        .collect();
+    assert_eq!(erin.len(), 1, "{hours_before:?}");
+    assert_eq!(
+        (
+            erin[0].fresh,
+            erin[0].fresh_units,
+            erin[0].repeats,
+            erin[0].joined
+        ),
+        (2, 12, 2, 1)
+    );
+    assert_eq!(erin[0].hour, oncely_store::hour_of(now));
+    assert_eq!(erin[0].route, "POST /v1/render");
+
+    h.advance(WINDOW + Duration::from_secs(1));
+    assert_eq!(store.purge_expired().await.unwrap(), 3);
+    assert!(store.list(&ListFilter::default()).await.unwrap().is_empty());
+    assert_eq!(
+        store.usage(None).await.unwrap(),
+        before,
+        "the purge changed usage"
+    );
+    assert_eq!(store.usage_by_hour(None).await.unwrap(), hours_before);
+    // A second purge folds nothing again.
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+    assert_eq!(store.usage(None).await.unwrap(), before);
+
+    // Repeats flushed after their record was purged still count, once.
+    store
+        .record_repeats(
+            &done[2].id,
+            "finn",
+            &done[2].route,
+            &[repeat(RepeatKind::Replayed, 1)],
+        )
+        .await
+        .unwrap();
+    store.purge_expired().await.unwrap();
+    let after = store.usage(None).await.unwrap();
+    assert_eq!((after.totals.repeats, after.totals.repeat_units), (3, 11));
+    assert_eq!(after.totals.fresh, 3);
+
+    // An expired key claimed again: the first execution's count stays.
+    let again = owned(
+        store
+            .claim(&spec("finn", "f1", "{}", Class::Write, "o2"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&again.fence().unwrap(), completion("{}", 1))
+        .await
+        .unwrap();
+    let later = store.usage(None).await.unwrap();
+    assert_eq!((later.totals.fresh, later.totals.fresh_units), (4, 14));
+    h.advance(WINDOW + Duration::from_secs(1));
+    let renewed = owned(
+        store
+            .claim(&spec("finn", "f1", "{}", Class::Write, "o3"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        store.usage(None).await.unwrap().totals.fresh,
+        4,
+        "the renewed record's first execution is still counted"
+    );
+    drop(renewed);
+
+    // The history's hours before a time go; later ones stay (the first three executions
+    // and the repeats are in the first hour, the second run of f1 a window later).
+    let hour = oncely_store::hour_of(now);
+    assert_eq!(store.purge_usage(hour).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .purge_usage(hour.plus(Duration::from_secs(3600)))
+            .await
+            .unwrap(),
+        2,
+        "erin's and finn's first hour"
+    );
+    let kept = store.usage(None).await.unwrap();
+    assert_eq!((kept.totals.fresh, kept.totals.repeats), (1, 0), "{kept:?}");
+}
+
+/// Two instances purging at once while repeats keep arriving fold every count once.
+pub async fn concurrent_purges_fold_each_count_once<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    use oncely_store::{Repeat, RepeatKind};
+    let (a, b) = (h.store().await, h.second().await);
+    let mut ids = Vec::new();
+    for n in 0..40u64 {
+        let r = owned(
+            a.claim(&spec("gail", &format!("g{n}"), "{}", Class::Write, "o"))
+                .await
+                .unwrap(),
+        );
+        a.complete(&r.fence().unwrap(), completion("{}", 2))
+            .await
+            .unwrap();
+        ids.push((r.id, r.route));
+    }
+    h.advance(WINDOW + Duration::from_secs(1));
+    let now = a.now().await.unwrap();
+    let mut tasks = Vec::new();
+    for (i, (id, route)) in ids.iter().enumerate() {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (id, route) = (id.clone(), route.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = Repeat {
+                at: now,
+                kind: RepeatKind::Replayed,
+                count: 1,
+                units: 2,
+            };
+            store
+                .record_repeats(&id, "gail", &route, &[r])
+                .await
+                .unwrap();
+        }));
+        if i % 10 == 0 {
+            let (a, b) = (a.clone(), b.clone());
+            tasks.push(tokio::spawn(async move {
+                a.purge_expired().await.unwrap();
+            }));
+            tasks.push(tokio::spawn(async move {
+                b.purge_expired().await.unwrap();
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    a.purge_expired().await.unwrap();
+    b.purge_expired().await.unwrap();
+    let usage = a.usage(None).await.unwrap();
+    assert_eq!(
+        (
+            usage.totals.fresh,
+            usage.totals.fresh_units,
+            usage.totals.repeats,
+            usage.totals.repeat_units
+        ),
+        (40, 80, 40, 80)
+    );
+    assert_eq!(b.usage(None).await.unwrap(), usage);
 }

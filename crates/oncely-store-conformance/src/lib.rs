@@ -179,6 +179,8 @@ macro_rules! admin_tests {
             many_repeat_events_in_one_write_are_all_kept,
             secrets_are_stable_and_shared,
             reconcile_schedule_is_shared_and_compared,
+            usage_outlives_the_records,
+            concurrent_purges_fold_each_count_once,
         );
     };
 }

@@ -45,6 +45,7 @@ pub mod queue;
 mod replays;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod usage;
 mod waiters;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod watch;
@@ -133,6 +134,39 @@ pub struct UsageRow {
     pub repeat_units: u64,
 }
 
+/// One hour of one principal's use of one route: a row of the usage history (what
+/// records that left the ledger counted, folded when they left), or that with what the
+/// records still in the ledger add to it. A row per principal, route and hour at most.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageHour {
+    /// The principal's keyed hash.
+    pub principal: String,
+    /// The route (`METHOD /path`, or the MCP tool's route).
+    pub route: String,
+    /// The start of the hour (UTC).
+    pub hour: Timestamp,
+    /// Executions completed in the hour.
+    pub fresh: u64,
+    /// Units they were charged.
+    pub fresh_units: u64,
+    /// Repeats answered in the hour without executing.
+    pub repeats: u64,
+    /// Units those repeats were not charged.
+    pub repeat_units: u64,
+    /// Of the repeats, those that waited for a running original.
+    pub joined: u64,
+    /// Of the repeats, those that came after the original finished.
+    pub replayed: u64,
+}
+
+/// The start of the hour that holds `t`: usage is kept, and periods are counted, by the
+/// hour (a period asked from `t` starts at `hour_of(t)`).
+pub fn hour_of(t: Timestamp) -> Timestamp {
+    Timestamp(t.0.div_euclid(HOUR_MS).saturating_mul(HOUR_MS))
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
 /// Usage per principal, with totals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -170,14 +204,17 @@ impl RepeatKind {
     }
 }
 
-/// One repeat of a record, as the guard counted it.
+/// Repeats of a record, as the guard counted them: one (`count` 1), or several of one
+/// kind that waited in memory past its limit while the ledger was away, summed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repeat {
-    /// When it was answered.
+    /// When it was answered (the first of them).
     pub at: Timestamp,
     /// Joined or replayed.
     pub kind: RepeatKind,
-    /// The units it was not charged.
+    /// How many repeats (1 unless summed).
+    pub count: u64,
+    /// The units they were not charged, together.
     pub units: u64,
 }
 
@@ -192,16 +229,23 @@ pub struct RepeatEvent {
     pub at: Timestamp,
     /// Joined or replayed.
     pub kind: RepeatKind,
+    /// How many repeats the line is (1 unless summed, see [`Repeat`]).
+    pub count: u64,
     /// The units it was not charged.
     pub units: u64,
 }
 
-/// The repeats of one principal in a period: the first ones listed, the totals exact.
+/// The repeats of one principal in a period: those whose records are still in the ledger
+/// one by one (the first ones listed), the older ones summed per route and hour, and the
+/// totals over both, exact (read at one moment).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RepeatEvents {
     /// The oldest repeats first, at most the limit asked for.
     pub listed: Vec<RepeatEvent>,
-    /// How many repeats in the period (listed or not).
+    /// Repeats whose records have left the ledger, per route and hour (oldest first;
+    /// only hours with repeats).
+    pub older: Vec<UsageHour>,
+    /// How many repeats in the period (listed, unlisted or older).
     pub total: u64,
     /// Their units.
     pub total_units: u64,
@@ -280,17 +324,18 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Reconciliation: outcome_unknown → completed or released.
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record>;
 
-    /// Counts `count` repeats answered from the record, worth `units` each in total.
-    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()>;
-
-    /// Counts `repeats` of the record like [`Ledger::add_repeats`] and keeps each of them
-    /// (time, kind, units) for statements, in the same write. The events expire with
-    /// the record's window ([`Admin::purge_expired`]). A store that keeps no events only
-    /// counts them.
-    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
-        let units = repeats.iter().map(|r| r.units).sum();
-        self.add_repeats(id, repeats.len() as u64, units).await
-    }
+    /// Counts `repeats` of the record (of `principal` on `route`) on it and keeps each
+    /// (time, kind, count, units) for statements and usage, in one write. The events
+    /// leave with the record's window ([`Admin::purge_expired`]), folded into the usage
+    /// history. Repeats of a record that already left (purged before they were written)
+    /// are kept all the same, to be folded at the next purge: none is lost.
+    async fn record_repeats(
+        &self,
+        id: &RecordId,
+        principal: &str,
+        route: &str,
+        repeats: &[Repeat],
+    ) -> Result<()>;
 
     /// The store's clock (the database's, for PostgreSQL).
     async fn now(&self) -> Result<Timestamp>;
@@ -397,11 +442,25 @@ pub trait Admin: Send + Sync + fmt::Debug + 'static {
     /// Records, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
 
-    /// Deletes completed and released records whose window ended; returns how many.
+    /// Deletes completed and released records whose window ended, and the repeat events
+    /// that left with them; returns how many records. What they counted is folded into
+    /// the usage history in the same write (fresh executions in the hour they completed,
+    /// repeats in the hour they were answered), so no count is lost or counted twice.
     async fn purge_expired(&self) -> Result<u64>;
 
-    /// The repeats of `principal` (its keyed hash) answered since `since` (all when
-    /// `None`), oldest first: at most `limit` listed, the totals over all of them.
+    /// Deletes the usage history's hours that start before `before` (the server passes
+    /// now minus `usage_retention`); returns how many rows.
+    async fn purge_usage(&self, before: Timestamp) -> Result<u64>;
+
+    /// Usage per principal, route and hour from the hour that holds `since` (all when
+    /// `None`): the history and what the records in the ledger add, oldest hour first,
+    /// then by principal and route.
+    async fn usage_by_hour(&self, since: Option<Timestamp>) -> Result<Vec<UsageHour>>;
+
+    /// The repeats of `principal` (its keyed hash) answered from the hour that holds
+    /// `since` (all when `None`), oldest first: at most `limit` listed one by one, the
+    /// older ones (their records left the ledger) per route and hour, the totals over all
+    /// of them.
     async fn repeat_events(
         &self,
         principal: &str,
@@ -414,7 +473,9 @@ pub trait Admin: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
-    /// Usage per principal of records completed since `since` (all when `None`).
+    /// Usage per principal from the hour that holds `since` (all when `None`): the usage
+    /// history and the records still in the ledger, so a period is covered whole
+    /// whatever the routes' windows.
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage>;
 
     /// A secret generated once and kept in the store (e.g. the key that principals are

@@ -14,10 +14,11 @@ use oncely_core::{
 use crate::plan::plan_claims;
 use crate::queue::{Finished, NewTask, Task, TaskError, TaskFence, TaskId};
 use crate::queue::{TaskOutcome, TaskState};
+use crate::usage::{per_principal, period_start, Hours};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
     Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent, RepeatEvents,
-    Result, StoreError, TaskQueue, Usage, UsageRow, Waiting,
+    Result, StoreError, TaskQueue, Usage, UsageHour, Waiting,
 };
 
 #[derive(Debug, Default)]
@@ -29,8 +30,10 @@ struct Data {
     /// Reconciliation schedules, by record, with the `updated_at` they belong to.
     reconcile: HashMap<RecordId, (Timestamp, ReconcileSchedule)>,
     /// Repeat events, oldest first, with their record's principal; they go with their
-    /// record.
+    /// record (at the purge after it left), folded into `usage`.
     repeats: Vec<(String, RepeatEvent)>,
+    /// The usage history: what records and repeat events counted when they left.
+    usage: Hours,
 }
 
 impl Data {
@@ -106,7 +109,10 @@ impl Ledger for MemoryStore {
             Ok(mut records) => {
                 let (replaces, record) = records.pop().expect("a granted plan has a record");
                 if let Some(old) = replaces {
-                    data.records.remove(&old);
+                    // An expired record renewed in place leaves the ledger: its count stays.
+                    if let Some(gone) = data.records.remove(&old) {
+                        data.usage.add_record(&gone);
+                    }
                 }
                 data.by_key.insert(map_key, record.id.clone());
                 data.records.insert(record.id.clone(), record.clone());
@@ -183,34 +189,29 @@ impl Ledger for MemoryStore {
         })
     }
 
-    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+    async fn record_repeats(
+        &self,
+        id: &RecordId,
+        principal: &str,
+        route: &str,
+        repeats: &[Repeat],
+    ) -> Result<()> {
         let mut data = self.data.lock().expect("memory store lock");
-        let r = data
-            .records
-            .get_mut(id)
-            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        r.repeats += count;
-        r.repeat_units += units;
-        Ok(())
-    }
-
-    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
-        let mut data = self.data.lock().expect("memory store lock");
-        let r = data
-            .records
-            .get_mut(id)
-            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        r.repeats += repeats.len() as u64;
-        r.repeat_units += repeats.iter().map(|e| e.units).sum::<u64>();
-        let (principal, route) = (r.principal.clone(), r.route.clone());
+        // A record already purged: its repeats are kept all the same, and folded with
+        // the next purge.
+        if let Some(r) = data.records.get_mut(id) {
+            r.repeats += repeats.iter().map(|e| e.count).sum::<u64>();
+            r.repeat_units += repeats.iter().map(|e| e.units).sum::<u64>();
+        }
         for e in repeats {
             data.repeats.push((
-                principal.clone(),
+                principal.to_owned(),
                 RepeatEvent {
                     record: id.clone(),
-                    route: route.clone(),
+                    route: route.to_owned(),
                     at: e.at,
                     kind: e.kind,
+                    count: e.count,
                     units: e.units,
                 },
             ));
@@ -257,7 +258,9 @@ impl TaskQueue for MemoryStore {
         };
         for (old, record) in &records {
             if let Some(old) = old {
-                data.records.remove(old);
+                if let Some(gone) = data.records.remove(old) {
+                    data.usage.add_record(&gone);
+                }
                 if *old == record.id {
                     // Reclaimed: an earlier task of its kind is stale (see plan_claims).
                     data.tasks
@@ -405,12 +408,32 @@ impl Admin for MemoryStore {
         for r in &doomed {
             data.records.remove(&r.id);
             data.by_key.remove(&(r.scope.clone(), r.key.clone()));
+            data.usage.add_record(r);
         }
         let Data {
-            records, repeats, ..
+            records,
+            repeats,
+            usage,
+            ..
         } = &mut *data;
-        repeats.retain(|(_, e)| records.contains_key(&e.record));
+        repeats.retain(|(principal, e)| {
+            let stays = records.contains_key(&e.record);
+            if !stays {
+                usage.add_repeat(principal, &e.route, e.at, e.kind, e.count, e.units);
+            }
+            stays
+        });
         Ok(doomed.len() as u64)
+    }
+
+    async fn purge_usage(&self, before: Timestamp) -> Result<u64> {
+        let mut data = self.data.lock().expect("memory store lock");
+        Ok(data.usage.purge_before(before))
+    }
+
+    async fn usage_by_hour(&self, since: Option<Timestamp>) -> Result<Vec<UsageHour>> {
+        let data = self.data.lock().expect("memory store lock");
+        Ok(live_and_history(&data, since).into_rows())
     }
 
     async fn repeat_events(
@@ -419,43 +442,34 @@ impl Admin for MemoryStore {
         since: Option<Timestamp>,
         limit: usize,
     ) -> Result<RepeatEvents> {
+        let from = period_start(since);
         let data = self.data.lock().expect("memory store lock");
         let mut matching: Vec<&RepeatEvent> = data
             .repeats
             .iter()
-            .filter(|(p, e)| {
-                p == principal
-                    && since.is_none_or(|s| e.at >= s)
-                    && data.records.contains_key(&e.record)
-            })
+            .filter(|(p, e)| p == principal && e.at.0 >= from)
             .map(|(_, e)| e)
             .collect();
         matching.sort_by_key(|e| e.at);
+        let older: Vec<UsageHour> = data
+            .usage
+            .rows()
+            .filter(|h| h.principal == principal && h.hour.0 >= from && h.repeats > 0)
+            .cloned()
+            .collect();
         Ok(RepeatEvents {
-            total: matching.len() as u64,
-            total_units: matching.iter().map(|e| e.units).sum(),
+            total: matching.iter().map(|e| e.count).sum::<u64>()
+                + older.iter().map(|h| h.repeats).sum::<u64>(),
+            total_units: matching.iter().map(|e| e.units).sum::<u64>()
+                + older.iter().map(|h| h.repeat_units).sum::<u64>(),
             listed: matching.into_iter().take(limit).cloned().collect(),
+            older,
         })
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
         let data = self.data.lock().expect("memory store lock");
-        let mut rows: HashMap<String, UsageRow> = HashMap::new();
-        for r in data.records.values() {
-            let Some(done) = r.completed_at else { continue };
-            if r.state != State::Completed || since.is_some_and(|s| done < s) {
-                continue;
-            }
-            let row = rows.entry(r.principal.clone()).or_insert_with(|| UsageRow {
-                principal: r.principal.clone(),
-                ..UsageRow::default()
-            });
-            row.fresh += 1;
-            row.fresh_units += r.units;
-            row.repeats += r.repeats;
-            row.repeat_units += r.repeat_units;
-        }
-        Ok(usage_from_rows(rows.into_values().collect()))
+        Ok(per_principal(live_and_history(&data, since).rows()))
     }
 
     async fn secret(&self, name: &str) -> Result<Vec<u8>> {
@@ -491,6 +505,25 @@ impl Admin for MemoryStore {
     }
 }
 
+/// The history from the hour that holds `since`, with what the records and repeat
+/// events still held add to it.
+fn live_and_history(data: &Data, since: Option<Timestamp>) -> Hours {
+    let from = period_start(since);
+    let mut hours = Hours::default();
+    for h in data.usage.rows().filter(|h| h.hour.0 >= from) {
+        hours.add(h);
+    }
+    for r in data.records.values() {
+        if r.completed_at.is_some_and(|done| done.0 >= from) {
+            hours.add_record(r);
+        }
+    }
+    for (principal, e) in data.repeats.iter().filter(|(_, e)| e.at.0 >= from) {
+        hours.add_repeat(principal, &e.route, e.at, e.kind, e.count, e.units);
+    }
+    hours
+}
+
 /// Leases up to `max` due tasks of `kind`, oldest due first.
 fn lease_due(
     data: &mut Data,
@@ -516,25 +549,4 @@ fn lease_due(
         }
     }
     out
-}
-
-/// Sorts per-principal rows (most charged first) and adds the totals.
-pub(crate) fn usage_from_rows(mut rows: Vec<UsageRow>) -> Usage {
-    rows.sort_by(|a, b| {
-        b.fresh_units
-            .cmp(&a.fresh_units)
-            .then(b.fresh.cmp(&a.fresh))
-            .then(a.principal.cmp(&b.principal))
-    });
-    let mut totals = UsageRow::default();
-    for r in &rows {
-        totals.fresh += r.fresh;
-        totals.fresh_units += r.fresh_units;
-        totals.repeats += r.repeats;
-        totals.repeat_units += r.repeat_units;
-    }
-    Usage {
-        totals,
-        by_principal: rows,
-    }
 }

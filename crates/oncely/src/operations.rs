@@ -1,8 +1,9 @@
 //! What an operator does to the ledger, in one home for `oncely ledger` and `oncely usage`
 //! (`cli`), the admin API and the console (`serve`): each reads its own input (flags, a
 //! JSON body, a form) and hands it here, so the three never disagree on what a
-//! resolution is or which principal a filter names. The principal key (what the gateway
-//! hashes principals with) is read here too.
+//! resolution is, which principal a filter names or what a purge removes (the server's
+//! periodic purge too). The principal key (what the gateway hashes principals with) is
+//! read here too.
 //!
 //! This module knows no input format and no output format; `cli` and `serve` know no
 //! resolution rule of their own.
@@ -99,6 +100,42 @@ pub async fn principal_filter(store: &Arc<dyn Store>, p: &str) -> Result<String,
     }
     let key = principal_key(&**store).await?;
     Ok(oncely_core::principal_hash(&key, p.as_bytes()))
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    /// Expired records (what they counted is kept in the usage history).
+    pub records: u64,
+    /// Rows of the usage history older than the retention.
+    pub history_rows: u64,
+}
+
+/// The purge of `oncely ledger purge --expired`, the console and the server: the expired
+/// records (the store folds what they counted into the usage history as it deletes them),
+/// then the usage history's hours that ended `retention` or longer ago (an hour is kept
+/// while any of it is within the retention).
+pub async fn purge(store: &dyn Store, retention: Duration) -> Result<Purged, StoreError> {
+    let records = store.purge_expired().await?;
+    let cutoff = period_start(store.now().await?, retention);
+    let history_rows = store.purge_usage(cutoff).await?;
+    Ok(Purged {
+        records,
+        history_rows,
+    })
+}
+
+/// Where a usage period of `since` up to `now` starts: at the start of its first hour, as
+/// the usage history counts (never before the Unix epoch, however long `since` is).
+pub fn period_start(now: oncely_core::Timestamp, since: Duration) -> oncely_core::Timestamp {
+    oncely_store::hour_of(now.minus(since).max(oncely_core::Timestamp(0)))
+}
+
+/// `usage_retention` of `config`, else its default.
+pub fn usage_retention(config: Option<&Config>) -> Duration {
+    config.map_or(crate::config::DEFAULT_USAGE_RETENTION, |c| {
+        c.usage_retention
+    })
 }
 
 /// The environment variable that overrides the principal hashing key.

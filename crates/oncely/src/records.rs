@@ -1,14 +1,18 @@
-//! JSON views of ledger records and usage, shared by the CLI (`--json`) and the admin
-//! API so that both say the same thing the same way.
+//! JSON views of ledger records and usage (and the usage history's CSV), shared by the
+//! CLI (`--json`, `usage --by hour`) and the admin API so that both say the same thing
+//! the same way.
 //!
-//! Times are RFC 3339 strings (UTC, milliseconds) or `null`. A stored body is shown as
+//! Times are RFC 3339 strings (UTC, milliseconds) or `null`; the start of a usage hour is
+//! written without fractional seconds (`2026-12-01T18:00:00Z`). A stored body is shown as
 //! text when it is UTF-8 (`"body_encoding": "utf8"`), else as base64
 //! (`"body_encoding": "base64"`); a body that was not kept (over `max_response`) is
 //! `null` with `"body_encoding": null`.
 
+use std::fmt::Write as _;
+
 use base64::Engine;
 use oncely_core::{Record, StoredResponse, Timestamp};
-use oncely_store::{Usage, UsageRow};
+use oncely_store::{Usage, UsageHour, UsageRow};
 use serde_json::{json, Value};
 
 fn time(t: Option<Timestamp>) -> Value {
@@ -105,6 +109,67 @@ pub fn usage(u: &Usage) -> Value {
     })
 }
 
+/// The header of the usage history's CSV (`usage --by hour --format csv`).
+pub const USAGE_HOURS_CSV_HEADER: &str =
+    "principal,route,hour,fresh,fresh_units,repeats,repeat_units";
+
+/// The start of a usage hour, RFC 3339 in UTC without fractional seconds.
+pub fn hour(t: Timestamp) -> String {
+    let text = t.to_rfc3339();
+    // `YYYY-MM-DDTHH:MM:SS.mmmZ`: the whole seconds, then `Z`.
+    match text.split_once('.') {
+        Some((whole, _)) => format!("{whole}Z"),
+        None => text,
+    }
+}
+
+/// `usage --by hour --format json` and `GET /usage?by=hour`: one object per principal,
+/// route and hour.
+pub fn usage_hours(rows: &[UsageHour]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                json!({
+                    "principal": r.principal,
+                    "route": r.route,
+                    "hour": hour(r.hour),
+                    "fresh": r.fresh,
+                    "fresh_units": r.fresh_units,
+                    "repeats": r.repeats,
+                    "repeat_units": r.repeat_units,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `usage --by hour --format csv`: [`USAGE_HOURS_CSV_HEADER`], then a line per row
+/// (RFC 4180: a field with a comma, quote or line break is quoted).
+pub fn usage_hours_csv(rows: &[UsageHour]) -> String {
+    fn field(text: &str) -> String {
+        if text.contains([',', '"', '\n', '\r']) {
+            format!("\"{}\"", text.replace('"', "\"\""))
+        } else {
+            text.to_owned()
+        }
+    }
+    let mut out = format!("{USAGE_HOURS_CSV_HEADER}\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{}",
+            field(&r.principal),
+            field(&r.route),
+            hour(r.hour),
+            r.fresh,
+            r.fresh_units,
+            r.repeats,
+            r.repeat_units
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +225,31 @@ mod tests {
                 "by_principal": [{"principal": "abc", "fresh": 2, "fresh_units": 10, "repeats": 3, "repeat_units": 15}],
             })
         );
+    }
+
+    #[test]
+    fn usage_hours_have_the_contract_columns() {
+        let rows = [UsageHour {
+            principal: "abc".into(),
+            route: "POST /v1/a,b".into(),
+            hour: Timestamp::parse_rfc3339("2026-12-01T18:00:00Z").unwrap(),
+            fresh: 1,
+            fresh_units: 4,
+            repeats: 2,
+            repeat_units: 8,
+            joined: 1,
+            replayed: 1,
+        }];
+        assert_eq!(
+            usage_hours_csv(&rows),
+            "principal,route,hour,fresh,fresh_units,repeats,repeat_units\n\
+             abc,\"POST /v1/a,b\",2026-12-01T18:00:00Z,1,4,2,8\n"
+        );
+        assert_eq!(
+            usage_hours(&rows),
+            json!([{"principal": "abc", "route": "POST /v1/a,b", "hour": "2026-12-01T18:00:00Z",
+                "fresh": 1, "fresh_units": 4, "repeats": 2, "repeat_units": 8}])
+        );
+        assert_eq!(usage_hours_csv(&[]), format!("{USAGE_HOURS_CSV_HEADER}\n"));
     }
 }

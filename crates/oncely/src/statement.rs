@@ -1,6 +1,9 @@
 //! Statements that explain a bill: for one account, what it was charged and each repeat
 //! it was not charged for (or, from a past log, was charged for and is owed), with the
-//! totals, as Markdown or a self-contained HTML page a provider can send as it is.
+//! totals, as Markdown or a self-contained HTML page a provider can send as it is. From
+//! the ledger, the repeats of requests it still holds are listed one by one, the older
+//! ones (their requests have left it, their counts kept in the usage history) summed per
+//! route and hour, and the statement says which is which.
 //!
 //! `oncely usage --statement` fills a [`Statement`] from the ledger, `oncely audit
 //! --statements` one per principal from the audit's findings; both render here.
@@ -47,17 +50,69 @@ impl Answer {
     }
 }
 
-/// One listed repeat.
+/// One listed repeat (or a few of one kind the gateway counted together).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
-    /// When it came.
+    /// When it came (the first of them).
     pub at: Timestamp,
     /// The route (or method and path, from a log).
     pub route: String,
-    /// The units it was not charged (or was charged and is owed).
+    /// How many repeats the line is: 1, unless the gateway had to count several together
+    /// (it held them while the ledger was away).
+    pub count: u64,
+    /// The units it was not charged (or was charged and is owed), together.
     pub units: u64,
     /// Joined or replayed.
     pub answer: Answer,
+}
+
+impl Line {
+    fn answer_text(&self) -> String {
+        match self.count {
+            1 => self.answer.text().to_owned(),
+            n => format!("{} ({n} repeats, counted together)", self.answer.text()),
+        }
+    }
+}
+
+/// The repeats of one route in one hour whose requests have left the ledger, summed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HourLine {
+    /// The start of the hour.
+    pub hour: Timestamp,
+    /// The route.
+    pub route: String,
+    /// How many repeats.
+    pub count: u64,
+    /// The units they were not charged.
+    pub units: u64,
+    /// Of them, those that joined a running original.
+    pub joined: u64,
+    /// Of them, those that replayed a finished one.
+    pub replayed: u64,
+}
+
+impl HourLine {
+    /// `2026-12-01 18:00–19:00`.
+    fn hour_text(&self) -> String {
+        let start = self.hour.to_rfc3339();
+        let end = self
+            .hour
+            .plus(std::time::Duration::from_secs(3600))
+            .to_rfc3339();
+        format!("{} {}–{}", &start[..10], &start[11..16], &end[11..16])
+    }
+
+    fn answers_text(&self) -> String {
+        let mut parts = Vec::new();
+        if self.joined > 0 {
+            parts.push(format!("{} {}", self.joined, Answer::Joined.text()));
+        }
+        if self.replayed > 0 {
+            parts.push(format!("{} {}", self.replayed, Answer::Replayed.text()));
+        }
+        parts.join(", ")
+    }
 }
 
 /// Where the figures come from, which decides what the repeats mean for the bill.
@@ -95,6 +150,9 @@ pub struct Statement {
     pub repeat_units: u64,
     /// The first repeats, oldest first (at most a cap; `repeats` counts them all).
     pub lines: Vec<Line>,
+    /// Repeats of requests that have left the ledger, per route and hour, oldest first
+    /// (from the ledger only; `repeats` counts them too).
+    pub older: Vec<HourLine>,
 }
 
 impl Statement {
@@ -136,9 +194,31 @@ impl Statement {
     }
 
     fn more(&self) -> Option<String> {
-        let more = self.repeats.saturating_sub(self.lines.len() as u64);
+        let shown = self.lines.iter().map(|l| l.count).sum::<u64>()
+            + self.older.iter().map(|h| h.count).sum::<u64>();
+        let more = self.repeats.saturating_sub(shown);
         (more > 0).then(|| format!("and {more} more (the totals above count every one)"))
     }
+
+    /// What the listed repeats' answers mean (from the ledger).
+    fn legend(&self) -> Option<&'static str> {
+        (self.source == Source::Ledger && !self.lines.is_empty()).then_some(
+            "Each repeat of a request the gateway still keeps, one by one: when it came, \
+             the units it was not charged, and how it was answered. \"Joined a running \
+             original\": it came while the first request was still being carried out, and \
+             got that request's result when it was ready. \"Replayed a finished one\": it \
+             came after the first request had finished, and got its stored result. Either \
+             way the work was done, and charged, once.",
+        )
+    }
+
+    /// What the summed older repeats are.
+    const OLDER_TITLE: &'static str = "Earlier repeats not charged, per hour";
+    const OLDER_TEXT: &'static str =
+        "The gateway keeps each request, and its repeats one by one, for a limited time \
+         (the route's window); after that it keeps only their counts, per route and hour. \
+         So these earlier repeats are summed per hour (UTC). They were not charged either, \
+         and the totals above count them.";
 
     fn markdown(&self) -> String {
         let mut out = String::new();
@@ -158,9 +238,13 @@ impl Statement {
             let _ = writeln!(out, "| {label} | {n} | {units} |");
         }
         let _ = writeln!(out, "\n## {}\n", self.repeats_title());
-        if self.lines.is_empty() {
+        if self.lines.is_empty() && self.older.is_empty() {
             let _ = writeln!(out, "None.");
-        } else {
+        }
+        if !self.lines.is_empty() {
+            if let Some(legend) = self.legend() {
+                let _ = writeln!(out, "{legend}\n");
+            }
             let _ = writeln!(
                 out,
                 "| time (UTC) | route | units | answer |\n| --- | --- | ---: | --- |"
@@ -172,12 +256,37 @@ impl Statement {
                     l.at.to_rfc3339(),
                     md(&l.route),
                     l.units,
-                    l.answer.text()
+                    l.answer_text()
                 );
             }
-            if let Some(more) = self.more() {
-                let _ = writeln!(out, "\n{more}");
+        }
+        if !self.older.is_empty() {
+            // A blank line after the table above, if there is one.
+            let gap = if self.lines.is_empty() { "" } else { "\n" };
+            let _ = writeln!(
+                out,
+                "{gap}### {}\n\n{}\n",
+                Self::OLDER_TITLE,
+                Self::OLDER_TEXT
+            );
+            let _ = writeln!(
+                out,
+                "| hour (UTC) | route | repeats | units | answers |\n| --- | --- | ---: | ---: | --- |"
+            );
+            for h in &self.older {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} |",
+                    h.hour_text(),
+                    md(&h.route),
+                    h.count,
+                    h.units,
+                    h.answers_text()
+                );
             }
+        }
+        if let Some(more) = self.more() {
+            let _ = writeln!(out, "\n{more}");
         }
         out
     }
@@ -218,9 +327,13 @@ impl Statement {
             );
         }
         let _ = writeln!(out, "</table>\n<h2>{}</h2>", html(self.repeats_title()));
-        if self.lines.is_empty() {
+        if self.lines.is_empty() && self.older.is_empty() {
             let _ = writeln!(out, "<p>None.</p>");
-        } else {
+        }
+        if !self.lines.is_empty() {
+            if let Some(legend) = self.legend() {
+                let _ = writeln!(out, "<p>{}</p>", html(legend));
+            }
             let _ = writeln!(
                 out,
                 "<table>\n<tr><th>time (UTC)</th><th>route</th><th>units</th><th>answer</th></tr>"
@@ -232,13 +345,33 @@ impl Statement {
                     html(&l.at.to_rfc3339()),
                     html(&l.route),
                     l.units,
-                    html(l.answer.text())
+                    html(&l.answer_text())
                 );
             }
             let _ = writeln!(out, "</table>");
-            if let Some(more) = self.more() {
-                let _ = writeln!(out, "<p>{}</p>", html(&more));
+        }
+        if !self.older.is_empty() {
+            let _ = writeln!(
+                out,
+                "<h3>{}</h3>\n<p>{}</p>\n<table class=\"older\">\n<tr><th>hour (UTC)</th><th>route</th><th>repeats</th><th>units</th><th>answers</th></tr>",
+                html(Self::OLDER_TITLE),
+                html(Self::OLDER_TEXT)
+            );
+            for h in &self.older {
+                let _ = writeln!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                    html(&h.hour_text()),
+                    html(&h.route),
+                    h.count,
+                    h.units,
+                    html(&h.answers_text())
+                );
             }
+            let _ = writeln!(out, "</table>");
+        }
+        if let Some(more) = self.more() {
+            let _ = writeln!(out, "<p>{}</p>", html(&more));
         }
         out.push_str("</body>\n</html>\n");
         out
@@ -315,10 +448,48 @@ mod tests {
             lines: vec![Line {
                 at: Timestamp(1_000),
                 route: "<b>POST /x</b>".into(),
+                count: 1,
                 units: 10,
                 answer: Answer::Joined,
             }],
+            older: Vec::new(),
         }
+    }
+
+    #[test]
+    fn older_repeats_are_summed_per_hour_and_said_so() {
+        let mut s = statement("acct");
+        s.repeats = 6;
+        s.lines[0].count = 2;
+        s.lines[0].answer = Answer::Replayed;
+        s.older = vec![HourLine {
+            hour: Timestamp::parse_rfc3339("2026-12-01T23:00:00Z").unwrap(),
+            route: "POST /x".into(),
+            count: 3,
+            units: 12,
+            joined: 1,
+            replayed: 2,
+        }];
+        let text = s.render(Format::Md);
+        assert!(
+            text.contains("replayed a finished one (2 repeats, counted together) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("### Earlier repeats not charged, per hour"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 2026-12-01 23:00–00:00 | POST /x | 3 | 12 | 1 joined a running original, 2 replayed a finished one |"),
+            "{text}"
+        );
+        assert!(text.contains("and 1 more"), "{text}");
+        let page = s.render(Format::Html);
+        assert!(page.contains("<table class=\"older\">"), "{page}");
+        assert!(
+            page.contains("<td>2026-12-01 23:00–00:00</td><td>POST /x</td><td class=\"n\">3</td>"),
+            "{page}"
+        );
     }
 
     #[test]

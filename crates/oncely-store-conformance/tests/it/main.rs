@@ -56,11 +56,14 @@ impl Ledger for LedgerOnly {
     async fn resolve(&self, id: &RecordId, resolution: Resolution) -> Result<Record> {
         self.0.resolve(id, resolution).await
     }
-    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
-        self.0.add_repeats(id, count, units).await
-    }
-    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
-        self.0.record_repeats(id, repeats).await
+    async fn record_repeats(
+        &self,
+        id: &RecordId,
+        principal: &str,
+        route: &str,
+        repeats: &[Repeat],
+    ) -> Result<()> {
+        self.0.record_repeats(id, principal, route, repeats).await
     }
     async fn now(&self) -> Result<Timestamp> {
         self.0.now().await

@@ -5,14 +5,10 @@ use async_trait::async_trait;
 use oncely_core::{Record, RecordId, State, Timestamp};
 
 use super::error::{corrupt, unavailable};
-use super::rows::{record_from_row, unsigned};
+use super::rows::record_from_row;
 use super::sql::SQL;
 use super::store::PgStore;
-use crate::memory::usage_from_rows;
-use crate::{
-    Admin, ListFilter, ReconcileSchedule, RepeatEvent, RepeatEvents, RepeatKind, Result,
-    StoreError, Usage, UsageRow,
-};
+use crate::{Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, Usage, UsageHour};
 
 #[async_trait]
 impl Admin for PgStore {
@@ -30,24 +26,32 @@ impl Admin for PgStore {
     }
 
     async fn purge_expired(&self) -> Result<u64> {
+        // Each statement deletes and folds what it deleted into the usage history.
+        let gone: i64 = self
+            .query_opt(&SQL.purge, &[&self.offset()])
+            .await?
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or(0);
+        self.query(&SQL.purge_repeats, &[&self.offset()]).await?;
+        Ok(gone as u64)
+    }
+
+    async fn purge_usage(&self, before: Timestamp) -> Result<u64> {
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached(&SQL.purge)
-            .await
-            .map_err(unavailable)?;
-        let gone = client
-            .execute(&stmt, &[&self.offset()])
-            .await
-            .map_err(unavailable)?;
-        let stmt = client
-            .prepare_cached(&SQL.purge_repeats)
+            .prepare_cached("DELETE FROM usage_hours WHERE hour < $1")
             .await
             .map_err(unavailable)?;
         client
-            .execute(&stmt, &[&self.offset()])
+            .execute(&stmt, &[&before.0])
             .await
-            .map_err(unavailable)?;
-        Ok(gone)
+            .map_err(unavailable)
+    }
+
+    async fn usage_by_hour(&self, since: Option<Timestamp>) -> Result<Vec<UsageHour>> {
+        self.usage_hours(since).await
     }
 
     async fn repeat_events(
@@ -56,54 +60,11 @@ impl Admin for PgStore {
         since: Option<Timestamp>,
         limit: usize,
     ) -> Result<RepeatEvents> {
-        let since = since.map_or(i64::MIN, |s| s.0);
-        let totals = self
-            .query_opt(&SQL.repeat_totals, &[&principal, &since])
-            .await?
-            .ok_or_else(|| StoreError::Unavailable("the database returned no totals".into()))?;
-        let total: i64 = totals.try_get(0).map_err(corrupt)?;
-        let total_units: i64 = totals.try_get(1).map_err(corrupt)?;
-        let limit = limit.min(i64::MAX as usize) as i64;
-        let rows = self
-            .query(&SQL.repeat_list, &[&principal, &since, &limit])
-            .await?;
-        let listed = rows
-            .iter()
-            .map(|row| {
-                let kind: String = row.try_get("kind").map_err(corrupt)?;
-                Ok(RepeatEvent {
-                    record: RecordId(row.try_get("record_id").map_err(corrupt)?),
-                    route: row.try_get("route").map_err(corrupt)?,
-                    at: Timestamp(row.try_get("at").map_err(corrupt)?),
-                    kind: RepeatKind::parse(&kind).ok_or_else(|| {
-                        StoreError::Corrupt(format!("unknown repeat kind {kind:?}"))
-                    })?,
-                    units: row.try_get::<_, i64>("units").map_err(corrupt)? as u64,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RepeatEvents {
-            listed,
-            total: total as u64,
-            total_units: total_units as u64,
-        })
+        self.repeats_of(principal, since, limit).await
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
-        let rows = self.query(&SQL.usage, &[&since.map(|t| t.0)]).await?;
-        let rows = rows
-            .iter()
-            .map(|row| {
-                Ok(UsageRow {
-                    principal: row.try_get("principal").map_err(corrupt)?,
-                    fresh: unsigned(row, "fresh")?,
-                    fresh_units: unsigned(row, "fresh_units")?,
-                    repeats: unsigned(row, "repeats")?,
-                    repeat_units: unsigned(row, "repeat_units")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(usage_from_rows(rows))
+        self.usage_per_principal(since).await
     }
 
     async fn secret(&self, name: &str) -> Result<Vec<u8>> {

@@ -228,6 +228,10 @@ impl PgStore {
                     continue;
                 }
                 Some(old) => {
+                    // An expired record renewed: it leaves the ledger, its count stays.
+                    tx.execute(&super::sql::fold_record_sql(), &[&old.0])
+                        .await
+                        .map_err(unavailable)?;
                     tx.execute("DELETE FROM records WHERE id = $1", &[&old.0])
                         .await
                         .map_err(unavailable)?;

@@ -398,53 +398,42 @@ impl Ledger for PgStore {
         .await
     }
 
-    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&SQL.add_repeats)
-            .await
-            .map_err(unavailable)?;
-        let n = client
-            .execute(&stmt, &[&id.0, &(count as i64), &(units as i64)])
-            .await
-            .map_err(unavailable)?;
-        if n == 0 {
-            return Err(StoreError::NotFound(id.clone()));
-        }
-        Ok(())
-    }
-
-    async fn record_repeats(&self, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
-        if repeats.is_empty() {
-            return self.add_repeats(id, 0, 0).await;
-        }
+    async fn record_repeats(
+        &self,
+        id: &RecordId,
+        principal: &str,
+        route: &str,
+        repeats: &[Repeat],
+    ) -> Result<()> {
+        let count: u64 = repeats.iter().map(|r| r.count).sum();
         let units: u64 = repeats.iter().map(|r| r.units).sum();
         let at: Vec<i64> = repeats.iter().map(|r| r.at.0).collect();
         let kind: Vec<&str> = repeats.iter().map(|r| r.kind.as_str()).collect();
         let each: Vec<i64> = repeats.iter().map(|r| r.units as i64).collect();
+        let counts: Vec<i64> = repeats.iter().map(|r| r.count as i64).collect();
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(&SQL.record_repeats)
             .await
             .map_err(unavailable)?;
         // One statement: the counters and the events are written together or not at all.
-        let n = client
+        client
             .execute(
                 &stmt,
                 &[
                     &id.0,
-                    &(repeats.len() as i64),
+                    &(count as i64),
                     &(units as i64),
                     &at,
                     &kind,
                     &each,
+                    &principal,
+                    &route,
+                    &counts,
                 ],
             )
             .await
             .map_err(unavailable)?;
-        if n == 0 {
-            return Err(StoreError::NotFound(id.clone()));
-        }
         Ok(())
     }
 

@@ -182,6 +182,11 @@ INSERT INTO timelines (timeline, since) VALUES (oncely_primary(), 0)
 ON CONFLICT (timeline) DO NOTHING;
 "#,
     },
+    Migration {
+        version: 7,
+        name: "usage history",
+        sql: super::usage::MIGRATION_SQL,
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("oncely" in ASCII).

@@ -58,6 +58,7 @@ mod rows;
 mod server;
 mod sql;
 mod store;
+mod usage;
 mod waiting;
 
 pub use store::PgStore;

@@ -59,12 +59,8 @@ pub(super) struct Statements {
     pub(super) wait_end: String,
     pub(super) list: String,
     pub(super) purge: String,
-    pub(super) add_repeats: String,
     pub(super) record_repeats: String,
-    pub(super) repeat_totals: String,
-    pub(super) repeat_list: String,
     pub(super) purge_repeats: String,
-    pub(super) usage: String,
     pub(super) now: String,
     pub(super) up: String,
     pub(super) durable: String,
@@ -127,21 +123,30 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
          RETURNING {r}",
         r = cols("r")
     ),
+    // The expired record leaves the ledger: what it counted is folded into the usage
+    // history in the same statement (`o` is the row as it was before the update).
     renew_expired: format!(
-        "WITH t AS ({NOW})
-         UPDATE records r SET id = $3, fingerprint = $4, class = $5, route = $6,
-             principal = $7, state = 'processing', owner = $8, attempt = 1,
-             lease_until = t.now + $9, created_at = t.now, updated_at = t.now,
-             completed_at = NULL, expires_at = NULL, response_status = NULL,
-             response_headers = NULL, response_body = NULL, units = 0, repeats = 0,
-             repeat_units = 0, workflow_id = $10, provider_request_id = NULL,
-             last_error = NULL, waiting = 0
-         FROM t
-         WHERE r.id = $2 AND ((r.state = 'completed'
-           AND (r.expires_at IS NULL OR r.expires_at <= t.now))
-           OR (r.state = 'released' AND r.expires_at <= t.now))
-         RETURNING {r}",
-        r = cols("r")
+        "WITH t AS ({NOW}),
+         u AS (
+             UPDATE records r SET id = $3, fingerprint = $4, class = $5, route = $6,
+                 principal = $7, state = 'processing', owner = $8, attempt = 1,
+                 lease_until = t.now + $9, created_at = t.now, updated_at = t.now,
+                 completed_at = NULL, expires_at = NULL, response_status = NULL,
+                 response_headers = NULL, response_body = NULL, units = 0, repeats = 0,
+                 repeat_units = 0, workflow_id = $10, provider_request_id = NULL,
+                 last_error = NULL, waiting = 0
+             FROM t, (SELECT id, state, principal, route, completed_at, units FROM records
+                      WHERE id = $2) o
+             WHERE r.id = $2 AND o.id = $2 AND ((r.state = 'completed'
+               AND (r.expires_at IS NULL OR r.expires_at <= t.now))
+               OR (r.state = 'released' AND r.expires_at <= t.now))
+             RETURNING o.state AS old_state, o.principal AS old_principal,
+                       o.route AS old_route, o.completed_at AS old_completed_at,
+                       o.units AS old_units, {r}),
+         folded AS ({fold})
+         SELECT * FROM u",
+        r = cols("r"),
+        fold = fold_renewed_sql(),
     ),
     // $5 window ms, $6 replay_until, $7 status, $8 headers, $9 body, $10 units, $11 req id
     complete: fenced_update(
@@ -206,43 +211,20 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
          LIMIT $4",
         COLUMNS.join(", ")
     ),
-    purge: format!(
-        "WITH t AS ({NOW})
-         DELETE FROM records r USING t
-         WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
-            OR (r.state = 'released' AND r.expires_at <= t.now)"
-    ),
-    add_repeats: "UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
-                  WHERE id = $1"
-        .into(),
+    purge: purge_records_sql(),
+    // The counters on the record when it is still there, and the events either way
+    // (without an expiry when the record is gone: the next purge folds them).
     record_repeats: "WITH u AS (
              UPDATE records SET repeats = repeats + $2, repeat_units = repeat_units + $3
              WHERE id = $1
-             RETURNING id, principal, route, expires_at)
-         INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at)
-         SELECT u.id, u.principal, u.route, e.at, e.kind, e.units, u.expires_at
-         FROM u, unnest($4::bigint[], $5::text[], $6::bigint[]) AS e(at, kind, units)"
+             RETURNING expires_at)
+         INSERT INTO repeat_events
+             (record_id, principal, route, at, kind, count, units, expires_at)
+         SELECT $1, $7, $8, e.at, e.kind, e.count, e.units, (SELECT expires_at FROM u)
+         FROM unnest($4::bigint[], $5::text[], $6::bigint[], $9::bigint[])
+             AS e(at, kind, units, count)"
         .into(),
-    repeat_totals: "SELECT count(*)::bigint, COALESCE(sum(units), 0)::bigint FROM repeat_events
-                    WHERE principal = $1 AND at >= $2"
-        .into(),
-    repeat_list: "SELECT record_id, route, at, kind, units FROM repeat_events
-                  WHERE principal = $1 AND at >= $2 ORDER BY at, seq LIMIT $3"
-        .into(),
-    purge_repeats: format!(
-        "WITH t AS ({NOW})
-         DELETE FROM repeat_events e USING t
-         WHERE e.expires_at IS NULL OR e.expires_at <= t.now"
-    ),
-    usage: "SELECT principal, count(*)::bigint AS fresh,
-                   COALESCE(sum(units), 0)::bigint AS fresh_units,
-                   COALESCE(sum(repeats), 0)::bigint AS repeats,
-                   COALESCE(sum(repeat_units), 0)::bigint AS repeat_units
-            FROM records
-            WHERE state = 'completed' AND completed_at IS NOT NULL
-              AND ($1::bigint IS NULL OR completed_at >= $1)
-            GROUP BY principal"
-        .into(),
+    purge_repeats: purge_events_sql(),
     now: NOW.to_string(),
     up: format!("WITH {UP} SELECT up FROM up"),
     // A write of the primary's own row, or its first sighting (as in UP): the smallest
@@ -253,3 +235,95 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
               ON CONFLICT (timeline) DO UPDATE SET since = timelines.since"
         .into(),
 });
+
+// The usage history's statements (`postgres::usage`): folding what a purge deletes, or
+// what a renewal replaces, into `usage_hours`.
+
+/// Upserts `SELECT hour, principal, route, fresh, fresh_units, repeats, repeat_units,
+/// joined, replayed` rows into the history (in key order, so that two instances folding
+/// at once never wait for each other's rows in opposite orders).
+fn upsert(select: &str) -> String {
+    format!(
+        "INSERT INTO usage_hours (hour, principal, route, fresh, fresh_units, repeats,
+                                  repeat_units, joined, replayed)
+         {select} ORDER BY 1, 2, 3
+         ON CONFLICT (hour, principal, route) DO UPDATE SET
+             fresh = usage_hours.fresh + EXCLUDED.fresh,
+             fresh_units = usage_hours.fresh_units + EXCLUDED.fresh_units,
+             repeats = usage_hours.repeats + EXCLUDED.repeats,
+             repeat_units = usage_hours.repeat_units + EXCLUDED.repeat_units,
+             joined = usage_hours.joined + EXCLUDED.joined,
+             replayed = usage_hours.replayed + EXCLUDED.replayed"
+    )
+}
+
+/// The hour of a millisecond column.
+fn hour(col: &str) -> String {
+    format!("(({col} / 3600000) * 3600000)")
+}
+
+/// The fresh executions of `rows` (with `state`, `principal`, `route`, `completed_at`,
+/// `units`), per hour.
+pub(super) fn fresh_of(rows: &str) -> String {
+    format!(
+        "SELECT {h}, principal, route, count(*), sum(units), 0, 0, 0, 0 FROM {rows}
+         WHERE state = 'completed' AND completed_at IS NOT NULL GROUP BY 1, 2, 3",
+        h = hour("completed_at")
+    )
+}
+
+/// The repeats of `events` (repeat events' columns), per hour.
+pub(super) fn repeats_of(events: &str) -> String {
+    format!(
+        "SELECT {h}, principal, route, 0, 0, sum(count), sum(units),
+                COALESCE(sum(count) FILTER (WHERE kind = 'joined'), 0),
+                COALESCE(sum(count) FILTER (WHERE kind = 'replayed'), 0)
+         FROM {events} GROUP BY 1, 2, 3",
+        h = hour("at")
+    )
+}
+
+/// The purge of records whose window ended, folding them; answers how many.
+fn purge_records_sql() -> String {
+    format!(
+        "WITH t AS ({NOW}),
+         gone AS (
+             DELETE FROM records r USING t
+             WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
+                OR (r.state = 'released' AND r.expires_at <= t.now)
+             RETURNING r.state, r.principal, r.route, r.completed_at, r.units),
+         folded AS ({fold})
+         SELECT count(*)::bigint FROM gone",
+        fold = upsert(&fresh_of("gone"))
+    )
+}
+
+/// The purge of repeat events whose record's window ended (or whose record was gone when
+/// they were written), folding them.
+fn purge_events_sql() -> String {
+    format!(
+        "WITH t AS ({NOW}),
+         gone AS (
+             DELETE FROM repeat_events e USING t
+             WHERE e.expires_at IS NULL OR e.expires_at <= t.now
+             RETURNING e.principal, e.route, e.at, e.kind, e.count, e.units)
+         {fold}",
+        fold = upsert(&repeats_of("gone"))
+    )
+}
+
+/// Folds the row an expired record was before a statement's update `u` renewed it in
+/// place (it leaves the ledger; `u` returns its old columns as `old_*`).
+fn fold_renewed_sql() -> String {
+    upsert(&fresh_of(
+        "(SELECT old_state AS state, old_principal AS principal, old_route AS route,
+                 old_completed_at AS completed_at, old_units AS units FROM u) o",
+    ))
+}
+
+/// Folds the record `$1` before a claim deletes it to insert its successor.
+pub(super) fn fold_record_sql() -> String {
+    upsert(&fresh_of(
+        "(SELECT state, principal, route, completed_at, units FROM records WHERE id = $1) r",
+    ))
+}

@@ -6,9 +6,11 @@ use oncely_core::{Record, RecordId, Timestamp};
 use rusqlite::{params, OptionalExtension};
 
 use super::error::sql_error;
-use super::{repeats, rows, SqliteStore};
-use crate::memory::usage_from_rows;
-use crate::{Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, StoreError, Usage};
+use super::{repeats, rows, usage, SqliteStore};
+use crate::usage::{period_start, usage_from_rows};
+use crate::{
+    Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, StoreError, Usage, UsageHour,
+};
 
 #[async_trait]
 impl Admin for SqliteStore {
@@ -20,6 +22,8 @@ impl Admin for SqliteStore {
     async fn purge_expired(&self) -> Result<u64> {
         self.writer
             .run(|conn, now| {
+                // What leaves is folded into the usage history in the same transaction.
+                usage::fold_expired(conn, now)?;
                 let gone = conn
                     .prepare_cached(
                         "DELETE FROM records WHERE (state = 'completed' \
@@ -34,6 +38,17 @@ impl Admin for SqliteStore {
             .await
     }
 
+    async fn purge_usage(&self, before: Timestamp) -> Result<u64> {
+        self.writer
+            .run(move |conn, _now| Ok((usage::purge(conn, before)?, None)))
+            .await
+    }
+
+    async fn usage_by_hour(&self, since: Option<Timestamp>) -> Result<Vec<UsageHour>> {
+        let from = period_start(since);
+        self.read(move |conn| usage::by_hour(conn, from)).await
+    }
+
     async fn repeat_events(
         &self,
         principal: &str,
@@ -41,12 +56,26 @@ impl Admin for SqliteStore {
         limit: usize,
     ) -> Result<RepeatEvents> {
         let principal = principal.to_string();
-        self.read(move |conn| repeats::list(conn, &principal, since, limit))
-            .await
+        let from = period_start(since);
+        self.read(move |conn| {
+            // One snapshot: a purge between the two reads would count a repeat twice or
+            // not at all.
+            let tx = conn.unchecked_transaction().map_err(sql_error)?;
+            let mut events = repeats::list(&tx, &principal, from, limit)?;
+            events.older = usage::older_repeats(&tx, &principal, from)?;
+            events.total += events.older.iter().map(|h| h.repeats).sum::<u64>();
+            events.total_units += events.older.iter().map(|h| h.repeat_units).sum::<u64>();
+            tx.finish().map_err(sql_error)?;
+            Ok(events)
+        })
+        .await
     }
 
     async fn usage(&self, since: Option<Timestamp>) -> Result<Usage> {
-        let rows = self.read(move |conn| rows::usage_rows(conn, since)).await?;
+        let from = period_start(since);
+        let rows = self
+            .read(move |conn| usage::per_principal(conn, from))
+            .await?;
         Ok(usage_from_rows(rows))
     }
 

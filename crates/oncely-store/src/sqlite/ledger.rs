@@ -9,11 +9,11 @@ use oncely_core::{
     ClaimSpec, Completion, Fence, Record, RecordId, Resolution, Scope, State, TakeOverOutcome,
     Timestamp, TransitionError,
 };
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 use super::error::sql_error;
 use super::writer::Applied;
-use super::{repeats, rows, SqliteStore};
+use super::{repeats, rows, usage, SqliteStore};
 use crate::plan::plan_claims;
 use crate::replays::Now;
 use crate::watch;
@@ -83,8 +83,12 @@ fn claim_in(
             match replaces {
                 // Reclaimed: the same row, attempt + 1.
                 Some(old) if old == record.id => rows::update_state(conn, &record)?,
-                // Renewed: a new intention under the key, with a new id and identity.
-                Some(old) => rows::update(conn, &old, &record)?,
+                // Renewed: a new intention under the key, with a new id and identity; the
+                // expired one leaves the ledger, its count stays.
+                Some(old) => {
+                    usage::fold_record(conn, &old.0)?;
+                    rows::update(conn, &old, &record)?
+                }
                 None => {
                     return Err(StoreError::Unavailable(
                         "a claim planned an insert over a row".into(),
@@ -230,38 +234,21 @@ impl Ledger for SqliteStore {
         .await
     }
 
-    async fn add_repeats(&self, id: &RecordId, count: u64, units: u64) -> Result<()> {
+    async fn record_repeats(
+        &self,
+        id: &RecordId,
+        principal: &str,
+        route: &str,
+        events: &[Repeat],
+    ) -> Result<()> {
         let changed = id.clone();
         let id = id.clone();
-        let out = self
-            .writer
-            .run(move |conn, _now| {
-                let changed = conn
-                    .prepare_cached(
-                        "UPDATE records SET repeats = repeats + ?1, \
-                         repeat_units = repeat_units + ?2 WHERE id = ?3",
-                    )
-                    .and_then(|mut st| st.execute(params![count as i64, units as i64, id.0]))
-                    .map_err(sql_error)?;
-                if changed == 0 {
-                    return Err(StoreError::NotFound(id));
-                }
-                Ok(((), None))
-            })
-            .await;
-        // After the commit: later lookups read the new counters.
-        self.cache.forget(&changed);
-        out
-    }
-
-    async fn record_repeats(&self, id: &RecordId, events: &[Repeat]) -> Result<()> {
-        let changed = id.clone();
-        let id = id.clone();
+        let (principal, route) = (principal.to_owned(), route.to_owned());
         let events = events.to_vec();
         let out = self
             .writer
             .run(move |conn, _now| {
-                repeats::record(conn, &id, &events)?;
+                repeats::record(conn, &id, &principal, &route, &events)?;
                 Ok(((), None))
             })
             .await;

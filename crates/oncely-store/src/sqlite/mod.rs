@@ -47,6 +47,7 @@ mod reconcile;
 mod repeats;
 mod rows;
 pub mod schema;
+mod usage;
 mod writer;
 
 use error::sql_error;

@@ -224,6 +224,7 @@ impl TaskQueue for SqliteStore {
                     };
                     for (old, record) in &records {
                         if let Some(old) = old {
+                            super::usage::fold_record(conn, &old.0)?;
                             conn.prepare_cached("DELETE FROM records WHERE id = ?1")
                                 .and_then(|mut st| st.execute([&old.0]))
                                 .map_err(sql_error)?;

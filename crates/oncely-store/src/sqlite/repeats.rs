@@ -1,9 +1,11 @@
-//! Repeat events on SQLite (migration 4): one row per repeat a record answered, for
-//! statements. Each row copies its record's principal, route and expiry when it is
-//! written, so that listing needs no join and purging drops it with its record's window.
+//! Repeat events on SQLite (migration 4; `count` since migration 5): one row per repeat a
+//! record answered (or per several, summed, see `Repeat`), for statements and usage. Each
+//! row copies its record's principal, route and expiry when it is written, so that
+//! listing needs no join and purging (which folds it into the usage history) drops it
+//! with its record's window.
 
 use oncely_core::{RecordId, Timestamp};
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::error::sql_error;
 use crate::{Repeat, RepeatEvent, RepeatEvents, RepeatKind, Result, StoreError};
@@ -29,61 +31,66 @@ CREATE INDEX repeat_events_expires ON repeat_events (expires_at);
 /// its own statement journal) was most of the writer's time on replays.
 const ROWS_PER_INSERT: usize = 64;
 
-/// `INSERT INTO repeat_events ... VALUES (...), (...)` with `rows` rows of seven values.
+/// `INSERT INTO repeat_events ... VALUES (...), (...)` with `rows` rows of eight values.
 fn insert_sql(rows: usize) -> String {
     let mut sql = String::from(
-        "INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at) VALUES ",
+        "INSERT INTO repeat_events \
+         (record_id, principal, route, at, kind, count, units, expires_at) VALUES ",
     );
     for row in 0..rows {
         if row > 0 {
             sql.push_str(", ");
         }
-        let n = row * 7;
-        sql.push_str(&format!(
-            "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-            n + 1,
-            n + 2,
-            n + 3,
-            n + 4,
-            n + 5,
-            n + 6,
-            n + 7
-        ));
+        let n = row * 8;
+        let marks: Vec<String> = (1..=8).map(|i| format!("?{}", n + i)).collect();
+        sql.push_str(&format!("({})", marks.join(", ")));
     }
     sql
 }
 
 /// Counts the repeats on the record and keeps each one (inside the writer's transaction).
-pub(super) fn record(conn: &Connection, id: &RecordId, repeats: &[Repeat]) -> Result<()> {
+/// A record already purged keeps them all the same, to be folded at the next purge.
+pub(super) fn record(
+    conn: &Connection,
+    id: &RecordId,
+    principal: &str,
+    route: &str,
+    repeats: &[Repeat],
+) -> Result<()> {
+    let count: u64 = repeats.iter().map(|r| r.count).sum();
     let units: u64 = repeats.iter().map(|r| r.units).sum();
-    let changed = conn
+    // The record's expiry, which its events keep; none (folded at the next purge) when
+    // the record is gone.
+    let expires_at: Option<i64> = conn
         .prepare_cached(
-            "UPDATE records SET repeats = repeats + ?1, \
-             repeat_units = repeat_units + ?2 WHERE id = ?3",
+            "UPDATE records SET repeats = repeats + ?1, repeat_units = repeat_units + ?2 \
+             WHERE id = ?3 RETURNING expires_at",
         )
-        .and_then(|mut st| st.execute(params![repeats.len() as i64, units as i64, id.0]))
-        .map_err(sql_error)?;
-    if changed == 0 {
-        return Err(StoreError::NotFound(id.clone()));
-    }
-    if repeats.is_empty() {
-        return Ok(());
-    }
-    // Each event copies its record's principal, route and expiry, read once here.
-    let (principal, route, expires_at): (String, String, Option<i64>) = conn
-        .prepare_cached("SELECT principal, route, expires_at FROM records WHERE id = ?1")
-        .and_then(|mut st| st.query_row([&id.0], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))
-        .map_err(sql_error)?;
+        .and_then(|mut st| {
+            st.query_row(params![count as i64, units as i64, id.0], |r| r.get(0))
+                .optional()
+        })
+        .map_err(sql_error)?
+        .flatten();
     static FULL: std::sync::LazyLock<String> =
         std::sync::LazyLock::new(|| insert_sql(ROWS_PER_INSERT));
     for chunk in repeats.chunks(ROWS_PER_INSERT) {
-        let rows: Vec<(i64, &str, i64)> = chunk
+        let rows: Vec<(i64, &str, i64, i64)> = chunk
             .iter()
-            .map(|r| (r.at.0, r.kind.as_str(), r.units as i64))
+            .map(|r| (r.at.0, r.kind.as_str(), r.count as i64, r.units as i64))
             .collect();
-        let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(rows.len() * 7);
-        for (at, kind, units) in &rows {
-            values.extend_from_slice(&[&id.0, &principal, &route, at, kind, units, &expires_at]);
+        let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(rows.len() * 8);
+        for (at, kind, count, units) in &rows {
+            values.extend_from_slice(&[
+                &id.0,
+                &principal,
+                &route,
+                at,
+                kind,
+                count,
+                units,
+                &expires_at,
+            ]);
         }
         // The full-size statement stays in the connection's cache; a shorter last chunk's
         // is prepared for this once (its length varies, and would crowd the cache).
@@ -107,30 +114,30 @@ pub(super) fn purge(conn: &Connection, now: Timestamp) -> Result<()> {
     Ok(())
 }
 
-/// The repeats of `principal` since `since`, oldest first.
+/// The repeats of `principal` from `from` still held one by one, oldest first (the
+/// caller adds the history's).
 pub(super) fn list(
     conn: &Connection,
     principal: &str,
-    since: Option<Timestamp>,
+    from: i64,
     limit: usize,
 ) -> Result<RepeatEvents> {
-    let since = since.map_or(i64::MIN, |s| s.0);
     let (total, total_units): (i64, i64) = conn
         .prepare_cached(
-            "SELECT COUNT(*), COALESCE(SUM(units), 0) FROM repeat_events \
+            "SELECT COALESCE(SUM(count), 0), COALESCE(SUM(units), 0) FROM repeat_events \
              WHERE principal = ?1 AND at >= ?2",
         )
-        .and_then(|mut st| st.query_row(params![principal, since], |r| Ok((r.get(0)?, r.get(1)?))))
+        .and_then(|mut st| st.query_row(params![principal, from], |r| Ok((r.get(0)?, r.get(1)?))))
         .map_err(sql_error)?;
     let mut st = conn
         .prepare_cached(
-            "SELECT record_id, route, at, kind, units FROM repeat_events \
+            "SELECT record_id, route, at, kind, count, units FROM repeat_events \
              WHERE principal = ?1 AND at >= ?2 ORDER BY at, seq LIMIT ?3",
         )
         .map_err(sql_error)?;
     let rows = st
         .query_map(
-            params![principal, since, limit.min(i64::MAX as usize) as i64],
+            params![principal, from, limit.min(i64::MAX as usize) as i64],
             |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -138,13 +145,14 @@ pub(super) fn list(
                     r.get::<_, i64>(2)?,
                     r.get::<_, String>(3)?,
                     r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
                 ))
             },
         )
         .map_err(sql_error)?;
     let mut listed = Vec::new();
     for row in rows {
-        let (record, route, at, kind, units) = row.map_err(sql_error)?;
+        let (record, route, at, kind, count, units) = row.map_err(sql_error)?;
         let kind = RepeatKind::parse(&kind)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown repeat kind {kind:?}")))?;
         listed.push(RepeatEvent {
@@ -152,11 +160,13 @@ pub(super) fn list(
             route,
             at: Timestamp(at),
             kind,
+            count: count as u64,
             units: units as u64,
         });
     }
     Ok(RepeatEvents {
         listed,
+        older: Vec::new(),
         total: total as u64,
         total_units: total_units as u64,
     })

@@ -3,11 +3,11 @@
 
 use oncely_core::{Fingerprint, Record, RecordId, Scope, StoredResponse, Timestamp};
 use rusqlite::types::Value;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{Connection, OptionalExtension, Row};
 use std::sync::LazyLock;
 
 use super::error::sql_error;
-use crate::{ListFilter, Result, StoreError, UsageRow};
+use crate::{ListFilter, Result, StoreError};
 
 /// The columns of a record, in the order [`from_row`] reads them.
 pub(super) const COLUMNS: &str = "id, scope, key, fingerprint, class, route, principal, state, \
@@ -268,31 +268,6 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Record>
     let mut st = conn.prepare_cached(&sql).map_err(sql_error)?;
     let rows = st
         .query_map(rusqlite::params_from_iter(args), from_row)
-        .map_err(sql_error)?;
-    rows.collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(sql_error)
-}
-
-/// Per-principal counters of records completed at or after `since`.
-pub(super) fn usage_rows(conn: &Connection, since: Option<Timestamp>) -> Result<Vec<UsageRow>> {
-    let mut st = conn
-        .prepare_cached(
-            "SELECT principal, COUNT(*), COALESCE(SUM(units), 0), COALESCE(SUM(repeats), 0), \
-             COALESCE(SUM(repeat_units), 0) FROM records \
-             WHERE state = 'completed' AND completed_at IS NOT NULL AND completed_at >= ?1 \
-             GROUP BY principal",
-        )
-        .map_err(sql_error)?;
-    let rows = st
-        .query_map(params![since.map_or(i64::MIN, |s| s.0)], |row| {
-            Ok(UsageRow {
-                principal: row.get(0)?,
-                fresh: row.get::<_, i64>(1)? as u64,
-                fresh_units: row.get::<_, i64>(2)? as u64,
-                repeats: row.get::<_, i64>(3)? as u64,
-                repeat_units: row.get::<_, i64>(4)? as u64,
-            })
-        })
         .map_err(sql_error)?;
     rows.collect::<rusqlite::Result<Vec<_>>>()
         .map_err(sql_error)

@@ -83,6 +83,11 @@ CREATE TABLE secrets (
         name: "repeat events (statements)",
         sql: super::repeats::MIGRATION_SQL,
     },
+    Migration {
+        version: 5,
+        name: "usage history",
+        sql: super::usage::MIGRATION_SQL,
+    },
 ];
 
 /// The schema version this build writes.

@@ -94,16 +94,49 @@ async fn a_migration_waits_for_the_lock_longer_than_the_statement_timeout() {
 }
 
 /// A ledger made by an earlier schema is upgraded when a newer oncely opens it, and keeps
-/// its records: from version 5 (timelines keyed by the timeline alone, no
-/// `oncely_primary()`), and from version 4 (no `timelines`).
+/// its records: from version 6 (no usage history; repeats kept as events, and counted on
+/// records without events by older releases), from version 5 (timelines keyed by the
+/// timeline alone, no `oncely_primary()`), and from version 4 (no `timelines`).
 #[tokio::test]
 async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
+    use oncely_store::{Admin, Ledger, Repeat, RepeatKind};
     let url = fresh_pg_schema(&shared_pg_url()).await;
     let store = PgStore::connect(&url, StoreOptions::default())
         .await
         .unwrap();
     let first = spec("alice", "k1", "{}", Class::Write, "a");
     store.claim(&first).await.unwrap();
+    let done = match store
+        .claim(&spec("alice", "k2", "{}", Class::Write, "a"))
+        .await
+        .unwrap()
+    {
+        oncely_store::Claim::Owned(r) => r,
+        other => panic!("{other:?}"),
+    };
+    store
+        .complete(
+            &done.fence().unwrap(),
+            oncely_store_conformance::completion("{}", 4),
+        )
+        .await
+        .unwrap();
+    let now = store.now().await.unwrap();
+    let one = |kind| Repeat {
+        at: now,
+        kind,
+        count: 1,
+        units: 4,
+    };
+    store
+        .record_repeats(
+            &done.id,
+            "alice",
+            &done.route,
+            &[one(RepeatKind::Joined), one(RepeatKind::Replayed)],
+        )
+        .await
+        .unwrap();
     drop(store);
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -113,14 +146,48 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         let client = &client;
         async move { client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
     };
+    // Back to version 6, as the previous release left it, with 3 more repeats counted on
+    // the record alone (as releases before repeat events, or past the tally's limit, did).
+    const BEFORE_USAGE_HISTORY: &str = "DROP TABLE usage_hours; \
+         ALTER TABLE repeat_events DROP COLUMN count; \
+         DELETE FROM schema_migrations WHERE version = 7";
+    client
+        .batch_execute(&format!(
+            "{BEFORE_USAGE_HISTORY}; UPDATE records SET repeats = repeats + 3, \
+             repeat_units = repeat_units + 12 WHERE key = 'k2'"
+        ))
+        .await
+        .unwrap();
+    let store = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .unwrap();
+    let usage = store.usage(None).await.unwrap();
+    assert_eq!(
+        (
+            usage.totals.fresh,
+            usage.totals.fresh_units,
+            usage.totals.repeats,
+            usage.totals.repeat_units
+        ),
+        (1, 4, 5, 20),
+        "what the records held is kept"
+    );
+    let events = store.repeat_events("alice", None, 100).await.unwrap();
+    assert_eq!((events.total, events.total_units), (5, 20));
+    // The three the record alone held are one event, at its completion.
+    let mut counts: Vec<u64> = events.listed.iter().map(|e| e.count).collect();
+    counts.sort();
+    assert_eq!(counts, [1, 1, 3]);
+    drop(store);
 
     // Back to version 5, as the release before `oncely_primary()` left it: its timeline
     // row (keyed by the timeline alone) stays, and the primary is recorded beside it.
     client
-        .batch_execute(
-            "DROP FUNCTION oncely_primary(); DELETE FROM timelines WHERE timeline LIKE '%@%'; \
-             DELETE FROM schema_migrations WHERE version = 6",
-        )
+        .batch_execute(&format!(
+            "{BEFORE_USAGE_HISTORY}; DROP FUNCTION oncely_primary(); \
+             DELETE FROM timelines WHERE timeline LIKE '%@%'; \
+             DELETE FROM schema_migrations WHERE version = 6"
+        ))
         .await
         .unwrap();
     assert_eq!(count("SELECT count(*) FROM timelines").await, 1);
@@ -134,17 +201,17 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         .is_some());
     assert_eq!(
         count("SELECT max(version)::bigint FROM schema_migrations").await,
-        6
+        7
     );
     assert_eq!(count("SELECT count(*) FROM timelines").await, 2);
     drop(store);
 
     // Back to version 4, as the previous oncely left it.
     client
-        .batch_execute(
-            "DROP TABLE timelines; DROP FUNCTION oncely_primary(); \
-             DELETE FROM schema_migrations WHERE version >= 5",
-        )
+        .batch_execute(&format!(
+            "{BEFORE_USAGE_HISTORY}; DROP TABLE timelines; DROP FUNCTION oncely_primary(); \
+             DELETE FROM schema_migrations WHERE version >= 5"
+        ))
         .await
         .unwrap();
 
@@ -163,7 +230,7 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6, 7]);
     let timelines: i64 = client
         .query_one("SELECT count(*) FROM timelines", &[])
         .await

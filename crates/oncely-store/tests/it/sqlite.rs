@@ -140,6 +140,68 @@ async fn reopening_a_migrated_file_is_a_no_op() {
     assert_eq!(mode, "wal");
 }
 
+/// A ledger of the previous schema (version 4: no usage history, repeat events without
+/// `count`, and repeats counted on records alone by older releases) is upgraded, and
+/// usage keeps everything the records held, before and after their purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_of_the_previous_schema_keeps_its_usage() {
+    use oncely_store::{Repeat, RepeatKind};
+    let h = SqliteHarness::new();
+    let store = h.open().await;
+    let r = owned(
+        store
+            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion("{}", 4))
+        .await
+        .unwrap();
+    let now = store.now().await.unwrap();
+    let one = |kind| Repeat {
+        at: now,
+        kind,
+        count: 1,
+        units: 4,
+    };
+    store
+        .record_repeats(
+            &r.id,
+            "alice",
+            &r.route,
+            &[one(RepeatKind::Joined), one(RepeatKind::Replayed)],
+        )
+        .await
+        .unwrap();
+    drop(store);
+    let conn = rusqlite::Connection::open(h.path()).unwrap();
+    conn.execute_batch(
+        "DROP TABLE usage_hours; ALTER TABLE repeat_events DROP COLUMN count; \
+         UPDATE records SET repeats = repeats + 3, repeat_units = repeat_units + 12; \
+         PRAGMA user_version = 4;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = h.open().await;
+    assert_eq!(store.migrated(), vec![5]);
+    let expect = (1, 4, 5, 20);
+    let totals = |u: oncely_store::Usage| {
+        let t = u.totals;
+        (t.fresh, t.fresh_units, t.repeats, t.repeat_units)
+    };
+    assert_eq!(totals(store.usage(None).await.unwrap()), expect);
+    h.advance(oncely_store_conformance::WINDOW + Duration::from_secs(1));
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
+    assert_eq!(
+        totals(store.usage(None).await.unwrap()),
+        expect,
+        "the purge kept it"
+    );
+    let events = store.repeat_events("alice", None, 10).await.unwrap();
+    assert_eq!((events.total, events.listed.len()), (5, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_through_the_url() {
     let h = SqliteHarness::new();
@@ -374,7 +436,15 @@ async fn cached_replays_follow_other_instances_and_expiry() {
         .unwrap();
     let cached = a.lookup(&r.scope, "c").await.unwrap().unwrap();
     assert_eq!(cached.repeats, 0);
-    b.add_repeats(&r.id, 2, 20).await.unwrap();
+    let summed = oncely_store::Repeat {
+        at: b.now().await.unwrap(),
+        kind: oncely_store::RepeatKind::Replayed,
+        count: 2,
+        units: 20,
+    };
+    b.record_repeats(&r.id, &r.principal, &r.route, &[summed])
+        .await
+        .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_millis(500);
     loop {
         let seen = a.lookup(&r.scope, "c").await.unwrap().unwrap();

@@ -911,7 +911,13 @@ impl Ledger for DownStore {
     async fn resolve(&self, _: &RecordId, _: Resolution) -> oncely_store::Result<Record> {
         down()
     }
-    async fn add_repeats(&self, _: &RecordId, _: u64, _: u64) -> oncely_store::Result<()> {
+    async fn record_repeats(
+        &self,
+        _: &RecordId,
+        _: &str,
+        _: &str,
+        _: &[oncely_store::Repeat],
+    ) -> oncely_store::Result<()> {
         down()
     }
     async fn now(&self) -> oncely_store::Result<Timestamp> {
@@ -990,6 +996,15 @@ impl TaskQueue for DownStore {
 
 #[async_trait]
 impl Admin for DownStore {
+    async fn purge_usage(&self, _: Timestamp) -> oncely_store::Result<u64> {
+        down()
+    }
+    async fn usage_by_hour(
+        &self,
+        _: Option<Timestamp>,
+    ) -> oncely_store::Result<Vec<oncely_store::UsageHour>> {
+        down()
+    }
     async fn list(&self, _: &ListFilter) -> oncely_store::Result<Vec<Record>> {
         down()
     }

@@ -133,6 +133,7 @@ fn write_statements(
                 .map(|r| Line {
                     at: Timestamp(r.ts),
                     route: format!("{} {}", r.method, r.path),
+                    count: 1,
                     units: r.units,
                     answer: if r.during {
                         Answer::Joined
@@ -141,6 +142,7 @@ fn write_statements(
                     },
                 })
                 .collect(),
+            older: Vec::new(),
         };
         let path = dir.join(file_name(&p.principal, format));
         std::fs::write(&path, statement.render(format)).map_err(|e| {

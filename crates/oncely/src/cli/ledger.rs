@@ -81,7 +81,8 @@ pub enum LedgerCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Deletes expired records.
+    /// Deletes expired records (what they counted stays in the usage history), and the
+    /// usage history's hours older than `usage_retention` (of `--config`, else 400d).
     Purge {
         /// Expired records only (the only kind purge deletes; accepted for clarity).
         #[arg(long)]
@@ -184,8 +185,18 @@ pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
         }
         LedgerCommand::Purge { expired: _, store } => {
             let ledger = open(&store).await?;
-            let n = ledger.store.purge_expired().await.map_err(store_failure)?;
-            println!("purged {n} expired record{}", if n == 1 { "" } else { "s" });
+            let retention = crate::operations::usage_retention(ledger.config.as_ref());
+            let purged = crate::operations::purge(&*ledger.store, retention)
+                .await
+                .map_err(store_failure)?;
+            let n = purged.records;
+            println!(
+                "purged {n} expired record{} and {} usage history row{} older than {}",
+                if n == 1 { "" } else { "s" },
+                purged.history_rows,
+                if purged.history_rows == 1 { "" } else { "s" },
+                oncely_core::units::format_duration(retention)
+            );
             Ok(())
         }
     }

@@ -23,6 +23,7 @@ use store::StoreArgs;
 pub use crate::logs::LogFormat;
 pub use crate::outcome::{Failure, Outcome};
 pub use crate::serve::args::ServeArgs;
+pub use usage::{By, UsageFormat};
 
 /// The gateway that makes expensive calls safe to repeat.
 #[derive(Debug, Parser)]
@@ -48,23 +49,28 @@ pub enum Command {
     /// Reads and reconciles the ledger.
     #[command(subcommand)]
     Ledger(LedgerCommand),
-    /// Per principal: fresh executions and repeats, with their units.
+    /// Per principal: fresh executions and repeats, with their units, over the whole
+    /// period (the usage history and the records in the ledger).
     Usage {
-        /// Only records completed within this long (e.g. 24h, 7d); for a statement, also
-        /// only repeats answered within it.
+        /// The period: from the start of the hour this long ago (e.g. 24h, 7d); everything
+        /// kept when absent.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
         since: Option<std::time::Duration>,
         /// One JSON document on standard output.
-        #[arg(long, conflicts_with = "statement")]
+        #[arg(long, conflicts_with_all = ["statement", "by"])]
         json: bool,
         /// A statement for this one account that explains its bill: what it was charged,
         /// each repeat it was not charged for, and the totals (the principal's hash, or
         /// its raw value).
-        #[arg(long, value_name = "PRINCIPAL")]
+        #[arg(long, value_name = "PRINCIPAL", conflicts_with = "by")]
         statement: Option<String>,
-        /// How the statement is written.
-        #[arg(long, value_enum, default_value_t, requires = "statement")]
-        format: crate::statement::Format,
+        /// Rows per principal, route and hour, for a billing system.
+        #[arg(long, value_enum, value_name = "PERIOD")]
+        by: Option<By>,
+        /// How the statement (md, html; default md) or the rows of `--by hour` (csv, json;
+        /// default csv) are written.
+        #[arg(long, value_enum)]
+        format: Option<UsageFormat>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -214,11 +220,19 @@ async fn run(cli: Cli) -> Outcome {
             since,
             json,
             statement,
+            by,
             format,
             store,
-        } => match statement {
-            Some(principal) => usage::statement(&principal, since, format, &store).await,
-            None => usage::run(since, json, &store).await,
+        } => match (statement, by) {
+            (Some(principal), _) => {
+                let format = usage::statement_format(format)?;
+                usage::statement(&principal, since, format, &store).await
+            }
+            (None, Some(By::Hour)) => usage::by_hour(since, format, &store).await,
+            (None, None) => {
+                usage::no_format(format)?;
+                usage::run(since, json, &store).await
+            }
         },
         Command::Migrate { store } => store::migrate(&store).await,
         Command::CheckConfig { file } => check_config(&file),

@@ -120,6 +120,8 @@ pub struct Config {
     pub webhooks: Vec<WebhookEndpoint>,
     /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
     pub tracing: Option<tracing::Tracing>,
+    /// How long the usage history keeps an hour (default 400d, at least 1h).
+    pub usage_retention: Duration,
 }
 
 /// Command-line values that override the file.
@@ -141,6 +143,8 @@ pub const DEFAULT_MAX_INFLIGHT: u64 = 512 << 20;
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default `store_pool_size`.
 pub const DEFAULT_STORE_POOL_SIZE: usize = 16;
+/// The default `usage_retention`: 400 days.
+pub const DEFAULT_USAGE_RETENTION: Duration = Duration::from_secs(400 * 86_400);
 
 const TOP_KEYS: &[&str] = &[
     "listen",
@@ -155,6 +159,7 @@ const TOP_KEYS: &[&str] = &[
     "max_response",
     "max_inflight_bytes",
     "drain_timeout",
+    "usage_retention",
     "defaults",
     "routes",
     "mcp",
@@ -336,6 +341,17 @@ impl Config {
             read::size(&table, "", "max_inflight_bytes", p).unwrap_or(DEFAULT_MAX_INFLIGHT);
         let drain_timeout =
             read::duration(&table, "", "drain_timeout", p).unwrap_or(DEFAULT_DRAIN_TIMEOUT);
+        let usage_retention = match read::duration(&table, "", "usage_retention", p) {
+            Some(d) if d < Duration::from_secs(3600) => {
+                p.add(
+                    at("", "usage_retention"),
+                    "must be at least 1h (usage is kept by the hour)",
+                );
+                None
+            }
+            d => d,
+        }
+        .unwrap_or(DEFAULT_USAGE_RETENTION);
 
         let defaults = routes::defaults(&table, p);
         let routes = routes::section(&table, &defaults, upstream.as_ref(), p);
@@ -366,6 +382,7 @@ impl Config {
             mcp,
             webhooks,
             tracing,
+            usage_retention,
         })
     }
 

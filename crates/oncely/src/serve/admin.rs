@@ -7,7 +7,8 @@
 //! | `GET /records?status=S&principal=P&route=R&limit=N` | JSON array, as `ledger list --json` (`P` its hash or its raw value) |
 //! | `GET /records/ID` | one record, as `ledger show --json` |
 //! | `POST /records/ID/resolve` | `{"released": true}` or `{"completed": true, "status": 200, "headers": {...}, "body": "..."}` (also `"state": "released" \| "completed"`, and headers as `["Name: value"]`) |
-//! | `GET /usage?since=DURATION` | as `usage --json` |
+//! | `GET /usage?since=DURATION` | as `usage --since DURATION --json` (default `30d`) |
+//! | `GET /usage?by=hour&since=DURATION` | as `usage --by hour --format json` (default `30d`) |
 //! | `/console/...` | the operator console, HTML ([`super::console`]); the same token, or a session cookie |
 //!
 //! Everything else needs `Authorization: Bearer TOKEN`, the token being the value of the
@@ -346,19 +347,33 @@ async fn openapi() -> Response {
 #[derive(Debug, Deserialize)]
 struct UsageQuery {
     since: Option<String>,
+    by: Option<String>,
 }
 
+/// The period `GET /usage` covers when `since` is not given.
+const USAGE_SINCE: Duration = Duration::from_secs(30 * 86_400);
+
+/// `GET /usage?since=D`: per principal over the period (from the start of the hour `D`
+/// ago; default 30d), as `usage --json`; with `by=hour`, the rows per principal, route
+/// and hour, as `usage --by hour --format json`.
 async fn usage(
     State(state): State<AdminState>,
     Query(q): Query<UsageQuery>,
 ) -> Result<Json<serde_json::Value>, AdminError> {
-    let since = match q.since.as_deref() {
-        None | Some("") => None,
-        Some(s) => {
-            let d = oncely_core::parse_duration(s).map_err(bad)?;
-            Some(state.store.now().await?.minus(d))
-        }
+    let by_hour = match q.by.as_deref() {
+        None | Some("") => false,
+        Some("hour") => true,
+        Some(other) => return Err(bad(format!("by={other:?}: the only grouping is by=hour"))),
     };
-    let u = state.store.usage(since).await?;
+    let since = match q.since.as_deref() {
+        None | Some("") => USAGE_SINCE,
+        Some(s) => oncely_core::parse_duration(s).map_err(bad)?,
+    };
+    let from = crate::operations::period_start(state.store.now().await?, since);
+    if by_hour {
+        let rows = state.store.usage_by_hour(Some(from)).await?;
+        return Ok(Json(records::usage_hours(&rows)));
+    }
+    let u = state.store.usage(Some(from)).await?;
     Ok(Json(records::usage(&u)))
 }

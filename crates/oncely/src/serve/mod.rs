@@ -4,7 +4,8 @@
 //! bind port 0 and stop it when they like. It opens (and migrates) the store, puts the
 //! oncely-tower guard around the [`proxy::Proxy`], serves HTTP/1.1 and HTTP/2 (HTTPS when
 //! `tls` is set) on `listen` and the [`admin`] API on `admin_listen`, purges expired
-//! records every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
+//! records (what they counted stays in the usage history) and the usage history's hours
+//! past `usage_retention` every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
 //! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
 //! `JobWorker` runs the queued jobs of `job` routes through the same proxy; what they keep
 //! is sealed with the key [`job_key`] resolves. `oncely serve` reads its config file again
@@ -222,6 +223,7 @@ pub async fn run_reloading(
         store.clone(),
         guard.instance().to_owned(),
         metrics.clone(),
+        live.configs(),
         stop_rx.clone(),
     ));
     let reconciler = tokio::spawn(reconcile::run_loop(
@@ -411,13 +413,14 @@ async fn sweep_orphaned_actions(
     Ok(())
 }
 
-/// The server's own periodic work: purging expired records, refreshing the
-/// outcome_unknown gauge, looking for orphaned actions, and the metrics recorder's
-/// upkeep.
+/// The server's own periodic work: purging expired records and the usage history past
+/// `usage_retention` (of the config current then), refreshing the outcome_unknown gauge,
+/// looking for orphaned actions, and the metrics recorder's upkeep.
 async fn chores(
     store: Arc<dyn Store>,
     instance: String,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    configs: tokio::sync::watch::Receiver<Arc<Config>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut purge = tokio::time::interval(PURGE_EVERY);
@@ -431,11 +434,15 @@ async fn chores(
                     tracing::warn!(error = %e, "looking for orphaned actions failed");
                 }
             }
-            _ = purge.tick() => match store.purge_expired().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "purged expired records"),
-                Err(e) => tracing::warn!(error = %e, "purging expired records failed"),
-            },
+            _ = purge.tick() => {
+                let retention = configs.borrow().usage_retention;
+                match crate::operations::purge(&*store, retention).await {
+                    Ok(p) if p.records == 0 && p.history_rows == 0 => {}
+                    Ok(p) => tracing::info!(purged = p.records, history_rows = p.history_rows,
+                        "purged expired records"),
+                    Err(e) => tracing::warn!(error = %e, "purging expired records failed"),
+                }
+            }
             _ = gauge.tick() => {
                 let filter = ListFilter {
                     state: Some(State::OutcomeUnknown),

@@ -25,10 +25,11 @@
 //! `max_inflight_bytes`, `[tracing]` (its exporter is built at start); and the job
 //! key, so a reload that brings the first `job` route to a server started without one
 //! (and without `ONCELY_SECRET_KEY`) is refused too. Applied:
-//! everything else, `drain_timeout` and the routes' `reconcile` settings (the reconciler
-//! scans with the current config) included. Still the start's until a restart: the
-//! admin API's view of routes (the `window` of a resolution) and the webhook delivery
-//! worker's lease.
+//! everything else, `drain_timeout`, the routes' `reconcile` settings (the reconciler
+//! scans with the current config) and `usage_retention` (the periodic purge reads the
+//! current one) included. Still the start's until a restart: the admin API's view of
+//! routes (the `window` of a resolution) and of `usage_retention` (the console's purge),
+//! and the webhook delivery worker's lease.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use oncely_core::{
     ClaimSpec, Class, Completion, Fingerprint, Record, Scope, State, StoredResponse,
 };
-use oncely_store::{Claim, StoreOptions};
+use oncely_store::{Claim, Repeat, RepeatKind, StoreOptions};
 
 use crate::common::{assert_usage_error, oncely, run, stderr, stdout};
 
@@ -139,7 +139,16 @@ async fn seed(path: &Path) -> (Record, Record, Record) {
         )
         .await
         .unwrap();
-    store.add_repeats(&done.id, 2, 24).await.unwrap();
+    let repeats = Repeat {
+        at: done.completed_at.unwrap(),
+        kind: RepeatKind::Replayed,
+        count: 2,
+        units: 24,
+    };
+    store
+        .record_repeats(&done.id, &done.principal, &done.route, &[repeats])
+        .await
+        .unwrap();
     let unknown = owned(
         store
             .claim(&spec("k2", Class::Action, "bob"))

@@ -480,3 +480,128 @@ async fn an_operator_resolves_an_outcome_unknown_record_in_the_browser() {
         .ends_with("/console/login"));
     c.close().await.unwrap();
 }
+
+/// The usage page after the records it counts have been purged: the figures (and the
+/// chart) come from the usage history, the same as before the purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_usage_page_shows_the_history_after_a_purge() {
+    use axum::routing::post;
+    let up = crate::common::upstream(
+        axum::Router::new().route("/v1/render", post(|body: String| async move { body })),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+store = "sqlite://{}"
+upstream = "http://{up}"
+
+[[routes]]
+method = "POST"
+path = "/v1/render"
+class = "write"
+units = "json:/text"
+window = "2s"
+"#,
+            dir.path().join("ledger.db").display()
+        ),
+    )
+    .unwrap();
+    let gw = crate::common::Gateway::start(
+        &["--config", cfg.to_str().unwrap()],
+        &[("ONCELY_ADMIN_TOKEN", TOKEN)],
+    );
+    let auth = format!("Bearer {TOKEN}");
+    let h = [("authorization", auth.as_str())];
+    // Erin: one render of 5 units and two repeats of it.
+    for _ in 0..3 {
+        let r = http_post(
+            &gw.url("/v1/render"),
+            "{\"text\":\"hello\"}",
+            &[("authorization", "Bearer sk_erin")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let want = serde_json::json!({"fresh": 1, "fresh_units": 5, "repeats": 2, "repeat_units": 10});
+    eventually("the two repeats are counted", || async {
+        get(&gw.admin_url("/usage"), &h).await.json()["totals"] == want
+    })
+    .await;
+    let erin = get(&gw.admin_url("/records"), &h).await.json()[0]["principal"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The window ends (the server's own purge waits a minute).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    let (_driver, c) = browser().await;
+    let base = format!("http://{}", gw.admin);
+    c.goto(&format!("{base}/console/")).await.unwrap();
+    type_into(&c, "#token", TOKEN).await;
+    click(&c, "#login").await;
+    c.wait()
+        .for_element(Locator::Css("#records"))
+        .await
+        .unwrap();
+    // Purge, through the confirmation.
+    c.goto(&format!("{base}/console/purge")).await.unwrap();
+    click(&c, "#confirm").await;
+    assert!(text_of(&c, ".notice")
+        .await
+        .contains("purged 1 expired records"));
+    let left = get(&gw.admin_url("/records"), &h).await.json();
+    assert_eq!(left, serde_json::json!([]), "the record is gone");
+
+    // The usage page: Erin's row and the totals, from the history.
+    click(&c, "nav a[href=\"/console/usage\"]").await;
+    c.wait()
+        .for_element(Locator::Css("#usage-chart svg"))
+        .await
+        .unwrap();
+    let cells = |css: String| {
+        let c = c.clone();
+        async move {
+            let row = c.find(Locator::Css(&css)).await.unwrap();
+            let mut out = Vec::new();
+            for td in row.find_all(Locator::Css("td")).await.unwrap() {
+                out.push(td.text().await.unwrap());
+            }
+            out
+        }
+    };
+    let row = cells(format!("#usage tr[data-principal=\"{erin}\"]")).await;
+    assert_eq!(row[1..], ["1", "5", "2", "10"], "{row:?}");
+    let total = cells("#usage tfoot tr".to_owned()).await;
+    assert_eq!(total, ["1", "5", "2", "10"], "{total:?}");
+    // The chart's bars (one hour, or two if the calls straddled the turn of an hour).
+    let bars = |css: &'static str| {
+        let c = c.clone();
+        async move {
+            let mut sum = 0;
+            for t in c.find_all(Locator::Css(css)).await.unwrap() {
+                let text = t.html(true).await.unwrap();
+                sum += text
+                    .split(' ')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("{text:?}"));
+            }
+            sum
+        }
+    };
+    assert_eq!(bars("#usage-chart rect.fresh title").await, 1);
+    assert_eq!(bars("#usage-chart rect.repeats title").await, 2);
+    assert!(text_of(&c, "#usage-period")
+        .await
+        .contains("the start of its first hour"));
+    // The admin API says the same.
+    assert_eq!(
+        get(&gw.admin_url("/usage"), &h).await.json()["totals"],
+        want
+    );
+    c.close().await.unwrap();
+}

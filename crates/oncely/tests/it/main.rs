@@ -40,5 +40,7 @@ mod retries;
 mod secrets;
 mod statements;
 mod traces;
+mod usage_history;
+mod usage_races;
 mod webhook_numbers;
 mod webhooks;

@@ -172,31 +172,24 @@ pub(super) struct Bucket {
     pub(super) repeats: u64,
 }
 
-/// Counts times into `n` equal buckets from `from` to `to`.
+/// Sums `(time, fresh, repeats)` into `n` buckets of `step` from `start`; times outside
+/// them are left out.
 pub(super) fn buckets(
-    from: Timestamp,
-    to: Timestamp,
+    start: Timestamp,
+    step: std::time::Duration,
     n: usize,
-    fresh: &[Timestamp],
-    repeats: &[Timestamp],
+    counts: impl IntoIterator<Item = (Timestamp, u64, u64)>,
 ) -> Vec<Bucket> {
     let mut out = vec![Bucket::default(); n];
-    let span = (to.millis() - from.millis()).max(1);
-    let index = |t: Timestamp| -> Option<usize> {
-        if t < from || t > to {
-            return None;
+    let step = (step.as_millis() as i64).max(1);
+    for (t, fresh, repeats) in counts {
+        if t < start {
+            continue;
         }
-        let i = ((t.millis() - from.millis()) as i128 * n as i128 / span as i128) as usize;
-        Some(i.min(n - 1))
-    };
-    for t in fresh {
-        if let Some(i) = index(*t) {
-            out[i].fresh += 1;
-        }
-    }
-    for t in repeats {
-        if let Some(i) = index(*t) {
-            out[i].repeats += 1;
+        let i = (t.millis() - start.millis()) / step;
+        if let Some(b) = usize::try_from(i).ok().and_then(|i| out.get_mut(i)) {
+            b.fresh += fresh;
+            b.repeats += repeats;
         }
     }
     out
@@ -297,15 +290,15 @@ mod tests {
         let to = Timestamp(1000);
         let b = buckets(
             from,
-            to,
+            std::time::Duration::from_millis(250),
             4,
-            &[
-                Timestamp(0),
-                Timestamp(260),
-                Timestamp(1000),
-                Timestamp(2000),
+            [
+                (Timestamp(0), 1, 0),
+                (Timestamp(260), 1, 0),
+                (Timestamp(999), 1, 1),
+                (Timestamp(1000), 1, 0),
+                (Timestamp(-1), 0, 1),
             ],
-            &[Timestamp(999), Timestamp(-1)],
         );
         assert_eq!(
             b,

@@ -1,5 +1,5 @@
-//! `GET/POST /console/purge`: purging the expired records, as `oncely ledger purge
-//! --expired` does (confirmation first).
+//! `GET/POST /console/purge`: purging the expired records and the usage history's hours
+//! past `usage_retention`, as `oncely ledger purge --expired` does (confirmation first).
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -14,7 +14,7 @@ pub(crate) async fn purge_form(Extension(viewer): Extension<Viewer>) -> Response
     confirm_page(
         &viewer,
         "Purge expired records",
-        "Delete every completed and released record whose window has ended (as <code>oncely ledger purge --expired</code>; the server also does this every minute). Records in processing or outcome_unknown are never purged.",
+        "Delete every completed and released record whose window has ended, and the usage history's hours older than <code>usage_retention</code> (as <code>oncely ledger purge --expired</code>; the server also does this every minute). What the records counted stays in the usage history. Records in processing or outcome_unknown are never purged.",
         "/console/purge",
         "Purge",
         "/console/",
@@ -30,11 +30,18 @@ pub(crate) async fn purge(
     if c.confirmed != "1" {
         return Ok(purge_form(Extension(viewer)).await);
     }
-    let n = console.store.purge_expired().await.map_err(store_error)?;
-    tracing::info!(target: "oncely::console", action = "purge", purged = n, by = "console", "console action");
+    let purged = crate::operations::purge(&*console.store, console.config.usage_retention)
+        .await
+        .map_err(store_error)?;
+    let n = purged.records;
+    tracing::info!(target: "oncely::console", action = "purge", purged = n,
+        history_rows = purged.history_rows, by = "console", "console action");
     Ok(Redirect::to(&format!(
         "/console/?done={}",
-        url_enc(&format!("purged {n} expired records"))
+        url_enc(&format!(
+            "purged {n} expired records and {} usage history rows",
+            purged.history_rows
+        ))
     ))
     .into_response())
 }

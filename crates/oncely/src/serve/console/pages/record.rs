@@ -52,12 +52,21 @@ pub(crate) async fn record(
     let (joined, replayed, last_repeat, cut) = match &events {
         Ok(ev) => {
             let mine: Vec<_> = ev.listed.iter().filter(|e| e.record == r.id).collect();
-            let count = |kind| mine.iter().filter(|e| e.kind == kind).count();
+            let count = |kind| -> u64 {
+                mine.iter()
+                    .filter(|e| e.kind == kind)
+                    .map(|e| e.count)
+                    .sum()
+            };
+            // Listed one by one up to the limit; the older ones (their records gone) are
+            // not this record's.
+            let shown = ev.listed.iter().map(|e| e.count).sum::<u64>()
+                + ev.older.iter().map(|h| h.repeats).sum::<u64>();
             (
                 Some(count(RepeatKind::Joined)),
                 Some(count(RepeatKind::Replayed)),
                 mine.iter().map(|e| e.at).max(),
-                (ev.listed.len() as u64) < ev.total,
+                shown < ev.total,
             )
         }
         Err(_) => (None, None, None, false),
@@ -186,7 +195,8 @@ pub(crate) async fn record(
     body.push_str("</tbody></table>");
     body.push_str(
         "<p class=\"hint\">The ledger keeps a record's current state, its attempt counter, the \
-reason of its last change, its repeat events (while its window lasts) and, while it is \
+reason of its last change, its repeat events (while its window lasts; then what it counted \
+stays in the usage history, per hour) and, while it is \
 outcome_unknown, its reconciliation schedule. It keeps no time for each attempt or take-over; \
 the log lines do.</p>",
     );

@@ -1,21 +1,25 @@
 //! `GET /console/usage`: fresh executions against repeats per principal over a period,
-//! with a chart of both over time.
+//! with a chart of both over time: the whole period, from the usage history (kept per
+//! hour for `usage_retention`) and the records in the ledger.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Extension;
-use oncely_core::State as RecordState;
-use oncely_store::{ListFilter, StoreError};
+use oncely_store::StoreError;
 use serde::Deserialize;
 
 use super::super::html::{self, chart, error_page, esc, url_enc, Section};
 use super::super::state::{Console, Viewer};
-use super::shared::{ok, store_error, truncate, PageResult, EVENTS};
+use super::shared::{ok, store_error, truncate, PageResult};
 
-/// The newest executions per principal the usage chart reads.
-const CHART_RECORDS: usize = 1_000;
+const HOUR: Duration = Duration::from_secs(3600);
+/// The longest period charted per hour; longer ones are charted per day (or per so many
+/// days that at most [`MOST_BARS`] bars are drawn).
+const HOURLY_UP_TO: Duration = Duration::from_secs(48 * 3600);
+const MOST_BARS: u64 = 100;
 
 #[derive(Debug, Deserialize, Default)]
 pub(crate) struct UsageQuery {
@@ -26,7 +30,8 @@ pub(crate) struct UsageQuery {
 }
 
 /// `GET /console/usage`: per principal, executions charged and repeats not charged, with
-/// a chart of both over the period (for one principal, or the top 20 together).
+/// a chart of both over the period, per hour or per day (for one principal, or every one
+/// together). The period starts at the start of its first hour.
 pub(crate) async fn usage(
     State(console): State<Console>,
     Extension(viewer): Extension<Viewer>,
@@ -40,8 +45,9 @@ pub(crate) async fn usage(
     let since = oncely_core::parse_duration(since_text)
         .map_err(|e| error_page(StatusCode::BAD_REQUEST, "Bad period", &e))?;
     let now = store.now().await.map_err(store_error)?;
-    let from = now.minus(since);
+    let from = crate::operations::period_start(now, since);
     let usage = store.usage(Some(from)).await.map_err(store_error)?;
+    let hours = store.usage_by_hour(Some(from)).await.map_err(store_error)?;
     let selected = match q.principal.trim() {
         "" => None,
         p => Some(
@@ -50,39 +56,27 @@ pub(crate) async fn usage(
                 .map_err(|_| store_error(StoreError::Unavailable("principal key".into())))?,
         ),
     };
-    let charted: Vec<String> = match &selected {
-        Some(p) => vec![p.clone()],
-        None => usage
-            .by_principal
-            .iter()
-            .take(10)
-            .map(|r| r.principal.clone())
-            .collect(),
-    };
-    let mut fresh = Vec::new();
-    let mut repeats = Vec::new();
-    let mut events_kept = true;
-    for p in &charted {
-        let filter = ListFilter {
-            state: Some(RecordState::Completed),
-            principal: Some(p.clone()),
-            route: None,
-            limit: Some(CHART_RECORDS),
+    let span = from.until(now);
+    let (step, per) = if since <= HOURLY_UP_TO {
+        (HOUR, "hour".to_owned())
+    } else {
+        let days = span.as_secs().div_ceil(86_400).div_ceil(MOST_BARS).max(1);
+        let per = match days {
+            1 => "day".to_owned(),
+            n => format!("{n} days"),
         };
-        for r in store.list(&filter).await.map_err(store_error)? {
-            if let Some(t) = r.completed_at.filter(|t| *t >= from) {
-                // As the usage counts them: every record completed in the period.
-                if r.state == RecordState::Completed {
-                    fresh.push(t);
-                }
-            }
-        }
-        match store.repeat_events(p, Some(from), EVENTS).await {
-            Ok(ev) => repeats.extend(ev.listed.iter().map(|e| e.at)),
-            Err(_) => events_kept = false,
-        }
-    }
-    let data = html::buckets(from, now, 24, &fresh, &repeats);
+        (Duration::from_secs(86_400 * days), per)
+    };
+    let slots = span.as_millis().div_ceil(step.as_millis()).max(1) as usize;
+    let data = html::buckets(
+        from,
+        step,
+        slots,
+        hours
+            .iter()
+            .filter(|h| selected.as_ref().is_none_or(|p| *p == h.principal))
+            .map(|h| (h.hour, h.fresh, h.repeats)),
+    );
     let mut body = format!(
         "<form method=\"get\" action=\"/console/usage\" class=\"search\">\
 <label>Period <select name=\"since\" id=\"u-since\">{}</select></label>\
@@ -99,13 +93,10 @@ pub(crate) async fn usage(
     );
     let label = match &selected {
         Some(p) => format!(
-            "fresh vs repeats for {} over the last {since_text}",
+            "fresh vs repeats for {} over the last {since_text}, per {per}",
             truncate(p, 12)
         ),
-        None => format!(
-            "fresh vs repeats over the last {since_text} (top {} principals; at most the newest {CHART_RECORDS} executions of each)",
-            charted.len()
-        ),
+        None => format!("fresh vs repeats over the last {since_text}, per {per} (every principal)"),
     };
     let _ = write!(
         body,
@@ -113,9 +104,6 @@ pub(crate) async fn usage(
         chart(&label, from, now, &data),
         esc(&label)
     );
-    if !events_kept {
-        body.push_str("<p class=\"hint\">This store keeps no repeat events: the chart shows executions only.</p>");
-    }
     body.push_str(
         "<table id=\"usage\"><thead><tr><th>principal (keyed hash)</th><th>fresh</th><th>fresh units</th>\
 <th>repeats</th><th>repeat units (not charged)</th></tr></thead><tbody>",
@@ -141,9 +129,12 @@ pub(crate) async fn usage(
     let _ = write!(
         body,
         "</tbody><tfoot><tr><th>total</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr></tfoot></table>\
-<p class=\"hint\">Of the records completed in the period. A statement for one account: \
-<code>oncely usage --statement ACCOUNT</code>.</p>",
-        t.fresh, t.fresh_units, t.repeats, t.repeat_units
+<p class=\"hint\" id=\"usage-period\">The whole period, from {} (the start of its first hour): the usage \
+history, which keeps what records counted after they leave the ledger, per hour, for <code>usage_retention</code>, \
+with the records still in the ledger. A statement for one account: \
+<code>oncely usage --statement ACCOUNT</code>; rows for a billing system: <code>oncely usage --by hour</code>.</p>",
+        t.fresh, t.fresh_units, t.repeats, t.repeat_units,
+        esc(&crate::records::hour(from))
     );
     Ok(ok("Usage", Section::Usage, &viewer, None, &body))
 }

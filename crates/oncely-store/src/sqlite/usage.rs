@@ -1,0 +1,205 @@
+//! The usage history on SQLite (migration 5): `usage_hours`, one row per principal, route
+//! and hour, into which the purge folds the records and repeat events it deletes, in the
+//! writer's transaction that deletes them (`crate::usage` says how each counts). Readers
+//! add what the ledger still holds to it, in one read.
+
+use oncely_core::Timestamp;
+use rusqlite::{params, Connection};
+
+use super::error::sql_error;
+use crate::usage::Hours;
+use crate::{Result, UsageHour, UsageRow};
+
+/// Migration 5: the usage history, repeat events that count several repeats, and the
+/// repeats older ledgers counted on their records without events (before migration 4,
+/// or past the tally's limit) kept as one event per record, so that readers that count
+/// events count them.
+pub(super) const MIGRATION_SQL: &str = r#"
+ALTER TABLE repeat_events ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+CREATE TABLE usage_hours (
+    hour         INTEGER NOT NULL,
+    principal    TEXT    NOT NULL,
+    route        TEXT    NOT NULL,
+    fresh        INTEGER NOT NULL DEFAULT 0,
+    fresh_units  INTEGER NOT NULL DEFAULT 0,
+    repeats      INTEGER NOT NULL DEFAULT 0,
+    repeat_units INTEGER NOT NULL DEFAULT 0,
+    joined       INTEGER NOT NULL DEFAULT 0,
+    replayed     INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (hour, principal, route)
+) WITHOUT ROWID;
+-- Covering: usage per principal over a period reads this index alone, in order.
+CREATE INDEX usage_hours_principal
+    ON usage_hours (principal, hour, fresh, fresh_units, repeats, repeat_units);
+INSERT INTO repeat_events (record_id, principal, route, at, kind, count, units, expires_at)
+SELECT r.id, r.principal, r.route, COALESCE(r.completed_at, r.created_at), 'replayed',
+       r.repeats - COALESCE(e.n, 0), r.repeat_units - COALESCE(e.u, 0), r.expires_at
+FROM records r
+LEFT JOIN (SELECT record_id, SUM(count) AS n, SUM(units) AS u FROM repeat_events
+           GROUP BY record_id) e ON e.record_id = r.id
+WHERE r.repeats > COALESCE(e.n, 0);
+"#;
+
+/// The hour of a millisecond column, in SQL.
+macro_rules! hour {
+    ($col:literal) => {
+        concat!("((", $col, " / 3600000) * 3600000)")
+    };
+}
+
+const FOLD_RECORDS: &str = concat!(
+    "INSERT INTO usage_hours (hour, principal, route, fresh, fresh_units) SELECT ",
+    hour!("completed_at"),
+    ", principal, route, COUNT(*), SUM(units) FROM records \
+     WHERE state = 'completed' AND completed_at IS NOT NULL \
+     AND (expires_at IS NULL OR expires_at <= ?1) GROUP BY 1, 2, 3 \
+     ON CONFLICT (hour, principal, route) DO UPDATE SET \
+     fresh = fresh + excluded.fresh, fresh_units = fresh_units + excluded.fresh_units"
+);
+
+const FOLD_EVENTS: &str = concat!(
+    "INSERT INTO usage_hours (hour, principal, route, repeats, repeat_units, joined, replayed) \
+     SELECT ",
+    hour!("at"),
+    ", principal, route, SUM(count), SUM(units), \
+     SUM(CASE WHEN kind = 'joined' THEN count ELSE 0 END), \
+     SUM(CASE WHEN kind = 'replayed' THEN count ELSE 0 END) FROM repeat_events \
+     WHERE expires_at IS NULL OR expires_at <= ?1 GROUP BY 1, 2, 3 \
+     ON CONFLICT (hour, principal, route) DO UPDATE SET \
+     repeats = repeats + excluded.repeats, repeat_units = repeat_units + excluded.repeat_units, \
+     joined = joined + excluded.joined, replayed = replayed + excluded.replayed"
+);
+
+/// Folds the completed records and the repeat events the purge at `now` deletes (call it
+/// right before those deletes, in the same transaction).
+pub(super) fn fold_expired(conn: &Connection, now: Timestamp) -> Result<()> {
+    for sql in [FOLD_RECORDS, FOLD_EVENTS] {
+        conn.prepare_cached(sql)
+            .and_then(|mut st| st.execute([now.0]))
+            .map_err(sql_error)?;
+    }
+    Ok(())
+}
+
+/// Folds one record that leaves the ledger otherwise (an expired one renewed in place).
+pub(super) fn fold_record(conn: &Connection, id: &str) -> Result<()> {
+    conn.prepare_cached(concat!(
+        "INSERT INTO usage_hours (hour, principal, route, fresh, fresh_units) SELECT ",
+        hour!("completed_at"),
+        ", principal, route, 1, units FROM records \
+         WHERE id = ?1 AND state = 'completed' AND completed_at IS NOT NULL \
+         ON CONFLICT (hour, principal, route) DO UPDATE SET \
+         fresh = fresh + excluded.fresh, fresh_units = fresh_units + excluded.fresh_units"
+    ))
+    .and_then(|mut st| st.execute([id]))
+    .map_err(sql_error)?;
+    Ok(())
+}
+
+/// Deletes the hours before `before`.
+pub(super) fn purge(conn: &Connection, before: Timestamp) -> Result<u64> {
+    conn.prepare_cached("DELETE FROM usage_hours WHERE hour < ?1")
+        .and_then(|mut st| st.execute([before.0]))
+        .map(|n| n as u64)
+        .map_err(sql_error)
+}
+
+/// The history from `from` (an hour's start) and what records and events add, per
+/// principal, route and hour: three parts, each counted once.
+const PARTS: &str = concat!(
+    "SELECT hour, principal, route, fresh, fresh_units, repeats, repeat_units, joined, \
+     replayed FROM usage_hours WHERE hour >= ?1 \
+     UNION ALL SELECT ",
+    hour!("completed_at"),
+    ", principal, route, COUNT(*), SUM(units), 0, 0, 0, 0 FROM records \
+     WHERE state = 'completed' AND completed_at >= ?1 GROUP BY 1, 2, 3 \
+     UNION ALL SELECT ",
+    hour!("at"),
+    ", principal, route, 0, 0, SUM(count), SUM(units), \
+     SUM(CASE WHEN kind = 'joined' THEN count ELSE 0 END), \
+     SUM(CASE WHEN kind = 'replayed' THEN count ELSE 0 END) FROM repeat_events \
+     WHERE at >= ?1 GROUP BY 1, 2, 3"
+);
+
+/// Usage per principal, route and hour from `from`.
+pub(super) fn by_hour(conn: &Connection, from: i64) -> Result<Vec<UsageHour>> {
+    let mut st = conn.prepare_cached(PARTS).map_err(sql_error)?;
+    let rows = st.query_map([from], hour_row).map_err(sql_error)?;
+    let mut hours = Hours::default();
+    for row in rows {
+        hours.add(&row.map_err(sql_error)?);
+    }
+    Ok(hours.into_rows())
+}
+
+/// Usage per principal from `from`, summed in the database: each part per principal
+/// first (the history streamed from its covering index, in principal order, so a year of
+/// ten thousand principals is not sorted), then the parts together.
+pub(super) fn per_principal(conn: &Connection, from: i64) -> Result<Vec<UsageRow>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT principal, SUM(f), SUM(fu), SUM(r), SUM(ru) FROM (
+                 SELECT principal, SUM(fresh) AS f, SUM(fresh_units) AS fu,
+                        SUM(repeats) AS r, SUM(repeat_units) AS ru
+                 FROM usage_hours INDEXED BY usage_hours_principal
+                 WHERE hour >= ?1 GROUP BY principal
+                 UNION ALL
+                 SELECT principal, COUNT(*), SUM(units), 0, 0 FROM records
+                 WHERE state = 'completed' AND completed_at >= ?1 GROUP BY principal
+                 UNION ALL
+                 SELECT principal, 0, 0, SUM(count), SUM(units) FROM repeat_events
+                 WHERE at >= ?1 GROUP BY principal)
+             GROUP BY principal",
+        )
+        .map_err(sql_error)?;
+    let rows = st
+        .query_map([from], |row| {
+            Ok(UsageRow {
+                principal: row.get(0)?,
+                fresh: row.get::<_, i64>(1)? as u64,
+                fresh_units: row.get::<_, i64>(2)? as u64,
+                repeats: row.get::<_, i64>(3)? as u64,
+                repeat_units: row.get::<_, i64>(4)? as u64,
+            })
+        })
+        .map_err(sql_error)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql_error)
+}
+
+/// The history's hours of `principal` from `from` with repeats, oldest first.
+pub(super) fn older_repeats(
+    conn: &Connection,
+    principal: &str,
+    from: i64,
+) -> Result<Vec<UsageHour>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT hour, principal, route, fresh, fresh_units, repeats, repeat_units, joined, \
+             replayed FROM usage_hours WHERE principal = ?1 AND hour >= ?2 AND repeats > 0 \
+             ORDER BY hour, route",
+        )
+        .map_err(sql_error)?;
+    let rows = st
+        .query_map(params![principal, from], hour_row)
+        .map_err(sql_error)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql_error)
+}
+
+/// A row of `hour, principal, route, fresh, fresh_units, repeats, repeat_units, joined,
+/// replayed`.
+fn hour_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UsageHour> {
+    let count = |i| r.get::<_, i64>(i).map(|n| n as u64);
+    Ok(UsageHour {
+        hour: Timestamp(r.get(0)?),
+        principal: r.get(1)?,
+        route: r.get(2)?,
+        fresh: count(3)?,
+        fresh_units: count(4)?,
+        repeats: count(5)?,
+        repeat_units: count(6)?,
+        joined: count(7)?,
+        replayed: count(8)?,
+    })
+}
