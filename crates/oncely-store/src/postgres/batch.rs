@@ -268,10 +268,12 @@ fn claimed(jobs: &[Job], rows: &[Row]) -> Result<Vec<Claimed>> {
         let inserted: bool = row.try_get("inserted").map_err(corrupt)?;
         let now: i64 = row.try_get("now").map_err(corrupt)?;
         let record = record_from_row(row)?;
-        found.insert(
-            (record.scope.as_str().to_string(), record.key.clone()),
-            (record, inserted, now),
-        );
+        let key = (record.scope.as_str().to_string(), record.key.clone());
+        // The row this statement inserted wins over any other it read for the key.
+        if !inserted && found.get(&key).is_some_and(|(_, mine, _)| *mine) {
+            continue;
+        }
+        found.insert(key, (record, inserted, now));
     }
     Ok(jobs
         .iter()
@@ -299,7 +301,10 @@ fn failure(e: tokio_postgres::Error) -> Failure {
 }
 
 /// The claim of many keys in one statement; `$2..$11` are arrays in the order of the
-/// single-row claim's parameters.
+/// single-row claim's parameters. The rows read back are those the insert did not write:
+/// the statement's snapshot can still show a row that a purge deleted before the insert
+/// took its key, and a claimant handed that old row instead of its own would wait on the
+/// record it owns (as the single-row claim, `NOT EXISTS` the inserted row).
 static SQL_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH t AS ({NOW}),
@@ -322,7 +327,8 @@ static SQL_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
          SELECT true AS inserted, t.now, {ins} FROM ins, t
          UNION ALL
          SELECT false, t.now, {r} FROM records r, t
-         WHERE (r.scope, r.key) IN (SELECT i.scope, i.key FROM i)",
+         WHERE (r.scope, r.key) IN (SELECT i.scope, i.key FROM i)
+           AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = r.scope AND ins.key = r.key)",
         ins = COLUMNS.join(", "),
         r = cols("r"),
     )

@@ -524,3 +524,71 @@ async fn a_cached_replay_ends_before_its_window_does() {
     let again = owned(store.claim(&claim()).await.unwrap());
     assert_ne!(again.id, r.id);
 }
+
+/// A claim grouped with others while a purge deletes the expired record that held its key
+/// (the purge commits while the insert waits for it): the statement's snapshot still shows
+/// the deleted row, and the claimant was handed that one instead of the record it had just
+/// inserted. It then found its own record held and waited on it as a duplicate, and the
+/// record was nobody's until its lease lapsed. Every claimant of a new key owns it.
+// One thread: the four claims are queued before the dispatcher runs, so they are one
+// grouped statement, which starts while the delete holds the key's row.
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_that_meets_a_purge_owns_the_record_it_inserted() {
+    let clock = ManualClock::new();
+    let url = fresh_pg_schema(&shared_pg_url()).await;
+    let store = Arc::new(PgStore::connect(&url, options(&clock)).await.unwrap());
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    for round in 0..20 {
+        let old = owned(
+            store
+                .claim(&spec(
+                    "alice",
+                    &format!("k{round}"),
+                    "{}",
+                    Class::Write,
+                    "a",
+                ))
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&old.fence().unwrap(), completion("{}", 1))
+            .await
+            .unwrap();
+        clock.advance(oncely_store_conformance::WINDOW + Duration::from_secs(1));
+        // A purge's delete of the expired record, committed while the claims wait for it.
+        client.batch_execute("BEGIN").await.unwrap();
+        client
+            .execute("DELETE FROM records WHERE id = $1", &[&old.id.0])
+            .await
+            .unwrap();
+        let claims = (0..4).map(|n| {
+            let store = store.clone();
+            let key = if n == 0 {
+                format!("k{round}")
+            } else {
+                format!("other-{round}-{n}")
+            };
+            async move {
+                store
+                    .claim(&spec("alice", &key, "{}", Class::Write, &format!("b{n}")))
+                    .await
+                    .unwrap()
+            }
+        });
+        let commit = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            client.batch_execute("COMMIT").await.unwrap();
+        };
+        let (claims, ()) = tokio::join!(futures::future::join_all(claims), commit);
+        for (n, claim) in claims.into_iter().enumerate() {
+            assert!(
+                matches!(&claim, Claim::Owned(r) if r.owner.as_deref() == Some(&*format!("b{n}"))),
+                "round {round}, claim {n}: a new key's claimant does not own it: {claim:?}"
+            );
+        }
+    }
+}
