@@ -16,6 +16,7 @@ use std::time::Duration;
 use oncely_store_conformance::testing::PgCluster;
 
 use crate::common::post as http_post;
+use crate::durable::start;
 use crate::pg_failover::{cluster, migrate, on_cluster, two_gateways, Renders, AUTH};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,28 +86,10 @@ async fn a_renewal_whose_commit_waits_past_the_lease_keeps_the_owners_record() {
 /// not send it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_renewal_whose_commit_waits_past_the_lease_keeps_the_delivery_with_its_worker() {
-    use crate::durable::{config, service, signed, start, Seen};
-
     let cluster = cluster().await;
-    let url = cluster.url(
-        &[cluster.port(0), cluster.port(1)],
-        "target_session_attrs=read-write",
-    );
-    migrate(&url);
-    let seen = Seen::default();
-    let up = crate::common::upstream(service(seen.clone())).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), &url, up);
+    let (seen, cfg, _dir) = webhooks(&cluster, None).await;
     let (a, _b) = (start(&cfg), start(&cfg));
-    let body = r#"{"type":"invoice.paid","id":"slow_evt"}"#;
-    let mut headers: Vec<(String, String)> = signed("msg_stall", body);
-    headers.push(("content-type".into(), "application/json".into()));
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
-    let ack = http_post(&a.url("/hooks/events"), body, &h).await;
-    assert_eq!(ack.status, 200, "{}", ack.text());
+    event(&a, "msg_stall", "slow_evt").await;
     assert_eq!(
         seen.until("slow_evt", 1, Duration::from_secs(10))
             .await
@@ -180,35 +163,10 @@ async fn a_completion_only_the_restarted_primary_has_is_recorded_again_after_the
 /// it there. The event is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_end_only_the_restarted_primary_has_is_recorded_again_after_the_failover() {
-    use crate::durable::{config, service, signed, start, Seen};
-
     let cluster = cluster().await;
-    let url = cluster.url(
-        &[cluster.port(0), cluster.port(1)],
-        "target_session_attrs=read-write",
-    );
-    migrate(&url);
-    let seen = Seen::default();
-    let up = crate::common::upstream(service(seen.clone())).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), &url, up);
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    let at = text.rfind("lease = \"1s\"").expect("the webhook's lease");
-    std::fs::write(
-        &cfg,
-        format!("{}lease = \"7500ms\"{}", &text[..at], &text[at + 12..]),
-    )
-    .unwrap();
+    let (seen, cfg, _dir) = webhooks(&cluster, Some("7500ms")).await;
     let (a, b) = (start(&cfg), start(&cfg));
-    let body = r#"{"type":"invoice.paid","id":"slow_end"}"#;
-    let mut headers: Vec<(String, String)> = signed("msg_end", body);
-    headers.push(("content-type".into(), "application/json".into()));
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
-    let ack = http_post(&a.url("/hooks/events"), body, &h).await;
-    assert_eq!(ack.status, 200, "{}", ack.text());
+    event(&a, "msg_end", "slow_end").await;
     let began = seen.until("slow_end", 1, Duration::from_secs(10)).await;
     assert_eq!(began.len(), 1, "the delivery began");
     // After the renewal at 2.5 s; the delivery ends at 4 s and its delete waits.
@@ -231,4 +189,43 @@ async fn a_delivery_end_only_the_restarted_primary_has_is_recorded_again_after_t
         a.lines.lock().unwrap().join("\n"),
         b.lines.lock().unwrap().join("\n")
     );
+}
+
+/// Two instances' config on `cluster` with a webhook endpoint (`crate::durable::config`,
+/// its delivery lease `lease` instead of 1 s when given) delivering to an upstream that
+/// notes each delivery (`slow...` events take 4 s).
+async fn webhooks(
+    cluster: &PgCluster,
+    lease: Option<&str>,
+) -> (crate::durable::Seen, String, tempfile::TempDir) {
+    use crate::durable::{config, service, Seen};
+    let url = cluster.url(
+        &[cluster.port(0), cluster.port(1)],
+        "target_session_attrs=read-write",
+    );
+    migrate(&url);
+    let seen = Seen::default();
+    let up = crate::common::upstream(service(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &url, up);
+    if let Some(lease) = lease {
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let at = text.rfind("lease = \"1s\"").expect("the webhook's lease");
+        let edited = format!("{}lease = \"{lease}\"{}", &text[..at], &text[at + 12..]);
+        std::fs::write(&cfg, edited).unwrap();
+    }
+    (seen, cfg, dir)
+}
+
+/// Sends the signed event `id` (webhook message `msg`) to `gw`, and checks it is accepted.
+async fn event(gw: &crate::common::Gateway, msg: &str, id: &str) {
+    let body = format!(r#"{{"type":"invoice.paid","id":"{id}"}}"#);
+    let mut headers: Vec<(String, String)> = crate::durable::signed(msg, &body);
+    headers.push(("content-type".into(), "application/json".into()));
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let ack = http_post(&gw.url("/hooks/events"), &body, &h).await;
+    assert_eq!(ack.status, 200, "{}", ack.text());
 }

@@ -3,14 +3,12 @@
 //! accounts, checked against `oncely usage --json` and `oncely ledger list --json`; and
 //! `oncely audit --statements` checked against `oncely audit --json`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::routing::post;
 use serde_json::Value;
 
-use crate::common::{post as http_post, run, stderr, stdout, upstream, Gateway};
+use crate::common::{post as http_post, run, stderr, stdout, Gateway};
 
 /// Alice's key, and Bob's, whose markup must come out escaped.
 const ALICE: &str = "Bearer sk_alice";
@@ -70,21 +68,7 @@ async fn a_statement_from_a_postgresql_ledger_matches_it_too() {
 /// checks their statements against `usage --json` and `ledger list --json`.
 async fn statement_matches_the_ledger(store: &str) {
     let store = store.to_owned();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = calls.clone();
-    let up = upstream(axum::Router::new().route(
-        "/v1/render",
-        post(move |body: String| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if body.contains("slow") {
-                    tokio::time::sleep(Duration::from_millis(1500)).await;
-                }
-                format!("rendered {body}")
-            }
-        }),
-    ))
-    .await;
+    let (up, calls) = crate::usage_history::render_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("oncely.toml");
     std::fs::write(
@@ -92,7 +76,7 @@ async fn statement_matches_the_ledger(store: &str) {
         format!(
             r#"
 store = "{store}"
-upstream = "http://{up}"
+upstream = "{up}"
 
 [[routes]]
 method = "POST"

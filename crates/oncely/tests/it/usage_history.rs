@@ -34,7 +34,7 @@ fn json(args: &[&str]) -> Value {
 
 /// An upstream whose `POST /v1/render` counts its executions and takes 1.5 s for a body
 /// with "slow" in it.
-async fn render_upstream() -> (String, Arc<AtomicUsize>) {
+pub(crate) async fn render_upstream() -> (String, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     let addr = upstream(axum::Router::new().route(
