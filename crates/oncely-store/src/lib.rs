@@ -567,6 +567,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_hour_starts_on_the_hour_and_never_overflows() {
+        assert_eq!(hour_of(Timestamp(7_199_999)), Timestamp(3_600_000));
+        assert_eq!(hour_of(Timestamp(7_200_000)), Timestamp(7_200_000));
+        assert_eq!(hour_of(Timestamp(-1)), Timestamp(-3_600_000));
+        assert!(hour_of(Timestamp(i64::MIN)).0 <= i64::MIN + 3_600_000);
+    }
+
+    #[test]
     fn passwords_are_not_shown() {
         assert_eq!(
             redact_url("postgres://me:secret@db:5432/x"),

@@ -83,10 +83,11 @@ impl PgStore {
             "SELECT hour, principal, route, sum(fresh)::bigint, sum(fresh_units)::bigint,
                     sum(repeats)::bigint, sum(repeat_units)::bigint, sum(joined)::bigint,
                     sum(replayed)::bigint
-             FROM ({}) p GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+             FROM ({}) p GROUP BY 1, 2, 3",
             parts()
         );
         let rows = self.query(&sql, &[&period_start(since)]).await?;
+        // In the order every store gives (bytes, not the database's collation).
         let mut hours = Hours::default();
         for row in &rows {
             hours.add(&hour_row(row)?);
