@@ -121,6 +121,20 @@ pub struct McpConfig {
 }
 
 impl McpConfig {
+    /// The endpoint of a stdio wrapper named `name` (see [`crate::stdio`]): its route is
+    /// `stdio:NAME`, its principal the message interface's
+    /// ([`PRINCIPAL_HEADER`](crate::endpoint::PRINCIPAL_HEADER)), and its upstream the
+    /// child process the wrapper runs (the URL is not used).
+    pub fn stdio(name: &str) -> McpConfig {
+        let mut config =
+            McpConfig::new("/", "http://127.0.0.1/").expect("a valid built-in endpoint");
+        config.path = format!("stdio:{name}");
+        config.principal = Arc::new(PrincipalSource::Header(
+            http::header::HeaderName::from_static(crate::endpoint::PRINCIPAL_HEADER),
+        ));
+        config
+    }
+
     /// An endpoint at `path` in front of `upstream`, with every default.
     pub fn new(path: &str, upstream: &str) -> Result<McpConfig, McpError> {
         if !path.starts_with('/') {

@@ -269,6 +269,23 @@ pub fn forwarded_call(message: &str, key: &str) -> Option<String> {
     Some(with_member(&outer, "params", &params))
 }
 
+/// `message` (a JSON object, as written) with its `id` set to `id` (JSON text), every
+/// other member as written; `None` when `message` is not a JSON object. A transport that
+/// renumbers requests (stdio) edits the id alone, so that arguments and results keep
+/// every digit they were written with.
+pub fn with_id(message: &str, id: &str) -> Option<String> {
+    Some(with_member(&members(message)?, "id", id))
+}
+
+/// A `notifications/cancelled` (as written) naming `id` (JSON text) as its `requestId`
+/// instead; `None` when it has no object `params`.
+pub fn with_cancelled_id(message: &str, id: &str) -> Option<String> {
+    let outer = members(message)?;
+    let params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
+    let params = with_member(&params, "requestId", id);
+    Some(with_member(&outer, "params", &params))
+}
+
 /// The text of each message of a JSON-RPC batch (a JSON array), as written; `None` when
 /// `batch` is not a JSON array.
 pub fn batch_texts(batch: &str) -> Option<Vec<&str>> {

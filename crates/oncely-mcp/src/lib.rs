@@ -26,6 +26,8 @@
 //! - [`catalog`]: which tools are read-only, learned from the upstream's `tools/list`.
 //! - [`principal`]: who the caller is: a hashed header or a verified JWT claim.
 //! - [`tasks`]: the `io.modelcontextprotocol/tasks` shapes oncely answers slow calls with.
+//! - [`stdio`]: MCP over stdio: a local server started as a child process, its host's
+//!   messages carried through an endpoint's message interface (the same guard).
 //! - [`endpoint`]: the HTTP service itself, on the gateway's one engine
 //!   ([`oncely_tower::Guard`]): claim, owner task, wait, replay.
 //!
@@ -51,6 +53,7 @@ pub mod jsonrpc;
 pub mod principal;
 mod ring_jws;
 pub mod sse;
+pub mod stdio;
 pub mod tasks;
 
 mod body;

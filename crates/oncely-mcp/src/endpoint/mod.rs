@@ -67,6 +67,7 @@ mod call;
 mod forward;
 mod guarded;
 mod headers;
+mod messages;
 mod response;
 mod results;
 mod sessions;
@@ -98,6 +99,7 @@ use state::Inner;
 
 pub use call::INVALID_REQUEST;
 pub use headers::HEADER_MISMATCH;
+pub use messages::{MessageContext, PRINCIPAL_HEADER};
 pub use state::McpUpstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams

@@ -8,6 +8,7 @@
 mod audit;
 mod inventory;
 mod ledger;
+mod mcp_stdio;
 mod store;
 mod usage;
 mod webhooks;
@@ -88,6 +89,9 @@ pub enum Command {
     /// The failure-boundary map of OpenAPI operations and MCP tools: classes, keys,
     /// windows, replays, reconciliation, and the gaps with the config lines that close them.
     Inventory(inventory::InventoryArgs),
+    /// Guards a local MCP server that an assistant host starts over stdio: put `oncely mcp
+    /// --` before the server's command in the host's config.
+    Mcp(mcp_stdio::McpArgs),
     /// Validates a config file: exit 0 when valid, else 2 with each problem on a line.
     CheckConfig {
         /// The file.
@@ -240,6 +244,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Audit(args) => audit::run(args).await,
         Command::Webhooks(cmd) => webhooks::run(cmd).await,
         Command::Inventory(args) => inventory::run(args).await,
+        Command::Mcp(args) => mcp_stdio::run(args).await,
     }
 }
 

@@ -23,6 +23,7 @@
 //! the `[tracing]` section (OTLP traces, [`tracing`]).
 
 mod mcp;
+mod mcp_stdio;
 mod pattern;
 mod read;
 mod routes;
@@ -39,6 +40,7 @@ use http::Method;
 use toml::Table;
 
 pub use mcp::McpEntry;
+pub use mcp_stdio::{name as stdio_name, McpStdio};
 pub use pattern::{normalize_path, PathError, PathPattern};
 pub use read::Mistake;
 pub use routes::{MethodMatch, Reconcile, Route};
@@ -116,6 +118,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// MCP endpoints.
     pub mcp: Vec<McpEntry>,
+    /// `[mcp_stdio]`: what `oncely mcp` reads (an extension; its defaults when absent).
+    pub mcp_stdio: McpStdio,
     /// Webhook endpoints.
     pub webhooks: Vec<WebhookEndpoint>,
     /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
@@ -163,6 +167,7 @@ const TOP_KEYS: &[&str] = &[
     "defaults",
     "routes",
     "mcp",
+    "mcp_stdio",
     "webhooks",
     "tracing",
 ];
@@ -358,6 +363,7 @@ impl Config {
 
         endpoint_paths(&table, p);
         let mcp = mcp::section(&table, base, &defaults, p);
+        let mcp_stdio = mcp_stdio::section(&table, &defaults, p);
         let webhooks = webhooks::section(&table, p);
 
         let tracing = tracing::section(&table, p);
@@ -380,6 +386,7 @@ impl Config {
             drain_timeout,
             routes,
             mcp,
+            mcp_stdio,
             webhooks,
             tracing,
             usage_retention,

@@ -102,7 +102,7 @@ pub(crate) async fn cli(args: ServeArgs) -> Outcome {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

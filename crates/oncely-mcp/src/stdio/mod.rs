@@ -1,0 +1,403 @@
+//! MCP over stdio: oncely between an assistant host and a local MCP server it would
+//! start itself. [`run`] starts the real server as a child process, reads the host's
+//! messages from one stream (its standard input) and writes the answers to another (its
+//! standard output), one JSON-RPC message per line, and hands every message to an
+//! [`McpEndpoint`] through its message interface ([`McpEndpoint::exchange`]): the same
+//! guard as an `[[mcp]]` HTTP endpoint, on the same engine. The endpoint's upstream is
+//! the child ([`server::ServerLink`]), whose requests are renumbered so that the host's
+//! ids and the server's never meet.
+//!
+//! Messages are handled as they come: a request on a task of its own (a slow call does
+//! not hold up the next), a notification or a response in order. Lines over `max_body`
+//! are refused with a JSON-RPC error under their own id (read without keeping the line,
+//! [`lines`]); lines that are not JSON get a parse error.
+//!
+//! The end: when the host closes the input (or the process is asked to stop), nothing
+//! new is read; the requests in flight get their answers and the guarded calls this
+//! process owns run to their end and are recorded (each within its timeout), then the
+//! server's input is closed and it is given [`SERVER_GRACE`] to exit before it is
+//! killed; the run ends with 0. When the server exits on its own, the run ends with the
+//! server's status (after what it left in flight is recorded as failed).
+
+mod lines;
+mod server;
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncely_tower::Guard;
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::config::McpConfig;
+use crate::endpoint::{McpEndpoint, MessageContext};
+use crate::jsonrpc;
+use lines::{Line, LineReader};
+use server::ServerLink;
+
+/// How long the server has to exit once its input is closed, before it is killed.
+pub const SERVER_GRACE: Duration = Duration::from_secs(5);
+
+/// JSON-RPC's "Parse error".
+const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC's "Invalid Request".
+const INVALID_REQUEST: i64 = -32600;
+
+/// What to run, and as whom.
+#[derive(Debug, Clone)]
+pub struct Wrapped {
+    /// The server's command line: its program and arguments.
+    pub command: Vec<OsString>,
+    /// Who the host's calls are from (hashed before it reaches the ledger).
+    pub principal: String,
+}
+
+/// Why a stdio run could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StdioError {
+    /// No command was given.
+    #[error("no MCP server command given (after --)")]
+    NoCommand,
+    /// The server could not be started.
+    #[error("cannot start the MCP server {program:?}: {cause}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        cause: std::io::Error,
+    },
+}
+
+/// Starts the server `wrapped` names and carries the host's messages on `input` and
+/// `output` through an endpoint of `config` on `guard` until the host closes `input`,
+/// `shutdown` resolves, or the server exits. Returns the exit status: 0 after a host's
+/// end, the server's own when it exited by itself.
+pub async fn run<I, O>(
+    config: McpConfig,
+    guard: Arc<Guard>,
+    wrapped: Wrapped,
+    input: I,
+    output: O,
+    shutdown: impl Future<Output = ()>,
+) -> Result<i32, StdioError>
+where
+    I: AsyncRead + Unpin,
+    O: AsyncWrite + Unpin + Send + 'static,
+{
+    let (program, args) = wrapped.command.split_first().ok_or(StdioError::NoCommand)?;
+    let mut child = spawn(program, args).map_err(|cause| StdioError::Spawn {
+        program: program.to_string_lossy().into_owned(),
+        cause,
+    })?;
+    let server_in = child.stdin.take().expect("piped stdin");
+    let server_out = child.stdout.take().expect("piped stdout");
+
+    let (to_server, server_lines) = mpsc::unbounded_channel();
+    let (to_client, client_lines) = mpsc::unbounded_channel();
+    let (close_server, server_closed) = tokio::sync::oneshot::channel::<()>();
+    let server_writer = tokio::spawn(write_lines(
+        server_in,
+        server_lines,
+        Some(server_closed),
+        "server",
+    ));
+    let client_writer = tokio::spawn(write_lines(output, client_lines, None, "client"));
+
+    let link = ServerLink::new(to_server, to_client.clone());
+    // The server's answers can be as large as the results oncely passes on unstored.
+    let server_limit = config.max_response.saturating_mul(4).max(64 << 20);
+    let mut reader = tokio::spawn(
+        link.clone()
+            .read_from(BufReader::new(server_out), server_limit),
+    );
+
+    let max_body = config.max_body;
+    let timeout = config.timeout;
+    let endpoint = McpEndpoint::new(config, guard.clone(), link.upstream());
+    let host = Host {
+        endpoint: endpoint.clone(),
+        to_client: to_client.clone(),
+        context: Arc::new(Mutex::new(MessageContext {
+            session: session_id(),
+            principal: wrapped.principal.clone(),
+            revision: None,
+        })),
+    };
+    tracing::info!(route = %endpoint.path(), server = %program.to_string_lossy(),
+        "guarding the MCP server's tools/call over stdio");
+
+    let mut requests = JoinSet::new();
+    let mut lines = LineReader::new(BufReader::new(input), max_body);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let exited_by_itself = loop {
+        tokio::select! {
+            line = lines.next() => match line {
+                Ok(Some(line)) => host.line(line, max_body, &mut requests).await,
+                Ok(None) => break false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the host's input failed");
+                    break false;
+                }
+            },
+            () = &mut shutdown => {
+                tracing::info!("asked to stop: finishing the calls in flight");
+                break false;
+            }
+            _ = &mut reader => break true,
+            Some(_) = requests.join_next(), if !requests.is_empty() => {}
+        }
+    };
+
+    let status = if exited_by_itself {
+        let status = child.wait().await.ok();
+        let code = status.map(exit_code).unwrap_or(1);
+        tracing::warn!(code, "the MCP server exited by itself");
+        // What it left in flight fails; record that before leaving.
+        let _ = tokio::time::timeout(SERVER_GRACE, guard.drain()).await;
+        requests.abort_all();
+        code
+    } else {
+        tracing::info!(
+            in_flight = guard.in_flight(),
+            "the host closed the input: finishing the calls in flight"
+        );
+        let deadline = Instant::now() + timeout + Duration::from_secs(5);
+        let answered = async { while requests.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout_at(deadline, async {
+            tokio::join!(answered, guard.drain());
+        })
+        .await;
+        requests.abort_all();
+        let _ = close_server.send(());
+        let _ = server_writer.await;
+        match tokio::time::timeout(SERVER_GRACE, child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                tracing::warn!("the MCP server did not exit once its input closed: killed");
+                let _ = child.kill().await;
+            }
+        }
+        0
+    };
+    let junk = link.junk_lines();
+    if junk > 1 {
+        tracing::warn!(
+            lines = junk,
+            "lines the MCP server wrote that were not JSON-RPC, dropped"
+        );
+    }
+    drop(host);
+    drop(endpoint);
+    drop(link);
+    drop(to_client);
+    let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;
+    Ok(status)
+}
+
+/// The host's side: its messages to the endpoint, the answers back.
+struct Host {
+    endpoint: McpEndpoint,
+    to_client: server::Lines,
+    context: Arc<Mutex<MessageContext>>,
+}
+
+impl Host {
+    /// One line the host wrote.
+    async fn line(&self, line: Line, max_body: usize, requests: &mut JoinSet<()>) {
+        let bytes = match line {
+            Line::TooLong { len, id } => {
+                tracing::warn!(bytes = len, max_body, "refused a message over max_body");
+                if let Some(id) = id {
+                    let why = format!(
+                        "the message is {len} bytes, over max_body ({max_body} bytes): not forwarded"
+                    );
+                    self.send(&jsonrpc::error_message(&id, INVALID_REQUEST, &why));
+                }
+                return;
+            }
+            Line::Whole(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => return,
+            Line::Whole(bytes) => Bytes::from(bytes),
+        };
+        let Some(message) = jsonrpc::parse(&bytes) else {
+            self.send(&json!({"jsonrpc": "2.0", "id": null,
+                "error": {"code": PARSE_ERROR, "message": "Parse error: the line is not JSON"}}));
+            return;
+        };
+        let request = jsonrpc::as_request(&message).map(|r| r.method.to_string());
+        let initialized = jsonrpc::as_notification(&message)
+            .is_some_and(|(m, _)| m == "notifications/initialized");
+        let context = self.context();
+        match request {
+            // A request: on a task of its own, so that a slow call holds up nothing.
+            Some(method) => {
+                let endpoint = self.endpoint.clone();
+                let to_client = self.to_client.clone();
+                let shared = self.context.clone();
+                requests.spawn(async move {
+                    let answers = endpoint.exchange(bytes, &context).await;
+                    if method == "initialize" {
+                        learn_revision(&answers, &shared);
+                    }
+                    for answer in &answers {
+                        let _ = to_client.send(serde_json::to_vec(answer).unwrap_or_default());
+                    }
+                });
+            }
+            // A notification, a response or a batch: in order.
+            None => {
+                for answer in self.endpoint.exchange(bytes, &context).await {
+                    self.send(&answer);
+                }
+                if initialized {
+                    // Which tools are read-only, before the host's first call.
+                    let endpoint = self.endpoint.clone();
+                    requests.spawn(async move { learn_tools(&endpoint, &context).await });
+                }
+            }
+        }
+    }
+
+    fn context(&self) -> MessageContext {
+        self.context
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn send(&self, message: &Value) {
+        let _ = self
+            .to_client
+            .send(serde_json::to_vec(message).unwrap_or_default());
+    }
+}
+
+/// Keeps the protocol revision the server answered `initialize` with.
+fn learn_revision(answers: &[Value], context: &Mutex<MessageContext>) {
+    let revision = answers
+        .iter()
+        .find_map(|a| a.pointer("/result/protocolVersion"))
+        .and_then(Value::as_str);
+    if let Some(revision) = revision {
+        context.lock().unwrap_or_else(|e| e.into_inner()).revision = Some(revision.to_string());
+    }
+}
+
+/// Lists the server's tools through the endpoint (which learns from the answer which are
+/// read-only), every page, so that a host that calls a read-only tool before it lists
+/// them is not answered with a replay.
+async fn learn_tools(endpoint: &McpEndpoint, context: &MessageContext) {
+    let mut cursor: Option<Value> = None;
+    for page in 0..100 {
+        let mut request = json!({"jsonrpc": "2.0", "id": format!("oncely-tools-{page}"),
+            "method": "tools/list", "params": {}});
+        if let Some(c) = cursor.take() {
+            request["params"]["cursor"] = c;
+        }
+        let body = Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
+        let answers = endpoint.exchange(body, context).await;
+        cursor = answers
+            .iter()
+            .find_map(|a| a.pointer("/result/nextCursor"))
+            .filter(|c| !c.is_null())
+            .cloned();
+        if cursor.is_none() {
+            break;
+        }
+    }
+}
+
+/// Writes each line it is given (with its line end) to `out`, flushing when no more wait,
+/// until the senders are gone or `close` resolves (then `out` is dropped: the reader sees
+/// its end). A write that fails (the reader is gone) is said once; later lines are
+/// dropped.
+async fn write_lines<W: AsyncWrite + Unpin>(
+    mut out: W,
+    mut lines: mpsc::UnboundedReceiver<Vec<u8>>,
+    close: Option<tokio::sync::oneshot::Receiver<()>>,
+    side: &'static str,
+) {
+    let mut broken = false;
+    let mut close = close;
+    loop {
+        let line = match close.as_mut() {
+            Some(c) => tokio::select! {
+                biased;
+                line = lines.recv() => line,
+                _ = c => None,
+            },
+            None => lines.recv().await,
+        };
+        let Some(mut line) = line else { break };
+        if broken {
+            continue;
+        }
+        line.push(b'\n');
+        let mut result = out.write_all(&line).await;
+        if result.is_ok() && lines.is_empty() {
+            result = out.flush().await;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "the {side}'s input is closed: what is left for it is dropped");
+            broken = true;
+        }
+    }
+    let _ = out.flush().await;
+    let _ = out.shutdown().await;
+}
+
+/// The server, started with piped standard input and output and the wrapper's standard
+/// error, environment and working directory. On Unix it gets a process group of its own:
+/// a host that signals the wrapper's group (the Python SDK does, 2 s after closing the
+/// input) must not stop the server while the wrapper finishes its calls; the wrapper
+/// stops it once they are recorded. On Windows, a process group of its own likewise.
+fn spawn(program: &OsString, args: &[OsString]) -> std::io::Result<Child> {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    #[cfg(unix)]
+    command.process_group(0);
+    #[cfg(windows)]
+    {
+        /// `CREATE_NEW_PROCESS_GROUP`.
+        const NEW_PROCESS_GROUP: u32 = 0x0000_0200;
+        command.creation_flags(NEW_PROCESS_GROUP);
+    }
+    command.spawn()
+}
+
+/// An exit status as a process exit code: its code, or on Unix 128 + the signal that
+/// ended it.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    if let Some(code) = status.code() {
+        return code;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return 128 + signal;
+        }
+    }
+    1
+}
+
+/// This process's session id with the endpoint: its calls and cancellations are its own.
+fn session_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("stdio-{}-{nanos:x}", std::process::id())
+}

@@ -1,0 +1,362 @@
+//! The real MCP server over stdio, as the endpoint's upstream ([`ServerLink`]): what the
+//! endpoint forwards is written to the server's standard input, one message per line,
+//! each request under an id of the link's own, and the server's answer to it is handed
+//! back under the id its client gave. The server's own messages (its requests to the
+//! client, such as sampling, and its notifications) go to the client as they are.
+//!
+//! Renumbering keeps the two sides' ids apart: a client may reuse an id whose call the
+//! link still runs (a guarded call outlives its client's interest), and a replayed
+//! answer is written under the client's id without any request reaching the server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use oncely_tower::{BoxBody, OwnerSend, UpstreamError};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::lines::{Line, LineReader};
+use crate::body::full;
+use crate::endpoint::McpUpstream;
+use crate::jsonrpc;
+use crate::BoxError;
+
+/// A line to write to one side.
+pub(crate) type Lines = mpsc::UnboundedSender<Vec<u8>>;
+
+/// What a request sent to the server is waiting for.
+enum Answer {
+    /// The server's response, under the client's id again.
+    Response(Vec<u8>),
+    /// The client cancelled the request: it gets no answer.
+    Cancelled,
+}
+
+/// A request sent to the server and not answered yet.
+struct Waiting {
+    answer: oneshot::Sender<Answer>,
+    /// The id the client gave it (JSON text).
+    client_id: String,
+}
+
+/// The link to the server: its standard input, the requests waiting for its answers.
+pub(crate) struct ServerLink {
+    to_server: Lines,
+    to_client: Lines,
+    next_id: AtomicU64,
+    waiting: Mutex<HashMap<u64, Waiting>>,
+    /// The link's id of each request forwarded unguarded, by the client's id: a
+    /// cancellation of it is passed on under the link's id. A guarded call's owner is not
+    /// here: nothing the client sends stops it.
+    forwarded: Mutex<HashMap<String, u64>>,
+    /// The server's standard output has ended: nothing more will be answered.
+    closed: AtomicBool,
+    /// Whether the server wrote something that is not a JSON-RPC message yet.
+    junk_seen: AtomicBool,
+    junk: AtomicU64,
+}
+
+impl ServerLink {
+    pub(crate) fn new(to_server: Lines, to_client: Lines) -> Arc<ServerLink> {
+        Arc::new(ServerLink {
+            to_server,
+            to_client,
+            next_id: AtomicU64::new(1),
+            waiting: Mutex::new(HashMap::new()),
+            forwarded: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            junk_seen: AtomicBool::new(false),
+            junk: AtomicU64::new(0),
+        })
+    }
+
+    /// The endpoint's upstream: each request is sent to the server on this link.
+    pub(crate) fn upstream(self: &Arc<Self>) -> McpUpstream {
+        let link = self.clone();
+        McpUpstream::new(tower::service_fn(move |req: Request<BoxBody>| {
+            let link = link.clone();
+            async move { link.send(req).await }.boxed()
+        }))
+    }
+
+    /// How many lines the server wrote that were not JSON-RPC.
+    pub(crate) fn junk_lines(&self) -> u64 {
+        self.junk.load(Ordering::Relaxed)
+    }
+
+    /// Sends one forwarded request's message (or batch) and answers as an HTTP upstream
+    /// would: 200 with the responses to its requests, 202 when it held none.
+    async fn send(self: Arc<Self>, req: Request<BoxBody>) -> Result<Response<BoxBody>, BoxError> {
+        let owner = req.extensions().get::<OwnerSend>().is_some();
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| UpstreamError::BeforeSend(e.to_string()))?
+            .to_bytes();
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| UpstreamError::BeforeSend("the message is not UTF-8".into()))?;
+        let answers = match jsonrpc::batch_texts(text) {
+            Some(items) => {
+                let sent: Vec<_> = items
+                    .into_iter()
+                    .map(|item| self.clone().send_one(item.to_string(), owner))
+                    .collect();
+                let mut answers = Vec::new();
+                for answer in futures::future::join_all(sent).await {
+                    answers.extend(answer?);
+                }
+                if answers.is_empty() {
+                    None
+                } else {
+                    let mut batch = b"[".to_vec();
+                    batch.extend(answers.join(&b","[..]));
+                    batch.push(b']');
+                    Some(batch)
+                }
+            }
+            None => self.clone().send_one(text.to_string(), owner).await?,
+        };
+        let resp = match answers {
+            Some(body) => {
+                let mut resp = Response::new(full(body));
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                resp
+            }
+            None => {
+                let mut resp = Response::new(full(Bytes::new()));
+                *resp.status_mut() = StatusCode::ACCEPTED;
+                resp
+            }
+        };
+        Ok(resp)
+    }
+
+    /// Sends one message; for a request, waits for the server's response (`None` for
+    /// anything else, and for a request its client cancelled).
+    async fn send_one(
+        self: Arc<Self>,
+        text: String,
+        owner: bool,
+    ) -> Result<Option<Vec<u8>>, BoxError> {
+        let value: Option<Value> = serde_json::from_str(&text).ok();
+        let request = value
+            .as_ref()
+            .and_then(jsonrpc::as_request)
+            .map(|r| r.id.clone());
+        let Some(client_id) = request else {
+            let text = match value.as_ref().and_then(jsonrpc::cancelled_request_id) {
+                Some(target) => match self.cancel(&target) {
+                    Some(ours) => {
+                        jsonrpc::with_cancelled_id(&text, &ours.to_string()).unwrap_or(text)
+                    }
+                    // Not one of the requests the server runs for this client: the
+                    // server would not know the id.
+                    None => return Ok(None),
+                },
+                None => text,
+            };
+            self.write(text.into_bytes())?;
+            return Ok(None);
+        };
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(UpstreamError::BeforeSend("the MCP server has exited".into()).into());
+        }
+        let ours = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let client_text = jsonrpc::id_text(&client_id);
+        let (tx, rx) = oneshot::channel();
+        self.lock_waiting().insert(
+            ours,
+            Waiting {
+                answer: tx,
+                client_id: client_text.clone(),
+            },
+        );
+        if !owner {
+            self.lock_forwarded().insert(client_text.clone(), ours);
+        }
+        // Dropped unanswered (the owner's timeout, a client gone): the entries go, and
+        // the server is told that nobody waits for the request any more.
+        let pending = Pending {
+            link: self.clone(),
+            ours,
+            client: (!owner).then_some(client_text),
+            answered: false,
+        };
+        let line = jsonrpc::with_id(&text, &ours.to_string()).ok_or_else(|| {
+            UpstreamError::BeforeSend("the request is not a JSON object".to_string())
+        })?;
+        self.write(line.into_bytes())?;
+        let answer = rx.await;
+        let mut pending = pending;
+        pending.answered = true;
+        match answer {
+            Ok(Answer::Response(bytes)) => Ok(Some(bytes)),
+            Ok(Answer::Cancelled) => Ok(None),
+            Err(_) => Err(UpstreamError::AfterSend(
+                "the MCP server exited before it answered".into(),
+            )
+            .into()),
+        }
+    }
+
+    /// Writes a line to the server.
+    fn write(&self, line: Vec<u8>) -> Result<(), UpstreamError> {
+        self.to_server
+            .send(line)
+            .map_err(|_| UpstreamError::BeforeSend("the MCP server's input is closed".into()))
+    }
+
+    /// The link's id of the client's request `client_id` forwarded unguarded and still
+    /// waiting, which then gets no answer (its client cancelled it).
+    fn cancel(&self, client_id: &str) -> Option<u64> {
+        let ours = self.lock_forwarded().remove(client_id)?;
+        if let Some(w) = self.lock_waiting().remove(&ours) {
+            let _ = w.answer.send(Answer::Cancelled);
+        }
+        Some(ours)
+    }
+
+    /// Reads the server's standard output to its end: answers to the link's requests go
+    /// to who waits for them, everything else to the client. Lines that are not JSON are
+    /// reported once and dropped.
+    pub(crate) async fn read_from<R>(self: Arc<Self>, reader: R, limit: usize)
+    where
+        R: tokio::io::AsyncBufRead + Unpin,
+    {
+        let mut lines = LineReader::new(reader, limit);
+        loop {
+            let line = match lines.next().await {
+                Ok(Some(line)) => line,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the MCP server's output failed");
+                    break;
+                }
+            };
+            match line {
+                Line::Whole(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {}
+                Line::Whole(bytes) => self.line_from_server(bytes),
+                Line::TooLong { len, id } => {
+                    tracing::warn!(
+                        bytes = len,
+                        limit,
+                        "the MCP server wrote a message over the limit; it was dropped"
+                    );
+                    if let Some(ours) = id.as_ref().and_then(Value::as_u64) {
+                        // Its waiter learns the server answered something it cannot have.
+                        self.lock_waiting().remove(&ours);
+                    }
+                }
+            }
+        }
+        self.closed.store(true, Ordering::SeqCst);
+        // Nobody will answer what still waits.
+        self.lock_waiting().clear();
+    }
+
+    /// One line the server wrote.
+    fn line_from_server(&self, bytes: Vec<u8>) {
+        let Some(text) = std::str::from_utf8(&bytes).ok() else {
+            return self.junk(&bytes);
+        };
+        if let Some(items) = jsonrpc::batch_texts(text) {
+            for item in items {
+                self.message_from_server(item.as_bytes().to_vec());
+            }
+            return;
+        }
+        if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
+            return self.junk(&bytes);
+        }
+        self.message_from_server(bytes);
+    }
+
+    /// One message the server wrote: a response to one of the link's requests goes back
+    /// under its client's id; anything else goes to the client as it is.
+    fn message_from_server(&self, bytes: Vec<u8>) {
+        let value: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let is_response = value.as_ref().is_some_and(|v| {
+            v.get("method").is_none() && (v.get("result").is_some() || v.get("error").is_some())
+        });
+        if is_response {
+            let ours = value
+                .as_ref()
+                .and_then(|v| v.get("id"))
+                .and_then(Value::as_u64);
+            let waiting = ours.and_then(|id| self.lock_waiting().remove(&id));
+            if let Some(w) = waiting {
+                self.lock_forwarded().remove(&w.client_id);
+                let text = std::str::from_utf8(&bytes).unwrap_or_default();
+                let answer = jsonrpc::with_id(text, &w.client_id)
+                    .map(String::into_bytes)
+                    .unwrap_or(bytes);
+                let _ = w.answer.send(Answer::Response(answer));
+                return;
+            }
+            // An answer to a request nobody waits for any more (cancelled, timed out).
+            tracing::debug!(id = ?ours, "an answer nobody waits for was dropped");
+            return;
+        }
+        let _ = self.to_client.send(bytes);
+    }
+
+    /// A line that is not JSON-RPC: said once, then only counted.
+    fn junk(&self, bytes: &[u8]) {
+        self.junk.fetch_add(1, Ordering::Relaxed);
+        if !self.junk_seen.swap(true, Ordering::Relaxed) {
+            let start: String = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into();
+            tracing::warn!(line = %start,
+                "the MCP server wrote a line to its standard output that is not a JSON-RPC \
+                 message; it was dropped (a stdio server must write only JSON-RPC there, and \
+                 its logs to standard error); later ones are dropped without a word");
+        }
+    }
+
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_forwarded(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.forwarded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A request sent and waited for; dropped unanswered, it leaves the link, and the server
+/// is told (`notifications/cancelled`) that nobody waits for it.
+struct Pending {
+    link: Arc<ServerLink>,
+    ours: u64,
+    client: Option<String>,
+    answered: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(client) = &self.client {
+            let mut forwarded = self.link.lock_forwarded();
+            if forwarded.get(client) == Some(&self.ours) {
+                forwarded.remove(client);
+            }
+        }
+        if self.answered {
+            return;
+        }
+        if self.link.lock_waiting().remove(&self.ours).is_some() {
+            let cancel = serde_json::json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": self.ours, "reason": "nobody waits for the answer any more"},
+            });
+            let _ = self.link.write(cancel.to_string().into_bytes());
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! `oncely mcp ... -- COMMAND [ARG]...`: what an assistant host starts instead of a local
+//! MCP server. It starts COMMAND, speaks MCP over its own standard input and output, and
+//! guards every `tools/call` as an `[[mcp]]` endpoint does ([`oncely_mcp::stdio`]), on
+//! a ledger every wrapper of the machine shares (`sqlite://$ONCELY_HOME/mcp.db` unless
+//! told otherwise).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use oncely_mcp::stdio::{StdioError, Wrapped};
+use oncely_mcp::McpConfig;
+use oncely_tower::Guard;
+use sha2::{Digest, Sha256};
+
+use super::{parse_duration_arg, Failure, Outcome};
+use crate::config::{Config, McpStdio, Overrides};
+
+/// `oncely mcp`'s arguments.
+#[derive(Debug, Clone, Args)]
+pub struct McpArgs {
+    /// A config file: its `[mcp_stdio]` table (the keys of an `[[mcp]]` entry: tools,
+    /// actions, window, wait, timeout, lease, units, principal, name), `store`,
+    /// `max_body` and `max_response`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The ledger (default `sqlite://$ONCELY_HOME/mcp.db`, shared by every wrapper).
+    #[arg(long, env = "ONCELY_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// How long a completed call's result is replayed (default 3h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub window: Option<Duration>,
+    /// How long a repeat waits for the original still running (default 20s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub wait: Option<Duration>,
+    /// Tools to guard (repeatable; default every tool not marked readOnlyHint).
+    #[arg(long = "tool", value_name = "PATTERN")]
+    pub tools: Vec<String>,
+    /// Guarded tools of class `action` (repeatable, `*` wildcards): an ambiguous failure
+    /// becomes `outcome_unknown` instead of being run again.
+    #[arg(long = "action", value_name = "PATTERN")]
+    pub actions: Vec<String>,
+    /// Who the calls are from (default `local`).
+    #[arg(long, value_name = "NAME")]
+    pub principal: Option<String>,
+    /// The guard's name: its ledger routes are `stdio:NAME#TOOL` (default: the program's
+    /// name and a hash of the command line, so that every wrapper of one command line is
+    /// one guard).
+    #[arg(long, value_name = "NAME", value_parser = crate::config::stdio_name)]
+    pub name: Option<String>,
+    /// The MCP server: its program and arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Runs the wrapper until the host closes its input (exit 0) or the server exits (its
+/// status).
+pub(crate) async fn run(args: McpArgs) -> Outcome {
+    let _logs = crate::logs::init(crate::logs::LogFormat::Text);
+    let (config, file_store) = match &args.config {
+        Some(path) => {
+            let config = Config::load(path, &Overrides::default())
+                .map_err(|e| Failure::usage(format!("config {}: {e}", path.display())))?;
+            let sets_store = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.parse::<toml::Table>().ok())
+                .is_some_and(|t| t.contains_key("store"));
+            let store = sets_store.then(|| config.store.clone());
+            (Some(config), store)
+        }
+        None => (None, None),
+    };
+    let stdio = config
+        .as_ref()
+        .map(|c| c.mcp_stdio.clone())
+        .unwrap_or_default();
+    let url = match args.store.clone().or(file_store) {
+        Some(url) => url,
+        None => default_store()?,
+    };
+    let options = config
+        .as_ref()
+        .map_or_else(oncely_store::StoreOptions::default, Config::store_options);
+    let store = super::store::open_url(&url, options).await?;
+    let principal_key = crate::operations::principal_key(&*store)
+        .await
+        .map_err(|e| Failure::usage(format!("reading the principal key from the store: {e}")))?;
+    let guard = Arc::new(Guard::new(store, principal_key));
+
+    let name = match args.name.clone().or(stdio.name.clone()) {
+        Some(name) => name,
+        None => derived_name(&args.command),
+    };
+    let mcp = endpoint(&args, &stdio, config.as_ref(), &name)?;
+    let principal = args
+        .principal
+        .clone()
+        .or(stdio.principal.clone())
+        .unwrap_or_else(|| "local".to_owned());
+    tracing::info!(store = %oncely_store::redact_url(&url), route = %mcp.path, "oncely mcp");
+    let wrapped = Wrapped {
+        command: args.command.clone(),
+        principal,
+    };
+    let status = oncely_mcp::stdio::run(
+        mcp,
+        guard,
+        wrapped,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        crate::serve::shutdown_signal(),
+    )
+    .await
+    .map_err(|e| match e {
+        StdioError::Spawn { .. } | StdioError::NoCommand => Failure::usage(e),
+        other => Failure {
+            code: 1,
+            message: other.to_string(),
+        },
+    })?;
+    match status {
+        0 => Ok(()),
+        code => Err(Failure {
+            code: u8::try_from(code.clamp(1, 255)).unwrap_or(1),
+            message: String::new(),
+        }),
+    }
+}
+
+/// The endpoint config: the command line over `[mcp_stdio]` over the defaults.
+fn endpoint(
+    args: &McpArgs,
+    stdio: &McpStdio,
+    config: Option<&Config>,
+    name: &str,
+) -> Result<McpConfig, Failure> {
+    let tools = if args.tools.is_empty() {
+        stdio.tools.clone()
+    } else {
+        args.tools.clone()
+    };
+    let actions = if args.actions.is_empty() {
+        stdio.actions.clone()
+    } else {
+        args.actions.clone()
+    };
+    let mut mcp = McpConfig::stdio(name)
+        .with_tools(&tools)
+        .and_then(|m| m.with_actions(&actions))
+        .map_err(Failure::usage)?;
+    mcp.window = args.window.unwrap_or(stdio.window);
+    mcp.wait = args.wait.unwrap_or(stdio.wait);
+    mcp.timeout = stdio.timeout;
+    mcp.lease = stdio.lease;
+    mcp.units = Arc::new(stdio.units.clone());
+    mcp.concurrency = stdio.concurrency.map(oncely_tower::Concurrency::new);
+    if let Some(c) = config {
+        mcp.max_body = usize::try_from(c.max_body).unwrap_or(usize::MAX);
+        mcp.max_response = usize::try_from(c.max_response).unwrap_or(usize::MAX);
+    }
+    Ok(mcp)
+}
+
+/// The name of the guard of `command` when none is given: the program's file name and
+/// the first 8 hex digits of a hash of the whole command line (arguments may hold
+/// secrets; the hash keeps them out of the ledger). Every wrapper started with the same
+/// command line is one guard.
+fn derived_name(command: &[OsString]) -> String {
+    let program = command
+        .first()
+        .map(|p| {
+            let path = Path::new(p);
+            path.file_stem()
+                .unwrap_or(path.as_os_str())
+                .to_string_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    let program: String = program
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    let mut hash = Sha256::new();
+    for arg in command {
+        hash.update(arg.to_string_lossy().as_bytes());
+        hash.update([0]);
+    }
+    let digest = hex::encode(hash.finalize());
+    format!("{program}-{}", &digest[..8])
+}
+
+/// `sqlite://$ONCELY_HOME/mcp.db`, the home created owner-only when missing.
+fn default_store() -> Result<String, Failure> {
+    let home = oncely_home().ok_or_else(|| {
+        Failure::usage(
+            "cannot tell where oncely's data goes: set ONCELY_HOME (or HOME), or give --store",
+        )
+    })?;
+    create_private_dir(&home).map_err(|e| {
+        Failure::usage(format!("cannot create ONCELY_HOME {}: {e}", home.display()))
+    })?;
+    Ok(format!("sqlite://{}", home.join("mcp.db").display()))
+}
+
+/// `ONCELY_HOME`, else the platform's place for a user's application data: on macOS
+/// `~/Library/Application Support/oncely`, on Windows `%APPDATA%\oncely`, elsewhere
+/// `$XDG_DATA_HOME/oncely` (when it is an absolute path), else `~/.local/share/oncely`.
+pub(crate) fn oncely_home() -> Option<PathBuf> {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(home) = var("ONCELY_HOME") {
+        return Some(home);
+    }
+    if cfg!(windows) {
+        return var("APPDATA").map(|d| d.join("oncely"));
+    }
+    if cfg!(target_os = "macos") {
+        return var("HOME").map(|h| h.join("Library/Application Support/oncely"));
+    }
+    if let Some(data) = var("XDG_DATA_HOME").filter(|d| d.is_absolute()) {
+        return Some(data.join("oncely"));
+    }
+    var("HOME").map(|h| h.join(".local/share/oncely"))
+}
+
+/// Creates `dir` and its missing parents, owner-only (0700) on Unix.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_line_names_one_guard() {
+        let a = derived_name(&["npx".into(), "-y".into(), "@acme/render".into()]);
+        let b = derived_name(&["npx".into(), "-y".into(), "@acme/render".into()]);
+        let c = derived_name(&["npx".into(), "-y".into(), "@acme/other".into()]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.starts_with("npx-") && a.len() == 12, "{a}");
+        let odd = derived_name(&["/opt/My Server/run.sh".into()]);
+        assert!(odd.starts_with("run-"), "{odd}");
+        assert!(crate::config::stdio_name(&odd).is_ok());
+    }
+}
