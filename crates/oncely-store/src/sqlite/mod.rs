@@ -200,11 +200,26 @@ fn open_blocking(
     // ([`durable`]); the writer's own connection then need not sync in `COMMIT`.
     let pipelined = synchronous == "FULL";
     let writer_sync = if pipelined { "NORMAL" } else { synchronous };
-    schema::configure_writer(&conn, writer_sync).map_err(|e| match e {
-        StoreError::Config(_) => e,
-        other => cannot_open(other),
-    })?;
-    let migrated = schema::migrate(&mut conn)?;
+    // Processes that open one new file at the same moment (parallel `oncely mcp`
+    // wrappers) race to switch it to WAL and to migrate it. Switching to WAL takes the
+    // file's exclusive lock without waiting on the busy handler, so a lock held by
+    // another opener is waited out here, within the busy timeout; both steps are
+    // idempotent (the migration is one transaction that reads the version first).
+    let deadline = std::time::Instant::now() + settings.busy_timeout;
+    let migrated = loop {
+        let attempt =
+            schema::configure_writer(&conn, writer_sync).and_then(|()| schema::migrate(&mut conn));
+        match attempt {
+            Err(StoreError::Unavailable(m))
+                if is_locked(&m) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(StoreError::Config(m)) => return Err(StoreError::Config(m)),
+            Err(StoreError::Unavailable(m)) => return Err(cannot_open(StoreError::Unavailable(m))),
+            other => break other?,
+        }
+    };
     // Checkpoints run on a thread of their own ([`checkpoint`]), not inside commits.
     conn.pragma_update(None, "wal_autocheckpoint", 0)
         .map_err(sql_error)?;
@@ -304,4 +319,9 @@ impl Waiting for SqliteStore {
         })
         .await
     }
+}
+
+/// Whether an error says the file is locked by another connection (`SQLITE_BUSY`).
+fn is_locked(message: &str) -> bool {
+    message.contains("database is locked") || message.contains("database is busy")
 }

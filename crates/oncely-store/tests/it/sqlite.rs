@@ -679,3 +679,33 @@ async fn steady_writes_start_the_wal_over_and_keep_every_record() {
         .unwrap();
     assert_eq!(done.len(), CALLERS * EACH, "every completed record is kept");
 }
+
+/// Processes that open one new ledger file at the same moment (parallel `oncely mcp`
+/// wrappers, each started by its own host) all open it: switching a new file to WAL
+/// does not wait on SQLite's busy handler, so the open waits out the others' locks.
+#[test]
+fn many_openers_of_one_new_file_all_open_it() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let barrier = Arc::new(std::sync::Barrier::new(8));
+        let openers: Vec<_> = (0..8)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    barrier.wait();
+                    rt.block_on(SqliteStore::open(&path, StoreOptions::default()))
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        for opener in openers {
+            let opened = opener.join().unwrap();
+            assert!(opened.is_ok(), "round {round}: {opened:?}");
+        }
+    }
+}
