@@ -70,7 +70,12 @@ impl McpEndpoint {
             }
             return out;
         }
-        messages_in(&parts.headers, &bytes)
+        let messages = messages_in(&parts.headers, &bytes);
+        // A batch is answered with one batch (JSON-RPC), not its answers one by one.
+        if parsed.as_ref().is_some_and(Value::is_array) && messages.len() > 1 {
+            return vec![Value::Array(messages)];
+        }
+        messages
     }
 }
 

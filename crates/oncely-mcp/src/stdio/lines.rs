@@ -16,55 +16,64 @@ pub(crate) enum Line {
     TooLong { len: usize, id: Option<Value> },
 }
 
-/// Reads lines of at most `limit` bytes from `inner`.
+/// Reads lines of at most `limit` bytes from `inner`. Cancel-safe: what a dropped
+/// [`LineReader::next`] read of a line is kept for the next call (it is used in
+/// `select!` loops).
 pub(crate) struct LineReader<R> {
     inner: R,
     limit: usize,
+    /// The line read so far, while within the limit.
+    line: Vec<u8>,
+    /// The length so far and the id scan of a line over the limit.
+    over: Option<(usize, IdScan)>,
 }
 
 impl<R: AsyncBufRead + Unpin> LineReader<R> {
     pub(crate) fn new(inner: R, limit: usize) -> LineReader<R> {
-        LineReader { inner, limit }
+        LineReader {
+            inner,
+            limit,
+            line: Vec::new(),
+            over: None,
+        }
     }
 
     /// The next line; `None` at the end of the stream (a last line without a line end
     /// counts as a line).
     pub(crate) async fn next(&mut self) -> std::io::Result<Option<Line>> {
-        let mut line = Vec::new();
-        let mut over: Option<(usize, IdScan)> = None;
         loop {
             let buf = self.inner.fill_buf().await?;
             if buf.is_empty() {
-                return Ok(match over {
+                return Ok(match self.over.take() {
                     Some((len, scan)) => Some(Line::TooLong { len, id: scan.id() }),
-                    None if line.is_empty() => None,
-                    None => Some(Line::Whole(trimmed(line))),
+                    None if self.line.is_empty() => None,
+                    None => Some(Line::Whole(trimmed(std::mem::take(&mut self.line)))),
                 });
             }
             let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
                 Some(i) => (&buf[..i], Some(i + 1)),
                 None => (buf, None),
             };
-            match &mut over {
+            match &mut self.over {
                 Some((len, scan)) => {
                     *len += chunk.len();
                     scan.feed(chunk);
                 }
-                None if line.len() + chunk.len() > self.limit => {
+                None if self.line.len() + chunk.len() > self.limit => {
                     let mut scan = IdScan::default();
-                    scan.feed(&line);
+                    scan.feed(&self.line);
                     scan.feed(chunk);
-                    over = Some((line.len() + chunk.len(), scan));
-                    line = Vec::new();
+                    self.over = Some((self.line.len() + chunk.len(), scan));
+                    self.line = Vec::new();
                 }
-                None => line.extend_from_slice(chunk),
+                None => self.line.extend_from_slice(chunk),
             }
             let used = done.unwrap_or(chunk.len());
             self.inner.consume(used);
             if done.is_some() {
-                return Ok(Some(match over {
+                return Ok(Some(match self.over.take() {
                     Some((len, scan)) => Line::TooLong { len, id: scan.id() },
-                    None => Line::Whole(trimmed(line)),
+                    None => Line::Whole(trimmed(std::mem::take(&mut self.line))),
                 }));
             }
         }
@@ -223,6 +232,22 @@ mod tests {
         assert_eq!(
             scan(r#"{"id":12,"params":{"arguments":{"text":"aaaa"#),
             Some(json!(12))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_read_in_part_by_a_dropped_call_is_read_whole_by_the_next() {
+        let (mut tx, rx) = tokio::io::duplex(64);
+        let mut r = LineReader::new(tokio::io::BufReader::new(rx), 1024);
+        use tokio::io::AsyncWriteExt;
+        tx.write_all(br#"{"id":1,"#).await.unwrap();
+        // Dropped while the line is half there (as `select!` drops it).
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(50), r.next()).await;
+        assert!(cut.is_err());
+        tx.write_all(b"\"x\":2}\n").await.unwrap();
+        assert_eq!(
+            r.next().await.unwrap(),
+            Some(Line::Whole(br#"{"id":1,"x":2}"#.to_vec()))
         );
     }
 

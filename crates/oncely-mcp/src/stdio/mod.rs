@@ -130,6 +130,7 @@ where
             principal: wrapped.principal.clone(),
             revision: None,
         })),
+        tools: Arc::new(tokio::sync::watch::channel(Learning::NotYet).0),
     };
     tracing::info!(route = %endpoint.path(), server = %program.to_string_lossy(),
         "guarding the MCP server's tools/call over stdio");
@@ -165,6 +166,7 @@ where
         requests.abort_all();
         code
     } else {
+        link.client_gone();
         tracing::info!(
             in_flight = guard.in_flight(),
             "the host closed the input: finishing the calls in flight"
@@ -207,7 +209,24 @@ struct Host {
     endpoint: McpEndpoint,
     to_client: server::Lines,
     context: Arc<Mutex<MessageContext>>,
+    /// Whether the server's tools (which are read-only) are known yet.
+    tools: Arc<tokio::sync::watch::Sender<Learning>>,
 }
+
+/// Where learning the server's tools is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Learning {
+    /// Not started: the host has not finished the handshake (or speaks a revision
+    /// without one).
+    NotYet,
+    /// The wrapper's own `tools/list` is under way: tool calls wait for it.
+    Under,
+    /// Done (or given up on).
+    Done,
+}
+
+/// Most a tool call waits for the tools to be learnt.
+const LEARN_TOOLS_FOR: Duration = Duration::from_secs(10);
 
 impl Host {
     /// One line the host wrote.
@@ -236,17 +255,27 @@ impl Host {
             .is_some_and(|(m, _)| m == "notifications/initialized");
         let context = self.context();
         match request {
-            // A request: on a task of its own, so that a slow call holds up nothing.
+            // The handshake, before anything else the host sends.
+            Some(method) if method == "initialize" => {
+                let answers = self.endpoint.exchange(bytes, &context).await;
+                learn_revision(&answers, &self.context);
+                for answer in &answers {
+                    self.send(answer);
+                }
+            }
+            // A request: on a task of its own, so that a slow call holds up nothing. A
+            // tool call first waits for the tools to be learnt (a read-only tool called
+            // at once must not be guarded).
             Some(method) => {
                 let endpoint = self.endpoint.clone();
                 let to_client = self.to_client.clone();
-                let shared = self.context.clone();
+                let mut learnt = self.tools.subscribe();
                 requests.spawn(async move {
-                    let answers = endpoint.exchange(bytes, &context).await;
-                    if method == "initialize" {
-                        learn_revision(&answers, &shared);
+                    if method == "tools/call" {
+                        let wait = learnt.wait_for(|l| *l != Learning::Under);
+                        let _ = tokio::time::timeout(LEARN_TOOLS_FOR, wait).await;
                     }
-                    for answer in &answers {
+                    for answer in &endpoint.exchange(bytes, &context).await {
                         let _ = to_client.send(serde_json::to_vec(answer).unwrap_or_default());
                     }
                 });
@@ -256,10 +285,15 @@ impl Host {
                 for answer in self.endpoint.exchange(bytes, &context).await {
                     self.send(&answer);
                 }
-                if initialized {
+                if initialized && *self.tools.borrow() == Learning::NotYet {
                     // Which tools are read-only, before the host's first call.
+                    self.tools.send_replace(Learning::Under);
                     let endpoint = self.endpoint.clone();
-                    requests.spawn(async move { learn_tools(&endpoint, &context).await });
+                    let tools = self.tools.clone();
+                    requests.spawn(async move {
+                        learn_tools(&endpoint, &context).await;
+                        tools.send_replace(Learning::Done);
+                    });
                 }
             }
         }

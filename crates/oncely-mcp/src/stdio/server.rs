@@ -56,6 +56,9 @@ pub(crate) struct ServerLink {
     forwarded: Mutex<HashMap<String, u64>>,
     /// The server's standard output has ended: nothing more will be answered.
     closed: AtomicBool,
+    /// The client has gone (its input ended): the server's requests to it are answered
+    /// with an error here, so that a call waiting for one ends.
+    client_gone: AtomicBool,
     /// Whether the server wrote something that is not a JSON-RPC message yet.
     junk_seen: AtomicBool,
     junk: AtomicU64,
@@ -70,6 +73,7 @@ impl ServerLink {
             waiting: Mutex::new(HashMap::new()),
             forwarded: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            client_gone: AtomicBool::new(false),
             junk_seen: AtomicBool::new(false),
             junk: AtomicU64::new(0),
         })
@@ -82,6 +86,11 @@ impl ServerLink {
             let link = link.clone();
             async move { link.send(req).await }.boxed()
         }))
+    }
+
+    /// The client has gone: nothing the server asks of it will be answered by it.
+    pub(crate) fn client_gone(&self) {
+        self.client_gone.store(true, Ordering::SeqCst);
     }
 
     /// How many lines the server wrote that were not JSON-RPC.
@@ -304,6 +313,15 @@ impl ServerLink {
             }
             // An answer to a request nobody waits for any more (cancelled, timed out).
             tracing::debug!(id = ?ours, "an answer nobody waits for was dropped");
+            return;
+        }
+        let request_id = value
+            .as_ref()
+            .and_then(jsonrpc::as_request)
+            .map(|r| r.id.clone());
+        if let (Some(id), true) = (request_id, self.client_gone.load(Ordering::SeqCst)) {
+            let refusal = jsonrpc::error_message(&id, -32603, "the client has gone");
+            let _ = self.write(refusal.to_string().into_bytes());
             return;
         }
         let _ = self.to_client.send(bytes);

@@ -35,8 +35,9 @@ pub struct McpArgs {
     /// How long a repeat waits for the original still running (default 20s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub wait: Option<Duration>,
-    /// Tools to guard (repeatable; default every tool not marked readOnlyHint).
-    #[arg(long = "tool", value_name = "PATTERN")]
+    /// Tools to guard, by name (repeatable; default every tool not marked
+    /// readOnlyHint).
+    #[arg(long = "tool", value_name = "NAME")]
     pub tools: Vec<String>,
     /// Guarded tools of class `action` (repeatable, `*` wildcards): an ambiguous failure
     /// becomes `outcome_unknown` instead of being run again.
@@ -50,14 +51,95 @@ pub struct McpArgs {
     /// one guard).
     #[arg(long, value_name = "NAME", value_parser = crate::config::stdio_name)]
     pub name: Option<String>,
+    /// Set by the front process on the worker it starts (Unix).
+    #[arg(long = "oncely-worker", hide = true)]
+    pub worker: bool,
     /// The MCP server: its program and arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
 
+/// The (hidden) flag the front process starts its worker with (see [`run`]).
+const WORKER_FLAG: &str = "--oncely-worker";
+
 /// Runs the wrapper until the host closes its input (exit 0) or the server exits (its
 /// status).
+///
+/// On Unix the process the host starts is a front: it starts the wrapper proper (the
+/// worker, this same command) in a process group of its own, passes it the host's input
+/// and lets it write to the host's output directly. Hosts stop a server by closing its
+/// input, then signalling it (the Python SDK signals its whole process group 2 s later,
+/// SIGTERM, then SIGKILL 2 s after that; the TypeScript SDK its process alone): the
+/// front ends the worker's input on the first signal and waits, and when the front is
+/// killed, the worker's input ends all the same. Either way the worker, out of the
+/// host's reach, finishes the calls in flight, records them, and stops the server.
 pub(crate) async fn run(args: McpArgs) -> Outcome {
+    #[cfg(unix)]
+    if !args.worker {
+        return front().await;
+    }
+    worker(args).await
+}
+
+/// The front (Unix): starts the worker out of the host's process group, copies the
+/// host's input to it until that ends or a signal comes, and exits with its status.
+#[cfg(unix)]
+async fn front() -> Outcome {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::usage(format!("cannot find the oncely binary: {e}")))?;
+    // The same arguments, with the worker's flag after the command's name.
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let at = args.iter().position(|a| a == "mcp").map_or(0, |i| i + 1);
+    args.insert(at, WORKER_FLAG.into());
+    let mut worker = tokio::process::Command::new(exe)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| Failure::usage(format!("cannot start the oncely mcp worker: {e}")))?;
+    let mut to_worker = worker.stdin.take().expect("piped stdin");
+    let copied = async {
+        let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut to_worker).await;
+    };
+    let status = tokio::select! {
+        () = copied => None,
+        () = crate::serve::shutdown_signal() => None,
+        status = worker.wait() => Some(status),
+    };
+    // The worker's input ends: it finishes what is in flight and exits.
+    drop(to_worker);
+    let status = match status {
+        Some(status) => status,
+        None => worker.wait().await,
+    }
+    .map_err(|e| Failure {
+        code: 1,
+        message: format!("waiting for the oncely mcp worker: {e}"),
+    })?;
+    exit_status(status)
+}
+
+/// A worker's exit status as this process's outcome (128 + the signal that ended it).
+#[cfg(unix)]
+fn exit_status(status: std::process::ExitStatus) -> Outcome {
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    match code {
+        0 => Ok(()),
+        code => Err(Failure {
+            code: u8::try_from(code.clamp(1, 255)).unwrap_or(1),
+            message: String::new(),
+        }),
+    }
+}
+
+/// The wrapper proper.
+async fn worker(args: McpArgs) -> Outcome {
     let _logs = crate::logs::init(crate::logs::LogFormat::Text);
     let (config, file_store) = match &args.config {
         Some(path) => {
