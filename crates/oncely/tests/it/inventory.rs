@@ -1,7 +1,9 @@
 //! `oncely inventory` through the real binary: three public OpenAPI documents (the
 //! OpenAPI Initiative's examples in `data/openapi/`, one YAML, two JSON, one of them 3.1),
 //! a real MCP server on 127.0.0.1 written with the official Python SDK
-//! (`data/shop_server.py`, answering with an event stream and with JSON), a config, and a
+//! (`data/shop_server.py`, answering with an event stream and with JSON), local stdio MCP
+//! servers started from `--mcp-command` (oncely-mcp's `tests/py/stdio_server.py`, of the
+//! same SDK, and a scripted one that tests each rule of the exchange), a config, and a
 //! real SQLite ledger. The starting config `--write-config` writes must pass
 //! `oncely check-config`.
 
@@ -486,9 +488,11 @@ fn mcp_tools_are_classed_by_their_annotations_and_names_over_sse_and_json() {
                     "replay",
                     "source",
                     "tool",
+                    "transport",
                     "window"
                 ]
             );
+            assert_eq!(o["transport"], "http");
             assert_eq!(o["class"], class, "{tool}");
             assert_eq!(o["configured"], false);
             let expected: &[&str] = if class == "read" { &[] } else { &["unguarded"] };
@@ -549,6 +553,7 @@ fn bad_documents_and_unreachable_servers_exit_2_with_one_line() {
 
     let o = run(&["inventory"]);
     assert_usage_error(&o, "--openapi");
+    assert_usage_error(&o, "--mcp-command");
 
     // A good document with one bad one is still a failure, and writes nothing.
     let written = dir.path().join("out.toml");
@@ -563,4 +568,427 @@ fn bad_documents_and_unreachable_servers_exit_2_with_one_line() {
     ]);
     assert_usage_error(&o, "swagger.json");
     assert!(!written.exists());
+}
+
+/// A word a POSIX shell reads back as itself (for `--mcp-command`).
+fn sh(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// The command line of oncely-mcp's stdio server of the Python SDK (`render` paid,
+/// `lookup` readOnlyHint, `ask`), logging to `log`.
+fn stdio_server(python: &Path, log: &Path) -> String {
+    let server =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../oncely-mcp/tests/py/stdio_server.py");
+    format!(
+        "{} {} --log {}",
+        sh(python.to_str().unwrap()),
+        sh(server.to_str().unwrap()),
+        sh(log.to_str().unwrap())
+    )
+}
+
+#[test]
+fn a_stdio_server_of_the_python_sdk_is_listed_with_the_oncely_mcp_fix() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let command = stdio_server(&python, &log);
+    let fix = format!("oncely mcp -- {command}");
+
+    let inv = inventory(&["--mcp-command", &command]);
+    let ops = inv["operations"].as_array().unwrap();
+    let mut tools: Vec<&str> = ops.iter().map(|o| o["tool"].as_str().unwrap()).collect();
+    tools.sort_unstable();
+    assert_eq!(tools, ["ask", "lookup", "render"], "{inv:#}");
+    for o in ops {
+        let mut keys: Vec<&str> = o.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "class",
+                "configured",
+                "gaps",
+                "key",
+                "method",
+                "reconcile",
+                "replay",
+                "source",
+                "tool",
+                "transport",
+                "window"
+            ]
+        );
+        assert_eq!(o["source"], command.as_str());
+        assert_eq!(o["transport"], "stdio");
+        assert_eq!(o["method"], "tools/call");
+        assert_eq!(o["configured"], false);
+        assert_eq!(o["key"], Value::Null);
+    }
+    let lookup = op(&inv, "lookup");
+    assert_eq!(lookup["class"], "read");
+    assert_eq!(gap_kinds(lookup), Vec::<&str>::new());
+    for tool in ["render", "ask"] {
+        let o = op(&inv, tool);
+        assert_eq!(o["class"], "write", "{tool}");
+        assert_eq!(o["replay"], "executes again");
+        assert_eq!(gap_kinds(o), ["unguarded"]);
+        let g = gap(o, "unguarded");
+        assert!(
+            g["detail"].as_str().unwrap().contains("stdio server"),
+            "{g:#}"
+        );
+        let text = g["fix"].as_str().unwrap();
+        assert_eq!(text.lines().next(), Some(fix.as_str()), "{text}");
+        assert!(
+            text.contains(
+                "wrap the server: put `oncely mcp --` before its command in the host's config"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("[[mcp]]"), "{text}");
+    }
+
+    // The table says the same, under the command.
+    let o = run(&["inventory", "--mcp-command", &command]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let table = stdout(&o);
+    let mut lines = table.lines();
+    assert_eq!(lines.next(), Some(command.as_str()), "{table}");
+    let row = |tool: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("tool {tool} ")))
+            .unwrap_or_else(|| panic!("no {tool} in {table}"))
+    };
+    assert!(row("lookup").contains("read (proposed)"), "{table}");
+    assert!(row("render").contains("write (proposed)"), "{table}");
+    assert!(row("render").contains("executes again"), "{table}");
+    assert!(row("ask").contains("write (proposed)"), "{table}");
+    assert!(table.contains("2 gap(s)"), "{table}");
+    assert!(
+        table.contains("- tool render (unguarded): a write tool of a stdio server"),
+        "{table}"
+    );
+    assert!(table.contains(&format!("\n    {fix}\n")), "{table}");
+
+    // Listing executes nothing.
+    assert_eq!(std::fs::read_to_string(&log).unwrap_or_default(), "");
+}
+
+/// A stdio MCP server scripted to test the client: a line that is not JSON-RPC first; on
+/// `initialize` a notification, a `roots/list` request it waits for the answer to (logged),
+/// a line that is JSON but no message, then the answer; `tools/list` in two pages. It logs
+/// its pid, what it is sent, and the end of its input; `stubborn` then sleeps instead of
+/// exiting.
+const SCRIPTED: &str = r#"
+import json, os, sys, time
+log_path, mode = sys.argv[1], sys.argv[2]
+
+def log(**entry):
+    with open(log_path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+log(event="pid", pid=os.getpid())
+print("starting up: this line is not JSON", flush=True)
+PAGES = [
+    [{"name": "get_balance", "annotations": {"readOnlyHint": True}}],
+    [
+        {"name": "send_invoice"},
+        {"name": "wipe", "annotations": {"destructiveHint": True}},
+        {"name": "save_draft", "annotations": {"title": "Save a draft"}},
+    ],
+]
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    m = json.loads(line)
+    method = m.get("method")
+    log(event="got", method=method, id=m.get("id"), params=m.get("params"))
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "hello"}})
+        send({"jsonrpc": "2.0", "id": "srv-1", "method": "roots/list", "params": {}})
+        log(event="reply", reply=json.loads(sys.stdin.readline()))
+        print("42", flush=True)
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "scripted", "version": "1"},
+        }})
+    elif method == "tools/list":
+        page = 1 if (m.get("params") or {}).get("cursor") == "p2" else 0
+        result = {"tools": PAGES[page]}
+        if page == 0:
+            result["nextCursor"] = "p2"
+        send({"jsonrpc": "2.0", "id": m["id"], "result": result})
+    elif "id" in m:
+        send({"jsonrpc": "2.0", "id": m["id"], "error": {"code": -32601, "message": "no"}})
+log(event="eof")
+if mode == "stubborn":
+    time.sleep(60)
+"#;
+
+fn log_entries(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn alive(pid: u64) -> bool {
+    let stat = format!("/proc/{pid}/stat");
+    // A zombie is dead.
+    std::fs::read_to_string(stat).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+#[test]
+fn the_stdio_client_answers_server_requests_skips_what_is_not_an_answer_and_reads_every_page() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("scripted server.py");
+    std::fs::write(&script, SCRIPTED).unwrap();
+    let log = dir.path().join("log");
+    let command = format!(
+        "{} {} {} polite",
+        sh(python.to_str().unwrap()),
+        sh(script.to_str().unwrap()),
+        sh(log.to_str().unwrap())
+    );
+    let written = dir.path().join("oncely.toml");
+    let inv = inventory(&[
+        "--mcp-command",
+        &command,
+        "--write-config",
+        written.to_str().unwrap(),
+    ]);
+    for (tool, class) in [
+        ("get_balance", "read"),
+        ("send_invoice", "action"),
+        ("wipe", "action"),
+        ("save_draft", "write"),
+    ] {
+        let o = op(&inv, tool);
+        assert_eq!(o["class"], class, "{tool}");
+        assert_eq!(o["transport"], "stdio");
+    }
+    assert_eq!(inv["operations"].as_array().unwrap().len(), 4, "{inv:#}");
+    let fix = gap(op(&inv, "send_invoice"), "unguarded")["fix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        fix.starts_with(&format!("oncely mcp --action send_invoice -- {command}\n")),
+        "{fix}"
+    );
+    assert!(
+        fix.contains("put `oncely mcp --action send_invoice --` before its command"),
+        "{fix}"
+    );
+    assert!(gap(op(&inv, "save_draft"), "unguarded")["fix"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("oncely mcp -- {command}\n")));
+
+    // What the server was sent: initialize as the HTTP client sends it, the answer to its
+    // request, the notification, two pages; then its input ended and it exited.
+    let entries = log_entries(&log);
+    let got: Vec<&str> = entries
+        .iter()
+        .filter(|e| e["event"] == "got")
+        .map(|e| e["method"].as_str().unwrap_or("(an answer)"))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/list"
+        ],
+        "{entries:#?}"
+    );
+    let init = &entries[1]["params"];
+    assert_eq!(init["protocolVersion"], "2025-11-25");
+    assert_eq!(init["clientInfo"]["name"], "oncely-inventory");
+    let reply = &entries
+        .iter()
+        .find(|e| e["event"] == "reply")
+        .expect("the roots/list request answered")["reply"];
+    assert_eq!(reply["id"], "srv-1");
+    assert_eq!(reply["error"]["code"], -32601);
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|e| e["method"] == "tools/list")
+            .map(|e| e["params"]["cursor"].clone())
+            .collect::<Vec<_>>(),
+        [Value::Null, Value::from("p2")]
+    );
+    assert_eq!(entries.last().unwrap()["event"], "eof");
+    let pid = entries[0]["pid"].as_u64().unwrap();
+    assert!(!alive(pid), "the server still runs");
+
+    // The starting config shows the command line that guards the server, in comments
+    // (check-config passes).
+    assert_checks(&written);
+    let text = std::fs::read_to_string(&written).unwrap();
+    assert!(!text.lines().any(|l| l.starts_with("[[mcp]]")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "\n#   oncely mcp --action send_invoice --action wipe -- {command}\n"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_stdio_server_that_does_not_exit_when_its_input_ends_is_killed() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("server.py");
+    std::fs::write(&script, SCRIPTED).unwrap();
+    let log = dir.path().join("log");
+    let command = format!(
+        "{} {} {} stubborn",
+        sh(python.to_str().unwrap()),
+        sh(script.to_str().unwrap()),
+        sh(log.to_str().unwrap())
+    );
+    let started = std::time::Instant::now();
+    let inv = inventory(&["--mcp-command", &command]);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(inv["operations"].as_array().unwrap().len(), 4);
+    let entries = log_entries(&log);
+    assert_eq!(entries.last().unwrap()["event"], "eof");
+    let pid = entries[0]["pid"].as_u64().unwrap();
+    assert!(!alive(pid), "the server still runs");
+}
+
+#[test]
+fn stdio_and_http_servers_in_one_inventory_and_one_starting_config() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let shop = Shop::start(&python, true);
+    let dir = tempfile::tempdir().unwrap();
+    let command = stdio_server(&python, &dir.path().join("server.log"));
+    let written = dir.path().join("oncely.toml");
+    let inv = inventory(&[
+        "--mcp",
+        &shop.url,
+        "--mcp-command",
+        &command,
+        "--write-config",
+        written.to_str().unwrap(),
+    ]);
+    let ops = inv["operations"].as_array().unwrap();
+    assert_eq!(ops.len(), 4 + 3, "{inv:#}");
+    for o in ops {
+        let (source, transport) = if o["source"] == shop.url.as_str() {
+            (&shop.url, "http")
+        } else {
+            (&command, "stdio")
+        };
+        assert_eq!(o["source"], source.as_str());
+        assert_eq!(o["transport"], transport, "{o:#}");
+    }
+    assert_checks(&written);
+    let text = std::fs::read_to_string(&written).unwrap();
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("[[mcp]]")).count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("upstream = \"{}\"", shop.url)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("\n#   oncely mcp -- {command}\n")),
+        "{text}"
+    );
+
+    // With that config the HTTP server is guarded; the stdio server is not (no [[mcp]]
+    // is about it), whatever its `upstream`.
+    let inv = inventory(&[
+        "--mcp",
+        &shop.url,
+        "--mcp-command",
+        &command,
+        "--config",
+        written.to_str().unwrap(),
+    ]);
+    for o in inv["operations"].as_array().unwrap() {
+        if o["transport"] == "http" {
+            assert_eq!(o["configured"], true, "{o:#}");
+            assert_eq!(gap_kinds(o), Vec::<&str>::new(), "{o:#}");
+        } else {
+            assert_eq!(o["configured"], false, "{o:#}");
+            let expected: &[&str] = if o["class"] == "read" {
+                &[]
+            } else {
+                &["unguarded"]
+            };
+            assert_eq!(gap_kinds(o), expected, "{o:#}");
+        }
+    }
+}
+
+#[test]
+fn stdio_commands_that_cannot_start_or_split_exit_2_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-server");
+    let command = format!("{} --flag", missing.display());
+    let o = run(&["inventory", "--mcp-command", &command]);
+    assert_usage_error(
+        &o,
+        &format!(
+            "--mcp-command '{command}': cannot start {}: ",
+            missing.display()
+        ),
+    );
+
+    for (command, error) in [
+        ("python3 'server.py", "unterminated single quote"),
+        ("python3 \"server.py", "unterminated double quote"),
+        ("   ", "no command"),
+    ] {
+        let o = run(&["inventory", "--mcp-command", command]);
+        assert_usage_error(&o, &format!("--mcp-command '{command}': {error}"));
+    }
+    // A bad command line stops everything before anything starts.
+    let log = dir.path().join("log");
+    let o = run(&[
+        "inventory",
+        "--mcp-command",
+        &format!("sh -c 'echo started > {}'", log.display()),
+        "--mcp-command",
+        "x 'y",
+    ]);
+    assert_usage_error(&o, "unterminated single quote");
+    assert!(!log.exists());
+
+    // A server that exits at once.
+    let o = run(&["inventory", "--mcp-command", "sh -c 'exit 3'"]);
+    assert_usage_error(&o, "exit status: 3");
 }

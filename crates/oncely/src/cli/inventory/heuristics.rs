@@ -10,7 +10,8 @@ use oncely_core::Class;
 use oncely_store::redact_url as redact;
 use oncely_tower::KeyMode;
 
-use super::model::{Entry, Found, Gap, Target};
+use super::model::{Entry, Found, Gap, Target, Transport};
+use super::shell;
 use crate::config::{Config, McpEntry, Route};
 
 /// A completed call that took this long or longer is one an assistant has likely given
@@ -327,8 +328,13 @@ pub(super) fn assess(
                 }
             }
         }
-        Target::Tool { name } => {
-            let endpoint = configured_mcp(config, &f.source);
+        Target::Tool { name, transport } => {
+            // A stdio server is started by the host, not reached at a URL: no `[[mcp]]`
+            // entry is about it.
+            let endpoint = match transport {
+                Transport::Http => configured_mcp(config, &f.source),
+                Transport::Stdio => None,
+            };
             // The endpoint's own rule (oncely_mcp::config), not a copy of it.
             let guarded = endpoint.is_some_and(|m| {
                 selection(&m.tools).is_some_and(|s| s.guards(name, f.read_only_hint))
@@ -347,8 +353,19 @@ pub(super) fn assess(
             };
             let mut gaps = Vec::new();
             if !guarded && class != Class::Read {
-                let fix = match endpoint {
-                    Some(m) => {
+                let own_action: Vec<String> = [name.clone()]
+                    .into_iter()
+                    .filter(|_| class == Class::Action)
+                    .collect();
+                let (detail, fix) = match (transport, endpoint) {
+                    (Transport::Stdio, _) => (
+                        format!(
+                            "{} tool of a stdio server: unless `oncely mcp` wraps the server, a retried call executes it again",
+                            a(class)
+                        ),
+                        wrapper_fix(&f.source, &own_action),
+                    ),
+                    (Transport::Http, Some(m)) => {
                         let mut tools = m.tools.clone();
                         tools.push(name.clone());
                         let mut lines = format!("tools = {}", toml_list(&tools));
@@ -357,23 +374,18 @@ pub(super) fn assess(
                             actions.push(name.clone());
                             lines.push_str(&format!("\nactions = {}", toml_list(&actions)));
                         }
-                        format!("{lines}  # (in the [[mcp]] of {})", m.upstream)
+                        (
+                            http_detail(class),
+                            format!("{lines}  # (in the [[mcp]] of {})", m.upstream),
+                        )
                     }
-                    None => mcp_lines(
-                        &f.source,
-                        "/mcp",
-                        &[name.clone()]
-                            .into_iter()
-                            .filter(|_| class == Class::Action)
-                            .collect::<Vec<_>>(),
-                    ),
+                    (Transport::Http, None) => {
+                        (http_detail(class), mcp_lines(&f.source, "/mcp", &own_action))
+                    }
                 };
                 gaps.push(Gap {
                     kind: "unguarded",
-                    detail: format!(
-                        "{} tool no [[mcp]] guards: a retried call executes it again",
-                        a(class)
-                    ),
+                    detail,
                     fix,
                 });
             }
@@ -391,6 +403,39 @@ pub(super) fn assess(
             }
         }
     }
+}
+
+fn http_detail(class: Class) -> String {
+    format!(
+        "{} tool no [[mcp]] guards: a retried call executes it again",
+        a(class)
+    )
+}
+
+/// What an assistant host runs instead of the stdio server `command` (as given) to guard
+/// its tools, `actions` of class action: `oncely mcp [--action NAME]... -- COMMAND`.
+pub(super) fn wrapper_line(command: &str, actions: &[String]) -> String {
+    format!("{} {}", wrapper_prefix(actions), command.trim())
+}
+
+/// `oncely mcp [--action NAME]... --`: what goes before a stdio server's command.
+fn wrapper_prefix(actions: &[String]) -> String {
+    let mut line = String::from("oncely mcp");
+    for a in actions {
+        line.push_str(" --action ");
+        line.push_str(&shell::quote(a));
+    }
+    line.push_str(" --");
+    line
+}
+
+/// The fix for unguarded tools of a stdio server: the command line that guards them.
+fn wrapper_fix(command: &str, actions: &[String]) -> String {
+    format!(
+        "{}\n# wrap the server: put `{}` before its command in the host's config",
+        wrapper_line(command, actions),
+        wrapper_prefix(actions)
+    )
 }
 
 fn reconcile_text(class: Class, guarded: bool, configured: Option<String>) -> Option<String> {
@@ -488,5 +533,79 @@ mod tests {
             &["send_*".into()],
             "resend_x"
         ));
+    }
+
+    fn tool(source: &str, name: &str, transport: Transport, read_only: bool) -> Found {
+        Found {
+            source: source.into(),
+            target: Target::Tool {
+                name: name.into(),
+                transport,
+            },
+            words: name.into(),
+            read_only_hint: read_only,
+            destructive_hint: false,
+        }
+    }
+
+    #[test]
+    fn stdio_tools_are_guarded_by_the_wrapper_never_by_an_mcp_entry() {
+        // An [[mcp]] whose upstream is, as text, the source of both tools: it guards the
+        // HTTP server's tool only.
+        let url = "http://127.0.0.1:9/mcp";
+        let config = Config::resolve(
+            &format!("[[mcp]]\npath = \"/mcp\"\nupstream = \"{url}\"\ntools = [\"*\"]\n"),
+            None,
+            &crate::config::Overrides::default(),
+        )
+        .unwrap();
+        let none = HashMap::new();
+        let http = assess(
+            tool(url, "place_order", Transport::Http, false),
+            Some(&config),
+            &none,
+        );
+        assert!(http.configured && http.gaps.is_empty(), "{http:?}");
+        let stdio = assess(
+            tool(url, "place_order", Transport::Stdio, false),
+            Some(&config),
+            &none,
+        );
+        assert!(!stdio.configured, "{stdio:?}");
+        assert_eq!(stdio.class, Class::Action);
+        assert_eq!(stdio.key, None);
+        assert_eq!(stdio.gaps.len(), 1);
+        assert_eq!(stdio.gaps[0].kind, "unguarded");
+        assert_eq!(
+            stdio.gaps[0].fix,
+            format!(
+                "oncely mcp --action place_order -- {url}\n\
+                 # wrap the server: put `oncely mcp --action place_order --` before its \
+                 command in the host's config"
+            )
+        );
+
+        let command = " python 'my server.py' --log /tmp/x ";
+        let write = assess(
+            tool(command, "render", Transport::Stdio, false),
+            None,
+            &none,
+        );
+        assert_eq!(write.class, Class::Write);
+        assert_eq!(
+            write.gaps[0].fix.lines().next().unwrap(),
+            "oncely mcp -- python 'my server.py' --log /tmp/x"
+        );
+        assert!(write.gaps[0]
+            .fix
+            .contains("put `oncely mcp --` before its command"));
+        let read = assess(tool(command, "lookup", Transport::Stdio, true), None, &none);
+        assert_eq!(read.class, Class::Read);
+        assert!(read.gaps.is_empty());
+        // A tool name a shell would split is quoted.
+        assert_eq!(
+            wrapper_line("srv", &["send it".into()]),
+            "oncely mcp --action 'send it' -- srv"
+        );
     }
 }

@@ -1,7 +1,9 @@
-//! The MCP client: the tools of an MCP server and their annotations, read over
-//! Streamable HTTP (`initialize`, `notifications/initialized`, every page of
-//! `tools/list`), with JSON or event-stream answers.
+//! The MCP client: the tools of an MCP server and their annotations (`initialize`,
+//! `notifications/initialized`, every page of `tools/list`), over Streamable HTTP (JSON
+//! or event-stream answers) or over the standard input and output of a command it starts
+//! (stdio: newline-delimited JSON-RPC). Both transports share [`read_tools`].
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,17 +11,25 @@ use http_body_util::{BodyExt, Full};
 use oncely_core::units::format_duration;
 use oncely_http::client::error_chain;
 use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use super::model::{Found, Target};
+use super::model::{Found, Target, Transport};
 
 /// How long one MCP request may take.
 const MCP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a stdio server may take to exit once its input is closed, before it is
+/// killed.
+const STDIO_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest line a stdio server may write.
+const STDIO_MAX_LINE: u64 = 16 << 20;
+
 /// The protocol version the inventory asks an MCP server for.
 const MCP_PROTOCOL: &str = "2025-11-25";
 
-/// The tools of one MCP server: initialize, notifications/initialized, then tools/list
-/// (every page), over Streamable HTTP with JSON or event-stream answers.
+/// The tools of the MCP server at `url`, over Streamable HTTP.
 pub(super) async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
     let uri: http::Uri = url.parse().map_err(|_| "not a URL".to_owned())?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
@@ -32,7 +42,39 @@ pub(super) async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
         id: None,
         protocol: None,
     };
-    let init = session
+    let tools = read_tools(&mut session, url, Transport::Http).await?;
+    session.end().await;
+    Ok(tools)
+}
+
+/// The tools of the stdio MCP server that `words` (the words of `command`) start; the
+/// tools' source is `command` as given.
+pub(super) async fn list_command_tools(
+    command: &str,
+    words: &[String],
+) -> Result<Vec<Found>, String> {
+    let mut session = StdioSession::start(words)?;
+    let tools = read_tools(&mut session, command, Transport::Stdio).await?;
+    session.end().await;
+    Ok(tools)
+}
+
+/// JSON-RPC with an MCP server, as its client.
+trait Rpc {
+    /// Sends a request and returns its result (an error answer is an error).
+    async fn request(&mut self, id: i64, method: &str, params: Value) -> Result<Value, String>;
+    /// Sends a notification.
+    async fn notify(&mut self, method: &str, params: Value) -> Result<(), String>;
+}
+
+/// The tools of one MCP server: initialize, notifications/initialized, then tools/list
+/// (every page), whatever the transport.
+async fn read_tools(
+    session: &mut impl Rpc,
+    source: &str,
+    transport: Transport,
+) -> Result<Vec<Found>, String> {
+    session
         .request(
             1,
             "initialize",
@@ -43,10 +85,6 @@ pub(super) async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
             }),
         )
         .await?;
-    session.protocol = init
-        .get("protocolVersion")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
     session
         .notify("notifications/initialized", json!({}))
         .await?;
@@ -72,9 +110,10 @@ pub(super) async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
                     .unwrap_or(false)
             };
             tools.push(Found {
-                source: url.to_owned(),
+                source: source.to_owned(),
                 target: Target::Tool {
                     name: name.to_owned(),
+                    transport,
                 },
                 words: format!(
                     "{name} {}",
@@ -94,8 +133,184 @@ pub(super) async fn list_tools(url: &str) -> Result<Vec<Found>, String> {
             break;
         }
     }
-    session.end().await;
     Ok(tools)
+}
+
+/// The result of a JSON-RPC answer to `method` (an error answer is an error).
+fn result_of(method: &str, answer: Value) -> Result<Value, String> {
+    if let Some(e) = answer.get("error") {
+        return Err(format!(
+            "{method}: error {}: {}",
+            e.get("code").unwrap_or(&Value::Null),
+            e.get("message").and_then(Value::as_str).unwrap_or("")
+        ));
+    }
+    answer
+        .get("result")
+        .cloned()
+        .ok_or_else(|| format!("{method}: the answer has no result"))
+}
+
+fn no_answer(method: &str) -> String {
+    format!(
+        "{method}: no answer within {}",
+        format_duration(MCP_TIMEOUT)
+    )
+}
+
+/// One stdio MCP server, as its client: a child process whose standard input and output
+/// carry newline-delimited JSON-RPC (its standard error is ours).
+struct StdioSession {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl StdioSession {
+    fn start(words: &[String]) -> Result<StdioSession, String> {
+        let (program, args) = words.split_first().ok_or("no command")?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {program}: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(format!("cannot start {program}: no pipes"));
+        };
+        Ok(StdioSession {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        })
+    }
+
+    /// Writes one message, on a line of its own.
+    async fn send(&mut self, method: &str, message: &Value) -> Result<(), String> {
+        let mut line = message.to_string();
+        line.push('\n');
+        let written = async {
+            self.stdin.write_all(line.as_bytes()).await?;
+            self.stdin.flush().await
+        }
+        .await;
+        match written {
+            Ok(()) => Ok(()),
+            Err(e) => Err(format!(
+                "{method}: cannot write to the server: {e}{}",
+                self.exit_note().await
+            )),
+        }
+    }
+
+    /// The next JSON value the server writes (lines that are not JSON are skipped); `None`
+    /// when its output ends.
+    async fn next_value(&mut self, method: &str) -> Result<Option<Value>, String> {
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = (&mut self.stdout)
+                .take(STDIO_MAX_LINE)
+                .read_until(b'\n', &mut line)
+                .await
+                .map_err(|e| format!("{method}: cannot read from the server: {e}"))?;
+            if n == 0 {
+                return Ok(None);
+            }
+            if n as u64 == STDIO_MAX_LINE && line.last() != Some(&b'\n') {
+                return Err(format!(
+                    "{method}: the server wrote a line longer than {} MiB",
+                    STDIO_MAX_LINE >> 20
+                ));
+            }
+            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                return Ok(Some(v));
+            }
+        }
+    }
+
+    /// " (exit status: N)" when the server has exited or does so shortly, else "".
+    async fn exit_note(&mut self) -> String {
+        match tokio::time::timeout(STDIO_GRACE, self.child.wait()).await {
+            Ok(Ok(status)) => format!(" ({status})"),
+            _ => String::new(),
+        }
+    }
+
+    /// Closes the server's input, gives it [`STDIO_GRACE`] to exit, then kills it.
+    async fn end(self) {
+        let StdioSession {
+            mut child,
+            stdin,
+            mut stdout,
+        } = self;
+        drop(stdin);
+        // Whatever it still writes is read, so that it is not stuck on a full pipe.
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
+        });
+        if tokio::time::timeout(STDIO_GRACE, child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+impl Rpc for StdioSession {
+    async fn request(&mut self, id: i64, method: &str, params: Value) -> Result<Value, String> {
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let answer = tokio::time::timeout(MCP_TIMEOUT, async {
+            self.send(method, &message).await?;
+            loop {
+                let Some(value) = self.next_value(method).await? else {
+                    return Err(format!(
+                        "{method}: the server closed its output{}",
+                        self.exit_note().await
+                    ));
+                };
+                let messages = match value {
+                    Value::Array(batch) => batch,
+                    one => vec![one],
+                };
+                for m in messages {
+                    if !m.is_object() {
+                        continue;
+                    }
+                    if m.get("method").is_some() {
+                        // A request of the server's (roots/list, sampling, ...) gets an
+                        // error at once, so that it does not wait; a notification
+                        // nothing.
+                        if let Some(their) = m.get("id") {
+                            let reply = json!({
+                                "jsonrpc": "2.0",
+                                "id": their,
+                                "error": {"code": -32601, "message": "the oncely inventory answers no requests"},
+                            });
+                            self.send(method, &reply).await?;
+                        }
+                        continue;
+                    }
+                    if m.get("id") == Some(&json!(id)) {
+                        return Ok(m);
+                    }
+                }
+            }
+        })
+        .await
+        .map_err(|_| no_answer(method))??;
+        result_of(method, answer)
+    }
+
+    async fn notify(&mut self, method: &str, params: Value) -> Result<(), String> {
+        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        tokio::time::timeout(MCP_TIMEOUT, self.send(method, &message))
+            .await
+            .map_err(|_| format!("{method}: the server does not read its input"))?
+    }
 }
 
 /// One MCP session, as a client.
@@ -121,7 +336,20 @@ impl McpSession {
             .expect("a valid request")
     }
 
-    /// Sends a request and returns its result (an error answer is an error).
+    /// Ends the session (best effort: a server may not support it).
+    async fn end(&self) {
+        let Some(id) = &self.id else { return };
+        let Ok(req) = http::Request::delete(&self.url)
+            .header("mcp-session-id", id)
+            .body(Full::new(Bytes::new()))
+        else {
+            return;
+        };
+        let _ = tokio::time::timeout(MCP_TIMEOUT, self.client.request(req)).await;
+    }
+}
+
+impl Rpc for McpSession {
     async fn request(&mut self, id: i64, method: &str, params: Value) -> Result<Value, String> {
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let req = self.post(&message);
@@ -175,23 +403,16 @@ impl McpSession {
             }
         })
         .await
-        .map_err(|_| {
-            format!(
-                "{method}: no answer within {}",
-                format_duration(MCP_TIMEOUT)
-            )
-        })??;
-        if let Some(e) = answer.get("error") {
-            return Err(format!(
-                "{method}: error {}: {}",
-                e.get("code").unwrap_or(&Value::Null),
-                e.get("message").and_then(Value::as_str).unwrap_or("")
-            ));
+        .map_err(|_| no_answer(method))??;
+        let result = result_of(method, answer)?;
+        if method == "initialize" {
+            // Every later request says the version the server chose.
+            self.protocol = result
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
         }
-        answer
-            .get("result")
-            .cloned()
-            .ok_or_else(|| format!("{method}: the answer has no result"))
+        Ok(result)
     }
 
     async fn notify(&mut self, method: &str, params: Value) -> Result<(), String> {
@@ -204,17 +425,5 @@ impl McpSession {
             return Err(format!("{method}: HTTP {}", resp.status()));
         }
         Ok(())
-    }
-
-    /// Ends the session (best effort: a server may not support it).
-    async fn end(&self) {
-        let Some(id) = &self.id else { return };
-        let Ok(req) = http::Request::delete(&self.url)
-            .header("mcp-session-id", id)
-            .body(Full::new(Bytes::new()))
-        else {
-            return;
-        };
-        let _ = tokio::time::timeout(MCP_TIMEOUT, self.client.request(req)).await;
     }
 }

@@ -1,8 +1,8 @@
 //! `oncely inventory`: the failure-boundary map.
 //!
 //! Reads OpenAPI 3.0/3.1 documents (JSON or YAML) and MCP servers (`tools/list` over
-//! Streamable HTTP, with the tools' annotations), and the current config and ledger when
-//! given. For every operation and tool it says what it is (its class, as configured or
+//! Streamable HTTP, or over the standard input and output of a local server's command,
+//! with the tools' annotations), and the current config and ledger when given. For every operation and tool it says what it is (its class, as configured or
 //! else proposed), who makes its key, where its record lives, how long a result is
 //! replayed, what a repeat gets and how an uncertain outcome is reconciled, and it lists
 //! the gaps, each with the config lines that close it. `--write-config` writes a starting
@@ -14,6 +14,7 @@ mod mcp;
 mod model;
 mod openapi;
 mod report;
+mod shell;
 
 use std::path::PathBuf;
 
@@ -23,7 +24,7 @@ use crate::config::{Config, Overrides};
 use crate::outcome::{Failure, Outcome};
 use durations::observed_durations;
 use heuristics::assess;
-use mcp::list_tools;
+use mcp::{list_command_tools, list_tools};
 use model::Entry;
 use openapi::read_openapi;
 use report::{print_table, starting_config, to_json};
@@ -37,6 +38,10 @@ pub struct InventoryArgs {
     /// An MCP server's Streamable HTTP endpoint (repeatable).
     #[arg(long = "mcp", value_name = "URL")]
     pub mcp: Vec<String>,
+    /// A local (stdio) MCP server's command line, started and asked for its tools; split
+    /// as a POSIX shell splits it, nothing expanded (repeatable).
+    #[arg(long = "mcp-command", value_name = "COMMAND")]
+    pub mcp_command: Vec<String>,
     /// The current config: configured classes, keys, windows and reconciliation.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -53,11 +58,21 @@ pub struct InventoryArgs {
 
 /// Runs `oncely inventory`.
 pub(crate) async fn run(args: InventoryArgs) -> Outcome {
-    if args.openapi.is_empty() && args.mcp.is_empty() {
+    if args.openapi.is_empty() && args.mcp.is_empty() && args.mcp_command.is_empty() {
         return Err(Failure::usage(
-            "inventory needs at least one --openapi FILE or --mcp URL",
+            "inventory needs at least one --openapi FILE, --mcp URL or --mcp-command COMMAND",
         ));
     }
+    // Every command line is split before anything is read or started.
+    let commands = args
+        .mcp_command
+        .iter()
+        .map(|c| {
+            shell::split(c)
+                .map(|words| (c, words))
+                .map_err(|e| Failure::usage(format!("--mcp-command '{}': {e}", one_line(c))))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let config = match &args.config {
         Some(path) => Some(
             Config::load(path, &Overrides::default())
@@ -79,6 +94,13 @@ pub(crate) async fn run(args: InventoryArgs) -> Outcome {
                 .map_err(|e| Failure::usage(format!("--mcp {url}: {e}")))?,
         );
     }
+    for (command, words) in &commands {
+        found.extend(
+            list_command_tools(command, words).await.map_err(|e| {
+                Failure::usage(format!("--mcp-command '{}': {e}", one_line(command)))
+            })?,
+        );
+    }
     let durations = observed_durations(args.store.as_deref(), config.as_ref()).await?;
     let entries: Vec<Entry> = found
         .into_iter()
@@ -98,4 +120,9 @@ pub(crate) async fn run(args: InventoryArgs) -> Outcome {
         }
     }
     Ok(())
+}
+
+/// A command line as an error message shows it: on one line.
+fn one_line(command: &str) -> String {
+    command.replace(['\n', '\r'], " ")
 }

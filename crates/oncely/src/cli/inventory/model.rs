@@ -17,13 +17,33 @@ pub(super) enum Target {
     },
     Tool {
         name: String,
+        transport: Transport,
     },
+}
+
+/// How the inventory reached an MCP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Transport {
+    /// Streamable HTTP: the source is the server's URL, guarded by an `[[mcp]]` entry.
+    Http,
+    /// Standard input and output: the source is the command that starts the server,
+    /// guarded by `oncely mcp -- COMMAND` in the host's config.
+    Stdio,
+}
+
+impl Transport {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Transport::Http => "http",
+            Transport::Stdio => "stdio",
+        }
+    }
 }
 
 /// One operation or tool as found, before the config is consulted.
 #[derive(Debug, Clone)]
 pub(super) struct Found {
-    /// The file or URL it came from.
+    /// The file, URL or command (as given) it came from.
     pub(super) source: String,
     pub(super) target: Target,
     /// What the proposal goes by: operationId, summary, path or tool name.

@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 
 use super::heuristics::{
     configured_route, mcp_lines, reconcile_suggestion, route_lines, route_pattern, toml_string,
+    wrapper_line,
 };
-use super::model::{Entry, Target};
+use super::model::{Entry, Target, Transport};
 use crate::config::Config;
 
 pub(super) fn to_json(entries: &[Entry]) -> Value {
@@ -24,9 +25,10 @@ pub(super) fn to_json(entries: &[Entry]) -> Value {
                     o.insert("method".into(), json!(method.as_str()));
                     o.insert("path".into(), json!(path));
                 }
-                Target::Tool { name } => {
+                Target::Tool { name, transport } => {
                     o.insert("method".into(), json!("tools/call"));
                     o.insert("tool".into(), json!(name));
+                    o.insert("transport".into(), json!(transport.as_str()));
                 }
             }
             o.insert("class".into(), json!(e.class.as_str()));
@@ -50,7 +52,7 @@ pub(super) fn to_json(entries: &[Entry]) -> Value {
 pub(super) fn print_table(entries: &[Entry]) {
     let name = |e: &Entry| match &e.found.target {
         Target::Http { method, path, .. } => format!("{method} {path}"),
-        Target::Tool { name } => format!("tool {name}"),
+        Target::Tool { name, .. } => format!("tool {name}"),
     };
     let rows: Vec<[String; 7]> = entries
         .iter()
@@ -133,8 +135,10 @@ pub(super) fn print_table(entries: &[Entry]) {
     }
 }
 
-/// A starting config: one route per non-read operation, one `[[mcp]]` per MCP server,
-/// with the classes above. Reads get no route (an unmatched request is forwarded).
+/// A starting config: one route per non-read operation, one `[[mcp]]` per Streamable HTTP
+/// MCP server, with the classes above, and for each stdio MCP server, in comments, the
+/// `oncely mcp` command line that guards it. Reads get no route (an unmatched request is
+/// forwarded).
 pub(super) fn starting_config(entries: &[Entry], config: Option<&Config>) -> String {
     let mut out = String::from(
         "# A starting config written by `oncely inventory`. Classes not taken from a config\n\
@@ -192,29 +196,46 @@ pub(super) fn starting_config(entries: &[Entry], config: Option<&Config>) -> Str
             }
         }
     }
-    let mut servers: Vec<&str> = Vec::new();
+    let mut servers: Vec<(&str, Transport)> = Vec::new();
     for e in entries {
-        if matches!(e.found.target, Target::Tool { .. })
-            && !servers.contains(&e.found.source.as_str())
-        {
-            servers.push(&e.found.source);
+        if let Target::Tool { transport, .. } = e.found.target {
+            if !servers.contains(&(e.found.source.as_str(), transport)) {
+                servers.push((&e.found.source, transport));
+            }
         }
     }
-    for (i, source) in servers.iter().enumerate() {
-        let actions: Vec<String> = entries
+    let actions_of = |source: &str, of: Transport| -> Vec<String> {
+        entries
             .iter()
-            .filter(|e| e.found.source == *source && e.class == Class::Action)
+            .filter(|e| e.found.source == source && e.class == Class::Action)
             .filter_map(|e| match &e.found.target {
-                Target::Tool { name } => Some(name.clone()),
-                Target::Http { .. } => None,
+                Target::Tool { name, transport } if *transport == of => Some(name.clone()),
+                _ => None,
             })
-            .collect();
+            .collect()
+    };
+    let http = servers.iter().filter(|(_, t)| *t == Transport::Http);
+    for (i, (source, _)) in http.enumerate() {
         let path = if i == 0 {
             "/mcp".to_owned()
         } else {
             format!("/mcp{}", i + 1)
         };
-        out.push_str(&format!("\n{}\n", mcp_lines(source, &path, &actions)));
+        out.push_str(&format!(
+            "\n{}\n",
+            mcp_lines(source, &path, &actions_of(source, Transport::Http))
+        ));
+    }
+    // A stdio server is started by the assistant host: it is guarded by the command the
+    // host starts instead, not by this config.
+    for (source, _) in servers.iter().filter(|(_, t)| *t == Transport::Stdio) {
+        out.push_str(&format!(
+            "\n# The stdio MCP server `{}`: `oncely mcp` guards it, not an `[[mcp]]` table.\n\
+             # Wrap the server: in the host's config, start this instead of its command:\n\
+             #   {}\n",
+            source.trim().replace(['\n', '\r'], " "),
+            wrapper_line(source, &actions_of(source, Transport::Stdio)).replace(['\n', '\r'], " ")
+        ));
     }
     out
 }
