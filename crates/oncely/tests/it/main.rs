@@ -24,6 +24,8 @@ mod inventory;
 mod jobs;
 mod mcp;
 mod mcp_numbers;
+mod mcp_stdio;
+mod mcp_stdio_wire;
 mod mcp_tasks;
 mod mcp_upstream;
 mod openapi;
