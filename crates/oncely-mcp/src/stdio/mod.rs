@@ -393,6 +393,8 @@ async fn write_lines<W: AsyncWrite + Unpin>(
 /// input) must not stop the server while the wrapper finishes its calls; the wrapper
 /// stops it once they are recorded. On Windows, a process group of its own likewise.
 fn spawn(program: &OsString, args: &[OsString]) -> std::io::Result<Child> {
+    #[cfg(windows)]
+    let program = &windows_program(program);
     let mut command = Command::new(program);
     command
         .args(args)
@@ -409,6 +411,30 @@ fn spawn(program: &OsString, args: &[OsString]) -> std::io::Result<Child> {
         command.creation_flags(NEW_PROCESS_GROUP);
     }
     command.spawn()
+}
+
+/// On Windows, a bare program name is looked up on `PATH` with each extension of
+/// `PATHEXT`, as the shell does (process creation alone finds only `NAME.exe`, and the
+/// usual `npx` is `npx.cmd`); the name as it is when nothing is found.
+#[cfg(windows)]
+fn windows_program(program: &OsString) -> OsString {
+    let path = std::path::Path::new(program);
+    if path.extension().is_some() || path.components().count() > 1 {
+        return program.clone();
+    }
+    let exts = std::env::var("PATHEXT").unwrap_or_else(|_| ".COM;.EXE;.BAT;.CMD".into());
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&dirs) {
+        for ext in exts.split(';').filter(|e| !e.is_empty()) {
+            let mut name = program.clone();
+            name.push(ext.to_ascii_lowercase());
+            let candidate = dir.join(&name);
+            if candidate.is_file() {
+                return candidate.into_os_string();
+            }
+        }
+    }
+    program.clone()
 }
 
 /// An exit status as a process exit code: its code, or on Unix 128 + the signal that

@@ -60,6 +60,7 @@ pub struct McpArgs {
 }
 
 /// The (hidden) flag the front process starts its worker with (see [`run`]).
+#[cfg(unix)]
 const WORKER_FLAG: &str = "--oncely-worker";
 
 /// Runs the wrapper until the host closes its input (exit 0) or the server exits (its

@@ -107,6 +107,7 @@ pub struct Source {
     path: Option<PathBuf>,
     /// The command line's overrides, applied again.
     overrides: Overrides,
+    #[cfg_attr(not(unix), allow(dead_code))]
     hangups: Option<Hangups>,
 }
 
