@@ -660,3 +660,110 @@ fn the_default_store_is_in_oncely_home_created_owner_only() {
     );
     assert!(xdg.join("oncely/mcp.db").exists());
 }
+
+#[test]
+fn a_slow_call_of_a_tasks_client_becomes_a_task_answered_from_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &["--wait", "1s"]);
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "render", "arguments": {"prompt": "task", "seconds": 2.5}, "_meta": meta}});
+    w.send(&slow);
+    let created = w.answer(&json!(1));
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let task_id = created["result"]["taskId"]
+        .as_str()
+        .expect("a task id")
+        .to_owned();
+    let mut done = Value::Null;
+    for i in 0..100 {
+        w.send(
+            &json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tasks/get",
+            "params": {"taskId": task_id, "_meta": meta}}),
+        );
+        let got = w.answer(&json!(100 + i));
+        if got["result"]["status"] != "working" {
+            done = got;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "render #1",
+        "{done}"
+    );
+    // The same call again: the stored result, no second execution.
+    let mut again = slow.clone();
+    again["id"] = json!(2);
+    w.send(&again);
+    let replay = w.answer(&json!(2));
+    assert_eq!(
+        replay["result"]["content"][0]["text"], "render #1",
+        "{replay}"
+    );
+    assert_eq!(executions(dir.path()).len(), 1);
+    // The server never saw a tasks/* request: oncely answered them.
+    assert!(!received(dir.path()).iter().any(|m| m["method"]
+        .as_str()
+        .is_some_and(|x| x.starts_with("tasks/"))));
+    assert!(w.close().success());
+}
+
+#[test]
+fn a_call_the_ledger_cannot_record_is_refused_and_never_reaches_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &[]);
+    w.initialize("2025-06-18");
+    // Another process holds the ledger's write lock longer than oncely waits for it.
+    let db = dir.path().join("mcp.db");
+    let mut locker = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys,time\n\
+             c=sqlite3.connect(sys.argv[1],isolation_level=None)\n\
+             c.execute('BEGIN EXCLUSIVE')\n\
+             print('locked',flush=True)\n\
+             time.sleep(float(sys.argv[2]))\n\
+             c.execute('ROLLBACK')",
+        )
+        .arg(&db)
+        .arg("8")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(locker.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "locked");
+    w.send(&call(
+        json!(1),
+        "render",
+        json!({"prompt": "locked out"}),
+        "2025-06-18",
+    ));
+    let refused = w.answer(&json!(1));
+    assert_eq!(
+        refused["error"]["data"]["oncely"], "store_unavailable",
+        "{refused}"
+    );
+    assert_eq!(
+        executions(dir.path()).len(),
+        0,
+        "forwarded without a record"
+    );
+    locker.wait().unwrap();
+    w.send(&call(
+        json!(2),
+        "render",
+        json!({"prompt": "locked out"}),
+        "2025-06-18",
+    ));
+    let ran = w.answer(&json!(2));
+    assert_eq!(ran["result"]["content"][0]["text"], "render #1", "{ran}");
+    assert_eq!(executions(dir.path()).len(), 1);
+    assert!(w.close().success());
+}
