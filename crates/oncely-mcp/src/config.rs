@@ -121,7 +121,7 @@ pub struct McpConfig {
 }
 
 impl McpConfig {
-    /// The endpoint of a stdio wrapper named `name` (see [`crate::stdio`]): its route is
+    /// The endpoint of a stdio wrapper named `name` (the `stdio` module): its route is
     /// `stdio:NAME`, its principal the message interface's
     /// ([`PRINCIPAL_HEADER`](crate::endpoint::PRINCIPAL_HEADER)), and its upstream the
     /// child process the wrapper runs (the URL is not used).

@@ -158,9 +158,17 @@ where
     };
 
     let status = if exited_by_itself {
-        let status = child.wait().await.ok();
+        // Its output ended; a server that closed it and lives on is stopped.
+        let status = match tokio::time::timeout(SERVER_GRACE, child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                tracing::warn!("the MCP server closed its output but did not exit: killed");
+                let _ = child.kill().await;
+                None
+            }
+        };
         let code = status.map(exit_code).unwrap_or(1);
-        tracing::warn!(code, "the MCP server exited by itself");
+        tracing::warn!(code, "the MCP server ended by itself");
         // What it left in flight fails; record that before leaving.
         let _ = tokio::time::timeout(SERVER_GRACE, guard.drain()).await;
         requests.abort_all();

@@ -15,8 +15,8 @@ use oncely_mcp::McpConfig;
 use oncely_tower::Guard;
 use sha2::{Digest, Sha256};
 
-use super::{parse_duration_arg, Failure, Outcome};
 use crate::config::{Config, McpStdio, Overrides};
+use crate::outcome::{Failure, Outcome};
 
 /// `oncely mcp`'s arguments.
 #[derive(Debug, Clone, Args)]
@@ -62,6 +62,10 @@ pub struct McpArgs {
 /// The (hidden) flag the front process starts its worker with (see [`run`]).
 #[cfg(unix)]
 const WORKER_FLAG: &str = "--oncely-worker";
+
+fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+    oncely_core::parse_duration(text)
+}
 
 /// Runs the wrapper until the host closes its input (exit 0) or the server exits (its
 /// status).
@@ -166,7 +170,7 @@ async fn worker(args: McpArgs) -> Outcome {
     let options = config
         .as_ref()
         .map_or_else(oncely_store::StoreOptions::default, Config::store_options);
-    let store = super::store::open_url(&url, options).await?;
+    let store = crate::cli::store::open_url(&url, options).await?;
     let principal_key = crate::operations::principal_key(&*store)
         .await
         .map_err(|e| Failure::usage(format!("reading the principal key from the store: {e}")))?;

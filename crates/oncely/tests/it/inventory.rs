@@ -992,3 +992,42 @@ fn stdio_commands_that_cannot_start_or_split_exit_2_with_one_line() {
     let o = run(&["inventory", "--mcp-command", "sh -c 'exit 3'"]);
     assert_usage_error(&o, "exit status: 3");
 }
+
+/// A server the host already starts through `oncely mcp`: its tools are listed through
+/// the wrapper (the inventory runs the line as the host would) and reported as that
+/// line guards them, with no fix that would wrap it twice.
+#[test]
+fn a_stdio_server_wrapped_by_oncely_mcp_is_reported_as_guarded() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = stdio_server(&python, &dir.path().join("server.log"));
+    let command = format!(
+        "{} mcp --store {} --action render --window 1h -- {server}",
+        sh(env!("CARGO_BIN_EXE_oncely")),
+        sh(&format!("sqlite://{}", dir.path().join("mcp.db").display())),
+    );
+    let inv = inventory(&["--mcp-command", &command]);
+    let render = op(&inv, "render");
+    assert_eq!(render["class"], "action", "{inv:#}");
+    assert_eq!(render["configured"], true);
+    assert_eq!(render["key"], "fingerprint");
+    assert_eq!(render["window"], "1h", "{render:#}");
+    assert_eq!(gap_kinds(render), Vec::<&str>::new(), "{render:#}");
+    let ask = op(&inv, "ask");
+    assert_eq!(ask["class"], "write");
+    assert_eq!(gap_kinds(ask), Vec::<&str>::new(), "{ask:#}");
+    let lookup = op(&inv, "lookup");
+    assert_eq!(lookup["class"], "read");
+    assert_eq!(lookup["key"], Value::Null);
+    // Only the guarded tools named by --tool are guarded.
+    let only = command.replace(" --action render", " --tool ask");
+    let inv = inventory(&["--mcp-command", &only]);
+    assert_eq!(gap_kinds(op(&inv, "ask")), Vec::<&str>::new());
+    let render = op(&inv, "render");
+    assert_eq!(gap_kinds(render), ["unguarded"]);
+    let fix = gap(render, "unguarded")["fix"].as_str().unwrap();
+    assert!(fix.starts_with("add `--tool render`"), "{fix}");
+    assert!(!fix.contains("oncely mcp --"), "never wrapped twice: {fix}");
+}

@@ -329,19 +329,20 @@ pub(super) fn assess(
             }
         }
         Target::Tool { name, transport } => {
-            // A stdio server is started by the host, not reached at a URL: no `[[mcp]]`
-            // entry is about it.
-            let endpoint = match transport {
-                Transport::Http => configured_mcp(config, &f.source),
-                Transport::Stdio => None,
+            // What guards the server's tools: an `[[mcp]]` entry in front of an HTTP
+            // server; for a stdio server (started by the host, not reached at a URL),
+            // the `oncely mcp` line it is started with, when it is.
+            let guard = match transport {
+                Transport::Http => configured_mcp(config, &f.source).map(ToolGuard::of_entry),
+                Transport::Stdio => ToolGuard::of_wrapper(&f.source),
             };
             // The endpoint's own rule (oncely_mcp::config), not a copy of it.
-            let guarded = endpoint.is_some_and(|m| {
-                selection(&m.tools).is_some_and(|s| s.guards(name, f.read_only_hint))
+            let guarded = guard.as_ref().is_some_and(|g| {
+                selection(&g.tools).is_some_and(|s| s.guards(name, f.read_only_hint))
             });
-            let (class, configured) = match endpoint {
-                Some(m) if guarded => (
-                    if oncely_mcp::config::any_matches(&m.actions, name) {
+            let (class, configured) = match &guard {
+                Some(g) if guarded => (
+                    if oncely_mcp::config::any_matches(&g.actions, name) {
                         Class::Action
                     } else {
                         Class::Write
@@ -357,7 +358,26 @@ pub(super) fn assess(
                     .into_iter()
                     .filter(|_| class == Class::Action)
                     .collect();
+                let endpoint = match transport {
+                    Transport::Http => configured_mcp(config, &f.source),
+                    Transport::Stdio => None,
+                };
                 let (detail, fix) = match (transport, endpoint) {
+                    // Already wrapped: the line lacks the tool.
+                    (Transport::Stdio, _) if guard.is_some() => (
+                        format!(
+                            "{} tool the `oncely mcp` line does not guard: a retried call executes it again",
+                            a(class)
+                        ),
+                        format!(
+                            "add `--tool {name}`{} to the `oncely mcp` line (before its `--`)",
+                            if class == Class::Action {
+                                format!(" and `--action {name}`")
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    ),
                     (Transport::Stdio, _) => (
                         format!(
                             "{} tool of a stdio server: unless `oncely mcp` wraps the server, a retried call executes it again",
@@ -389,7 +409,7 @@ pub(super) fn assess(
                     fix,
                 });
             }
-            let window = endpoint.filter(|_| guarded).map(|m| m.window);
+            let window = guard.filter(|_| guarded).map(|g| g.window);
             Entry {
                 class,
                 configured,
@@ -402,6 +422,57 @@ pub(super) fn assess(
                 found: f,
             }
         }
+    }
+}
+
+/// What guards an MCP server's tools: its tools and actions, and the replay window.
+struct ToolGuard {
+    tools: Vec<String>,
+    actions: Vec<String>,
+    window: Duration,
+}
+
+impl ToolGuard {
+    /// An `[[mcp]]` entry's.
+    fn of_entry(m: &McpEntry) -> ToolGuard {
+        ToolGuard {
+            tools: m.tools.clone(),
+            actions: m.actions.clone(),
+            window: m.window,
+        }
+    }
+
+    /// The `oncely mcp` line `command` is, read by that command's own parser, when it is
+    /// one (`oncely mcp [OPTIONS] -- SERVER...`): its `--tool`s (else every tool not
+    /// marked read-only), `--action`s and `--window` (its `--config` is not read).
+    fn of_wrapper(command: &str) -> Option<ToolGuard> {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: crate::cli::mcp_stdio::McpArgs,
+        }
+        let words = shell::split(command).ok()?;
+        let (program, rest) = words.split_first()?;
+        let is_oncely = std::path::Path::new(program)
+            .file_stem()
+            .is_some_and(|s| s == "oncely");
+        if !is_oncely || rest.first().map(String::as_str) != Some("mcp") {
+            return None;
+        }
+        let args = <Wrapper as clap::Parser>::try_parse_from(
+            std::iter::once("oncely mcp").chain(rest[1..].iter().map(String::as_str)),
+        )
+        .ok()?
+        .args;
+        Some(ToolGuard {
+            tools: if args.tools.is_empty() {
+                vec!["*".into()]
+            } else {
+                args.tools
+            },
+            actions: args.actions,
+            window: args.window.unwrap_or(Duration::from_secs(3 * 3600)),
+        })
     }
 }
 
