@@ -18,10 +18,16 @@ pub(super) const NAME: (&str, &str) = ("/params/name", "tool name");
 /// Where a request's `Mcp-Name` is in its body: a task's id.
 pub(super) const TASK_ID: (&str, &str) = ("/params/taskId", "taskId");
 
+/// Whether `revision` is of the stateless era (2026-07-28 or later): a revision without
+/// the initialize handshake.
+pub fn is_stateless(revision: &str) -> bool {
+    !HANDSHAKE_VERSIONS.contains(&revision)
+}
+
 /// Whether a request is of the stateless era (2026-07-28 or later): its
 /// `MCP-Protocol-Version` names a revision without the initialize handshake.
 pub(super) fn is_modern(headers: &HeaderMap) -> bool {
-    header_str(headers, "mcp-protocol-version").is_some_and(|v| !HANDSHAKE_VERSIONS.contains(&v))
+    header_str(headers, "mcp-protocol-version").is_some_and(is_stateless)
 }
 
 /// For the stateless era: the routing headers of a request must match its body

@@ -98,7 +98,7 @@ use crate::{BoxError, McpError};
 use state::Inner;
 
 pub use call::INVALID_REQUEST;
-pub use headers::HEADER_MISMATCH;
+pub use headers::{is_stateless, HEADER_MISMATCH};
 pub use messages::{MessageContext, PRINCIPAL_HEADER};
 pub use state::McpUpstream;
 

@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::McpConfig;
-use crate::endpoint::{McpEndpoint, MessageContext};
+use crate::endpoint::{is_stateless, McpEndpoint, MessageContext};
 use crate::jsonrpc;
 use lines::{Line, LineReader};
 use server::ServerLink;
@@ -261,6 +261,20 @@ impl Host {
         let request = jsonrpc::as_request(&message).map(|r| r.method.to_string());
         let initialized = jsonrpc::as_notification(&message)
             .is_some_and(|(m, _)| m == "notifications/initialized");
+        // A host of the stateless era (2026-07-28) has no handshake: its first request
+        // names its revision, and the tools are learnt in it.
+        let stateless = message
+            .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+            .and_then(Value::as_str)
+            .filter(|r| is_stateless(r))
+            .map(str::to_owned);
+        if let (Some(revision), true) = (stateless, request.is_some()) {
+            if *self.tools.borrow() == Learning::NotYet {
+                let mut context = self.context();
+                context.revision = Some(revision);
+                self.learn_tools(context, requests);
+            }
+        }
         let context = self.context();
         match request {
             // The handshake, before anything else the host sends.
@@ -295,16 +309,22 @@ impl Host {
                 }
                 if initialized && *self.tools.borrow() == Learning::NotYet {
                     // Which tools are read-only, before the host's first call.
-                    self.tools.send_replace(Learning::Under);
-                    let endpoint = self.endpoint.clone();
-                    let tools = self.tools.clone();
-                    requests.spawn(async move {
-                        learn_tools(&endpoint, &context).await;
-                        tools.send_replace(Learning::Done);
-                    });
+                    self.learn_tools(context, requests);
                 }
             }
         }
+    }
+
+    /// Lists the server's tools (in `context`'s revision) on a task; tool calls wait
+    /// for it.
+    fn learn_tools(&self, context: MessageContext, requests: &mut JoinSet<()>) {
+        self.tools.send_replace(Learning::Under);
+        let endpoint = self.endpoint.clone();
+        let tools = self.tools.clone();
+        requests.spawn(async move {
+            learn_tools(&endpoint, &context).await;
+            tools.send_replace(Learning::Done);
+        });
     }
 
     fn context(&self) -> MessageContext {
@@ -340,6 +360,10 @@ async fn learn_tools(endpoint: &McpEndpoint, context: &MessageContext) {
     for page in 0..100 {
         let mut request = json!({"jsonrpc": "2.0", "id": format!("oncely-tools-{page}"),
             "method": "tools/list", "params": {}});
+        if let Some(revision) = context.revision.as_deref().filter(|r| is_stateless(r)) {
+            request["params"]["_meta"] =
+                json!({"io.modelcontextprotocol/protocolVersion": revision});
+        }
         if let Some(c) = cursor.take() {
             request["params"]["cursor"] = c;
         }

@@ -767,3 +767,40 @@ fn a_call_the_ledger_cannot_record_is_refused_and_never_reaches_the_server() {
     assert_eq!(executions(dir.path()).len(), 1);
     assert!(w.close().success());
 }
+
+#[test]
+fn a_stateless_host_s_read_only_calls_at_once_all_run() {
+    // 2026-07-28 has no handshake: the first request names the revision, and the wrapper
+    // learns the tools in it before the calls go on.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &[]);
+    for id in 1..=3 {
+        w.send(&call(
+            json!(id),
+            "lookup",
+            json!({"q": "now"}),
+            "2026-07-28",
+        ));
+    }
+    for id in 1..=3 {
+        let answer = w.answer(&json!(id));
+        assert_eq!(replay_status(&answer), None, "{answer}");
+    }
+    assert_eq!(executions(dir.path()).len(), 3);
+    // A paid call is still guarded.
+    w.send(&call(
+        json!(4),
+        "render",
+        json!({"prompt": "p"}),
+        "2026-07-28",
+    ));
+    w.answer(&json!(4));
+    w.send(&call(
+        json!(5),
+        "render",
+        json!({"prompt": "p"}),
+        "2026-07-28",
+    ));
+    assert_eq!(replay_status(&w.answer(&json!(5))), Some("replayed"));
+    assert!(w.close().success());
+}
