@@ -101,15 +101,24 @@ where
     let server_out = child.stdout.take().expect("piped stdout");
 
     let (to_server, server_lines) = mpsc::unbounded_channel();
-    let (to_client, client_lines) = mpsc::unbounded_channel();
+    let (client_tx, client_lines) = mpsc::unbounded_channel();
+    let queued = Arc::new(server::Queued::default());
+    let to_client = server::ToClient::new(client_tx, queued.clone());
     let (close_server, server_closed) = tokio::sync::oneshot::channel::<()>();
     let server_writer = tokio::spawn(write_lines(
         server_in,
         server_lines,
         Some(server_closed),
         "server",
+        None,
     ));
-    let client_writer = tokio::spawn(write_lines(output, client_lines, None, "client"));
+    let client_writer = tokio::spawn(write_lines(
+        output,
+        client_lines,
+        None,
+        "client",
+        Some(queued),
+    ));
 
     let link = ServerLink::new(to_server, to_client.clone());
     // The server's answers can be as large as the results oncely passes on unstored.
@@ -215,7 +224,7 @@ where
 /// The host's side: its messages to the endpoint, the answers back.
 struct Host {
     endpoint: McpEndpoint,
-    to_client: server::Lines,
+    to_client: server::ToClient,
     context: Arc<Mutex<MessageContext>>,
     /// Whether the server's tools (which are read-only) are known yet.
     tools: Arc<tokio::sync::watch::Sender<Learning>>,
@@ -298,7 +307,7 @@ impl Host {
                         let _ = tokio::time::timeout(LEARN_TOOLS_FOR, wait).await;
                     }
                     for answer in &endpoint.exchange(bytes, &context).await {
-                        let _ = to_client.send(serde_json::to_vec(answer).unwrap_or_default());
+                        to_client.send(serde_json::to_vec(answer).unwrap_or_default());
                     }
                 });
             }
@@ -335,8 +344,7 @@ impl Host {
     }
 
     fn send(&self, message: &Value) {
-        let _ = self
-            .to_client
+        self.to_client
             .send(serde_json::to_vec(message).unwrap_or_default());
     }
 }
@@ -389,6 +397,7 @@ async fn write_lines<W: AsyncWrite + Unpin>(
     mut lines: mpsc::UnboundedReceiver<Vec<u8>>,
     close: Option<tokio::sync::oneshot::Receiver<()>>,
     side: &'static str,
+    counted: Option<Arc<server::Queued>>,
 ) {
     let mut broken = false;
     let mut close = close;
@@ -402,13 +411,20 @@ async fn write_lines<W: AsyncWrite + Unpin>(
             None => lines.recv().await,
         };
         let Some(mut line) = line else { break };
+        let len = line.len();
         if broken {
+            if let Some(c) = &counted {
+                c.written(len);
+            }
             continue;
         }
         line.push(b'\n');
         let mut result = out.write_all(&line).await;
         if result.is_ok() && lines.is_empty() {
             result = out.flush().await;
+        }
+        if let Some(c) = &counted {
+            c.written(len);
         }
         if let Err(e) = result {
             tracing::warn!(error = %e, "the {side}'s input is closed: what is left for it is dropped");

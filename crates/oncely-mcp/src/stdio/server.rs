@@ -29,6 +29,67 @@ use crate::BoxError;
 /// A line to write to one side.
 pub(crate) type Lines = mpsc::UnboundedSender<Vec<u8>>;
 
+/// Most bytes of the server's notifications waiting for a client that does not read
+/// them; past it they are dropped (said once), so that a host that stops reading cannot
+/// make the wrapper grow without bound. Answers and the server's requests are never
+/// dropped: they are what the calls in flight wait for.
+pub(crate) const MAX_QUEUED_NOTIFICATIONS: usize = 64 << 20;
+
+/// The lines to the client, and how many bytes of them wait to be written.
+#[derive(Clone)]
+pub(crate) struct ToClient {
+    lines: Lines,
+    queued: Arc<Queued>,
+}
+
+/// How many bytes of lines to the client wait to be written.
+#[derive(Default)]
+pub(crate) struct Queued {
+    bytes: AtomicU64,
+    /// Notifications are being dropped (said once per episode).
+    dropping: AtomicBool,
+}
+
+impl Queued {
+    /// A line of `len` bytes was written (or dropped by the writer).
+    pub(crate) fn written(&self, len: usize) {
+        let left = self.bytes.fetch_sub(len as u64, Ordering::Relaxed) - len as u64;
+        if left == 0 {
+            self.dropping.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+impl ToClient {
+    /// Lines to the client through `lines`, counted in `queued` (which the writer
+    /// tells what it wrote).
+    pub(crate) fn new(lines: Lines, queued: Arc<Queued>) -> ToClient {
+        ToClient { lines, queued }
+    }
+
+    /// Queues a line that must reach the client (an answer, a server's request).
+    pub(crate) fn send(&self, line: Vec<u8>) {
+        self.queued
+            .bytes
+            .fetch_add(line.len() as u64, Ordering::Relaxed);
+        let _ = self.lines.send(line);
+    }
+
+    /// Queues a notification of the server's, unless too many bytes wait already.
+    fn notify(&self, line: Vec<u8>) {
+        if self.queued.bytes.load(Ordering::Relaxed) > MAX_QUEUED_NOTIFICATIONS as u64 {
+            if !self.queued.dropping.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the host does not read its input: the MCP server's notifications are \
+                     dropped until it does"
+                );
+            }
+            return;
+        }
+        self.send(line);
+    }
+}
+
 /// What a request sent to the server is waiting for.
 enum Answer {
     /// The server's response, under the client's id again.
@@ -47,7 +108,7 @@ struct Waiting {
 /// The link to the server: its standard input, the requests waiting for its answers.
 pub(crate) struct ServerLink {
     to_server: Lines,
-    to_client: Lines,
+    to_client: ToClient,
     next_id: AtomicU64,
     waiting: Mutex<HashMap<u64, Waiting>>,
     /// The link's id of each request forwarded unguarded, by the client's id: a
@@ -65,7 +126,7 @@ pub(crate) struct ServerLink {
 }
 
 impl ServerLink {
-    pub(crate) fn new(to_server: Lines, to_client: Lines) -> Arc<ServerLink> {
+    pub(crate) fn new(to_server: Lines, to_client: ToClient) -> Arc<ServerLink> {
         Arc::new(ServerLink {
             to_server,
             to_client,
@@ -319,12 +380,16 @@ impl ServerLink {
             .as_ref()
             .and_then(jsonrpc::as_request)
             .map(|r| r.id.clone());
-        if let (Some(id), true) = (request_id, self.client_gone.load(Ordering::SeqCst)) {
-            let refusal = jsonrpc::error_message(&id, -32603, "the client has gone");
+        if let (Some(id), true) = (&request_id, self.client_gone.load(Ordering::SeqCst)) {
+            let refusal = jsonrpc::error_message(id, -32603, "the client has gone");
             let _ = self.write(refusal.to_string().into_bytes());
             return;
         }
-        let _ = self.to_client.send(bytes);
+        if request_id.is_some() {
+            self.to_client.send(bytes);
+        } else {
+            self.to_client.notify(bytes);
+        }
     }
 
     /// A line that is not JSON-RPC: said once, then only counted.

@@ -804,3 +804,68 @@ fn a_stateless_host_s_read_only_calls_at_once_all_run() {
     assert_eq!(replay_status(&w.answer(&json!(5))), Some("replayed"));
     assert!(w.close().success());
 }
+
+/// The resident memory of the `oncely mcp` worker under the front `front`, in KiB.
+#[cfg(target_os = "linux")]
+fn worker_rss_kib(front: u32) -> u64 {
+    let children =
+        std::fs::read_to_string(format!("/proc/{front}/task/{front}/children")).unwrap_or_default();
+    let mut rss = 0;
+    for pid in children.split_whitespace() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "oncely" {
+            continue;
+        }
+        for line in status.lines() {
+            if let Some(kib) = line.strip_prefix("VmRSS:") {
+                rss = rss.max(
+                    kib.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse()
+                        .unwrap_or(0),
+                );
+            }
+        }
+    }
+    rss
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_host_that_stops_reading_neither_grows_the_wrapper_nor_loses_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &[]);
+    w.initialize("2025-06-18");
+    // 300 MB of the server's notifications (logging), then the result, to a host that
+    // reads nothing more.
+    w.send(&call(
+        json!(1),
+        "render",
+        json!({"prompt": "loud", "spam": 300_000}),
+        "2025-06-18",
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut peak = 0;
+    loop {
+        peak = peak.max(worker_rss_kib(w.child.id()));
+        if executions(dir.path()).len() == 1 && states(dir.path()) == ["completed"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the call was not recorded: {:?}",
+            states(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    peak = peak.max(worker_rss_kib(w.child.id()));
+    assert!(peak > 0, "the worker's memory was read");
+    assert!(peak < 200 * 1024, "the wrapper grew to {peak} KiB");
+    assert!(
+        w.stderr().contains("does not read its input"),
+        "{}",
+        w.stderr()
+    );
+}

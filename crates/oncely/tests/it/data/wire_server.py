@@ -1,7 +1,8 @@
 """A minimal stdio MCP server without an SDK, for `oncely mcp`'s wire tests: it answers
 `initialize` with the revision it was asked for, lists two tools (`render`, paid, and
 `lookup`, readOnlyHint), runs `tools/call` (appending one JSON line per execution to
-the file named by argv[1], sleeping `arguments.seconds`), answers a JSON-RPC batch with a
+the file named by argv[1], sleeping `arguments.seconds`, writing `arguments.spam`
+notifications of 1 KB first), answers a JSON-RPC batch with a
 batch, and asks the client for `roots/list` when a call's arguments say `"roots": true`.
 Every message it reads is appended to argv[1] + ".in" (to check what reached it).
 """
@@ -50,6 +51,12 @@ def answer(message):
             write({"jsonrpc": "2.0", "id": "roots-1", "method": "roots/list"})
             event.wait(10)
         time.sleep(float(args.get("seconds", 0)))
+        line = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                           "params": {"level": "info", "data": "x" * 1000}}) + "\n"
+        for _ in range(int(args.get("spam", 0))):
+            with lock:
+                sys.stdout.write(line)
+        sys.stdout.flush()
         with lock:
             count += 1
             n = count
