@@ -29,28 +29,7 @@ const KEY: &str = "dev.oncely/idempotency-key";
 /// The longest a host scenario may take.
 const HOST_TIMEOUT: Duration = Duration::from_secs(40);
 
-fn mcp_tests() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../oncely-mcp/tests")
-}
-
-/// Whether Node.js and the TypeScript SDK are there (`tests/setup.sh`).
-fn node() -> bool {
-    let ok = mcp_tests()
-        .join("node/node_modules/@modelcontextprotocol/sdk")
-        .exists()
-        && std::process::Command::new("node")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the TypeScript SDK test needs Node.js and crates/oncely-mcp/tests/setup.sh"
-        );
-        eprintln!("SKIPPED: install Node.js and run crates/oncely-mcp/tests/setup.sh");
-    }
-    ok
-}
+use crate::mcp_tasks::{mcp_tests, node};
 
 /// One official SDK: its interpreter and its stdio host and server scripts.
 #[derive(Clone, Debug)]

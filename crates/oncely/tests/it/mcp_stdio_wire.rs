@@ -194,6 +194,16 @@ impl Drop for Wrapper {
     }
 }
 
+/// A wrapper whose host called `render` (taking `seconds`) 300 ms ago, as id 1.
+fn mid_call(dir: &Path, prompt: &str, seconds: f64) -> Wrapper {
+    let mut w = Wrapper::start(dir, &[]);
+    w.initialize("2025-06-18");
+    let args = json!({"prompt": prompt, "seconds": seconds});
+    w.send(&call(json!(1), "render", args, "2025-06-18"));
+    std::thread::sleep(Duration::from_millis(300));
+    w
+}
+
 /// A `tools/call` of `tool` with `arguments`, under `id`, of `revision`.
 fn call(id: Value, tool: &str, arguments: Value, revision: &str) -> Value {
     let mut params = json!({"name": tool, "arguments": arguments});
@@ -480,15 +490,7 @@ fn a_message_over_max_body_is_refused_under_its_own_id_and_nothing_is_lost() {
 #[test]
 fn stdin_closed_mid_call_finishes_and_records_it_before_exit_0() {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = Wrapper::start(dir.path(), &[]);
-    w.initialize("2025-06-18");
-    w.send(&call(
-        json!(1),
-        "render",
-        json!({"prompt": "left", "seconds": 1.5}),
-        "2025-06-18",
-    ));
-    std::thread::sleep(Duration::from_millis(300));
+    let mut w = mid_call(dir.path(), "left", 1.5);
     let status = w.close();
     assert!(status.success(), "{status:?}: {}", w.stderr());
     assert_eq!(executions(dir.path()).len(), 1);
@@ -511,15 +513,7 @@ fn stdin_closed_mid_call_finishes_and_records_it_before_exit_0() {
 #[test]
 fn sigterm_mid_call_finishes_and_records_it_then_exits_0() {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = Wrapper::start(dir.path(), &[]);
-    w.initialize("2025-06-18");
-    w.send(&call(
-        json!(1),
-        "render",
-        json!({"prompt": "t", "seconds": 1.5}),
-        "2025-06-18",
-    ));
-    std::thread::sleep(Duration::from_millis(300));
+    let mut w = mid_call(dir.path(), "t", 1.5);
     let kill = std::process::Command::new("kill")
         .args(["-TERM", &w.child.id().to_string()])
         .status()
@@ -538,15 +532,7 @@ fn the_wrapper_killed_mid_call_still_finishes_and_records_it() {
     // A host that gives up on the wrapper kills it (the Python SDK kills its process
     // group): the worker, out of that group, runs the call to its end.
     let dir = tempfile::tempdir().unwrap();
-    let mut w = Wrapper::start(dir.path(), &[]);
-    w.initialize("2025-06-18");
-    w.send(&call(
-        json!(1),
-        "render",
-        json!({"prompt": "k", "seconds": 2}),
-        "2025-06-18",
-    ));
-    std::thread::sleep(Duration::from_millis(300));
+    let mut w = mid_call(dir.path(), "k", 2.0);
     w.child.kill().unwrap();
     let _ = w.child.wait();
     // Killed before the call ended: not recorded yet.
@@ -619,20 +605,22 @@ fn two_wrappers_on_one_store_run_concurrent_identical_calls_once() {
 #[test]
 fn the_default_store_is_in_oncely_home_created_owner_only() {
     let dir = tempfile::tempdir().unwrap();
+    // A host's session that ends at once, with these variables.
+    let session = |set: (&str, &Path), unset: &str| {
+        let out = oncely()
+            .env(set.0, set.1)
+            .env_remove(unset)
+            .args(["mcp", "--", "python3"])
+            .arg(server())
+            .arg(dir.path().join("log"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+    };
     let home = dir.path().join("a/b/oncely");
-    let out = oncely()
-        .env("ONCELY_HOME", &home)
-        .args(["mcp", "--", "python3"])
-        .arg(server())
-        .arg(dir.path().join("log"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    session(("ONCELY_HOME", &home), "XDG_DATA_HOME");
     assert!(home.join("mcp.db").exists());
     #[cfg(unix)]
     {
@@ -644,20 +632,7 @@ fn the_default_store_is_in_oncely_home_created_owner_only() {
     }
     // XDG_DATA_HOME without ONCELY_HOME.
     let xdg = dir.path().join("xdg");
-    let out = oncely()
-        .env_remove("ONCELY_HOME")
-        .env("XDG_DATA_HOME", &xdg)
-        .args(["mcp", "--", "python3"])
-        .arg(server())
-        .arg(dir.path().join("log"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    session(("XDG_DATA_HOME", &xdg), "ONCELY_HOME");
     assert!(xdg.join("oncely/mcp.db").exists());
 }
 

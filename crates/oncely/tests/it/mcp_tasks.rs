@@ -328,13 +328,13 @@ fn item(name: &str, era: &str, kind: &str, message: &Value) -> Value {
     json!({"name": name, "era": era, "kind": kind, "message": message})
 }
 
-fn mcp_tests() -> PathBuf {
+pub(crate) fn mcp_tests() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../oncely-mcp/tests")
 }
 
 /// True when Node.js and the TypeScript SDK are installed (else skipped, and under CI a
 /// failure).
-fn node() -> bool {
+pub(crate) fn node() -> bool {
     let ok = mcp_tests()
         .join("node/node_modules/@modelcontextprotocol/sdk")
         .exists()
