@@ -217,7 +217,7 @@ impl ServerLink {
         text: String,
         owner: bool,
     ) -> Result<Option<Vec<u8>>, BoxError> {
-        let value: Option<Value> = serde_json::from_str(&text).ok();
+        let value: Option<Value> = jsonrpc::parse(text.as_bytes());
         let request = value
             .as_ref()
             .and_then(jsonrpc::as_request)
@@ -344,7 +344,7 @@ impl ServerLink {
             }
             return;
         }
-        if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
+        if jsonrpc::parse(text.as_bytes()).is_none() {
             return self.junk(&bytes);
         }
         self.message_from_server(bytes);
@@ -353,7 +353,7 @@ impl ServerLink {
     /// One message the server wrote: a response to one of the link's requests goes back
     /// under its client's id; anything else goes to the client as it is.
     fn message_from_server(&self, bytes: Vec<u8>) {
-        let value: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let value: Option<Value> = jsonrpc::parse(&bytes);
         let is_response = value.as_ref().is_some_and(|v| {
             v.get("method").is_none() && (v.get("result").is_some() || v.get("error").is_some())
         });

@@ -844,3 +844,34 @@ fn a_host_that_stops_reading_neither_grows_the_wrapper_nor_loses_the_call() {
         w.stderr()
     );
 }
+
+#[test]
+fn a_call_with_a_number_past_a_double_is_guarded_and_answered() {
+    // `1e400` is JSON, but not a number serde_json holds: the call is still guarded,
+    // renumbered and answered, its arguments reaching the server as written.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &[]);
+    w.initialize("2025-06-18");
+    for id in [1, 2] {
+        w.send_text(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"render","arguments":{{"n":1e400}}}}}}"#
+        ));
+    }
+    // Sent together, either may be the original: one ran, the other got its result.
+    let answers = [w.answer(&json!(1)), w.answer(&json!(2))];
+    for a in &answers {
+        assert_eq!(a["result"]["content"][0]["text"], "render #1", "{a}");
+    }
+    let repeats = answers.iter().filter(|a| replay_status(a).is_some()).count();
+    assert_eq!(repeats, 1, "{answers:?}");
+    let got = std::fs::read_to_string(dir.path().join("executions.jsonl.in")).unwrap();
+    assert!(got.contains("1e400") || got.contains("Infinity"), "{got}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("executions.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        1
+    );
+    assert!(w.close().success());
+}
