@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::headers::header_str;
 use crate::body::{full, McpBody};
+use crate::jsonrpc;
 use crate::sse;
 
 /// The JSON-RPC messages of a whole answer body: one message, a batch, or an event stream.
@@ -23,13 +24,15 @@ pub(super) fn messages_in(headers: &HeaderMap, body: &[u8]) -> Vec<Value> {
         events.extend(parser.feed(b"\n\n"));
         return events
             .iter()
-            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .filter_map(|e| jsonrpc::parse(e.data.as_bytes()))
             .collect();
     }
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Array(items)) => items,
-        Ok(v) => vec![v],
-        Err(_) => Vec::new(),
+    // `jsonrpc::parse`: an answer with a number serde_json refuses (`1e400`) is still
+    // one (that number read as its canonical text), not an answer without a response.
+    match jsonrpc::parse(body) {
+        Some(Value::Array(items)) => items,
+        Some(v) => vec![v],
+        None => Vec::new(),
     }
 }
 

@@ -862,7 +862,10 @@ fn a_call_with_a_number_past_a_double_is_guarded_and_answered() {
     for a in &answers {
         assert_eq!(a["result"]["content"][0]["text"], "render #1", "{a}");
     }
-    let repeats = answers.iter().filter(|a| replay_status(a).is_some()).count();
+    let repeats = answers
+        .iter()
+        .filter(|a| replay_status(a).is_some())
+        .count();
     assert_eq!(repeats, 1, "{answers:?}");
     let got = std::fs::read_to_string(dir.path().join("executions.jsonl.in")).unwrap();
     assert!(got.contains("1e400") || got.contains("Infinity"), "{got}");
@@ -873,5 +876,28 @@ fn a_call_with_a_number_past_a_double_is_guarded_and_answered() {
             .count(),
         1
     );
+    assert!(w.close().success());
+}
+
+#[test]
+fn a_result_with_a_number_past_a_double_is_answered_and_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &[]);
+    w.initialize("2025-06-18");
+    let args = json!({"prompt": "h", "huge": true});
+    w.send(&call(json!(1), "render", args.clone(), "2025-06-18"));
+    let first = w.answer(&json!(1));
+    assert_eq!(
+        first["result"]["content"][0]["text"], "render #1",
+        "{first}"
+    );
+    assert!(
+        first["result"]["structuredContent"]["n"].is_string(),
+        "{first}"
+    );
+    w.send(&call(json!(2), "render", args, "2025-06-18"));
+    let second = w.answer(&json!(2));
+    assert_eq!(replay_status(&second), Some("replayed"), "{second}");
+    assert_eq!(states(dir.path()), ["completed"]);
     assert!(w.close().success());
 }

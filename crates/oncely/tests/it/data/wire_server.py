@@ -19,7 +19,8 @@ waiting = {}
 
 def write(message):
     with lock:
-        sys.stdout.write(json.dumps(message) + "\n")
+        text = message if isinstance(message, str) else json.dumps(message)
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
 
@@ -63,8 +64,12 @@ def answer(message):
         meta = params.get("_meta") or {}
         log(log_path, {"tool": params.get("name"), "args": args, "wire_id": mid,
                        "key": meta.get("dev.oncely/idempotency-key")})
-        return {"jsonrpc": "2.0", "id": mid, "result": {
-            "content": [{"type": "text", "text": f"{params.get('name')} #{n}"}]}}
+        result = {"content": [{"type": "text", "text": f"{params.get('name')} #{n}"}]}
+        if args.get("huge"):
+            # A number past a double, as a server may write it.
+            text = json.dumps({"jsonrpc": "2.0", "id": mid, "result": result})
+            return text[:-2] + ', "structuredContent": {"n": 1e400}}}'
+        return {"jsonrpc": "2.0", "id": mid, "result": result}
     if method == "ping":
         return {"jsonrpc": "2.0", "id": mid, "result": {}}
     if mid is not None and method is not None:
