@@ -41,11 +41,16 @@ struct Wrapper {
 impl Wrapper {
     fn start(dir: &Path, extra: &[&str]) -> Wrapper {
         let store = format!("sqlite://{}", dir.join("mcp.db").display());
+        Wrapper::on(&store, dir, extra)
+    }
+
+    /// One in front of a server logging to `dir`, on the ledger at `store`.
+    fn on(store: &str, dir: &Path, extra: &[&str]) -> Wrapper {
         let log = dir.join("executions.jsonl");
         let mut cmd = oncely();
         cmd.arg("mcp")
             .arg("--store")
-            .arg(&store)
+            .arg(store)
             .args(extra)
             .arg("--");
         cmd.arg("python3").arg(server()).arg(&log);
@@ -900,4 +905,37 @@ fn a_result_with_a_number_past_a_double_is_answered_and_stored() {
     assert_eq!(replay_status(&second), Some("replayed"), "{second}");
     assert_eq!(states(dir.path()), ["completed"]);
     assert!(w.close().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrappers_on_one_postgresql_database_run_concurrent_identical_calls_once() {
+    // Machines that share one PostgreSQL ledger are one guard, as `oncely serve`s are.
+    let store = crate::cluster::fresh_schema(&crate::cluster::shared_url()).await;
+    let dir = tempfile::tempdir().unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut wrappers: Vec<Wrapper> = (0..3)
+            .map(|_| Wrapper::on(&store, dir.path(), &[]))
+            .collect();
+        for w in &mut wrappers {
+            w.initialize("2025-06-18");
+        }
+        let args = json!({"prompt": "pg", "seconds": 1});
+        for id in 0..3 {
+            for w in &mut wrappers {
+                w.send(&call(json!(id), "render", args.clone(), "2025-06-18"));
+            }
+        }
+        for id in 0..3 {
+            for w in &mut wrappers {
+                let a = w.answer(&json!(id));
+                assert_eq!(a["result"]["content"][0]["text"], "render #1", "{a}");
+            }
+        }
+        assert_eq!(executions(dir.path()).len(), 1);
+        for w in &mut wrappers {
+            assert!(w.close().success());
+        }
+    })
+    .await
+    .unwrap();
 }
