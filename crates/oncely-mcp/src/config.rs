@@ -59,7 +59,8 @@ pub enum ToolSelection {
     /// from its `tools/list`). A tool never listed is guarded (a wasted replay of a read
     /// costs nothing; a second paid execution does).
     AllButReadOnly,
-    /// These tools, by name (still never one annotated read-only).
+    /// These tools, by name or pattern (`*` matches any run of characters, as in
+    /// `actions`; still never one annotated read-only).
     Named(Vec<String>),
 }
 
@@ -70,7 +71,7 @@ impl ToolSelection {
     pub fn guards(&self, tool: &str, read_only: bool) -> bool {
         let selected = match self {
             ToolSelection::AllButReadOnly => true,
-            ToolSelection::Named(names) => names.iter().any(|n| n == tool),
+            ToolSelection::Named(names) => any_matches(names, tool),
         };
         selected && !read_only
     }
@@ -261,6 +262,15 @@ fn wildcard_match(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_tools_take_patterns_as_actions_do() {
+        let named = ToolSelection::Named(vec!["send_*".into(), "render".into()]);
+        assert!(named.guards("send_email", false));
+        assert!(named.guards("render", false));
+        assert!(!named.guards("rendering", false));
+        assert!(!named.guards("send_email", true), "never a read-only tool");
+    }
     use serde_json::json;
 
     #[test]

@@ -35,9 +35,9 @@ pub struct McpArgs {
     /// How long a repeat waits for the original still running (default 20s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub wait: Option<Duration>,
-    /// Tools to guard, by name (repeatable; default every tool not marked
-    /// readOnlyHint).
-    #[arg(long = "tool", value_name = "NAME")]
+    /// Tools to guard, by name or pattern (`*` matches any run of characters;
+    /// repeatable; default every tool not marked readOnlyHint).
+    #[arg(long = "tool", value_name = "PATTERN")]
     pub tools: Vec<String>,
     /// Guarded tools of class `action` (repeatable, `*` wildcards): an ambiguous failure
     /// becomes `outcome_unknown` instead of being run again.

@@ -939,3 +939,25 @@ async fn wrappers_on_one_postgresql_database_run_concurrent_identical_calls_once
     .await
     .unwrap();
 }
+
+#[test]
+fn tool_patterns_choose_the_guarded_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wrapper::start(dir.path(), &["--tool", "rend*", "--action", "publish"]);
+    w.initialize("2025-06-18");
+    for id in [1, 2] {
+        w.send(&call(json!(id), "render", json!({"p": 1}), "2025-06-18"));
+        w.answer(&json!(id));
+    }
+    // `publish` is an action, but not among the guarded tools: it runs every time.
+    for id in [3, 4] {
+        w.send(&call(json!(id), "publish", json!({"p": 1}), "2025-06-18"));
+        assert_eq!(replay_status(&w.answer(&json!(id))), None);
+    }
+    let ran: Vec<String> = executions(dir.path())
+        .iter()
+        .map(|e| e["tool"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ran, ["render", "publish", "publish"]);
+    assert!(w.close().success());
+}
