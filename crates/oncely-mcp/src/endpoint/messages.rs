@@ -50,7 +50,9 @@ impl McpEndpoint {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
                 tracing::warn!(route = %self.path(), error = %e, "the answer broke off");
-                return error_for(parsed.as_ref(), "the MCP server's answer broke off");
+                let error =
+                    json!({"code": INTERNAL_ERROR, "message": "the MCP server's answer broke off"});
+                return error_for(parsed.as_ref(), error);
             }
         };
         let problem = header_str(&parts.headers, "content-type")
@@ -62,13 +64,9 @@ impl McpEndpoint {
                 .and_then(Value::as_str)
                 .unwrap_or("oncely could not answer this request");
             let code = problem.get("code").and_then(Value::as_str).unwrap_or("");
-            let mut out = error_for(parsed.as_ref(), &format!("{detail} ({code})"));
-            for m in &mut out {
-                if let Some(error) = m.get_mut("error") {
-                    error["data"] = json!({"oncely": code, "status": parts.status.as_u16()});
-                }
-            }
-            return out;
+            let error = json!({"code": INTERNAL_ERROR, "message": format!("{detail} ({code})"),
+                "data": {"oncely": code, "status": parts.status.as_u16()}});
+            return error_for(parsed.as_ref(), error);
         }
         let messages = messages_in(&parts.headers, &bytes);
         // A batch is answered with one batch (JSON-RPC), not its answers one by one.
@@ -129,10 +127,11 @@ fn put(headers: &mut http::HeaderMap, name: &'static str, value: &str) {
     }
 }
 
-/// The JSON-RPC error answering `message` (when it is a request) with `why`.
-fn error_for(message: Option<&Value>, why: &str) -> Vec<Value> {
-    match message.and_then(jsonrpc::as_request) {
-        Some(request) => vec![jsonrpc::error_message(request.id, INTERNAL_ERROR, why)],
-        None => Vec::new(),
-    }
+/// The response carrying `error` to `message`, when it is a request.
+fn error_for(message: Option<&Value>, error: Value) -> Vec<Value> {
+    message
+        .and_then(jsonrpc::as_request)
+        .map(|request| jsonrpc::error_value(request.id, error))
+        .into_iter()
+        .collect()
 }

@@ -120,8 +120,7 @@ pub(crate) struct ServerLink {
     /// The client has gone (its input ended): the server's requests to it are answered
     /// with an error here, so that a call waiting for one ends.
     client_gone: AtomicBool,
-    /// Whether the server wrote something that is not a JSON-RPC message yet.
-    junk_seen: AtomicBool,
+    /// Lines the server wrote that were not JSON-RPC messages.
     junk: AtomicU64,
 }
 
@@ -135,7 +134,6 @@ impl ServerLink {
             forwarded: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             client_gone: AtomicBool::new(false),
-            junk_seen: AtomicBool::new(false),
             junk: AtomicU64::new(0),
         })
     }
@@ -333,35 +331,29 @@ impl ServerLink {
         self.lock_waiting().clear();
     }
 
-    /// One line the server wrote.
+    /// One line the server wrote (read once: a message, each of a batch, or junk).
     fn line_from_server(&self, bytes: Vec<u8>) {
-        let Some(text) = std::str::from_utf8(&bytes).ok() else {
-            return self.junk(&bytes);
-        };
-        if let Some(items) = jsonrpc::batch_texts(text) {
-            for item in items {
-                self.message_from_server(item.as_bytes().to_vec());
+        match jsonrpc::parse(&bytes) {
+            None => self.junk(&bytes),
+            Some(Value::Array(values)) => {
+                let text = std::str::from_utf8(&bytes).unwrap_or_default();
+                let texts = jsonrpc::batch_texts(text).unwrap_or_default();
+                for (value, text) in values.into_iter().zip(texts) {
+                    self.message_from_server(text.as_bytes().to_vec(), value);
+                }
             }
-            return;
+            Some(value) => self.message_from_server(bytes, value),
         }
-        if jsonrpc::parse(text.as_bytes()).is_none() {
-            return self.junk(&bytes);
-        }
-        self.message_from_server(bytes);
     }
 
-    /// One message the server wrote: a response to one of the link's requests goes back
-    /// under its client's id; anything else goes to the client as it is.
-    fn message_from_server(&self, bytes: Vec<u8>) {
-        let value: Option<Value> = jsonrpc::parse(&bytes);
-        let is_response = value.as_ref().is_some_and(|v| {
-            v.get("method").is_none() && (v.get("result").is_some() || v.get("error").is_some())
-        });
+    /// One message the server wrote (`bytes` as written, `value` as read): a response to
+    /// one of the link's requests goes back under its client's id; anything else goes to
+    /// the client as it is.
+    fn message_from_server(&self, bytes: Vec<u8>, value: Value) {
+        let is_response = value.get("method").is_none()
+            && (value.get("result").is_some() || value.get("error").is_some());
         if is_response {
-            let ours = value
-                .as_ref()
-                .and_then(|v| v.get("id"))
-                .and_then(Value::as_u64);
+            let ours = value.get("id").and_then(Value::as_u64);
             let waiting = ours.and_then(|id| self.lock_waiting().remove(&id));
             if let Some(w) = waiting {
                 self.lock_forwarded().remove(&w.client_id);
@@ -376,10 +368,7 @@ impl ServerLink {
             tracing::debug!(id = ?ours, "an answer nobody waits for was dropped");
             return;
         }
-        let request_id = value
-            .as_ref()
-            .and_then(jsonrpc::as_request)
-            .map(|r| r.id.clone());
+        let request_id = jsonrpc::as_request(&value).map(|r| r.id.clone());
         if let (Some(id), true) = (&request_id, self.client_gone.load(Ordering::SeqCst)) {
             let refusal = jsonrpc::error_message(id, -32603, "the client has gone");
             let _ = self.write(refusal.to_string().into_bytes());
@@ -394,8 +383,7 @@ impl ServerLink {
 
     /// A line that is not JSON-RPC: said once, then only counted.
     fn junk(&self, bytes: &[u8]) {
-        self.junk.fetch_add(1, Ordering::Relaxed);
-        if !self.junk_seen.swap(true, Ordering::Relaxed) {
+        if self.junk.fetch_add(1, Ordering::Relaxed) == 0 {
             let start: String = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into();
             tracing::warn!(line = %start,
                 "the MCP server wrote a line to its standard output that is not a JSON-RPC \
