@@ -909,3 +909,74 @@ where
     );
     assert_eq!(b.usage(None).await.unwrap(), usage);
 }
+
+/// A purge of more expired records than one step of a store takes deletes them all and
+/// counts each once in usage (stores purge in steps, so that claims run in between), and
+/// leaves the records and repeat events whose window has not ended.
+pub async fn a_purge_larger_than_a_step_takes_every_record_once<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger + Admin,
+{
+    use oncely_store::{Repeat, RepeatKind};
+    const EXPIRED: u64 = 2_345;
+    let store = h.store().await;
+    let fresh = |n: u64| {
+        let store = store.clone();
+        async move {
+            let r = owned(
+                store
+                    .claim(&spec("hal", &format!("p{n}"), "{}", Class::Write, "o"))
+                    .await
+                    .unwrap(),
+            );
+            store
+                .complete(&r.fence().unwrap(), completion("{}", 3))
+                .await
+                .unwrap();
+            let now = store.now().await.unwrap();
+            let repeat = Repeat {
+                at: now,
+                kind: RepeatKind::Replayed,
+                count: 1,
+                units: 3,
+            };
+            store
+                .record_repeats(&r.id, "hal", &r.route, &[repeat])
+                .await
+                .unwrap();
+        }
+    };
+    // Many at once, so that the stores' groups commit them together.
+    let mut tasks = Vec::new();
+    for n in 0..EXPIRED {
+        tasks.push(tokio::spawn(fresh(n)));
+        if tasks.len() == 200 {
+            for t in tasks.drain(..) {
+                t.await.unwrap();
+            }
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    h.advance(WINDOW + Duration::from_secs(1));
+    // One record still in its window.
+    fresh(EXPIRED).await;
+    assert_eq!(store.purge_expired().await.unwrap(), EXPIRED);
+    let left = store.list(&ListFilter::default()).await.unwrap();
+    assert_eq!(left.len(), 1, "only the record in its window is left");
+    assert_eq!(left[0].key, format!("p{EXPIRED}"));
+    let usage = store.usage(None).await.unwrap();
+    let all = EXPIRED + 1;
+    assert_eq!(
+        (
+            usage.totals.fresh,
+            usage.totals.fresh_units,
+            usage.totals.repeats,
+            usage.totals.repeat_units
+        ),
+        (all, 3 * all, all, 3 * all)
+    );
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+    assert_eq!(store.usage(None).await.unwrap(), usage);
+}

@@ -181,6 +181,7 @@ macro_rules! admin_tests {
             reconcile_schedule_is_shared_and_compared,
             usage_outlives_the_records,
             concurrent_purges_fold_each_count_once,
+            a_purge_larger_than_a_step_takes_every_record_once,
         );
     };
 }

@@ -41,6 +41,15 @@ fn thread_cost(prefix: &str) -> (u64, u64) {
     (ticks, written)
 }
 
+/// The key of fresh request `i`: 64 hex digits, as the fingerprint of a request without
+/// an `Idempotency-Key` (and as random as a client's UUID key), so that the ledger's key
+/// index is written where real keys would write it, not in order.
+fn key(i: u64) -> String {
+    oncely_core::Scope::new(&i.to_string(), "writer_cost")
+        .as_str()
+        .to_string()
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
@@ -76,7 +85,7 @@ fn main() {
                         let Claim::Owned(record) = store
                             .claim(&spec(
                                 "p_bench",
-                                &format!("fresh-{i}"),
+                                &key(i),
                                 &format!("{{\"prompt\":{i}}}"),
                                 Class::Action,
                                 "owner-1",

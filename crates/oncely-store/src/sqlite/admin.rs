@@ -20,22 +20,19 @@ impl Admin for SqliteStore {
     }
 
     async fn purge_expired(&self) -> Result<u64> {
-        self.writer
-            .run(|conn, now| {
-                // What leaves is folded into the usage history in the same transaction.
-                usage::fold_expired(conn, now)?;
-                let gone = conn
-                    .prepare_cached(
-                        "DELETE FROM records WHERE (state = 'completed' \
-                         AND (expires_at IS NULL OR expires_at <= ?1)) \
-                         OR (state = 'released' AND expires_at <= ?1)",
-                    )
-                    .and_then(|mut st| st.execute([now.0]))
-                    .map_err(sql_error)?;
-                repeats::purge(conn, now)?;
-                Ok((gone as u64, None))
-            })
-            .await
+        // In steps, each one writer command: what leaves is folded into the usage history
+        // in the step's transaction, and claims run between steps.
+        let mut total = 0;
+        loop {
+            let (records, events) = self
+                .writer
+                .run(|conn, now| Ok((usage::purge_step(conn, now)?, None)))
+                .await?;
+            total += records;
+            if records < usage::PURGE_STEP as u64 && events < usage::PURGE_STEP as u64 {
+                return Ok(total);
+            }
+        }
     }
 
     async fn purge_usage(&self, before: Timestamp) -> Result<u64> {

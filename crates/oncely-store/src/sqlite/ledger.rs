@@ -87,7 +87,7 @@ fn claim_in(
                 // expired one leaves the ledger, its count stays.
                 Some(old) => {
                     usage::fold_record(conn, &old.0)?;
-                    rows::update(conn, &old, &record)?
+                    rows::replace(conn, &old, &record)?
                 }
                 None => {
                     return Err(StoreError::Unavailable(

@@ -106,14 +106,6 @@ pub(super) fn record(
     Ok(())
 }
 
-/// Deletes the events whose record's window ended.
-pub(super) fn purge(conn: &Connection, now: Timestamp) -> Result<()> {
-    conn.prepare_cached("DELETE FROM repeat_events WHERE expires_at IS NULL OR expires_at <= ?1")
-        .and_then(|mut st| st.execute([now.0]))
-        .map_err(sql_error)?;
-    Ok(())
-}
-
 /// The repeats of `principal` from `from` still held one by one, oldest first (the
 /// caller adds the history's).
 pub(super) fn list(

@@ -80,17 +80,29 @@ pub(super) fn by_id(conn: &Connection, id: &RecordId) -> Result<Option<Record>> 
         .map_err(sql_error)
 }
 
-/// The record holding `(scope, key)`.
+/// The record holding `(scope, key)`, found by its claim hash. A row whose scope or key
+/// differ would be a collision of the hash: refused, never taken for the record.
 pub(super) fn by_key(conn: &Connection, scope: &Scope, key: &str) -> Result<Option<Record>> {
-    conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM records WHERE scope = ?1 AND key = ?2"
-    ))
-    .and_then(|mut st| st.query_row([scope.as_str(), key], from_row).optional())
-    .map_err(sql_error)
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {COLUMNS} FROM records WHERE claim = ?1"));
+    let found = conn
+        .prepare_cached(&SQL)
+        .and_then(|mut st| {
+            st.query_row([&scope.claim_hash(key)[..]], from_row)
+                .optional()
+        })
+        .map_err(sql_error)?;
+    match found {
+        Some(r) if r.scope != *scope || r.key != key => Err(StoreError::Unavailable(format!(
+            "record {} holds the claim hash of another key; refusing to use it",
+            r.id
+        ))),
+        found => Ok(found),
+    }
 }
 
-/// The record's values, in [`COLUMNS`] order.
-fn values(r: &Record) -> Result<[Value; 24]> {
+/// The record's values, in [`COLUMNS`] order, then its claim hash.
+fn values(r: &Record) -> Result<[Value; 25]> {
     let (status, headers, body) = match &r.response {
         None => (Value::Null, Value::Null, Value::Null),
         Some(resp) => (
@@ -130,14 +142,15 @@ fn values(r: &Record) -> Result<[Value; 24]> {
         text(&r.workflow_id),
         text(&r.provider_request_id),
         text(&r.last_error),
+        Value::Blob(r.scope.claim_hash(&r.key).to_vec()),
     ])
 }
 
-/// `INSERT INTO records (COLUMNS) VALUES (?1, ..., ?24)` with `tail` after it.
+/// `INSERT INTO records (COLUMNS, claim) VALUES (?1, ..., ?25)` with `tail` after it.
 fn insert_sql(tail: &str) -> String {
-    let placeholders = (1..=24).map(|i| format!("?{i}")).collect::<Vec<_>>();
+    let placeholders = (1..=25).map(|i| format!("?{i}")).collect::<Vec<_>>();
     format!(
-        "INSERT INTO records ({COLUMNS}) VALUES ({}){tail}",
+        "INSERT INTO records ({COLUMNS}, claim) VALUES ({}){tail}",
         placeholders.join(", ")
     )
 }
@@ -155,8 +168,7 @@ pub(super) fn insert(conn: &Connection, r: &Record) -> Result<()> {
 /// Inserts a new record unless a row already holds its `(scope, key)`; returns whether it
 /// did. One statement where a claim of a new key used to read first and then insert.
 pub(super) fn insert_new(conn: &Connection, r: &Record) -> Result<bool> {
-    static SQL: LazyLock<String> =
-        LazyLock::new(|| insert_sql(" ON CONFLICT (scope, key) DO NOTHING"));
+    static SQL: LazyLock<String> = LazyLock::new(|| insert_sql(" ON CONFLICT (claim) DO NOTHING"));
     let vals = values(r)?;
     let inserted = conn
         .prepare_cached(&SQL)
@@ -165,31 +177,22 @@ pub(super) fn insert_new(conn: &Connection, r: &Record) -> Result<bool> {
     Ok(inserted == 1)
 }
 
-/// Overwrites the row that had id `old_id` with `r` (whose id may be new: a renewed key).
-pub(super) fn update(conn: &Connection, old_id: &RecordId, r: &Record) -> Result<()> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        let sets = COLUMNS
-            .split(", ")
-            .enumerate()
-            .map(|(i, c)| format!("{c} = ?{}", i + 1))
-            .collect::<Vec<_>>();
-        format!("UPDATE records SET {} WHERE id = ?25", sets.join(", "))
-    });
-    let mut vals = values(r)?.to_vec();
-    vals.push(Value::Text(old_id.0.clone()));
-    let changed = conn
-        .prepare_cached(&SQL)
-        .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
+/// Replaces the row that had id `old_id` with `r`, a new intention under the same key
+/// (with a new id, so that lists, newest first by id, show it as new).
+pub(super) fn replace(conn: &Connection, old_id: &RecordId, r: &Record) -> Result<()> {
+    let gone = conn
+        .prepare_cached("DELETE FROM records WHERE id = ?1")
+        .and_then(|mut st| st.execute([old_id.as_str()]))
         .map_err(sql_error)?;
-    if changed == 0 {
+    if gone == 0 {
         return Err(StoreError::NotFound(old_id.clone()));
     }
-    Ok(())
+    insert(conn, r)
 }
 
 /// The columns a transition of one record may change: everything but its identity
-/// (`id`, `scope`, `key`, `fingerprint`, `class`, `route`, `principal`, `created_at`),
-/// so the unique and listing indexes on those are left alone.
+/// (`id`, `scope`, `key`, `fingerprint`, `class`, `route`, `principal`, `created_at`,
+/// and the claim hash of scope and key), so the unique index on those is left alone.
 const MUTABLE: [(&str, usize); 16] = [
     ("state", 7),
     ("owner", 8),
@@ -239,13 +242,19 @@ pub(super) fn update_state(conn: &Connection, r: &Record) -> Result<()> {
     Ok(())
 }
 
-/// Records matching `filter`, newest first.
+/// Records matching `filter`, newest first (by id: a UUIDv7, time-ordered). A state
+/// other than `completed` is read through the small partial index of records not
+/// completed.
 pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Record>> {
     let mut clauses = Vec::new();
     let mut args: Vec<Value> = Vec::new();
     if let Some(state) = filter.state {
         args.push(Value::Text(state.as_str().into()));
         clauses.push(format!("state = ?{}", args.len()));
+        if state != oncely_core::State::Completed {
+            // The partial index's own condition, so that the planner may use it.
+            clauses.push("state <> 'completed'".into());
+        }
     }
     if let Some(p) = &filter.principal {
         args.push(Value::Text(p.clone()));
@@ -260,7 +269,7 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Record>
         sql.push_str(" WHERE ");
         sql.push_str(&clauses.join(" AND "));
     }
-    sql.push_str(" ORDER BY created_at DESC, id DESC");
+    sql.push_str(" ORDER BY id DESC");
     if let Some(limit) = filter.limit {
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         sql.push_str(&format!(" LIMIT ?{}", args.len()));

@@ -88,7 +88,89 @@ CREATE TABLE secrets (
         name: "usage history",
         sql: super::usage::MIGRATION_SQL,
     },
+    Migration {
+        version: 6,
+        name: "a ledger for the write path (narrow records, responses apart, one claim index)",
+        sql: WRITE_PATH_SQL,
+    },
 ];
+
+/// Migration 6: `records` rebuilt for the write path. A fresh claim and its completion
+/// write four B-trees, not eight: the table itself, keyed by the record id (a
+/// time-ordered UUIDv7, so rows are appended, and "newest first" is the key's order);
+/// the unique claim index, which holds the 16-byte
+/// [`Scope::claim_hash`](oncely_core::Scope::claim_hash) (computed here by
+/// `oncely_claim_hash`, which [`migrate`] registers) instead of the scope and key as
+/// text, the one B-tree a claim writes at random; one partial index over the records not
+/// completed, for the states polled every few seconds, which stays the size of what is in
+/// flight; and the expiry index the purge reads. The four listing indexes go: in a
+/// group commit every B-tree a request touches costs a whole page of WAL.
+const WRITE_PATH_SQL: &str = r#"
+ALTER TABLE records RENAME TO records_v5;
+CREATE TABLE records (
+    id                  TEXT    NOT NULL PRIMARY KEY,
+    claim               BLOB    NOT NULL UNIQUE,
+    scope               TEXT    NOT NULL,
+    key                 TEXT    NOT NULL,
+    fingerprint         TEXT    NOT NULL,
+    class               TEXT    NOT NULL,
+    route               TEXT    NOT NULL,
+    principal           TEXT    NOT NULL,
+    state               TEXT    NOT NULL,
+    owner               TEXT,
+    attempt             INTEGER NOT NULL,
+    lease_until         INTEGER,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    completed_at        INTEGER,
+    expires_at          INTEGER,
+    units               INTEGER NOT NULL DEFAULT 0,
+    repeats             INTEGER NOT NULL DEFAULT 0,
+    repeat_units        INTEGER NOT NULL DEFAULT 0,
+    workflow_id         TEXT,
+    provider_request_id TEXT,
+    last_error          TEXT,
+    reconcile_for       INTEGER,
+    reconcile_attempts  INTEGER NOT NULL DEFAULT 0,
+    reconcile_next_at   INTEGER,
+    -- The stored response: status NULL means none; body NULL means it was not kept.
+    status              INTEGER,
+    headers             TEXT,
+    body                BLOB
+) WITHOUT ROWID;
+INSERT INTO records (id, claim, scope, key, fingerprint, class, route, principal, state,
+                     owner, attempt, lease_until, created_at, updated_at, completed_at,
+                     expires_at, units, repeats, repeat_units, workflow_id,
+                     provider_request_id, last_error, reconcile_for, reconcile_attempts,
+                     reconcile_next_at, status, headers, body)
+SELECT id, oncely_claim_hash(scope, key), scope, key, fingerprint, class, route, principal,
+       state, owner, attempt, lease_until, created_at, updated_at, completed_at, expires_at,
+       units, repeats, repeat_units, workflow_id, provider_request_id, last_error,
+       reconcile_for, reconcile_attempts, reconcile_next_at, status, headers, body
+FROM records_v5;
+DROP TABLE records_v5;
+CREATE INDEX records_open ON records (state) WHERE state <> 'completed';
+CREATE INDEX records_expiry ON records (expires_at) WHERE state IN ('completed', 'released');
+"#;
+
+/// Registers `oncely_claim_hash(scope, key)` on `conn`: the claim index's value
+/// ([`Scope::claim_hash`](oncely_core::Scope::claim_hash)), for migration 6.
+fn register_claim_hash(conn: &Connection) -> Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    conn.create_scalar_function(
+        "oncely_claim_hash",
+        2,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let scope: String = ctx.get(0)?;
+            let key: String = ctx.get(1)?;
+            Ok(oncely_core::Scope::from_stored(scope)
+                .claim_hash(&key)
+                .to_vec())
+        },
+    )
+    .map_err(sql_error)
+}
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -96,6 +178,7 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 /// Brings the file's schema up to [`SCHEMA_VERSION`]; returns the versions applied (none
 /// when the file was already current). Refuses a file from a newer oncely.
 pub(super) fn migrate(conn: &mut Connection) -> Result<Vec<u32>> {
+    register_claim_hash(conn)?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_error)?;

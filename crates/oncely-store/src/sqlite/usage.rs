@@ -47,15 +47,36 @@ macro_rules! hour {
     };
 }
 
+/// How many records (or repeat events) one purge step deletes: each step is one writer
+/// command, so claims and completions run between steps, and a purge of a million
+/// expired records never holds the writer for more than a few milliseconds at a time.
+pub(super) const PURGE_STEP: i64 = 1_000;
+
+/// The step's rows: picked first (a record's id, a repeat event's `seq`), then folded
+/// and deleted by it, so that what is folded is exactly what is deleted.
+const PICK: &str = "CREATE TEMP TABLE IF NOT EXISTS purge_step (id PRIMARY KEY); \
+     DELETE FROM temp.purge_step;";
+
+/// Up to `?2` records whose window ended at `?1`, through the expiry index (completed
+/// records without an expiry are from before expiries were kept, and go too).
+const PICK_RECORDS: &str = "INSERT INTO temp.purge_step (id) SELECT id FROM records \
+     INDEXED BY records_expiry WHERE state IN ('completed', 'released') \
+     AND (expires_at <= ?1 OR (expires_at IS NULL AND state = 'completed')) LIMIT ?2";
+
 const FOLD_RECORDS: &str = concat!(
     "INSERT INTO usage_hours (hour, principal, route, fresh, fresh_units) SELECT ",
     hour!("completed_at"),
     ", principal, route, COUNT(*), SUM(units) FROM records \
-     WHERE state = 'completed' AND completed_at IS NOT NULL \
-     AND (expires_at IS NULL OR expires_at <= ?1) GROUP BY 1, 2, 3 \
+     WHERE id IN (SELECT id FROM temp.purge_step) \
+     AND state = 'completed' AND completed_at IS NOT NULL GROUP BY 1, 2, 3 \
      ON CONFLICT (hour, principal, route) DO UPDATE SET \
      fresh = fresh + excluded.fresh, fresh_units = fresh_units + excluded.fresh_units"
 );
+
+/// Up to `?2` repeat events whose record's window ended at `?1` (or whose record was
+/// gone when they were written).
+const PICK_EVENTS: &str = "INSERT INTO temp.purge_step (id) SELECT seq FROM repeat_events \
+     WHERE expires_at IS NULL OR expires_at <= ?1 LIMIT ?2";
 
 const FOLD_EVENTS: &str = concat!(
     "INSERT INTO usage_hours (hour, principal, route, repeats, repeat_units, joined, replayed) \
@@ -64,21 +85,44 @@ const FOLD_EVENTS: &str = concat!(
     ", principal, route, SUM(count), SUM(units), \
      SUM(CASE WHEN kind = 'joined' THEN count ELSE 0 END), \
      SUM(CASE WHEN kind = 'replayed' THEN count ELSE 0 END) FROM repeat_events \
-     WHERE expires_at IS NULL OR expires_at <= ?1 GROUP BY 1, 2, 3 \
+     WHERE seq IN (SELECT id FROM temp.purge_step) GROUP BY 1, 2, 3 \
      ON CONFLICT (hour, principal, route) DO UPDATE SET \
      repeats = repeats + excluded.repeats, repeat_units = repeat_units + excluded.repeat_units, \
      joined = joined + excluded.joined, replayed = replayed + excluded.replayed"
 );
 
-/// Folds the completed records and the repeat events the purge at `now` deletes (call it
-/// right before those deletes, in the same transaction).
-pub(super) fn fold_expired(conn: &Connection, now: Timestamp) -> Result<()> {
-    for sql in [FOLD_RECORDS, FOLD_EVENTS] {
-        conn.prepare_cached(sql)
-            .and_then(|mut st| st.execute([now.0]))
+/// One step of a purge at `now`: up to [`PURGE_STEP`] expired records, then as many
+/// repeat events, folded into the usage history and deleted, in the writer's
+/// transaction. Returns how many records and how many events went; a step that took
+/// fewer than [`PURGE_STEP`] of both was the last.
+pub(super) fn purge_step(conn: &Connection, now: Timestamp) -> Result<(u64, u64)> {
+    let mut gone = [0u64; 2];
+    let parts = [
+        (
+            PICK_RECORDS,
+            FOLD_RECORDS,
+            "DELETE FROM records WHERE id IN (SELECT id FROM temp.purge_step)",
+        ),
+        (
+            PICK_EVENTS,
+            FOLD_EVENTS,
+            "DELETE FROM repeat_events WHERE seq IN (SELECT id FROM temp.purge_step)",
+        ),
+    ];
+    for (i, (pick, fold, delete)) in parts.into_iter().enumerate() {
+        conn.execute_batch(PICK).map_err(sql_error)?;
+        conn.prepare_cached(pick)
+            .and_then(|mut st| st.execute(params![now.0, PURGE_STEP]))
             .map_err(sql_error)?;
+        conn.prepare_cached(fold)
+            .and_then(|mut st| st.execute([]))
+            .map_err(sql_error)?;
+        gone[i] = conn
+            .prepare_cached(delete)
+            .and_then(|mut st| st.execute([]))
+            .map_err(sql_error)? as u64;
     }
-    Ok(())
+    Ok((gone[0], gone[1]))
 }
 
 /// Folds one record that leaves the ledger otherwise (an expired one renewed in place).

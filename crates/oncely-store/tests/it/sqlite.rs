@@ -140,51 +140,121 @@ async fn reopening_a_migrated_file_is_a_no_op() {
     assert_eq!(mode, "wal");
 }
 
-/// A ledger of the previous schema (version 4: no usage history, repeat events without
-/// `count`, and repeats counted on records alone by older releases) is upgraded, and
-/// usage keeps everything the records held, before and after their purge.
+/// A SQLite file with the schema of an older oncely: `MIGRATIONS[..version]`, exactly
+/// as that release applied them.
+fn old_ledger(path: &std::path::Path, version: u32) -> rusqlite::Connection {
+    use oncely_store::sqlite::MIGRATIONS;
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    for m in &MIGRATIONS[..version as usize] {
+        conn.execute_batch(m.sql).unwrap();
+    }
+    conn.pragma_update(None, "user_version", version).unwrap();
+    conn
+}
+
+/// One record as a release before schema 6 wrote it (scope and key as text, the response
+/// on the record's row).
+struct OldRow<'a> {
+    id: &'a str,
+    spec: oncely_core::ClaimSpec,
+    state: &'a str,
+    owner: Option<&'a str>,
+    attempt: i64,
+    lease_until: Option<i64>,
+    created_at: i64,
+    completed_at: Option<i64>,
+    expires_at: Option<i64>,
+    response: Option<(i64, &'a str, &'a [u8])>,
+    units: i64,
+    repeats: i64,
+    last_error: Option<&'a str>,
+}
+
+impl OldRow<'_> {
+    fn insert(&self, conn: &rusqlite::Connection) {
+        let s = &self.spec;
+        let (status, headers, body) = match self.response {
+            Some((status, headers, body)) => (Some(status), Some(headers), Some(body)),
+            None => (None, None, None),
+        };
+        conn.execute(
+            "INSERT INTO records (id, scope, key, fingerprint, class, route, principal, state, \
+             owner, attempt, lease_until, created_at, updated_at, completed_at, expires_at, \
+             status, headers, body, units, repeats, repeat_units, workflow_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, \
+             ?16, ?17, ?18, ?19, ?19 * 4, 'wf-old')",
+            rusqlite::params![
+                self.id,
+                s.scope.as_str(),
+                s.key,
+                s.fingerprint.to_hex(),
+                s.class.as_str(),
+                s.route,
+                s.principal,
+                self.state,
+                self.owner,
+                self.attempt,
+                self.lease_until,
+                self.created_at,
+                self.completed_at,
+                self.expires_at,
+                status,
+                headers,
+                body,
+                self.units,
+                self.repeats,
+            ],
+        )
+        .unwrap();
+        if let Some(error) = self.last_error {
+            conn.execute(
+                "UPDATE records SET last_error = ?2 WHERE id = ?1",
+                rusqlite::params![self.id, error],
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// A ledger of schema 4 (no usage history, repeat events without `count`, and repeats
+/// counted on records alone by older releases) is upgraded, and usage keeps everything
+/// the records held, before and after their purge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_of_the_previous_schema_keeps_its_usage() {
-    use oncely_store::{Repeat, RepeatKind};
+    use oncely_store::Clock;
     let h = SqliteHarness::new();
-    let store = h.open().await;
-    let r = owned(
-        store
-            .claim(&spec("alice", "k", "{}", Class::Write, "a"))
-            .await
-            .unwrap(),
-    );
-    store
-        .complete(&r.fence().unwrap(), completion("{}", 4))
-        .await
-        .unwrap();
-    let now = store.now().await.unwrap();
-    let one = |kind| Repeat {
-        at: now,
-        kind,
-        count: 1,
+    let now = h.clock.now().0;
+    let conn = old_ledger(&h.path(), 4);
+    let window = oncely_store_conformance::WINDOW.as_millis() as i64;
+    OldRow {
+        id: "rec_old_1",
+        spec: spec("alice", "k", "{}", Class::Write, "a"),
+        state: "completed",
+        owner: Some("a"),
+        attempt: 1,
+        lease_until: None,
+        created_at: now - 10,
+        completed_at: Some(now - 5),
+        expires_at: Some(now - 5 + window),
+        response: Some((201, "[]", b"{}")),
         units: 4,
-    };
-    store
-        .record_repeats(
-            &r.id,
-            "alice",
-            &r.route,
-            &[one(RepeatKind::Joined), one(RepeatKind::Replayed)],
+        repeats: 5,
+        last_error: None,
+    }
+    .insert(&conn);
+    let route = spec("alice", "k", "{}", Class::Write, "a").route;
+    for kind in ["joined", "replayed"] {
+        conn.execute(
+            "INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at) \
+             VALUES ('rec_old_1', 'alice', ?1, ?2, ?3, 4, ?4)",
+            rusqlite::params![route, now - 2, kind, now - 5 + window],
         )
-        .await
         .unwrap();
-    drop(store);
-    let conn = rusqlite::Connection::open(h.path()).unwrap();
-    conn.execute_batch(
-        "DROP TABLE usage_hours; ALTER TABLE repeat_events DROP COLUMN count; \
-         UPDATE records SET repeats = repeats + 3, repeat_units = repeat_units + 12; \
-         PRAGMA user_version = 4;",
-    )
-    .unwrap();
+    }
     drop(conn);
     let store = h.open().await;
-    assert_eq!(store.migrated(), vec![5]);
+    assert_eq!(store.migrated(), vec![5, 6]);
     let expect = (1, 4, 5, 20);
     let totals = |u: oncely_store::Usage| {
         let t = u.totals;
@@ -200,6 +270,162 @@ async fn a_ledger_of_the_previous_schema_keeps_its_usage() {
     );
     let events = store.repeat_events("alice", None, 10).await.unwrap();
     assert_eq!((events.total, events.listed.len()), (5, 0));
+}
+
+/// A ledger of schema 5 (the last before the write path's: scope and key as text, the
+/// response on the record's row, four listing indexes) is rebuilt in place, and every
+/// record in it reads, replays, lists and purges as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_of_schema_5_is_upgraded_in_place() {
+    use oncely_core::RecordId;
+    use oncely_store::{Clock, ListFilter};
+    let h = SqliteHarness::new();
+    let now = h.clock.now().0;
+    let window = oncely_store_conformance::WINDOW.as_millis() as i64;
+    let lease = oncely_store_conformance::LEASE.as_millis() as i64;
+    let conn = old_ledger(&h.path(), 5);
+    let row = |id, key, state| OldRow {
+        id,
+        spec: spec("alice", key, "{}", Class::Write, "a"),
+        state,
+        owner: Some("a"),
+        attempt: 1,
+        lease_until: None,
+        created_at: now - 100,
+        completed_at: None,
+        expires_at: None,
+        response: None,
+        units: 0,
+        repeats: 0,
+        last_error: None,
+    };
+    OldRow {
+        created_at: now - 400,
+        completed_at: Some(now - 390),
+        expires_at: Some(now - 390 + window),
+        response: Some((201, r#"[["x-render-id","r-1"]]"#, b"{\"done\":1}")),
+        units: 7,
+        repeats: 2,
+        ..row("rec_0001", "done", "completed")
+    }
+    .insert(&conn);
+    OldRow {
+        created_at: now - 300,
+        expires_at: Some(now - 290 + window),
+        last_error: Some("upstream said 503"),
+        ..row("rec_0002", "released", "released")
+    }
+    .insert(&conn);
+    OldRow {
+        created_at: now - 200,
+        last_error: Some("timed out"),
+        ..row("rec_0003", "unknown", "outcome_unknown")
+    }
+    .insert(&conn);
+    OldRow {
+        created_at: now - 100,
+        lease_until: Some(now + lease),
+        ..row("rec_0004", "running", "processing")
+    }
+    .insert(&conn);
+    drop(conn);
+
+    let store = h.open().await;
+    assert_eq!(store.migrated(), vec![6]);
+    // Every record reads back as it was.
+    let done = store
+        .get(&RecordId("rec_0001".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, State::Completed);
+    assert_eq!((done.units, done.repeats, done.repeat_units), (7, 2, 8));
+    let response = done.response.clone().unwrap();
+    assert_eq!(response.status, 201);
+    assert_eq!(response.headers, vec![("x-render-id".into(), "r-1".into())]);
+    assert_eq!(response.body.as_deref(), Some(&b"{\"done\":1}"[..]));
+    assert_eq!(done.workflow_id.as_deref(), Some("wf-old"));
+    let released = store
+        .get(&RecordId("rec_0002".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.state, State::Released);
+    assert_eq!(released.last_error.as_deref(), Some("upstream said 503"));
+    assert!(released.response.is_none());
+    let unknown = store
+        .get(&RecordId("rec_0003".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(unknown.state, State::OutcomeUnknown);
+    // Claims find them by key through the new claim index.
+    let again = store
+        .claim(&spec("alice", "done", "{}", Class::Write, "b"))
+        .await
+        .unwrap();
+    let Claim::Existing(replay) = again else {
+        panic!("the completed record was not found by its key: {again:?}")
+    };
+    assert_eq!(replay.id.0, "rec_0001");
+    assert_eq!(replay.response, done.response);
+    let running = store
+        .claim(&spec("alice", "running", "{}", Class::Write, "b"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&running, Claim::Existing(r) if r.id.0 == "rec_0004" && r.state == State::Processing),
+        "{running:?}"
+    );
+    let reclaimed = owned(
+        store
+            .claim(&spec("alice", "released", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (reclaimed.id.0.as_str(), reclaimed.attempt),
+        ("rec_0002", 2)
+    );
+    let fresh = owned(
+        store
+            .claim(&spec("alice", "new", "{}", Class::Write, "b"))
+            .await
+            .unwrap(),
+    );
+    // Newest first: the new claim, then the old ones by age.
+    let all = store.list(&ListFilter::default()).await.unwrap();
+    let ids: Vec<&str> = all.iter().map(|r| r.id.0.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![
+            fresh.id.0.as_str(),
+            "rec_0004",
+            "rec_0003",
+            "rec_0002",
+            "rec_0001"
+        ]
+    );
+    let unknowns = store
+        .list(&ListFilter {
+            state: Some(State::OutcomeUnknown),
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(unknowns.len(), 1);
+    assert_eq!(unknowns[0].id.0, "rec_0003");
+    // The completed one's usage before and after its purge.
+    let fresh_units = |u: oncely_store::Usage| (u.totals.fresh, u.totals.fresh_units);
+    assert_eq!(fresh_units(store.usage(None).await.unwrap()), (1, 7));
+    h.advance(oncely_store_conformance::WINDOW + Duration::from_secs(1));
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
+    assert!(store
+        .get(&RecordId("rec_0001".into()))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(fresh_units(store.usage(None).await.unwrap()), (1, 7));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
