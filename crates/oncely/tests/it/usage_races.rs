@@ -10,6 +10,7 @@
 //! ones as repeats. And `oncely migrate` upgrades a ledger of the previous schema without
 //! losing what its records counted.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,40 +240,57 @@ async fn two_gateways_on_one_postgresql_purging_while_they_answer_count_everythi
     settled_usage_matches(&store, &answered, calls.load(Ordering::SeqCst)).await;
 }
 
-/// A SQLite ledger of the previous schema (version 4: no usage history, repeat events
-/// without `count`, and repeats an older release counted on the record alone) is upgraded
-/// by `oncely migrate`, and usage keeps all it held, before and after the purge.
+/// Copies what the gateway wrote into `new` (the current schema) into a new SQLite file
+/// `old` of schema `version` (`MIGRATIONS[..version]` as those releases shipped them),
+/// as that release would have held it; `extra` runs after the copy.
+fn as_an_older_release(new: &Path, old: &Path, version: u32, extra: &str) {
+    use oncely_store::sqlite::MIGRATIONS;
+    let conn = rusqlite::Connection::open(old).unwrap();
+    for m in &MIGRATIONS[..version as usize] {
+        conn.execute_batch(m.sql).unwrap();
+    }
+    let columns = "id, scope, key, fingerprint, class, route, principal, state, owner, \
+         attempt, lease_until, created_at, updated_at, completed_at, expires_at, status, \
+         headers, body, units, repeats, repeat_units, workflow_id, provider_request_id, \
+         last_error";
+    conn.execute("ATTACH ?1 AS new", [new.display().to_string()])
+        .unwrap();
+    conn.execute_batch(&format!(
+        "INSERT INTO records ({columns}) SELECT {columns} FROM new.records; \
+         INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at) \
+         SELECT record_id, principal, route, at, kind, units, expires_at \
+         FROM new.repeat_events; \
+         DETACH new; {extra} PRAGMA user_version = {version};"
+    ))
+    .unwrap();
+}
+
+/// A SQLite ledger of an older schema (version 4: no usage history, repeat events
+/// without `count`, and repeats an older release counted on the record alone; the
+/// records table as it was before schema 6) is upgraded by `oncely migrate`, and every
+/// record and all usage it held are kept, before and after the purge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_ledger_of_the_previous_schema_and_keeps_its_usage() {
-    let (up, _calls) = counting_upstream().await;
+    let (up, calls) = counting_upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ledger.db");
-    let store = format!("sqlite://{}", db.display());
-    let cfg = config(dir.path(), &store, &up);
+    let written = dir.path().join("written.db");
+    let cfg = config(dir.path(), &format!("sqlite://{}", written.display()), &up);
     let gw = Gateway::start(&["--config", &cfg], &[]);
-    let answered = Answered::default();
     let headers = [AUTH[0], ("idempotency-key", "old-1")];
     for _ in 0..3 {
         let a = http_post(&gw.url("/v1/x"), "job-1", &headers).await;
         assert_eq!(a.status, 200, "{}", a.text());
-        match a.header("oncely-status") {
-            "fresh" => answered.fresh.fetch_add(1, Ordering::SeqCst),
-            _ => answered.repeats.fetch_add(1, Ordering::SeqCst),
-        };
     }
     assert!(gw.terminate().success());
-    assert_eq!(usage(&store), (1, 5, 2, 10));
-    // As the previous release left it, with 3 repeats more on the record alone.
-    let out = std::process::Command::new("sqlite3")
-        .arg(&db)
-        .arg(
-            "DROP TABLE usage_hours; ALTER TABLE repeat_events DROP COLUMN count; \
-             UPDATE records SET repeats = repeats + 3, repeat_units = repeat_units + 15; \
-             PRAGMA user_version = 4;",
-        )
-        .output()
-        .expect("the sqlite3 shell runs");
-    assert!(out.status.success(), "{}", stderr(&out));
+    let db = dir.path().join("ledger.db");
+    let store = format!("sqlite://{}", db.display());
+    // As the release of schema 4 left it, with 3 repeats more on the record alone.
+    as_an_older_release(
+        &written,
+        &db,
+        4,
+        "UPDATE records SET repeats = repeats + 3, repeat_units = repeat_units + 15;",
+    );
     let out = run(&["migrate", "--store", &store]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let version = std::process::Command::new("sqlite3")
@@ -280,12 +298,38 @@ async fn migrate_upgrades_a_ledger_of_the_previous_schema_and_keeps_its_usage() 
         .arg("PRAGMA user_version;")
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), "5");
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        oncely_store::sqlite::SCHEMA_VERSION.to_string()
+    );
     assert_eq!(
         usage(&store),
         (1, 5, 5, 25),
         "what the records held is kept"
     );
+    // The record itself, as the gateway wrote it.
+    let before = run(&[
+        "ledger",
+        "list",
+        "--json",
+        "--store",
+        &format!("sqlite://{}", written.display()),
+    ]);
+    let after = run(&["ledger", "list", "--json", "--store", &store]);
+    let records = |o: &std::process::Output| -> serde_json::Value {
+        serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stderr(o)))
+    };
+    let mut expected = records(&before);
+    // With the 3 repeats the older release counted on the record alone.
+    expected[0]["repeats"] = 5.into();
+    expected[0]["repeat_units"] = 25.into();
+    assert_eq!(
+        records(&after),
+        expected,
+        "the record reads as it was written"
+    );
+    assert_eq!(records(&after).as_array().unwrap().len(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let out = run(&["ledger", "purge", "--expired", "--store", &store]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
