@@ -48,9 +48,10 @@ macro_rules! hour {
 }
 
 /// How many records (or repeat events) one purge step deletes: each step is one writer
-/// command, so claims and completions run between steps, and a purge of a million
-/// expired records never holds the writer for more than a few milliseconds at a time.
-pub(super) const PURGE_STEP: i64 = 1_000;
+/// command, so claims and completions run between steps. Expired records lie all over
+/// the table and the claim index, so a step writes about two pages per record: 250
+/// records keep a step to a few milliseconds.
+pub(super) const PURGE_STEP: i64 = 250;
 
 /// The step's rows: picked first (a record's id, a repeat event's `seq`), then folded
 /// and deleted by it, so that what is folded is exactly what is deleted.

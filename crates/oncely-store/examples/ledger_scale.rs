@@ -1,0 +1,280 @@
+//! Does the ledger keep its speed as it grows, and while a big purge runs? Three phases,
+//! one store, fresh claim + complete from C concurrent callers (keys as random as
+//! fingerprints), each phase N requests:
+//!
+//! 1. on an empty ledger;
+//! 2. with PRELOAD records already in it (written straight into the store's tables, as
+//!    the store writes them: one in ten of them past its window, the rest completed and
+//!    live, spread over 1,000 principals);
+//! 3. the same load again while `purge_expired` removes the expired tenth.
+//!
+//! It prints req/s and the p50/p99 latency of each phase, and the two ratios issue 28
+//! sets goals for: throughput at PRELOAD records against the empty ledger (goal >= 0.8x),
+//! and the p99 during the purge against the p99 without it (goal <= 2x).
+//!
+//! `cargo run --release -p oncely-store --example ledger_scale -- STORE [PRELOAD] [N] [C]`
+//! where STORE is `sqlite` (a temporary file) or a `postgres://` URL of an empty database.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncely_core::{Class, Scope};
+use oncely_store::{Claim, Store, StoreOptions};
+use oncely_store_conformance::{completion, spec};
+
+/// The key of fresh request `i` (see `writer_cost`).
+fn key(i: u64) -> String {
+    Scope::new(&i.to_string(), "ledger_scale")
+        .as_str()
+        .to_string()
+}
+
+/// One phase: `n` fresh requests from `callers`; returns req/s and the sorted latencies.
+async fn phase(
+    store: &Arc<dyn Store>,
+    next: &Arc<AtomicU64>,
+    n: u64,
+    callers: u64,
+) -> (f64, Vec<Duration>) {
+    let end = next.load(Ordering::Relaxed) + n;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (store, next) = (store.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= end {
+                    return took;
+                }
+                let t = Instant::now();
+                let Claim::Owned(record) = store
+                    .claim(&spec(
+                        "p_scale",
+                        &key(i),
+                        &format!("{{\"prompt\":{i}}}"),
+                        Class::Action,
+                        "owner-1",
+                    ))
+                    .await
+                    .expect("claim")
+                else {
+                    panic!("fresh key found existing")
+                };
+                store
+                    .complete(
+                        &record.fence().expect("owned"),
+                        completion("{\"id\":\"r-1\"}", 1),
+                    )
+                    .await
+                    .expect("complete");
+                took.push(t.elapsed());
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("caller"));
+    }
+    let wall = started.elapsed();
+    all.sort();
+    (all.len() as f64 / wall.as_secs_f64(), all)
+}
+
+/// The `q` quantile of sorted latencies, in ms.
+fn ms(sorted: &[Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1));
+    sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// Writes `count` completed records into a SQLite ledger file, as the store writes them,
+/// one in ten expired at `now`.
+fn preload_sqlite(path: &std::path::Path, count: u64, now: i64) {
+    let conn = rusqlite::Connection::open(path).expect("open");
+    conn.create_scalar_function(
+        "claim_hash",
+        2,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8
+            | rusqlite::functions::FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let scope: String = ctx.get(0)?;
+            let key: String = ctx.get(1)?;
+            Ok(Scope::from_stored(scope).claim_hash(&key).to_vec())
+        },
+    )
+    .expect("function");
+    conn.execute_batch("PRAGMA synchronous = OFF")
+        .expect("pragma");
+    let scopes: Vec<String> = (0..1000)
+        .map(|p| {
+            Scope::new(&format!("p{p}"), "POST /v1/render")
+                .as_str()
+                .to_string()
+        })
+        .collect();
+    let chunk = 100_000;
+    let mut done = 0;
+    while done < count {
+        let tx = conn.unchecked_transaction().expect("tx");
+        {
+            let mut st = tx
+                .prepare(
+                    "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, \
+                     principal, state, owner, attempt, created_at, updated_at, completed_at, \
+                     expires_at, units, status, headers, body) \
+                     VALUES (?1, claim_hash(?2, ?3), ?2, ?3, ?3, 'write', 'POST /v1/render', \
+                     ?4, 'completed', 'preload', 1, ?5, ?5, ?5, ?6, 1, 200, \
+                     '[[\"content-type\",\"application/json\"]]', ?7)",
+                )
+                .expect("prepare");
+            for i in done..(done + chunk).min(count) {
+                let created = now - 3_600_000 + (i as i64 % 3_600_000);
+                let expires = if i % 10 == 0 {
+                    now - 1
+                } else {
+                    now + 86_400_000
+                };
+                let p = (i % 1000) as usize;
+                st.execute(rusqlite::params![
+                    format!("rec_{:032x}", i),
+                    scopes[p],
+                    format!("{:064x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    format!("p{p}"),
+                    created,
+                    expires,
+                    &b"{\"id\":\"r-preloaded\",\"ok\":true,\"result\":\"0123456789abcdef\"}"[..],
+                ])
+                .expect("insert");
+            }
+        }
+        tx.commit().expect("commit");
+        done = (done + chunk).min(count);
+        eprintln!("preloaded {done} of {count}");
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let target = args.next().unwrap_or_else(|| "sqlite".into());
+    let preload: u64 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
+    let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(30_000);
+    let callers: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(32);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("scale.db");
+    let url = if target == "sqlite" {
+        format!("sqlite://{}", path.display())
+    } else {
+        target.clone()
+    };
+    let open = || {
+        rt.block_on(oncely_store::open(&url, StoreOptions::default()))
+            .expect("open the store")
+    };
+    let next = Arc::new(AtomicU64::new(0));
+    let store = open();
+    rt.block_on(phase(&store, &next, n / 10, callers));
+    let (empty, lat_empty) = rt.block_on(phase(&store, &next, n, callers));
+    let now = rt.block_on(store.now()).expect("now").0;
+    drop(store);
+    let started = Instant::now();
+    if target == "sqlite" {
+        preload_sqlite(&path, preload, now);
+    } else {
+        rt.block_on(preload_postgres(&url, preload, now));
+    }
+    eprintln!("preloaded {preload} records in {:.0?}", started.elapsed());
+    let store = open();
+    rt.block_on(phase(&store, &next, n / 10, callers));
+    let (full, lat_full) = rt.block_on(phase(&store, &next, n, callers));
+    let purger = {
+        let store = store.clone();
+        rt.spawn(async move {
+            let t = Instant::now();
+            let gone = store.purge_expired().await.expect("purge");
+            (gone, t.elapsed())
+        })
+    };
+    let (during, lat_during) = rt.block_on(phase(&store, &next, n, callers));
+    let (gone, purge_took) = rt.block_on(purger).expect("purge task");
+    println!(
+        "empty ledger: {empty:.0} req/s, p50 {:.2} ms, p99 {:.2} ms",
+        ms(&lat_empty, 0.5),
+        ms(&lat_empty, 0.99)
+    );
+    println!(
+        "{preload} records: {full:.0} req/s, p50 {:.2} ms, p99 {:.2} ms; {:.2}x the empty \
+         ledger's throughput (goal >= 0.8x: {})",
+        ms(&lat_full, 0.5),
+        ms(&lat_full, 0.99),
+        full / empty,
+        if full / empty >= 0.8 { "met" } else { "missed" }
+    );
+    let p99 = ms(&lat_during, 0.99) / ms(&lat_full, 0.99);
+    println!(
+        "during a purge of {gone} expired records (it took {purge_took:.1?}): {during:.0} \
+         req/s, p50 {:.2} ms, p99 {:.2} ms; p99 {p99:.2}x the p99 without it (goal <= 2x: {})",
+        ms(&lat_during, 0.5),
+        ms(&lat_during, 0.99),
+        if p99 <= 2.0 { "met" } else { "missed" }
+    );
+    if purge_took > Duration::ZERO && gone < preload / 10 {
+        println!("note: the purge was still running when the load ended ({gone} records)");
+    }
+}
+
+/// Writes `count` completed records into the PostgreSQL ledger, as the store writes them,
+/// one in ten expired at `now`.
+async fn preload_postgres(url: &str, count: u64, now: i64) {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let sql = format!(
+        "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, principal, \
+         state, owner, attempt, created_at, updated_at, completed_at, expires_at, units) \
+         SELECT 'rec_' || lpad(to_hex(i), 32, '0'), \
+                substring(sha256(convert_to('oncely/claim/v1', 'UTF8') || '\\x00'::bytea \
+                    || convert_to(s.scope, 'UTF8') || '\\x00'::bytea \
+                    || convert_to(lpad(to_hex(i), 64, '0'), 'UTF8')) from 1 for 16), \
+                s.scope, lpad(to_hex(i), 64, '0'), decode(lpad(to_hex(i), 64, '0'), 'hex'), \
+                'write', 'POST /v1/render', 'p' || (i % 1000), 'completed', 'preload', 1, \
+                {now} - 3600000 + (i % 3600000), {now} - 3600000 + (i % 3600000), \
+                {now} - 3600000 + (i % 3600000), \
+                CASE WHEN i % 10 = 0 THEN {now} - 1 ELSE {now} + 86400000 END, 1 \
+         FROM generate_series($1::bigint, $2::bigint) AS i \
+         JOIN (SELECT p, scope FROM unnest($3::int[], $4::text[]) AS u(p, scope)) s \
+           ON s.p = i % 1000"
+    );
+    let scopes: Vec<String> = (0..1000)
+        .map(|p| {
+            Scope::new(&format!("p{p}"), "POST /v1/render")
+                .as_str()
+                .to_string()
+        })
+        .collect();
+    let ps: Vec<i32> = (0..1000).collect();
+    let chunk = 500_000i64;
+    let mut done = 0i64;
+    while done < count as i64 {
+        let last = (done + chunk).min(count as i64) - 1;
+        client
+            .execute(&sql, &[&done, &last, &ps, &scopes])
+            .await
+            .expect("preload");
+        done = last + 1;
+        eprintln!("preloaded {done} of {count}");
+    }
+    client
+        .batch_execute("VACUUM ANALYZE records")
+        .await
+        .expect("analyze");
+}
