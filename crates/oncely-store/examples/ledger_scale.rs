@@ -89,34 +89,47 @@ fn ms(sorted: &[Duration], q: f64) -> f64 {
     sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
-/// Writes `count` completed records into a SQLite ledger file, as the store writes them,
-/// one in ten expired at `now`.
-fn preload_sqlite(path: &std::path::Path, count: u64, now: i64) {
-    let conn = rusqlite::Connection::open(path).expect("open");
-    conn.create_scalar_function(
-        "claim_hash",
-        2,
-        rusqlite::functions::FunctionFlags::SQLITE_UTF8
-            | rusqlite::functions::FunctionFlags::SQLITE_DETERMINISTIC,
-        |ctx| {
-            let scope: String = ctx.get(0)?;
-            let key: String = ctx.get(1)?;
-            Ok(Scope::from_stored(scope).claim_hash(&key).to_vec())
-        },
-    )
-    .expect("function");
-    conn.execute_batch("PRAGMA synchronous = OFF")
-        .expect("pragma");
-    let scopes: Vec<String> = (0..1000)
+/// The preloaded records' keys, principals and claim hashes, in claim-hash order: record
+/// `rank` of this order gets id `rank`, so that the preload appends to both the table
+/// (keyed by id) and the claim index instead of writing them at random. What is
+/// measured afterwards (new claims at random places of a big index) is not affected.
+fn preload_rows(count: u64) -> Vec<([u8; 16], u64)> {
+    let scopes = scopes();
+    let mut rows: Vec<([u8; 16], u64)> = (0..count)
+        .map(|i| {
+            let scope = Scope::from_stored(scopes[(i % 1000) as usize].clone());
+            (scope.claim_hash(&preload_key(i)), i)
+        })
+        .collect();
+    rows.sort_unstable();
+    rows
+}
+
+/// The scopes of the 1,000 principals of the preload.
+fn scopes() -> Vec<String> {
+    (0..1000)
         .map(|p| {
             Scope::new(&format!("p{p}"), "POST /v1/render")
                 .as_str()
                 .to_string()
         })
-        .collect();
-    let chunk = 100_000;
-    let mut done = 0;
-    while done < count {
+        .collect()
+}
+
+/// The key of preloaded record `i`.
+fn preload_key(i: u64) -> String {
+    format!("{:064x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// Writes `count` completed records into a SQLite ledger file, as the store writes them,
+/// one in ten expired at `now`.
+fn preload_sqlite(path: &std::path::Path, count: u64, now: i64) {
+    let conn = rusqlite::Connection::open(path).expect("open");
+    conn.execute_batch("PRAGMA synchronous = OFF")
+        .expect("pragma");
+    let scopes = scopes();
+    let rows = preload_rows(count);
+    for (n, chunk) in rows.chunks(100_000).enumerate() {
         let tx = conn.unchecked_transaction().expect("tx");
         {
             let mut st = tx
@@ -124,13 +137,14 @@ fn preload_sqlite(path: &std::path::Path, count: u64, now: i64) {
                     "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, \
                      principal, state, owner, attempt, created_at, updated_at, completed_at, \
                      expires_at, units, status, headers, body) \
-                     VALUES (?1, claim_hash(?2, ?3), ?2, ?3, ?3, 'write', 'POST /v1/render', \
-                     ?4, 'completed', 'preload', 1, ?5, ?5, ?5, ?6, 1, 200, \
-                     '[[\"content-type\",\"application/json\"]]', ?7)",
+                     VALUES (?1, ?2, ?3, ?4, ?4, 'write', 'POST /v1/render', \
+                     ?5, 'completed', 'preload', 1, ?6, ?6, ?6, ?7, 1, 200, \
+                     '[[\"content-type\",\"application/json\"]]', ?8)",
                 )
                 .expect("prepare");
-            for i in done..(done + chunk).min(count) {
-                let created = now - 3_600_000 + (i as i64 % 3_600_000);
+            for (j, (claim, i)) in chunk.iter().enumerate() {
+                let rank = n * 100_000 + j;
+                let created = now - 3_600_000 + (*i as i64 % 3_600_000);
                 let expires = if i % 10 == 0 {
                     now - 1
                 } else {
@@ -138,9 +152,10 @@ fn preload_sqlite(path: &std::path::Path, count: u64, now: i64) {
                 };
                 let p = (i % 1000) as usize;
                 st.execute(rusqlite::params![
-                    format!("rec_{:032x}", i),
+                    format!("rec_{rank:032x}"),
+                    &claim[..],
                     scopes[p],
-                    format!("{:064x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    preload_key(*i),
                     format!("p{p}"),
                     created,
                     expires,
@@ -150,9 +165,16 @@ fn preload_sqlite(path: &std::path::Path, count: u64, now: i64) {
             }
         }
         tx.commit().expect("commit");
-        done = (done + chunk).min(count);
-        eprintln!("preloaded {done} of {count}");
+        eprintln!("preloaded {} of {count}", (n + 1) * 100_000);
     }
+    // On disk before the load starts: the kernel's writeback of the preload must not
+    // compete with the measured phase.
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .expect("checkpoint");
+    drop(conn);
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .expect("sync");
 }
 
 fn main() {
@@ -231,50 +253,66 @@ fn main() {
     }
 }
 
-/// Writes `count` completed records into the PostgreSQL ledger, as the store writes them,
-/// one in ten expired at `now`.
+/// Writes `count` completed records into the PostgreSQL ledger, as the store writes them
+/// (in claim-hash order, see [`preload_rows`]), one in ten expired at `now`.
 async fn preload_postgres(url: &str, count: u64, now: i64) {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("connect");
     tokio::spawn(conn);
+    let scopes = scopes();
+    let rows = preload_rows(count);
     let sql = format!(
         "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, principal, \
          state, owner, attempt, created_at, updated_at, completed_at, expires_at, units) \
-         SELECT 'rec_' || lpad(to_hex(i), 32, '0'), \
-                substring(sha256(convert_to('oncely/claim/v1', 'UTF8') || '\\x00'::bytea \
-                    || convert_to(s.scope, 'UTF8') || '\\x00'::bytea \
-                    || convert_to(lpad(to_hex(i), 64, '0'), 'UTF8')) from 1 for 16), \
-                s.scope, lpad(to_hex(i), 64, '0'), decode(lpad(to_hex(i), 64, '0'), 'hex'), \
-                'write', 'POST /v1/render', 'p' || (i % 1000), 'completed', 'preload', 1, \
-                {now} - 3600000 + (i % 3600000), {now} - 3600000 + (i % 3600000), \
-                {now} - 3600000 + (i % 3600000), \
-                CASE WHEN i % 10 = 0 THEN {now} - 1 ELSE {now} + 86400000 END, 1 \
-         FROM generate_series($1::bigint, $2::bigint) AS i \
-         JOIN (SELECT p, scope FROM unnest($3::int[], $4::text[]) AS u(p, scope)) s \
-           ON s.p = i % 1000"
+         SELECT 'rec_' || lpad(to_hex(r.rank), 32, '0'), r.claim, r.scope, r.key, \
+                decode(r.key, 'hex'), 'write', 'POST /v1/render', r.principal, 'completed', \
+                'preload', 1, r.created, r.created, r.created, \
+                CASE WHEN r.expired THEN {now} - 1 ELSE {now} + 86400000 END, 1 \
+         FROM unnest($1::bigint[], $2::bytea[], $3::text[], $4::text[], $5::text[], \
+                     $6::bigint[], $7::bool[]) \
+              AS r(rank, claim, scope, key, principal, created, expired)"
     );
-    let scopes: Vec<String> = (0..1000)
-        .map(|p| {
-            Scope::new(&format!("p{p}"), "POST /v1/render")
-                .as_str()
-                .to_string()
-        })
-        .collect();
-    let ps: Vec<i32> = (0..1000).collect();
-    let chunk = 500_000i64;
-    let mut done = 0i64;
-    while done < count as i64 {
-        let last = (done + chunk).min(count as i64) - 1;
+    let st = client.prepare(&sql).await.expect("prepare");
+    for (n, chunk) in rows.chunks(50_000).enumerate() {
+        let mut ranks = Vec::new();
+        let mut claims = Vec::new();
+        let mut scope_col = Vec::new();
+        let mut keys = Vec::new();
+        let mut principals = Vec::new();
+        let mut created = Vec::new();
+        let mut expired = Vec::new();
+        for (j, (claim, i)) in chunk.iter().enumerate() {
+            let p = (i % 1000) as usize;
+            ranks.push((n * 50_000 + j) as i64);
+            claims.push(claim.to_vec());
+            scope_col.push(scopes[p].clone());
+            keys.push(preload_key(*i));
+            principals.push(format!("p{p}"));
+            created.push(now - 3_600_000 + (*i as i64 % 3_600_000));
+            expired.push(i % 10 == 0);
+        }
         client
-            .execute(&sql, &[&done, &last, &ps, &scopes])
+            .execute(
+                &st,
+                &[
+                    &ranks,
+                    &claims,
+                    &scope_col,
+                    &keys,
+                    &principals,
+                    &created,
+                    &expired,
+                ],
+            )
             .await
             .expect("preload");
-        done = last + 1;
-        eprintln!("preloaded {done} of {count}");
+        if (n + 1) % 20 == 0 {
+            eprintln!("preloaded {} of {count}", (n + 1) * 50_000);
+        }
     }
     client
-        .batch_execute("VACUUM ANALYZE records")
+        .batch_execute("VACUUM ANALYZE records; CHECKPOINT")
         .await
         .expect("analyze");
 }

@@ -41,6 +41,10 @@ pub(super) const EVERY: Duration = Duration::from_millis(100);
 /// with 4 KiB pages, one segment of SQLite's WAL index.
 pub(super) const RESTART_PAGES: u32 = 4096;
 
+/// The most WAL pages the writer is left to copy when it starts the WAL over: the
+/// checkpointer copies again, without waiting, until what its pass left is no more.
+pub(super) const LEFT_TO_WRITER: i64 = 256;
+
 /// What the checkpointer and the writer share.
 #[derive(Debug, Default)]
 pub(super) struct WalState {
@@ -90,12 +94,25 @@ impl Checkpointer {
         thread::Builder::new()
             .name("oncely-sqlite-ckpt".into())
             .spawn(move || {
+                let mut again = false;
                 while !stopped.load(Ordering::Relaxed) {
-                    thread::sleep(every);
+                    if !std::mem::take(&mut again) {
+                        thread::sleep(every);
+                    }
                     if !wal.dirty.swap(false, Ordering::AcqRel) {
                         continue;
                     }
                     match passive(&conn) {
+                        // The writer is asked only once what is left for it to copy is
+                        // little: on a big ledger every frame is a page of the file at
+                        // a random place, and the writer holds every claim while it
+                        // copies and syncs. Until then this thread copies again at once.
+                        Ok((pages, copied))
+                            if pages > i64::from(restart_pages) && pages - copied > LEFT_TO_WRITER =>
+                        {
+                            wal.dirty.store(true, Ordering::Release);
+                            again = true;
+                        }
                         Ok((pages, _)) if pages > i64::from(restart_pages) => {
                             wal.restart.store(true, Ordering::Release);
                         }
