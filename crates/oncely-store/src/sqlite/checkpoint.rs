@@ -106,9 +106,14 @@ impl Checkpointer {
                         // The writer is asked only once what is left for it to copy is
                         // little: on a big ledger every frame is a page of the file at
                         // a random place, and the writer holds every claim while it
-                        // copies and syncs. Until then this thread copies again at once.
+                        // copies and syncs. Until then this thread copies again at once,
+                        // unless the WAL has grown to four times its limit meanwhile
+                        // (writes faster than this thread copies): then the writer is
+                        // asked all the same, so that the WAL stays bounded.
                         Ok((pages, copied))
-                            if pages > i64::from(restart_pages) && pages - copied > LEFT_TO_WRITER =>
+                            if pages > i64::from(restart_pages)
+                                && pages <= 4 * i64::from(restart_pages)
+                                && pages - copied > LEFT_TO_WRITER =>
                         {
                             wal.dirty.store(true, Ordering::Release);
                             again = true;
