@@ -283,14 +283,21 @@ pub(super) fn repeats_of(events: &str) -> String {
     )
 }
 
-/// The purge of records whose window ended, folding them; answers how many.
+/// One batch of the purge of records whose window ended: at most `$2` rows that no
+/// other purge holds (`SKIP LOCKED`), deleted and folded in one statement; answers how
+/// many. The caller repeats it until a batch comes back short, so that no statement holds
+/// many rows' locks, or writes much WAL, at once.
 fn purge_records_sql() -> String {
     format!(
         "WITH t AS ({NOW}),
-         gone AS (
-             DELETE FROM records r USING t
+         batch AS (
+             SELECT r.id FROM records r, t
              WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
                 OR (r.state = 'released' AND r.expires_at <= t.now)
+             LIMIT $2
+             FOR UPDATE OF r SKIP LOCKED),
+         gone AS (
+             DELETE FROM records r USING batch b WHERE r.id = b.id
              RETURNING r.state, r.principal, r.route, r.completed_at, r.units),
          folded AS ({fold})
          SELECT count(*)::bigint FROM gone",
@@ -298,16 +305,22 @@ fn purge_records_sql() -> String {
     )
 }
 
-/// The purge of repeat events whose record's window ended (or whose record was gone when
-/// they were written), folding them.
+/// One batch of the purge of repeat events whose record's window ended (or whose record
+/// was gone when they were written), folding them, as [`purge_records_sql`]; answers how
+/// many.
 fn purge_events_sql() -> String {
     format!(
         "WITH t AS ({NOW}),
-         gone AS (
-             DELETE FROM repeat_events e USING t
+         batch AS (
+             SELECT e.seq FROM repeat_events e, t
              WHERE e.expires_at IS NULL OR e.expires_at <= t.now
-             RETURNING e.principal, e.route, e.at, e.kind, e.count, e.units)
-         {fold}",
+             LIMIT $2
+             FOR UPDATE OF e SKIP LOCKED),
+         gone AS (
+             DELETE FROM repeat_events e USING batch b WHERE e.seq = b.seq
+             RETURNING e.principal, e.route, e.at, e.kind, e.count, e.units),
+         folded AS ({fold})
+         SELECT count(*)::bigint FROM gone",
         fold = upsert(&repeats_of("gone"))
     )
 }
