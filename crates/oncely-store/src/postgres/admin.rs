@@ -40,14 +40,15 @@ impl Admin for PgStore {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let state = filter.state.map(State::as_str);
         let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
-        self.query(
-            &SQL.list,
-            &[&state, &filter.principal, &filter.route, &limit],
-        )
-        .await?
-        .iter()
-        .map(record_from_row)
-        .collect()
+        let sql = match filter.state {
+            Some(State::Completed) | None => &SQL.list,
+            Some(_) => &SQL.list_open,
+        };
+        self.query(sql, &[&state, &filter.principal, &filter.route, &limit])
+            .await?
+            .iter()
+            .map(record_from_row)
+            .collect()
     }
 
     async fn purge_expired(&self) -> Result<u64> {
