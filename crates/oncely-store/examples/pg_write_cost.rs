@@ -21,9 +21,10 @@ mod cost {
     use oncely_store_conformance::{completion, spec};
     use tokio_postgres::{Client, NoTls};
 
-    /// CPU ticks (utime + stime) of every process named `postgres`.
-    fn server_ticks() -> u64 {
-        let mut ticks = 0;
+    /// CPU ticks (utime + stime) of every process named `postgres`, per kind: the
+    /// backends (connections) and each background process by its title.
+    fn server_ticks() -> BTreeMap<String, u64> {
+        let mut ticks = BTreeMap::new();
         for entry in std::fs::read_dir("/proc").expect("/proc") {
             let dir = entry.expect("proc entry").path();
             let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
@@ -34,10 +35,19 @@ mod cost {
             // Fields after the ")" of the name: state is field 3; utime 14, stime 15.
             let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
             let fields: Vec<&str> = rest.split_whitespace().collect();
-            if fields.len() > 12 {
-                ticks +=
-                    fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+            if fields.len() <= 12 {
+                continue;
             }
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let title = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let kind = match title.strip_prefix("postgres: ") {
+                // "postgres: USER DB HOST(PORT) STATE": a connection's backend.
+                Some(t) if t.contains('(') => "backends".to_string(),
+                Some(t) => t.split_whitespace().take(2).collect::<Vec<_>>().join(" "),
+                None => "postmaster".to_string(),
+            };
+            *ticks.entry(kind).or_default() +=
+                fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
         }
         ticks
     }
@@ -161,13 +171,23 @@ mod cost {
         let after = stats(&client).await;
         let tick_us = 1_000_000 / 100; // USER_HZ is 100 on Linux
         let per = |v: i64| v as f64 / done as f64;
+        let spent = |kind: &String| {
+            let ticks = cpu1[kind] - cpu0.get(kind).copied().unwrap_or(0);
+            (ticks * tick_us) as i64
+        };
         println!(
             "requests {done} callers {callers}: {:.0} req/s; server {:.1} us CPU per request; \
              WAL {:.0} bytes per request",
             done as f64 / wall.as_secs_f64(),
-            per(((cpu1 - cpu0) * tick_us) as i64),
+            per(cpu1.keys().map(spent).sum()),
             per(after.wal - before.wal),
         );
+        let kinds: Vec<String> = cpu1
+            .keys()
+            .filter(|k| spent(k) > 0)
+            .map(|k| format!("{k} {:.1}", per(spent(k))))
+            .collect();
+        println!("  us CPU per request by process: {}", kinds.join(", "));
         for (table, a) in &after.tables {
             let b = before.tables.get(table).copied().unwrap_or_default();
             let (ins, upd, hot) = (a[0] - b[0], a[1] - b[1], a[2] - b[2]);
