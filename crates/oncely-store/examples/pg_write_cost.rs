@@ -46,8 +46,11 @@ mod cost {
                 Some(t) => t.split_whitespace().take(2).collect::<Vec<_>>().join(" "),
                 None => "postmaster".to_string(),
             };
-            *ticks.entry(kind).or_default() +=
-                fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+            let user = fields[11].parse::<u64>().unwrap_or(0);
+            let system = fields[12].parse::<u64>().unwrap_or(0);
+            *ticks.entry(kind).or_default() += user + system;
+            // Also counted apart: the kernel's share (sends, receives, WAL flushes).
+            *ticks.entry("(of which system)".to_string()).or_default() += system;
         }
         ticks
     }
@@ -87,13 +90,14 @@ mod cost {
         Stats { wal, tables }
     }
 
-    /// Runs `count` fresh claim + complete from `callers` tasks; returns the wall time.
+    /// Runs `count` fresh claim + complete from `callers` tasks; returns the wall time and
+    /// each request's (claim to completion) latency, sorted.
     async fn run(
         store: &Arc<dyn Store>,
         next: &Arc<AtomicU64>,
         count: u64,
         callers: u64,
-    ) -> Duration {
+    ) -> (Duration, Vec<Duration>) {
         let started = Instant::now();
         // Exactly the numbers up to `end` run (each caller also takes one past it).
         let end = next.load(Ordering::Relaxed) + count;
@@ -102,11 +106,13 @@ mod cost {
             let store = store.clone();
             let next = next.clone();
             tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= end {
                         break;
                     }
+                    let sent = Instant::now();
                     let Claim::Owned(record) = store
                         .claim(&spec(
                             "p_bench",
@@ -127,13 +133,17 @@ mod cost {
                         )
                         .await
                         .expect("complete");
+                    latencies.push(sent.elapsed());
                 }
+                latencies
             }));
         }
+        let mut latencies = Vec::new();
         for t in tasks {
-            t.await.expect("caller");
+            latencies.extend(t.await.expect("caller"));
         }
-        started.elapsed()
+        latencies.sort();
+        (started.elapsed(), latencies)
     }
 
     pub(super) async fn main() {
@@ -162,7 +172,7 @@ mod cost {
         let before = stats(&client).await;
         let store = open().await;
         let cpu0 = server_ticks();
-        let wall = run(&store, &next, n, callers).await;
+        let (wall, latencies) = run(&store, &next, n, callers).await;
         let cpu1 = server_ticks();
         let done = n;
         drop(store);
@@ -179,7 +189,7 @@ mod cost {
             "requests {done} callers {callers}: {:.0} req/s; server {:.1} us CPU per request; \
              WAL {:.0} bytes per request",
             done as f64 / wall.as_secs_f64(),
-            per(cpu1.keys().map(spent).sum()),
+            per(cpu1.keys().filter(|k| !k.starts_with('(')).map(spent).sum()),
             per(after.wal - before.wal),
         );
         let kinds: Vec<String> = cpu1
@@ -188,6 +198,14 @@ mod cost {
             .map(|k| format!("{k} {:.1}", per(spent(k))))
             .collect();
         println!("  us CPU per request by process: {}", kinds.join(", "));
+        let at =
+            |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+        println!(
+            "  latency (claim + complete): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        );
         for (table, a) in &after.tables {
             let b = before.tables.get(table).copied().unwrap_or_default();
             let (ins, upd, hot) = (a[0] - b[0], a[1] - b[1], a[2] - b[2]);
