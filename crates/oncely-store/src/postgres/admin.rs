@@ -10,32 +10,51 @@ use super::sql::SQL;
 use super::store::PgStore;
 use crate::{Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, Usage, UsageHour};
 
+/// At most this many rows go in one statement of a purge.
+const PURGE_BATCH: i64 = 1000;
+
+impl PgStore {
+    /// Runs the purge statement `sql` (`$1` offset, `$2` batch size; each statement
+    /// deletes a batch and folds what it deleted into the usage history) until a batch
+    /// comes back short; returns how many rows it deleted.
+    async fn purge_in_batches(&self, sql: &str) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let gone: i64 = self
+                .query_opt(sql, &[&self.offset(), &PURGE_BATCH])
+                .await?
+                .map(|row| row.try_get(0))
+                .transpose()
+                .map_err(corrupt)?
+                .unwrap_or(0);
+            total += gone as u64;
+            if gone < PURGE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Admin for PgStore {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let state = filter.state.map(State::as_str);
         let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
-        self.query(
-            &SQL.list,
-            &[&state, &filter.principal, &filter.route, &limit],
-        )
-        .await?
-        .iter()
-        .map(record_from_row)
-        .collect()
+        let sql = match filter.state {
+            Some(State::Completed) | None => &SQL.list,
+            Some(_) => &SQL.list_open,
+        };
+        self.query(sql, &[&state, &filter.principal, &filter.route, &limit])
+            .await?
+            .iter()
+            .map(record_from_row)
+            .collect()
     }
 
     async fn purge_expired(&self) -> Result<u64> {
-        // Each statement deletes and folds what it deleted into the usage history.
-        let gone: i64 = self
-            .query_opt(&SQL.purge, &[&self.offset()])
-            .await?
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(corrupt)?
-            .unwrap_or(0);
-        self.query(&SQL.purge_repeats, &[&self.offset()]).await?;
-        Ok(gone as u64)
+        let gone = self.purge_in_batches(&SQL.purge).await?;
+        self.purge_in_batches(&SQL.purge_repeats).await?;
+        Ok(gone)
     }
 
     async fn purge_usage(&self, before: Timestamp) -> Result<u64> {

@@ -4,13 +4,15 @@
 //! A commit waits for the WAL flush (one `fdatasync`, milliseconds on many disks), so one
 //! claim per commit caps throughput at `pool size / flush time`. Claims queue here; a
 //! dispatcher takes every claim waiting when a connection frees up and inserts them with
-//! one `INSERT ... SELECT FROM unnest(...) ON CONFLICT (scope, key) DO NOTHING`. Alone,
-//! a claim runs at once with the single-row statement, so latency does not suffer.
+//! one `INSERT ... SELECT FROM unnest(...) ON CONFLICT (claim) DO NOTHING`. Alone, a
+//! claim runs at once with the single-row statement, so latency does not suffer. The
+//! claims that found their key held read the rows holding them in one more statement on
+//! the same connection (only they pay for it).
 //!
-//! Each claim gets back what the single-row statement would have told it: its own row
-//! (owned), the row already holding its key (then the caller decides: existing, reclaim
-//! or renew), or nothing (the holder committed after the statement's snapshot, or the
-//! batch must be retried one by one).
+//! Each claim gets back its own row (owned), the row already holding its key (then the
+//! caller decides: existing, reclaim or renew), or nothing (the holder was purged between
+//! the statements, its row holds another key's colliding hash, or the batch must be
+//! retried one by one).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use super::connection::checkout;
 use super::error::{corrupt, unavailable};
 use super::listener::CHANNEL;
 use super::rows::{attempt_param, cols, millis, record_from_row, ResponseColumns, COLUMNS};
-use super::sql::{NOW, SQL};
+use super::sql::{AT, CLAIM_INSERT, SQL};
 use crate::{Result, StoreError};
 
 /// At most this many claims share one statement.
@@ -46,6 +48,8 @@ pub(super) enum Claimed {
 
 struct Job {
     id: RecordId,
+    /// `spec.scope.claim_hash(&spec.key)`.
+    claim: [u8; 16],
     spec: ClaimSpec,
     offset: i64,
     reply: oneshot::Sender<Result<Claimed>>,
@@ -130,6 +134,7 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         self.claims.send(Job {
             id,
+            claim: spec.scope.claim_hash(&spec.key),
             spec: spec.clone(),
             offset,
             reply,
@@ -164,9 +169,7 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>) {
     let offset = jobs[0].offset;
     // One order for every batch, so two batches never wait for each other's rows in
     // opposite orders (a deadlock).
-    jobs.sort_by(|a, b| {
-        (a.spec.scope.as_str(), &a.spec.key).cmp(&(b.spec.scope.as_str(), &b.spec.key))
-    });
+    jobs.sort_by_key(|j| j.claim);
     match execute(pool, offset, &jobs).await {
         Ok(steps) => {
             for (job, step) in jobs.into_iter().zip(steps) {
@@ -199,7 +202,7 @@ enum Failure {
 
 async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Claimed>, Failure> {
     let client = checkout(pool).await.map_err(Failure::Store)?;
-    let rows = if jobs.len() == 1 {
+    let mut rows = if jobs.len() == 1 {
         let (job, spec) = (&jobs[0], &jobs[0].spec);
         let stmt = client.prepare_cached(&SQL.claim).await.map_err(failure)?;
         client
@@ -217,6 +220,7 @@ async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Claimed>,
                     &spec.owner,
                     &millis(spec.lease),
                     &spec.workflow_id,
+                    &job.claim.as_slice(),
                 ],
             )
             .await
@@ -237,6 +241,7 @@ async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Claimed>,
         let leases: Vec<i64> = jobs.iter().map(|j| millis(j.spec.lease)).collect();
         let workflows: Vec<Option<&str>> =
             jobs.iter().map(|j| j.spec.workflow_id.as_deref()).collect();
+        let claims: Vec<&[u8]> = jobs.iter().map(|j| j.claim.as_slice()).collect();
         client
             .query(
                 &stmt,
@@ -252,12 +257,37 @@ async fn execute(pool: &Pool, offset: i64, jobs: &[Job]) -> Result<Vec<Claimed>,
                     &owners,
                     &leases,
                     &workflows,
+                    &claims,
                 ],
             )
             .await
             .map_err(failure)?
     };
+    // The claims whose key was held: the rows holding them, read after the insert (so
+    // a holder that committed meanwhile is seen).
+    let held: Vec<&[u8]> = jobs
+        .iter()
+        .filter(|j| !rows.iter().any(|r| inserted_id(r) == Some(j.id.as_str())))
+        .map(|j| j.claim.as_slice())
+        .collect();
+    if !held.is_empty() {
+        let stmt = client
+            .prepare_cached(&SQL.claim_read)
+            .await
+            .map_err(failure)?;
+        rows.extend(
+            client
+                .query(&stmt, &[&offset, &held])
+                .await
+                .map_err(failure)?,
+        );
+    }
     claimed(jobs, &rows).map_err(Failure::Store)
+}
+
+/// The id of the row an insert returned.
+fn inserted_id(row: &Row) -> Option<&str> {
+    row.try_get::<_, &str>("id").ok()
 }
 
 /// Matches the returned rows to the claims by `(scope, key)`.
@@ -300,37 +330,23 @@ fn failure(e: tokio_postgres::Error) -> Failure {
     }
 }
 
-/// The claim of many keys in one statement; `$2..$11` are arrays in the order of the
-/// single-row claim's parameters. The rows read back are those the insert did not write:
-/// the statement's snapshot can still show a row that a purge deleted before the insert
-/// took its key, and a claimant handed that old row instead of its own would wait on the
-/// record it owns (as the single-row claim, `NOT EXISTS` the inserted row).
+/// The claim of many keys in one plain statement; `$2..$12` are arrays in the order of
+/// the single-row claim's parameters, inserted in the order given (the claim hashes'),
+/// so that two groups never wait for each other's keys in opposite orders. It returns
+/// the rows it inserted; `SQL.claim_read` reads the others.
 static SQL_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH t AS ({NOW}),
-         i AS (
-             SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
-                                  $7::text[], $8::text[], $9::text[], $10::bigint[],
-                                  $11::text[])
-                 WITH ORDINALITY AS i(id, scope, key, fingerprint, class, route, principal,
-                                      owner, lease, workflow_id, n)),
-         ins AS (
-             INSERT INTO records (id, scope, key, fingerprint, class, route, principal, state,
-                                  owner, attempt, lease_until, created_at, updated_at,
-                                  workflow_id)
-             SELECT i.id, i.scope, i.key, i.fingerprint, i.class, i.route, i.principal,
-                    'processing', i.owner, 1, t.now + i.lease, t.now, t.now, i.workflow_id
-             FROM i, t
-             ORDER BY i.n
-             ON CONFLICT (scope, key) DO NOTHING
-             RETURNING {ins})
-         SELECT true AS inserted, t.now, {ins} FROM ins, t
-         UNION ALL
-         SELECT false, t.now, {r} FROM records r, t
-         WHERE (r.scope, r.key) IN (SELECT i.scope, i.key FROM i)
-           AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = r.scope AND ins.key = r.key)",
+        "{CLAIM_INSERT}
+         SELECT i.id, i.claim, i.scope, i.key, i.fingerprint, i.class, i.route, i.principal,
+                'processing', i.owner, 1, {AT} + i.lease, {AT}, {AT}, i.workflow_id
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::text[],
+                     $8::text[], $9::text[], $10::bigint[], $11::text[], $12::bytea[])
+             WITH ORDINALITY AS i(id, scope, key, fingerprint, class, route, principal, owner,
+                                  lease, workflow_id, claim, n)
+         ORDER BY i.n
+         ON CONFLICT (claim) DO NOTHING
+         RETURNING true AS inserted, created_at AS now, {ins}",
         ins = COLUMNS.join(", "),
-        r = cols("r"),
     )
 });
 
@@ -477,29 +493,25 @@ async fn execute_completions(
     Ok(done)
 }
 
-/// The fenced completion of many records in one statement; `$2..$11` are arrays.
+/// The fenced completion of many records in one plain statement; `$2..$11` are arrays.
+/// The state is tested as `(...) IS TRUE`, which no index answers: the rows are found by
+/// id through the primary key, never by a scan of `records_open`'s processing entries
+/// (which the planner thinks few, and which hold every completion since the last vacuum).
 static SQL_COMPLETE_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH t AS ({NOW}),
-         i AS (
-             SELECT * FROM unnest($2::text[], $3::text[], $4::integer[], $5::bigint[],
-                                  $6::bigint[], $7::integer[], $8::text[], $9::bytea[],
-                                  $10::bigint[], $11::text[])
-                 AS i(id, owner, attempt, win, until, status, headers, body, units, prid)),
-         u AS (
-             UPDATE records r SET state = 'completed', lease_until = NULL,
-                 completed_at = t.now,
-                 expires_at = LEAST(t.now + i.win, COALESCE(i.until, 9223372036854775807)),
-                 response_status = i.status, response_headers = i.headers,
-                 response_body = i.body, units = i.units,
-                 provider_request_id = COALESCE(i.prid, r.provider_request_id),
-                 updated_at = t.now, last_error = NULL
-             FROM i, t
-             WHERE r.id = i.id AND r.owner = i.owner AND r.attempt = i.attempt
-               AND r.state = 'processing'
-             RETURNING {r})
-         SELECT u.*, CASE WHEN u.waiting > 0 THEN pg_notify('{channel}', u.id) END AS notified
-         FROM u",
+        "UPDATE records r SET state = 'completed', lease_until = NULL, completed_at = {AT},
+             expires_at = LEAST({AT} + i.win, COALESCE(i.until, 9223372036854775807)),
+             response_status = i.status, response_headers = i.headers,
+             response_body = i.body, units = i.units,
+             provider_request_id = COALESCE(i.prid, r.provider_request_id),
+             updated_at = {AT}, last_error = NULL
+         FROM unnest($2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[],
+                     $7::integer[], $8::text[], $9::bytea[], $10::bigint[], $11::text[])
+             AS i(id, owner, attempt, win, until, status, headers, body, units, prid)
+         WHERE r.id = i.id AND r.owner = i.owner AND r.attempt = i.attempt
+           AND (r.state = 'processing') IS TRUE
+         RETURNING {r},
+             CASE WHEN r.waiting > 0 THEN pg_notify('{channel}', r.id) END AS notified",
         r = cols("r"),
         channel = CHANNEL,
     )

@@ -7,6 +7,8 @@
 //!   expired completed row is replaced by a new record, a released row with the same
 //!   fingerprint is reclaimed in place (attempt + 1), and any other existing key rolls
 //!   everything back.
+//!   Keys are found by their claim hash (`Scope::claim_hash`, migration 8), and the row
+//!   found must hold the key itself (a colliding hash is refused).
 //!   Two instances that insert the same new key at once serialise on the unique index:
 //!   the second's insert does nothing once the first commits, and it reports the first's
 //!   record.
@@ -15,7 +17,7 @@ use oncely_core::{ClaimSpec, Completion, Record, Scope, Timestamp};
 
 use super::error::{corrupt, unavailable};
 use super::queue::{i32_of, ms, TASK_COLUMNS};
-use super::rows::{record_from_row, ResponseColumns, COLUMNS};
+use super::rows::{holding, record_from_row, ResponseColumns, COLUMNS};
 use super::sql::NOW;
 use super::store::PgStore;
 use crate::plan::plan_claims;
@@ -76,11 +78,11 @@ impl PgStore {
             format!(
                 "WITH t AS ({NOW}),
                  ins AS (
-                     INSERT INTO records (id, scope, key, fingerprint, class, route, principal,
-                         state, owner, attempt, lease_until, created_at, updated_at,
+                     INSERT INTO records (id, claim, scope, key, fingerprint, class, route,
+                         principal, state, owner, attempt, lease_until, created_at, updated_at,
                          completed_at, expires_at, response_status, response_headers,
                          response_body, units, provider_request_id, workflow_id)
-                     SELECT $2, $3, $4, $5, $6, $7, $8, $9::text, $10, 1,
+                     SELECT $2, $29, $3, $4, $5, $6, $7, $8, $9::text, $10, 1,
                          CASE WHEN $9::text = 'processing' THEN t.now + $11::bigint END,
                          t.now, t.now,
                          CASE WHEN $9::text = 'completed' THEN t.now END,
@@ -89,7 +91,7 @@ impl PgStore {
                                    COALESCE($13::bigint, 9223372036854775807)) END,
                          $14, $15, $16, $17, $18, $19
                      FROM t
-                     ON CONFLICT (scope, key) DO NOTHING
+                     ON CONFLICT (claim) DO NOTHING
                      RETURNING {cols}),
                  queued AS (
                      INSERT INTO tasks ({TASK_COLUMNS})
@@ -147,6 +149,7 @@ impl PgStore {
                     &max_attempts,
                     &ms(task.timeout),
                     &ms(task.backoff),
+                    &spec.scope.claim_hash(&spec.key).as_slice(),
                 ],
             )
             .await?;
@@ -168,16 +171,16 @@ impl PgStore {
         let now_row = tx.query_one(NOW, &[&offset]).await.map_err(unavailable)?;
         let now = Timestamp(now_row.try_get("now").map_err(corrupt)?);
         let lock = format!(
-            "SELECT {} FROM records WHERE scope = $1 AND key = $2 FOR UPDATE",
+            "SELECT {} FROM records WHERE claim = $1 FOR UPDATE",
             COLUMNS.join(", ")
         );
         let insert = "INSERT INTO records (id, scope, key, fingerprint, class, route, principal,
                  state, owner, attempt, lease_until, created_at, updated_at, completed_at,
                  expires_at, response_status, response_headers, response_body, units,
-                 workflow_id)
+                 workflow_id, claim)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17, $18, $19, $20)
-             ON CONFLICT (scope, key) DO NOTHING
+                 $17, $18, $19, $20, $21)
+             ON CONFLICT (claim) DO NOTHING
              RETURNING id";
         let lock = tx.prepare_cached(&lock).await.map_err(unavailable)?;
         let insert = tx.prepare_cached(insert).await.map_err(unavailable)?;
@@ -190,11 +193,12 @@ impl PgStore {
             {
                 continue;
             }
+            let claim = spec.scope.claim_hash(&spec.key);
             let row = tx
-                .query_opt(&lock, &[&spec.scope.as_str(), &spec.key])
+                .query_opt(&lock, &[&claim.as_slice()])
                 .await
                 .map_err(unavailable)?
-                .map(|row| record_from_row(&row))
+                .map(|row| holding(record_from_row(&row)?, &spec.scope, &spec.key))
                 .transpose()?;
             held.push((&spec.scope, &spec.key, row));
         }
@@ -265,6 +269,7 @@ impl PgStore {
                         &response.body,
                         &units,
                         &record.workflow_id,
+                        &record.scope.claim_hash(&record.key).as_slice(),
                     ],
                 )
                 .await

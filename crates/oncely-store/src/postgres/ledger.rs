@@ -1,10 +1,12 @@
 //! The PostgreSQL store's [`Ledger`].
 //!
-//! - A claim is one `INSERT ... ON CONFLICT (scope, key) DO NOTHING` that also returns the
-//!   row already holding the key, grouped with the instance's concurrent claims
-//!   (`batch`); only a released row (reclaim) or an expired one (renew) costs a second,
-//!   conditional `UPDATE`, so two claimants can never both win. A claim that meets a
-//!   completed record is answered from the replay cache until shortly before it expires.
+//! - A claim is one plain `INSERT ... ON CONFLICT (claim) DO NOTHING` (`claim`: the key's
+//!   16-byte `Scope::claim_hash`), grouped with the instance's concurrent claims
+//!   (`batch`); a key already held costs a read of the row holding it (by its claim hash,
+//!   refused unless it holds the same scope and key); only a released row (reclaim) or
+//!   an expired one (renew) costs a conditional `UPDATE`, so two claimants can never
+//!   both win. A claim that meets a completed record is answered from the replay cache
+//!   until shortly before it expires.
 //! - Owner transitions (`complete`, `release`, `mark_unknown`, `renew`) are one `UPDATE`
 //!   fenced by `owner`, `attempt` and `state`; when it matches no row, the row is read and
 //!   the pure transition of `oncely_core::record` names the exact refusal.
@@ -23,7 +25,7 @@ use tokio_postgres::types::ToSql;
 
 use super::batch::{Claimed, Completed};
 use super::error::{corrupt, unavailable};
-use super::rows::{attempt_param, millis, record_from_row, ResponseColumns};
+use super::rows::{attempt_param, holding, millis, record_from_row, ResponseColumns};
 use super::sql::SQL;
 use super::store::PgStore;
 use crate::replays::Now;
@@ -180,6 +182,7 @@ impl Ledger for PgStore {
             return Ok(Claim::Existing(r));
         }
         let epoch = replays.epoch();
+        let claim = spec.scope.claim_hash(&spec.key);
         let fingerprint = spec.fingerprint.0.as_slice();
         let lease = millis(spec.lease);
         let batcher = &self.inner.batcher;
@@ -192,11 +195,11 @@ impl Ledger for PgStore {
                 Claimed::Held(record, now) => (record, Timestamp(now)),
                 // The holder committed after the statement's snapshot: read it now.
                 Claimed::Retry => match self
-                    .query_opt(&SQL.claim_read, &[&offset, &spec.scope.as_str(), &spec.key])
+                    .query_opt(&SQL.claim_read, &[&offset, &vec![claim.as_slice()]])
                     .await?
                 {
                     Some(row) => (
-                        record_from_row(&row)?,
+                        holding(record_from_row(&row)?, &spec.scope, &spec.key)?,
                         Timestamp(row.try_get("now").map_err(corrupt)?),
                     ),
                     None => {
@@ -384,9 +387,10 @@ impl Ledger for PgStore {
     }
 
     async fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<Record>> {
-        self.query_opt(&SQL.lookup, &[&scope.as_str(), &key])
+        let claim = scope.claim_hash(key);
+        self.query_opt(&SQL.lookup, &[&claim.as_slice()])
             .await?
-            .map(|row| record_from_row(&row))
+            .map(|row| holding(record_from_row(&row)?, scope, key))
             .transpose()
     }
 

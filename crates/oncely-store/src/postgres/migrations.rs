@@ -187,6 +187,29 @@ ON CONFLICT (timeline) DO NOTHING;
         name: "usage history",
         sql: super::usage::MIGRATION_SQL,
     },
+    Migration {
+        version: 8,
+        name: "a ledger built for the write path (claim hashes, fewer indexes)",
+        sql: r#"
+-- A claim finds its row by 16 bytes (`Scope::claim_hash`: SHA-256 of a prefix, the scope
+-- and the key) instead of two long texts: the unique index a claim inserts into is a
+-- quarter of the size. The store compares scope and key on the row it finds. (Each step
+-- may run again with the same effect.)
+ALTER TABLE records ADD COLUMN IF NOT EXISTS claim bytea;
+UPDATE records SET claim = substring(sha256(
+    convert_to('oncely/claim/v1', 'UTF8') || '\x00'::bytea || convert_to(scope, 'UTF8')
+    || '\x00'::bytea || convert_to(key, 'UTF8')) FROM 1 FOR 16);
+ALTER TABLE records ALTER COLUMN claim SET NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS records_claim ON records (claim);
+ALTER TABLE records DROP CONSTRAINT IF EXISTS records_scope_key_key;
+-- Lists are newest first by id (`rec_` and a UUIDv7: time-ordered), through the primary
+-- key; the states the gateway polls (processing, outcome_unknown) have an index of their
+-- own, which a completed record leaves.
+DROP INDEX IF EXISTS records_created;
+DROP INDEX IF EXISTS records_principal;
+CREATE INDEX IF NOT EXISTS records_open ON records (state, id) WHERE state <> 'completed';
+"#,
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("oncely" in ASCII).

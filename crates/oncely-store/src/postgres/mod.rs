@@ -1,8 +1,11 @@
 //! The PostgreSQL store: several gateway instances share one ledger.
 //!
-//! - A claim is one `INSERT ... ON CONFLICT (scope, key) DO NOTHING` that also returns the
-//!   row already holding the key; only a released row (reclaim) or an expired one (renew)
-//!   costs a second, conditional `UPDATE`, so two claimants can never both win.
+//! - A claim is one plain `INSERT ... ON CONFLICT (claim) DO NOTHING` on the key's claim
+//!   hash (`Scope::claim_hash`, a 16-byte unique index); a held key costs a read of the
+//!   row holding it (which must hold the same scope and key); only a released row
+//!   (reclaim) or an expired one (renew) costs a conditional `UPDATE`, so two claimants
+//!   can never both win. Lists are newest first by id (a UUIDv7) through the primary key;
+//!   the states the gateway polls have a partial index (`records_open`).
 //! - Concurrent claims, and concurrent completions, of one instance are grouped into one
 //!   statement and one commit each (`batch`); a lone call runs its own statement at once.
 //! - Owner transitions (`complete`, `release`, `mark_unknown`, `renew`) are one `UPDATE`

@@ -137,6 +137,20 @@ pub(super) fn record_from_row(row: &Row) -> Result<Record> {
     })
 }
 
+/// The row a claim hash (`Scope::claim_hash`) found, if it holds that claim's own scope
+/// and key: two keys whose hashes collide are refused, never answered with each other's
+/// record.
+pub(super) fn holding(record: Record, scope: &Scope, key: &str) -> Result<Record> {
+    if record.scope == *scope && record.key == key {
+        return Ok(record);
+    }
+    Err(StoreError::Unavailable(format!(
+        "claim-hash collision: key {key:?} has the claim hash of record {}'s key; \
+         refusing to answer with another key's record",
+        record.id
+    )))
+}
+
 /// A `bigint` column that holds a count.
 pub(super) fn unsigned(row: &Row, col: &str) -> Result<u64> {
     let v: i64 = row.try_get(col).map_err(corrupt)?;

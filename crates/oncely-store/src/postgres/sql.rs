@@ -1,7 +1,8 @@
 //! The statements of the ledger on `records` and `repeat_events`, built once ([`SQL`]).
 //! Every time in them is the database's clock plus the store clock's offset, passed as
-//! `$1` ([`NOW`]); a transition out of `processing` notifies [`CHANNEL`] when someone
-//! waits for the record.
+//! `$1` ([`NOW`], or [`AT`] in the plain statements of the write path: the claim and the
+//! owner's transitions); a transition out of `processing` notifies [`CHANNEL`] when
+//! someone waits for the record.
 
 use std::sync::LazyLock;
 
@@ -11,6 +12,13 @@ use super::rows::{cols, COLUMNS};
 /// The database's time in ms since the epoch, plus the offset in `$1`.
 pub(super) const NOW: &str =
     "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now";
+
+/// The same time as an expression, for the statements of the write path, which are
+/// plain statements (no common table expression to start): the statement's start
+/// (`statement_timestamp()`: one value however often a statement uses it) plus the
+/// offset in `$1`.
+pub(super) const AT: &str =
+    "((extract(epoch FROM statement_timestamp()) * 1000)::bigint + $1::bigint)";
 
 /// Common table expressions that end in `up`, one row whose `up` says how long, in ms
 /// plus the offset in `$1` (a test clock's steps count as time up), the server has been
@@ -58,6 +66,7 @@ pub(super) struct Statements {
     pub(super) wait_start: String,
     pub(super) wait_end: String,
     pub(super) list: String,
+    pub(super) list_open: String,
     pub(super) purge: String,
     pub(super) record_repeats: String,
     pub(super) purge_repeats: String,
@@ -66,51 +75,48 @@ pub(super) struct Statements {
     pub(super) durable: String,
 }
 
-/// A fenced owner transition that sets `set` and sends NOTIFY when someone waits.
+/// A fenced owner transition that sets `set` (where `t.now` is the statement's time,
+/// [`AT`]) and sends NOTIFY when someone waits: one plain `UPDATE`.
 fn fenced_update(set: &str, notify: bool) -> String {
     let notify = if notify {
         format!(
-            ", CASE WHEN u.waiting > 0 THEN pg_notify('{}', u.id) END AS notified",
+            ", CASE WHEN r.waiting > 0 THEN pg_notify('{}', r.id) END AS notified",
             CHANNEL
         )
     } else {
         String::new()
     };
     format!(
-        "WITH t AS ({NOW}), u AS (
-             UPDATE records r SET {set}
-             FROM t
-             WHERE r.id = $2 AND r.owner = $3 AND r.attempt = $4 AND r.state = 'processing'
-             RETURNING {ret})
-         SELECT u.*{notify} FROM u",
+        "UPDATE records r SET {set}
+         WHERE r.id = $2 AND r.owner = $3 AND r.attempt = $4 AND r.state = 'processing'
+         RETURNING {ret}{notify}",
+        set = set.replace("t.now", AT),
         ret = cols("r")
     )
 }
 
+/// The columns a claim writes (the single claim's and the grouped claims' statements).
+pub(super) const CLAIM_INSERT: &str =
+    "INSERT INTO records (id, claim, scope, key, fingerprint, class, route,
+                                  principal, state, owner, attempt, lease_until, created_at,
+                                  updated_at, workflow_id)";
+
 /// The statements, built on first use.
 pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
+    // A plain insert: the row it wrote, or none when a row holds the claim (then
+    // `claim_read` reads that row in a statement of its own).
     claim: format!(
-        "WITH t AS ({NOW}),
-         ins AS (
-             INSERT INTO records (id, scope, key, fingerprint, class, route, principal, state,
-                                  owner, attempt, lease_until, created_at, updated_at,
-                                  workflow_id)
-             SELECT $2, $3, $4, $5, $6, $7, $8, 'processing', $9, 1, t.now + $10, t.now,
-                    t.now, $11
-             FROM t
-             ON CONFLICT (scope, key) DO NOTHING
-             RETURNING {ins})
-         SELECT true AS inserted, t.now, {ins} FROM ins, t
-         UNION ALL
-         SELECT false, t.now, {r} FROM records r, t
-         WHERE r.scope = $3 AND r.key = $4 AND NOT EXISTS (SELECT 1 FROM ins)",
+        "{CLAIM_INSERT}
+         VALUES ($2, $12, $3, $4, $5, $6, $7, $8, 'processing', $9, 1, {AT} + $10, {AT}, {AT},
+                 $11)
+         ON CONFLICT (claim) DO NOTHING
+         RETURNING true AS inserted, created_at AS now, {ins}",
         ins = COLUMNS.join(", "),
-        r = cols("r"),
     ),
+    // The rows holding the claims `$2` (hashes): the caller compares scope and key.
     claim_read: format!(
-        "WITH t AS ({NOW})
-         SELECT false AS inserted, t.now, {r} FROM records r, t
-         WHERE r.scope = $2 AND r.key = $3",
+        "SELECT false AS inserted, {AT} AS now, {r} FROM records r
+         WHERE r.claim = ANY($2::bytea[])",
         r = cols("r")
     ),
     reclaim: format!(
@@ -190,7 +196,7 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
         r = cols("r")
     ),
     lookup: format!(
-        "SELECT {} FROM records WHERE scope = $1 AND key = $2",
+        "SELECT {} FROM records WHERE claim = $1",
         COLUMNS.join(", ")
     ),
     wait_start: format!(
@@ -202,12 +208,24 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
         r = cols("r")
     ),
     wait_end: "UPDATE records SET waiting = GREATEST(waiting - 1, 0) WHERE id = $1".into(),
+    // Newest first is by id (`rec_` and a UUIDv7), through the primary key.
     list: format!(
         "SELECT {} FROM records
          WHERE ($1::text IS NULL OR state = $1)
            AND ($2::text IS NULL OR principal = $2)
            AND ($3::text IS NULL OR route = $3)
-         ORDER BY created_at DESC, id DESC
+         ORDER BY id DESC
+         LIMIT $4",
+        COLUMNS.join(", ")
+    ),
+    // A state other than completed (what the gateway polls): through `records_open`,
+    // whose predicate the statement repeats so that a generic plan may use it too.
+    list_open: format!(
+        "SELECT {} FROM records
+         WHERE state = $1 AND state <> 'completed'
+           AND ($2::text IS NULL OR principal = $2)
+           AND ($3::text IS NULL OR route = $3)
+         ORDER BY id DESC
          LIMIT $4",
         COLUMNS.join(", ")
     ),
@@ -283,14 +301,21 @@ pub(super) fn repeats_of(events: &str) -> String {
     )
 }
 
-/// The purge of records whose window ended, folding them; answers how many.
+/// One batch of the purge of records whose window ended: at most `$2` rows that no
+/// other purge holds (`SKIP LOCKED`), deleted and folded in one statement; answers how
+/// many. The caller repeats it until a batch comes back short, so that no statement holds
+/// many rows' locks, or writes much WAL, at once.
 fn purge_records_sql() -> String {
     format!(
         "WITH t AS ({NOW}),
-         gone AS (
-             DELETE FROM records r USING t
+         batch AS (
+             SELECT r.id FROM records r, t
              WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
                 OR (r.state = 'released' AND r.expires_at <= t.now)
+             LIMIT $2
+             FOR UPDATE OF r SKIP LOCKED),
+         gone AS (
+             DELETE FROM records r USING batch b WHERE r.id = b.id
              RETURNING r.state, r.principal, r.route, r.completed_at, r.units),
          folded AS ({fold})
          SELECT count(*)::bigint FROM gone",
@@ -298,16 +323,22 @@ fn purge_records_sql() -> String {
     )
 }
 
-/// The purge of repeat events whose record's window ended (or whose record was gone when
-/// they were written), folding them.
+/// One batch of the purge of repeat events whose record's window ended (or whose record
+/// was gone when they were written), folding them, as [`purge_records_sql`]; answers how
+/// many.
 fn purge_events_sql() -> String {
     format!(
         "WITH t AS ({NOW}),
-         gone AS (
-             DELETE FROM repeat_events e USING t
+         batch AS (
+             SELECT e.seq FROM repeat_events e, t
              WHERE e.expires_at IS NULL OR e.expires_at <= t.now
-             RETURNING e.principal, e.route, e.at, e.kind, e.count, e.units)
-         {fold}",
+             LIMIT $2
+             FOR UPDATE OF e SKIP LOCKED),
+         gone AS (
+             DELETE FROM repeat_events e USING batch b WHERE e.seq = b.seq
+             RETURNING e.principal, e.route, e.at, e.kind, e.count, e.units),
+         folded AS ({fold})
+         SELECT count(*)::bigint FROM gone",
         fold = upsert(&repeats_of("gone"))
     )
 }

@@ -1,8 +1,9 @@
 //! The usage history on PostgreSQL (migration 7): `usage_hours`, one row per principal,
 //! route and hour. The purge deletes records and repeat events with `DELETE ...
-//! RETURNING` and folds what it deleted in the same statement, so two instances purging
-//! at once fold each row once (`crate::usage` says how each counts). Readers add what
-//! the ledger still holds to it, in one statement or one snapshot.
+//! RETURNING`, a batch of at most 1,000 rows a statement (`SKIP LOCKED`: purges running
+//! at once take different rows), and folds what it deleted in the same statement, so two
+//! instances purging at once fold each row once (`crate::usage` says how each counts).
+//! Readers add what the ledger still holds to it, in one statement or one snapshot.
 
 use oncely_core::{RecordId, Timestamp};
 use tokio_postgres::{IsolationLevel, Row};

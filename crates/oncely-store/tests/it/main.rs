@@ -4,6 +4,8 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod pg_connection;
 #[cfg(feature = "postgres")]
+mod pg_write_path;
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
