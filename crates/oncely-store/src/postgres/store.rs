@@ -107,9 +107,12 @@ impl PgStore {
                  promoted); add target_session_attrs=read-write"
             );
         }
-        // Fewer statements in flight than connections make bigger groups: measured best
-        // at a quarter of the pool (16 connections: 4 claim statements at a time).
-        let batcher = Batcher::start(pool.clone(), (options.pool_size / 4).max(1));
+        // Fewer statements in flight than connections make bigger groups, and fewer
+        // commits: with the plain statements of schema 8, an eighth of the pool (16
+        // connections: 2 groups at a time) took 102-138 us of the server's CPU per fresh
+        // request against 180-219 us at a quarter, with more requests a second
+        // (`scripts/pg-write-cost`, BENCHMARKS.md).
+        let batcher = Batcher::start(pool.clone(), (options.pool_size / 8).max(1));
         Ok(PgStore {
             inner: Arc::new(Inner {
                 batcher,
