@@ -264,11 +264,14 @@ async fn preload_postgres(url: &str, count: u64, now: i64) {
     let rows = preload_rows(count);
     let sql = format!(
         "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, principal, \
-         state, owner, attempt, created_at, updated_at, completed_at, expires_at, units) \
+         state, owner, attempt, created_at, updated_at, completed_at, expires_at, units, \
+         response_status, response_headers, response_body) \
          SELECT 'rec_' || lpad(to_hex(r.rank), 32, '0'), r.claim, r.scope, r.key, \
                 decode(r.key, 'hex'), 'write', 'POST /v1/render', r.principal, 'completed', \
                 'preload', 1, r.created, r.created, r.created, \
-                CASE WHEN r.expired THEN {now} - 1 ELSE {now} + 86400000 END, 1 \
+                CASE WHEN r.expired THEN {now} - 1 ELSE {now} + 86400000 END, 1, 200, \
+                '[[\"content-type\",\"application/json\"]]', \
+                convert_to('{{\"id\":\"r-preloaded\",\"ok\":true,\"result\":\"0123456789abcdef\"}}', 'UTF8') \
          FROM unnest($1::bigint[], $2::bytea[], $3::text[], $4::text[], $5::text[], \
                      $6::bigint[], $7::bool[]) \
               AS r(rank, claim, scope, key, principal, created, expired)"
@@ -311,8 +314,7 @@ async fn preload_postgres(url: &str, count: u64, now: i64) {
             eprintln!("preloaded {} of {count}", (n + 1) * 50_000);
         }
     }
-    client
-        .batch_execute("VACUUM ANALYZE records; CHECKPOINT")
-        .await
-        .expect("analyze");
+    for sql in ["VACUUM ANALYZE records", "CHECKPOINT"] {
+        client.batch_execute(sql).await.expect(sql);
+    }
 }
