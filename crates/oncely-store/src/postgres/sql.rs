@@ -301,21 +301,35 @@ pub(super) fn repeats_of(events: &str) -> String {
     )
 }
 
-/// One batch of the purge of records whose window ended: at most `$2` rows that no
-/// other purge holds (`SKIP LOCKED`), deleted and folded in one statement; answers how
+/// One batch of the purge of records whose window ended: at most `$2` rows of each kind
+/// (completed, completed before expiries were kept, released), each kind read through
+/// its index (an `OR` of the three made the planner scan the table), that no
+/// other purge holds (`SKIP LOCKED`), deleted by primary key (`= ANY`: a join with the
+/// batch could be planned as a scan of the table), and folded, in one statement; answers how
 /// many. The caller repeats it until a batch comes back short, so that no statement holds
 /// many rows' locks, or writes much WAL, at once.
 fn purge_records_sql() -> String {
     format!(
-        "WITH t AS ({NOW}),
-         batch AS (
-             SELECT r.id FROM records r, t
-             WHERE (r.state = 'completed' AND (r.expires_at IS NULL OR r.expires_at <= t.now))
-                OR (r.state = 'released' AND r.expires_at <= t.now)
+        "WITH done AS (
+             SELECT id FROM records
+             WHERE state = 'completed' AND expires_at <= {AT}
              LIMIT $2
-             FOR UPDATE OF r SKIP LOCKED),
+             FOR UPDATE SKIP LOCKED),
+         undated AS (
+             SELECT id FROM records
+             WHERE state = 'completed' AND expires_at IS NULL
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED),
+         released AS (
+             SELECT id FROM records
+             WHERE state = 'released' AND state <> 'completed' AND expires_at <= {AT}
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED),
+         batch AS (
+             SELECT id FROM done UNION ALL SELECT id FROM undated
+             UNION ALL SELECT id FROM released),
          gone AS (
-             DELETE FROM records r USING batch b WHERE r.id = b.id
+             DELETE FROM records r WHERE r.id = ANY (ARRAY(SELECT id FROM batch))
              RETURNING r.state, r.principal, r.route, r.completed_at, r.units),
          folded AS ({fold})
          SELECT count(*)::bigint FROM gone",
@@ -328,14 +342,19 @@ fn purge_records_sql() -> String {
 /// many.
 fn purge_events_sql() -> String {
     format!(
-        "WITH t AS ({NOW}),
-         batch AS (
-             SELECT e.seq FROM repeat_events e, t
-             WHERE e.expires_at IS NULL OR e.expires_at <= t.now
+        "WITH ended AS (
+             SELECT seq FROM repeat_events
+             WHERE expires_at <= {AT}
              LIMIT $2
-             FOR UPDATE OF e SKIP LOCKED),
+             FOR UPDATE SKIP LOCKED),
+         orphans AS (
+             SELECT seq FROM repeat_events
+             WHERE expires_at IS NULL
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED),
+         batch AS (SELECT seq FROM ended UNION ALL SELECT seq FROM orphans),
          gone AS (
-             DELETE FROM repeat_events e USING batch b WHERE e.seq = b.seq
+             DELETE FROM repeat_events e WHERE e.seq = ANY (ARRAY(SELECT seq FROM batch))
              RETURNING e.principal, e.route, e.at, e.kind, e.count, e.units),
          folded AS ({fold})
          SELECT count(*)::bigint FROM gone",
