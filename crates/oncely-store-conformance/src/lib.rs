@@ -73,6 +73,38 @@ pub fn spec(principal: &str, key: &str, body: &str, class: Class, owner: &str) -
     }
 }
 
+/// One fresh request as the benchmarks make it (`writer_cost`, `pg_write_cost`,
+/// `ledger_scale`): a claim of `key` under `principal` (an `action`, the body naming
+/// request `i`), then its completion with a small body. Panics when the key was taken or
+/// the store fails: a benchmark measures fresh requests only.
+pub async fn fresh_request<L: oncely_store::Ledger + ?Sized>(
+    store: &L,
+    principal: &str,
+    key: &str,
+    i: u64,
+) {
+    let Claim::Owned(record) = store
+        .claim(&spec(
+            principal,
+            key,
+            &format!("{{\"prompt\":{i}}}"),
+            Class::Action,
+            "owner-1",
+        ))
+        .await
+        .expect("claim")
+    else {
+        panic!("fresh key found existing")
+    };
+    store
+        .complete(
+            &record.fence().expect("owned"),
+            completion("{\"id\":\"r-1\"}", 1),
+        )
+        .await
+        .expect("complete");
+}
+
 /// A completion with a small JSON body and one header.
 pub fn completion(body: &str, units: u64) -> Completion {
     Completion {

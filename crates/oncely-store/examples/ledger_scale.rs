@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncely_core::{Class, Scope};
-use oncely_store::{Claim, Store, StoreOptions};
-use oncely_store_conformance::{completion, spec};
+use oncely_core::Scope;
+use oncely_store::{Store, StoreOptions};
+use oncely_store_conformance::fresh_request;
 
 /// The key of fresh request `i` (see `writer_cost`).
 fn key(i: u64) -> String {
@@ -50,26 +50,7 @@ async fn phase(
                     return took;
                 }
                 let t = Instant::now();
-                let Claim::Owned(record) = store
-                    .claim(&spec(
-                        "p_scale",
-                        &key(i),
-                        &format!("{{\"prompt\":{i}}}"),
-                        Class::Action,
-                        "owner-1",
-                    ))
-                    .await
-                    .expect("claim")
-                else {
-                    panic!("fresh key found existing")
-                };
-                store
-                    .complete(
-                        &record.fence().expect("owned"),
-                        completion("{\"id\":\"r-1\"}", 1),
-                    )
-                    .await
-                    .expect("complete");
+                fresh_request(&*store, "p_scale", &key(i), i).await;
                 took.push(t.elapsed());
             }
         }));

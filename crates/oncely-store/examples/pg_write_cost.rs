@@ -15,10 +15,9 @@ mod cost {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use oncely_core::Class;
     use oncely_store::postgres::PgStore;
-    use oncely_store::{Claim, Store, StoreOptions};
-    use oncely_store_conformance::{completion, spec};
+    use oncely_store::{Store, StoreOptions};
+    use oncely_store_conformance::fresh_request;
     use tokio_postgres::{Client, NoTls};
 
     /// CPU ticks (utime + stime) of every process named `postgres`, per kind: the
@@ -113,26 +112,7 @@ mod cost {
                         break;
                     }
                     let sent = Instant::now();
-                    let Claim::Owned(record) = store
-                        .claim(&spec(
-                            "p_bench",
-                            &format!("fresh-{i}"),
-                            &format!("{{\"prompt\":{i}}}"),
-                            Class::Action,
-                            "owner-1",
-                        ))
-                        .await
-                        .expect("claim")
-                    else {
-                        panic!("fresh key found existing")
-                    };
-                    store
-                        .complete(
-                            &record.fence().expect("owned"),
-                            completion("{\"id\":\"r-1\"}", 1),
-                        )
-                        .await
-                        .expect("complete");
+                    fresh_request(&*store, "p_bench", &format!("fresh-{i}"), i).await;
                     latencies.push(sent.elapsed());
                 }
                 latencies

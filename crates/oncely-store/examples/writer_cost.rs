@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use oncely_core::Class;
 use oncely_store::sqlite::SqliteStore;
-use oncely_store::{Claim, Store, StoreOptions};
-use oncely_store_conformance::{completion, spec};
+use oncely_store::{Store, StoreOptions};
+use oncely_store_conformance::fresh_request;
 
 /// CPU ticks (utime + stime) and bytes written of every thread whose name starts with
 /// `prefix` (every thread: `""`).
@@ -82,26 +81,7 @@ fn main() {
                         if i >= end {
                             break;
                         }
-                        let Claim::Owned(record) = store
-                            .claim(&spec(
-                                "p_bench",
-                                &key(i),
-                                &format!("{{\"prompt\":{i}}}"),
-                                Class::Action,
-                                "owner-1",
-                            ))
-                            .await
-                            .expect("claim")
-                        else {
-                            panic!("fresh key found existing")
-                        };
-                        store
-                            .complete(
-                                &record.fence().expect("owned"),
-                                completion("{\"id\":\"r-1\"}", 1),
-                            )
-                            .await
-                            .expect("complete");
+                        fresh_request(&*store, "p_bench", &key(i), i).await;
                     }
                 }));
             }

@@ -90,7 +90,7 @@ CREATE TABLE secrets (
     },
     Migration {
         version: 6,
-        name: "a ledger for the write path (narrow records, responses apart, one claim index)",
+        name: "a ledger for the write path (keyed by id, one claim index, fewer indexes)",
         sql: WRITE_PATH_SQL,
     },
 ];

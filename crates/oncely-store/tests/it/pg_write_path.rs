@@ -368,10 +368,11 @@ async fn scans(client: &Client) -> (i64, i64, i64) {
     (row.get(0), row.get(1), row.get(2))
 }
 
-#[tokio::test]
-async fn the_polled_lists_read_an_index_not_the_table() {
-    // Generic plans only: the plan a prepared statement may settle on after its first
-    // executions must use the indexes too.
+/// A new schema whose connections use generic plans only (the plan a prepared statement
+/// may settle on after its first executions must use the indexes too), holding 20,000
+/// records `g` = 1..20000 with the state and expiry the SQL expressions `state` and
+/// `expires` give for `g`; its URL and a client.
+async fn generic_plan_ledger(state: &str, expires: &str) -> (String, Client) {
     let url = format!(
         "{}%20-cplan_cache_mode%3Dforce_generic_plan",
         fresh_pg_schema(&shared_pg_url()).await
@@ -382,22 +383,31 @@ async fn the_polled_lists_read_an_index_not_the_table() {
             .unwrap(),
     );
     let client = connect(&url).await;
-    // A ledger of 20,000 records, one in a thousand outcome_unknown, one processing.
     client
-        .batch_execute(
+        .batch_execute(&format!(
             "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, principal,
                  state, owner, attempt, created_at, updated_at, completed_at, expires_at)
              SELECT 'rec_' || lpad(to_hex(g), 32, '0'),
                     substring(sha256(int8send(g)) FROM 1 FOR 16), 'scope', 'k' || g,
                     sha256(int8send(g)), 'write', 'POST /v1/render', 'alice',
-                    CASE g % 1000 WHEN 0 THEN 'outcome_unknown' WHEN 1 THEN 'processing'
-                         ELSE 'completed' END,
-                    'o', 1, g, g, g, 9000000000000000
+                    {state}, 'o', 1, g, g, g, {expires}
              FROM generate_series(1, 20000) g;
-             ANALYZE records",
-        )
+             ANALYZE records"
+        ))
         .await
         .unwrap();
+    (url, client)
+}
+
+#[tokio::test]
+async fn the_polled_lists_read_an_index_not_the_table() {
+    // One in a thousand outcome_unknown, one processing.
+    let (url, client) = generic_plan_ledger(
+        "CASE g % 1000 WHEN 0 THEN 'outcome_unknown' WHEN 1 THEN 'processing'
+              ELSE 'completed' END",
+        "9000000000000000",
+    )
+    .await;
     let before = scans(&client).await;
     let store = PgStore::connect(&url, StoreOptions::default())
         .await
@@ -443,32 +453,12 @@ async fn the_polled_lists_read_an_index_not_the_table() {
 /// 10 M records, past the statement timeout).
 #[tokio::test]
 async fn the_purge_reads_an_index_not_the_table() {
-    let url = format!(
-        "{}%20-cplan_cache_mode%3Dforce_generic_plan",
-        fresh_pg_schema(&shared_pg_url()).await
-    );
-    drop(
-        PgStore::connect(&url, StoreOptions::default())
-            .await
-            .unwrap(),
-    );
-    let client = connect(&url).await;
-    // 20,000 records: 30 completed ones expired, 10 released ones expired, the rest live.
-    client
-        .batch_execute(
-            "INSERT INTO records (id, claim, scope, key, fingerprint, class, route, principal,
-                 state, owner, attempt, created_at, updated_at, completed_at, expires_at)
-             SELECT 'rec_' || lpad(to_hex(g), 32, '0'),
-                    substring(sha256(int8send(g)) FROM 1 FOR 16), 'scope', 'k' || g,
-                    sha256(int8send(g)), 'write', 'POST /v1/render', 'alice',
-                    CASE WHEN g % 2000 = 7 THEN 'released' ELSE 'completed' END,
-                    'o', 1, g, g, g,
-                    CASE WHEN g % 2000 = 7 OR g % 667 = 3 THEN 1 ELSE 9000000000000000 END
-             FROM generate_series(1, 20000) g;
-             ANALYZE records",
-        )
-        .await
-        .unwrap();
+    // 30 completed records expired, 10 released ones expired, the rest live.
+    let (url, client) = generic_plan_ledger(
+        "CASE WHEN g % 2000 = 7 THEN 'released' ELSE 'completed' END",
+        "CASE WHEN g % 2000 = 7 OR g % 667 = 3 THEN 1 ELSE 9000000000000000 END",
+    )
+    .await;
     let expired: i64 = client
         .query_one("SELECT count(*) FROM records WHERE expires_at = 1", &[])
         .await
