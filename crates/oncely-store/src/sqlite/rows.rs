@@ -101,8 +101,8 @@ pub(super) fn by_key(conn: &Connection, scope: &Scope, key: &str) -> Result<Opti
     }
 }
 
-/// The record's values, in [`COLUMNS`] order, then its claim hash.
-fn values(r: &Record) -> Result<[Value; 25]> {
+/// The record's values, in [`COLUMNS`] order.
+fn values(r: &Record) -> Result<[Value; 24]> {
     let (status, headers, body) = match &r.response {
         None => (Value::Null, Value::Null, Value::Null),
         Some(resp) => (
@@ -142,8 +142,14 @@ fn values(r: &Record) -> Result<[Value; 25]> {
         text(&r.workflow_id),
         text(&r.provider_request_id),
         text(&r.last_error),
-        Value::Blob(r.scope.claim_hash(&r.key).to_vec()),
     ])
+}
+
+/// A new row's values: [`values`], then its claim hash (which a transition never
+/// changes, so only an insert computes it).
+fn insert_values(r: &Record) -> Result<impl Iterator<Item = Value>> {
+    let claim = Value::Blob(r.scope.claim_hash(&r.key).to_vec());
+    Ok(values(r)?.into_iter().chain(std::iter::once(claim)))
 }
 
 /// `INSERT INTO records (COLUMNS, claim) VALUES (?1, ..., ?25)` with `tail` after it.
@@ -158,7 +164,7 @@ fn insert_sql(tail: &str) -> String {
 /// Inserts a new record.
 pub(super) fn insert(conn: &Connection, r: &Record) -> Result<()> {
     static SQL: LazyLock<String> = LazyLock::new(|| insert_sql(""));
-    let vals = values(r)?;
+    let vals = insert_values(r)?;
     conn.prepare_cached(&SQL)
         .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
         .map_err(sql_error)?;
@@ -169,7 +175,7 @@ pub(super) fn insert(conn: &Connection, r: &Record) -> Result<()> {
 /// did. One statement where a claim of a new key used to read first and then insert.
 pub(super) fn insert_new(conn: &Connection, r: &Record) -> Result<bool> {
     static SQL: LazyLock<String> = LazyLock::new(|| insert_sql(" ON CONFLICT (claim) DO NOTHING"));
-    let vals = values(r)?;
+    let vals = insert_values(r)?;
     let inserted = conn
         .prepare_cached(&SQL)
         .and_then(|mut st| st.execute(rusqlite::params_from_iter(vals)))
