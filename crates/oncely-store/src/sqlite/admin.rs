@@ -21,11 +21,10 @@ impl Admin for SqliteStore {
 
     async fn purge_expired(&self) -> Result<u64> {
         // In steps, each one writer command: what leaves is folded into the usage history
-        // in the step's transaction. After each step the purge waits three times as long
-        // as the step took, so that it takes at most a quarter of the writer's time while
-        // claims keep coming:
-        // expired rows are spread over the whole table, and a step rewrites a page for
-        // nearly every row it deletes.
+        // in the step's transaction. Expired rows are spread over the whole table, so a
+        // step rewrites a page for nearly every row it deletes: after each step the purge
+        // waits three times as long as the step took, so that it takes at most a quarter
+        // of the writer's time while claims keep coming.
         let mut total = 0;
         loop {
             let started = std::time::Instant::now();
