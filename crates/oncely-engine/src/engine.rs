@@ -229,7 +229,7 @@ impl Engine {
                     // The original failed harmlessly while we waited: claim again (and
                     // execute, with the same downstream key, if we win).
                     Decided::ClaimAgain => break,
-                    Decided::ReadClock => match ledger::bounded(self.store.now()).await {
+                    Decided::ReadClock => match self.store.now().await {
                         Ok(n) => now = Some(n),
                         Err(e) => return Execution::StoreUnavailable(e.to_string()),
                     },
@@ -284,7 +284,7 @@ impl Engine {
                             // Someone else moved it first: look again.
                             Detached::Failed(StoreError::Transition(_), f) => {
                                 run = Some(f);
-                                match ledger::bounded(self.store.get(&record.id)).await {
+                                match self.store.get(&record.id).await {
                                     Ok(Some(r)) => {
                                         record = r;
                                         now = None;
@@ -389,7 +389,9 @@ impl Engine {
             Ok(Ok(record)) => Ok(record),
             Ok(Err(WaitError::NotFound(id))) => Err(StoreError::NotFound(id)),
             Ok(Err(WaitError::Store(e))) => Err(StoreError::Unavailable(e)),
-            Err(_) => ledger::bounded(self.store.get(id))
+            Err(_) => self
+                .store
+                .get(id)
                 .await?
                 .ok_or_else(|| StoreError::NotFound(id.clone())),
         }
@@ -418,33 +420,11 @@ impl Engine {
         let live = self.live.clone();
         let call = call.clone();
         let task = tokio::spawn(async move {
-            let mut op = op;
-            let record = match tokio::time::timeout(ledger::STORE_ANSWER, &mut op).await {
-                Ok(Ok(Claimed::Owned(record))) => record,
-                Ok(Ok(Claimed::Other(record))) => return Detached::Other(record, run),
-                Ok(Err(e)) => return Detached::Failed(e, run),
-                Err(_) => {
-                    // The caller is told the ledger is unavailable, so nothing may be sent
-                    // for it. The claim may still land: then release it, unsent.
-                    let window = call.window;
-                    tokio::spawn(async move {
-                        let Ok(Claimed::Owned(record)) = op.await else {
-                            return;
-                        };
-                        let Some(fence) = record.fence() else {
-                            return;
-                        };
-                        let why = "the ledger answered the claim too late: nothing was sent";
-                        tracing::warn!(record = %record.id, "{why}; releasing it");
-                        let released =
-                            ledger::bounded(store.release(&fence, Some(why.into()), window));
-                        if let Err(e) = released.await {
-                            tracing::warn!(record = %record.id, error = %e,
-                                "releasing a late claim failed; its lease will lapse");
-                        }
-                    });
-                    return Detached::Failed(ledger::unanswered(), run);
-                }
+            // The store bounds the claim, and releases one that lands after it, unsent.
+            let record = match op.await {
+                Ok(Claimed::Owned(record)) => record,
+                Ok(Claimed::Other(record)) => return Detached::Other(record, run),
+                Err(e) => return Detached::Failed(e, run),
             };
             let Some(fence) = record.fence() else {
                 return Detached::Broken(format!("owned record {} has no owner", record.id));

@@ -1,5 +1,5 @@
 //! The engine's ledger operations and an owner's writes: every ledger operation is
-//! bounded by [`STORE_ANSWER`] ([`bounded`]); an owner's write that fails is retried with
+//! bounded by the store itself ([`STORE_ANSWER`]); an owner's write that fails is retried with
 //! backoff for as long as that owner still owns the record (each retry counted in
 //! `oncely_ledger_write_retries_total{op}` and logged); its lease is kept renewed from a
 //! task of its own ([`Lease`]); and a call that ends without an answer to store is
@@ -22,27 +22,10 @@ use oncely_store::lease::{RETRY_FIRST as WRITE_RETRY_FIRST, RETRY_MAX as WRITE_R
 /// tells), so this only bounds the life of a task whose ledger never comes back.
 const WRITE_RETRY_FOR: Duration = Duration::from_secs(3600);
 
-/// The longest one ledger operation may take before it counts as failed: a store that
-/// holds a connection open without answering (a paused server, a black-holed network
-/// path) must not hold the request, or the owner, with it.
-pub const STORE_ANSWER: Duration = Duration::from_secs(10);
-
-/// `op`, or [`StoreError::Unavailable`] once it has taken [`STORE_ANSWER`].
-pub(crate) async fn bounded<T>(
-    op: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(STORE_ANSWER, op)
-        .await
-        .unwrap_or_else(|_| Err(unanswered()))
-}
-
-/// What a ledger operation that took [`STORE_ANSWER`] failed with.
-pub(crate) fn unanswered() -> StoreError {
-    StoreError::Unavailable(format!(
-        "the ledger did not answer within {}s",
-        STORE_ANSWER.as_secs()
-    ))
-}
+/// The longest one ledger operation may take: the store's bound
+/// ([`oncely_store::Bounded`], which every store [`oncely_store::open`] hands out is
+/// wrapped in). The engine relies on it and adds none of its own.
+pub use oncely_store::ANSWER_WITHIN as STORE_ANSWER;
 
 /// The owners running in this process, by owner id. A record one of them owns has a live
 /// owner whatever the ledger's clocks say of its lease: a store that stalled past the lease
@@ -102,7 +85,7 @@ impl Drop for Lease {
 async fn renew_loop(store: Arc<dyn Store>, fence: Fence, lease: Duration) {
     let refused = oncely_store::lease::keep(
         lease,
-        || bounded(store.renew(&fence, lease)),
+        || store.renew(&fence, lease),
         |e, pause| count_retry("renew", &fence, e, pause),
     )
     .await;
@@ -145,7 +128,7 @@ where
     let give_up = Instant::now() + WRITE_RETRY_FOR;
     let mut failures = 0u32;
     loop {
-        match bounded(attempt()).await {
+        match attempt().await {
             Err(e) if retryable(&e) && Instant::now() < give_up => {
                 let pause = backoff::exponential(WRITE_RETRY_FIRST, failures, WRITE_RETRY_MAX);
                 count_retry(op, fence, &e, pause);
@@ -202,7 +185,7 @@ pub(crate) async fn keep_known_outcome(
     completion: Completion,
     refused: &oncely_core::TransitionError,
 ) {
-    let current = bounded(store.get(&fence.id)).await;
+    let current = store.get(&fence.id).await;
     let unknown_here = matches!(&current, Ok(Some(r))
         if r.state == oncely_core::State::OutcomeUnknown && r.attempt == fence.attempt);
     if !unknown_here {
@@ -213,7 +196,7 @@ pub(crate) async fn keep_known_outcome(
     let reason = "its owner recorded the answer after the record was marked outcome_unknown \
                   (the ledger was away from the owner past its lease)";
     // The replay window the upstream asked to end early still ends then.
-    let window = match (completion.replay_until, bounded(store.now()).await) {
+    let window = match (completion.replay_until, store.now().await) {
         (Some(until), Ok(now)) => completion.window.min(now.until(until)),
         (Some(_), Err(_)) => Duration::ZERO,
         (None, _) => completion.window,

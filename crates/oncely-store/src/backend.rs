@@ -4,11 +4,17 @@
 
 use std::sync::Arc;
 
-use crate::{memory, Result, Store, StoreError, StoreOptions};
+use crate::{memory, Bounded, Result, Store, StoreError, StoreOptions, ANSWER_WITHIN};
 
 /// Opens (and migrates) the store a URL names: `sqlite://PATH` or
-/// `postgres://USER[:PASS]@HOST[:PORT]/DB`.
+/// `postgres://USER[:PASS]@HOST[:PORT]/DB`, every operation bounded by
+/// [`ANSWER_WITHIN`] ([`Bounded`]).
 pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    let store = open_unbounded(url, options).await?;
+    Ok(Arc::new(Bounded::new(store, ANSWER_WITHIN)))
+}
+
+async fn open_unbounded(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         if path.is_empty() {
             return Err(StoreError::Config(

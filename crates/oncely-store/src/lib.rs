@@ -35,6 +35,7 @@ use oncely_core::{
 };
 
 mod backend;
+mod bounded;
 pub mod clock;
 pub mod lease;
 pub mod memory;
@@ -51,6 +52,7 @@ mod waiters;
 mod watch;
 
 pub use backend::open;
+pub use bounded::{unanswered, Bounded, ANSWER_WITHIN};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use queue::{
     Finished, NewTask, Task, TaskCounts, TaskError, TaskFence, TaskId, TaskOutcome, TaskState,
@@ -446,7 +448,28 @@ pub trait Admin: Send + Sync + fmt::Debug + 'static {
     /// that left with them; returns how many records. What they counted is folded into
     /// the usage history in the same write (fresh executions in the hour they completed,
     /// repeats in the hour they were answered), so no count is lost or counted twice.
-    async fn purge_expired(&self) -> Result<u64>;
+    ///
+    /// In [`Admin::purge_step`]s: on a big ledger a purge takes minutes, so each step is
+    /// one bounded operation, and after each the purge waits three times as long as the
+    /// step took (expired rows are spread over the whole table: a step rewrites a page for
+    /// nearly every row it deletes), taking at most a quarter of the store's write time
+    /// while claims keep coming. A purge cut off between steps loses nothing.
+    async fn purge_expired(&self) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let step = self.purge_step().await?;
+            total += step.records;
+            if step.last {
+                return Ok(total);
+            }
+            tokio::time::sleep(started.elapsed() * 3).await;
+        }
+    }
+
+    /// One step of [`Admin::purge_expired`]: a batch of expired records and repeat
+    /// events, folded into the usage history in the same write.
+    async fn purge_step(&self) -> Result<PurgeStep>;
 
     /// Deletes the usage history's hours that start before `before` (the server passes
     /// now minus `usage_retention`); returns how many rows.
@@ -507,6 +530,15 @@ pub trait Admin: Send + Sync + fmt::Debug + 'static {
             "this store keeps no reconciliation schedule".into(),
         ))
     }
+}
+
+/// What one [`Admin::purge_step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeStep {
+    /// How many records it deleted.
+    pub records: u64,
+    /// Whether it found less than a whole batch of each kind: nothing expired is left.
+    pub last: bool,
 }
 
 /// Options common to every backend.

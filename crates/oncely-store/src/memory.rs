@@ -17,8 +17,8 @@ use crate::queue::{TaskOutcome, TaskState};
 use crate::usage::{per_principal, period_start, Hours};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    Admin, Claim, Clock, Ledger, ListFilter, ReconcileSchedule, Repeat, RepeatEvent, RepeatEvents,
-    Result, StoreError, TaskQueue, Usage, UsageHour, Waiting,
+    Admin, Claim, Clock, Ledger, ListFilter, PurgeStep, ReconcileSchedule, Repeat, RepeatEvent,
+    RepeatEvents, Result, StoreError, TaskQueue, Usage, UsageHour, Waiting,
 };
 
 #[derive(Debug, Default)]
@@ -396,7 +396,7 @@ impl Admin for MemoryStore {
         Ok(out)
     }
 
-    async fn purge_expired(&self) -> Result<u64> {
+    async fn purge_step(&self) -> Result<PurgeStep> {
         let now = self.clock.now();
         let mut data = self.data.lock().expect("memory store lock");
         let doomed: Vec<Record> = data
@@ -423,7 +423,10 @@ impl Admin for MemoryStore {
             }
             stays
         });
-        Ok(doomed.len() as u64)
+        Ok(PurgeStep {
+            records: doomed.len() as u64,
+            last: true,
+        })
     }
 
     async fn purge_usage(&self, before: Timestamp) -> Result<u64> {

@@ -4,7 +4,6 @@
 //! transport to forward. The transport checks what the request's carrier must carry (the
 //! routing headers) before.
 
-use oncely_tower::STORE_ANSWER;
 use serde_json::Value;
 
 use super::results::{task, task_payload};
@@ -50,11 +49,8 @@ pub(super) async fn answer(
         return TaskAnswer::Answer(task_not_found(id, "Task not found"));
     };
     let store = inner.guard.store();
-    let read = match tokio::time::timeout(STORE_ANSWER, store.get(&record_id)).await {
-        Ok(read) => read.map_err(|e| e.to_string()),
-        Err(_) => Err("the ledger did not answer in time".to_string()),
-    };
-    let record = match read {
+    // The store bounds the read (`oncely_store::Bounded`).
+    let record = match store.get(&record_id).await {
         Ok(Some(record)) => record,
         Ok(None) => return TaskAnswer::Answer(task_not_found(id, "Task not found")),
         Err(e) => {

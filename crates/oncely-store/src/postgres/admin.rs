@@ -8,35 +8,24 @@ use super::error::{corrupt, unavailable};
 use super::rows::record_from_row;
 use super::sql::SQL;
 use super::store::PgStore;
-use crate::{Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, Usage, UsageHour};
+use crate::{
+    Admin, ListFilter, PurgeStep, ReconcileSchedule, RepeatEvents, Result, Usage, UsageHour,
+};
 
 /// At most this many rows go in one statement of a purge.
 const PURGE_BATCH: i64 = 1000;
 
 impl PgStore {
-    /// Runs the purge statement `sql` (`$1` offset, `$2` batch size; each statement
-    /// deletes a batch and folds what it deleted into the usage history) until a batch
-    /// comes back short; returns how many rows it deleted.
-    async fn purge_in_batches(&self, sql: &str) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let gone: i64 = self
-                .query_opt(sql, &[&self.offset(), &PURGE_BATCH])
-                .await?
-                .map(|row| row.try_get(0))
-                .transpose()
-                .map_err(corrupt)?
-                .unwrap_or(0);
-            total += gone as u64;
-            if gone < PURGE_BATCH {
-                return Ok(total);
-            }
-            // Paced, as on SQLite: a batch's writes (a page for nearly every row it
-            // deletes, their WAL, the index entries) compete with the claims' commits, so
-            // the purge waits three times as long as a batch took before the next one.
-            tokio::time::sleep(started.elapsed() * 3).await;
-        }
+    /// Runs the purge statement `sql` (`$1` offset, `$2` batch size) once: it deletes a
+    /// batch and folds what it deleted into the usage history; returns how many rows.
+    async fn purge_batch(&self, sql: &str) -> Result<i64> {
+        Ok(self
+            .query_opt(sql, &[&self.offset(), &PURGE_BATCH])
+            .await?
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or(0))
     }
 }
 
@@ -56,10 +45,18 @@ impl Admin for PgStore {
             .collect()
     }
 
-    async fn purge_expired(&self) -> Result<u64> {
-        let gone = self.purge_in_batches(&SQL.purge).await?;
-        self.purge_in_batches(&SQL.purge_repeats).await?;
-        Ok(gone)
+    async fn purge_step(&self) -> Result<PurgeStep> {
+        // The records first; once they are done, the repeat events whose records left.
+        let records = self.purge_batch(&SQL.purge).await?;
+        let events = if records < PURGE_BATCH {
+            self.purge_batch(&SQL.purge_repeats).await?
+        } else {
+            PURGE_BATCH
+        };
+        Ok(PurgeStep {
+            records: records as u64,
+            last: records < PURGE_BATCH && events < PURGE_BATCH,
+        })
     }
 
     async fn purge_usage(&self, before: Timestamp) -> Result<u64> {

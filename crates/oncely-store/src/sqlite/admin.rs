@@ -9,7 +9,8 @@ use super::error::sql_error;
 use super::{repeats, rows, usage, SqliteStore};
 use crate::usage::{period_start, usage_from_rows};
 use crate::{
-    Admin, ListFilter, ReconcileSchedule, RepeatEvents, Result, StoreError, Usage, UsageHour,
+    Admin, ListFilter, PurgeStep, ReconcileSchedule, RepeatEvents, Result, StoreError, Usage,
+    UsageHour,
 };
 
 #[async_trait]
@@ -19,25 +20,13 @@ impl Admin for SqliteStore {
         self.read(move |conn| rows::list(conn, &filter)).await
     }
 
-    async fn purge_expired(&self) -> Result<u64> {
-        // In steps, each one writer command: what leaves is folded into the usage history
-        // in the step's transaction. Expired rows are spread over the whole table, so a
-        // step rewrites a page for nearly every row it deletes: after each step the purge
-        // waits three times as long as the step took, so that it takes at most a quarter
-        // of the writer's time while claims keep coming.
-        let mut total = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let (records, events) = self
-                .writer
-                .run(|conn, now| Ok((usage::purge_step(conn, now)?, None)))
-                .await?;
-            total += records;
-            if records < usage::PURGE_STEP as u64 && events < usage::PURGE_STEP as u64 {
-                return Ok(total);
-            }
-            tokio::time::sleep(started.elapsed() * 3).await;
-        }
+    async fn purge_step(&self) -> Result<PurgeStep> {
+        let (records, events) = self
+            .writer
+            .run(|conn, now| Ok((usage::purge_step(conn, now)?, None)))
+            .await?;
+        let last = records < usage::PURGE_STEP as u64 && events < usage::PURGE_STEP as u64;
+        Ok(PurgeStep { records, last })
     }
 
     async fn purge_usage(&self, before: Timestamp) -> Result<u64> {

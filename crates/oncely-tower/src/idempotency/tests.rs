@@ -1008,7 +1008,7 @@ impl Admin for DownStore {
     async fn list(&self, _: &ListFilter) -> oncely_store::Result<Vec<Record>> {
         down()
     }
-    async fn purge_expired(&self) -> oncely_store::Result<u64> {
+    async fn purge_step(&self) -> oncely_store::Result<oncely_store::PurgeStep> {
         down()
     }
     async fn usage(&self, _: Option<Timestamp>) -> oncely_store::Result<Usage> {

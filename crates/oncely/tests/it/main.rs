@@ -30,6 +30,7 @@ mod mcp_tasks;
 mod mcp_upstream;
 mod openapi;
 mod packaging;
+mod paused;
 mod pg_failover;
 mod pg_pooler;
 mod pg_stalls;
