@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool};
+use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::batch::Batcher;
-use super::connection::{checkout, Connector};
+use super::connection::{checkout, Conn, Connector};
 use super::error::unavailable;
 use super::{listener, migrations, server};
 use crate::replays::{Limits, ReplayCache};
@@ -143,7 +143,7 @@ impl PgStore {
     }
 
     /// A connection from the pool.
-    pub(super) async fn client(&self) -> Result<Object> {
+    pub(super) async fn client(&self) -> Result<Conn> {
         checkout(&self.inner.pool).await
     }
 

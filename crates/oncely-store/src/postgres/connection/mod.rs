@@ -11,7 +11,7 @@
 //! `LISTEN`); both connect the same way, over TLS as `sslmode` says (`tls`, with SCRAM's
 //! channel binding from `binding`). [`checkout`] takes a connection from the pool.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
@@ -183,8 +183,54 @@ fn checked_duration(value: &str) -> Result<String> {
 
 /// A connection from `pool`: [`StoreError::Unavailable`] when none frees up, or none
 /// can be opened, within the pool's timeouts.
-pub(super) async fn checkout(pool: &Pool) -> Result<Object> {
-    pool.get().await.map_err(|e| pool_error(pool, e))
+pub(super) async fn checkout(pool: &Pool) -> Result<Conn> {
+    let object = pool.get().await.map_err(|e| pool_error(pool, e))?;
+    Ok(Conn {
+        object: Some(object),
+        since: Instant::now(),
+    })
+}
+
+/// How long a connection may be out of the pool and still go back to it. An operation
+/// takes milliseconds; one that held its connection this long was most likely cut off by
+/// the store's bound ([`crate::ANSWER_WITHIN`]) with a statement unanswered, on a server
+/// that is paused or a network path that went dark. Such a connection is closed instead
+/// of handed to the next operation, so a dark connection costs one bound, not one per
+/// operation that draws it; a connection the server closed is never handed out either
+/// (the pool's recycling checks it).
+const RETURN_WITHIN: Duration = Duration::from_secs(5);
+
+/// A pooled connection, returned to its pool when dropped unless it was held past
+/// [`RETURN_WITHIN`].
+pub(super) struct Conn {
+    object: Option<Object>,
+    since: Instant,
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        self.object.as_ref().expect("a connection until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Object {
+        self.object.as_mut().expect("a connection until dropped")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take() {
+            if self.since.elapsed() >= RETURN_WITHIN {
+                tracing::debug!(target: "oncely::store", held_ms = self.since.elapsed().as_millis() as u64,
+                    "closing a PostgreSQL connection that was held past its bound");
+                drop(Object::take(object));
+            }
+        }
+    }
 }
 
 fn pool_error(pool: &Pool, e: PoolError) -> StoreError {
