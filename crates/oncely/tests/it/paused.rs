@@ -309,7 +309,10 @@ async fn in_the_dark(gw: &Gateway, store: &str, b: &Before) -> Vec<Dark> {
 
 fn assert_bounded(dark: &[Dark]) {
     for d in dark {
-        eprintln!("in the dark: {} answered {} after {:?}", d.what, d.status, d.took);
+        eprintln!(
+            "in the dark: {} answered {} after {:?}",
+            d.what, d.status, d.took
+        );
         assert!(
             d.took < BOUND + SLACK,
             "{} answered after {:?} (status {}): {}",
