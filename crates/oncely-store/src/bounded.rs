@@ -6,7 +6,7 @@
 //! stall, a black-holed network path, a SQLite write lock held by another process) is
 //! thereby the same case as one that is down.
 //!
-//! [`open`](crate::open) hands out every backend wrapped, so no entry point can forget the
+//! `oncely_store::open` hands out every backend wrapped, so no entry point can forget the
 //! bound. The exceptions are the operations whose length is their caller's to choose:
 //! [`Waiting::wait_for`] gets its own timeout plus the bound, and
 //! [`Admin::purge_expired`] runs as paced [`Admin::purge_step`]s, each bounded.
