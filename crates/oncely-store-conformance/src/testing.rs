@@ -87,18 +87,7 @@ impl PgServer {
     }
 
     fn signal(&self, sig: &str) {
-        let pid_file = format!("{}/postmaster.pid", self.data);
-        let text = std::fs::read_to_string(&pid_file).expect("postmaster.pid");
-        let postmaster = text.lines().next().expect("its pid").trim().to_string();
-        // The backends first (their parent still runs), then the postmaster.
-        let _ = Command::new("pkill")
-            .args([sig, "-P", &postmaster])
-            .status();
-        let status = Command::new("kill")
-            .args([sig, &postmaster])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {sig} {postmaster} failed");
+        signal_server(std::path::Path::new(&self.data), sig);
     }
 
     /// Runs `pg_ctl ARGS` on this server's data directory as the server's user.
@@ -113,6 +102,22 @@ impl PgServer {
             .expect("run pg_ctl");
         assert!(status.success(), "pg_ctl {args:?} failed");
     }
+}
+
+/// Sends `sig` to every process of the server whose data directory is `data`: the
+/// backends first (their parent still runs), then the postmaster.
+fn signal_server(data: &std::path::Path, sig: &str) {
+    let pid_file = data.join("postmaster.pid");
+    let text = std::fs::read_to_string(&pid_file).expect("postmaster.pid");
+    let postmaster = text.lines().next().expect("its pid").trim().to_string();
+    let _ = Command::new("pkill")
+        .args([sig, "-P", &postmaster])
+        .status();
+    let status = Command::new("kill")
+        .args([sig, &postmaster])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {sig} {postmaster} failed");
 }
 
 impl Drop for PgServer {

@@ -140,6 +140,17 @@ impl PgCluster {
         }
     }
 
+    /// Freezes the primary (SIGSTOP to its postmaster and every backend): its
+    /// connections stay open and nothing answers on them, as on a paused VM.
+    pub fn pause_primary(&self) {
+        super::signal_server(&self.nodes[self.primary()].data, "-STOP");
+    }
+
+    /// Lets a [`PgCluster::pause_primary`]d primary run on (SIGCONT).
+    pub fn resume_primary(&self) {
+        super::signal_server(&self.nodes[self.primary()].data, "-CONT");
+    }
+
     /// Stops the primary (`pg_ctl stop -m fast`; its data and role stay), as a restart
     /// that is not a failover begins.
     pub fn stop_primary(&self) {

@@ -258,6 +258,14 @@ impl Excuses<'_> {
     }
 }
 
+/// The longest any request may wait for its answer, in seconds: the harness's route
+/// `timeout` (3 s, longer than its `wait`, 1 s), then one ledger operation's bound
+/// (10 s: an owner's completion that the ledger does not take in time no longer holds
+/// the answer back, a claim or a read that gets no answer fails), and 4 s for a busy
+/// machine. A caller that waits longer than this (see `agents`) and gets no answer, or
+/// an answer after it, shows an entry point that hung on the ledger.
+pub(crate) const ANSWER_LIMIT: f64 = 17.0;
+
 pub(crate) fn check(
     store: StoreKind,
     duration: Duration,
@@ -452,6 +460,18 @@ pub(crate) fn check(
                 r.events_acknowledged += 1;
             }
         }
+        for a in &attempts {
+            let took = a.end - a.at;
+            if took > ANSWER_LIMIT {
+                broken.push(format!(
+                    "a request waited {took:.1} s, past the bound of {ANSWER_LIMIT} s ({})",
+                    match &a.outcome {
+                        Outcome::Answer { status, .. } => format!("answered {status}"),
+                        Outcome::NoAnswer(why) => why.clone(),
+                    }
+                ));
+            }
+        }
         if unresolved.contains(&intent.id) {
             broken.push(
                 "no final answer after the faults stopped (the settling sweep gave up)".into(),
@@ -545,11 +565,12 @@ fn history(
         lines.push((
             a.at,
             format!(
-                "{}request to instance {} -> {} (after {:.2} s)",
+                "{}request to instance {} -> {} (after {:.2} s, patience {:.1} s)",
                 if a.sweep { "sweep " } else { "" },
                 a.instance,
                 describe(&a.outcome),
-                a.end - a.at
+                a.end - a.at,
+                a.patience
             ),
         ));
     }
@@ -626,6 +647,7 @@ mod tests {
             instance: 0,
             at,
             end: at + 0.1,
+            patience: 8.0,
             outcome: Outcome::Answer {
                 status,
                 oncely: String::new(),
@@ -656,6 +678,25 @@ mod tests {
             Vec::new(),
             Vec::new(),
         )
+    }
+
+    #[test]
+    fn a_request_that_waited_past_the_bound_is_a_violation() {
+        let slow = Intent::new(1, Class::Write, 0, 1);
+        let quick = Intent::new(1, Class::Write, 0, 2);
+        let mut e = history(&[&slow, &quick]);
+        exec(&mut e, &slow, "k1", 1, 1.0);
+        exec(&mut e, &quick, "k2", 2, 1.0);
+        answer(&mut e, &slow, 1.0, 200, "", Some(1));
+        answer(&mut e, &quick, 1.0, 200, "", Some(2));
+        // A patient caller got its answer 20 s after it asked; the other within the bound.
+        e.attempts[0].end = 21.0;
+        e.attempts[0].patience = 40.0;
+        e.attempts[1].end = 1.0 + ANSWER_LIMIT - 1.0;
+        let r = run(e);
+        assert_eq!(r.violations.len(), 1, "{r}");
+        assert!(r.violations[0].intent.starts_with(&slow.id), "{r}");
+        assert!(r.violations[0].rule.contains("past the bound"), "{r}");
     }
 
     #[test]

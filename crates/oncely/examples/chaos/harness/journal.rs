@@ -179,6 +179,8 @@ pub(crate) struct Attempt {
     pub(crate) instance: usize,
     pub(crate) at: f64,
     pub(crate) end: f64,
+    /// How long the caller would wait for the answer, in seconds.
+    pub(crate) patience: f64,
     pub(crate) outcome: Outcome,
     /// Sent by the settling sweep after the faults stopped.
     pub(crate) sweep: bool,

@@ -49,6 +49,9 @@ pub(crate) enum Fault {
     SqliteLock,
     /// PostgreSQL stopped, then started again.
     PgRestart,
+    /// Every process of PostgreSQL (the primary) SIGSTOPped for 1 to 15 s, then
+    /// SIGCONTed: connections stay open and nothing answers on them.
+    PgPause,
     /// The PostgreSQL primary SIGKILLed and its synchronous standby promoted (then a new
     /// standby made of the dead node).
     PgFailover,
@@ -57,7 +60,7 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 11] = [
+    pub(crate) const ALL: [Fault; 12] = [
         Fault::Kill,
         Fault::ProxyDelay,
         Fault::ProxyResetBefore,
@@ -67,6 +70,7 @@ impl Fault {
         Fault::StalledCaller,
         Fault::SqliteLock,
         Fault::PgRestart,
+        Fault::PgPause,
         Fault::PgFailover,
         Fault::ClockStep,
     ];
@@ -82,6 +86,7 @@ impl Fault {
             Fault::StalledCaller => "stalled-caller",
             Fault::SqliteLock => "sqlite-lock",
             Fault::PgRestart => "pg-restart",
+            Fault::PgPause => "pg-pause",
             Fault::PgFailover => "pg-failover",
             Fault::ClockStep => "clock-step",
         }
@@ -94,7 +99,7 @@ impl Fault {
     fn applies_to(self, store: StoreKind) -> bool {
         match self {
             Fault::SqliteLock => store == StoreKind::Sqlite,
-            Fault::PgRestart | Fault::PgFailover => store == StoreKind::Postgres,
+            Fault::PgRestart | Fault::PgPause | Fault::PgFailover => store == StoreKind::Postgres,
             _ => true,
         }
     }
@@ -484,6 +489,7 @@ async fn inject_until(
             Fault::Kill
                 | Fault::SqliteLock
                 | Fault::PgRestart
+                | Fault::PgPause
                 | Fault::PgFailover
                 | Fault::StalledCaller
         );
@@ -568,6 +574,27 @@ async fn inject(t: &Target, kind: Fault, mut rng: StdRng) {
             let _ = tokio::task::spawn_blocking(move || p.stop()).await;
             tokio::time::sleep(down).await;
             let _ = tokio::task::spawn_blocking(move || pg.start_again()).await;
+        }
+        Fault::PgPause => {
+            let Some(pg) = t.pg.clone() else { return };
+            let _one_at_a_time = t.pg_faults.lock().await;
+            let paused = ms(&mut rng, 1000, 15000);
+            journal.fault(
+                Fault::PgPause,
+                None,
+                format!("PostgreSQL paused (SIGSTOP) for {paused:?}"),
+            );
+            /// Resumes the server however the pause ends (the task cancelled too).
+            struct Resume(Arc<Pg>);
+            impl Drop for Resume {
+                fn drop(&mut self) {
+                    self.0.resume();
+                }
+            }
+            let p = pg.clone();
+            let _ = tokio::task::spawn_blocking(move || p.pause()).await;
+            let _resume = Resume(pg);
+            tokio::time::sleep(paused).await;
         }
         Fault::PgFailover => {
             let Some(pg) = t.pg.clone() else { return };

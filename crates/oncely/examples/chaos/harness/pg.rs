@@ -2,7 +2,8 @@
 //! failovers, a primary with a synchronous streaming standby (the gateways' URL lists
 //! both, with `target_session_attrs=read-write`). A restart stops and starts the primary;
 //! a failover SIGKILLs the primary's postmaster, promotes the standby, and makes the dead
-//! node a standby of the new primary, so that the next failover can go the other way.
+//! node a standby of the new primary, so that the next failover can go the other way. A
+//! pause SIGSTOPs every process of the server (the primary) and a resume SIGCONTs them.
 
 use std::time::Duration;
 
@@ -47,6 +48,22 @@ impl Pg {
         match self {
             Pg::Server(s) => s.start_again(),
             Pg::Cluster(c) => c.start_primary(),
+        }
+    }
+
+    /// Freezes the server (the primary): SIGSTOP of every process, connections open.
+    pub(crate) fn pause(&self) {
+        match self {
+            Pg::Server(s) => s.pause(),
+            Pg::Cluster(c) => c.pause_primary(),
+        }
+    }
+
+    /// Lets a paused server run on (SIGCONT).
+    pub(crate) fn resume(&self) {
+        match self {
+            Pg::Server(s) => s.resume(),
+            Pg::Cluster(c) => c.resume_primary(),
         }
     }
 
