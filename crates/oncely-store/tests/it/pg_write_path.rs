@@ -3,7 +3,7 @@
 //! refused, a version-7 ledger is upgraded in place and keeps every record, the lists the
 //! gateway polls read an index, and the purge goes in batches.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncely_core::{Class, Record, Scope, State};
@@ -13,6 +13,8 @@ use oncely_store::{
 };
 use oncely_store_conformance::spec;
 use oncely_store_conformance::testing::{fresh_pg_schema, shared_pg_url};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_postgres::{Client, NoTls};
 
 fn options(clock: &ManualClock) -> StoreOptions {
@@ -348,24 +350,164 @@ async fn a_version_7_ledger_is_upgraded_in_place_and_keeps_every_record() {
     assert!(get(&unknown).await.state == State::OutcomeUnknown);
 }
 
-/// How many sequential scans of `records` and index scans of each of its indexes the
-/// server counted (a store's connections are closed first: they report on exit).
-async fn scans(client: &Client) -> (i64, i64, i64) {
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let row = client
-        .query_one(
-            "SELECT t.seq_scan,
-                    (SELECT idx_scan FROM pg_stat_user_indexes i
-                     WHERE i.relid = t.relid AND i.indexrelname = 'records_open'),
-                    (SELECT idx_scan FROM pg_stat_user_indexes i
-                     WHERE i.relid = t.relid AND i.indexrelname = 'records_pkey')
-             FROM pg_stat_user_tables t
-             WHERE t.relname = 'records' AND t.schemaname = current_schema()",
-            &[],
-        )
+/// A proxy between a store and the server that records the SQL of every statement the
+/// store prepares (each Parse message its connections send), so that a test can show the
+/// plans of exactly the statements the store ran.
+struct Recorder {
+    /// The URL a store connects through the proxy with (without TLS, so that the proxy
+    /// can read the messages).
+    url: String,
+    statements: Arc<Mutex<Vec<String>>>,
+}
+
+impl Recorder {
+    /// Starts a proxy to the server `url` names; it lives as long as the test's runtime.
+    async fn start(url: &str) -> Recorder {
+        let config: tokio_postgres::Config = url.parse().unwrap();
+        let host = match &config.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(host) => host.clone(),
+            #[allow(unreachable_patterns)]
+            other => panic!("the recorder needs a TCP server, not {other:?}"),
+        };
+        let upstream = (host, config.get_ports().first().copied().unwrap_or(5432));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let statements = Arc::new(Mutex::new(Vec::new()));
+        let log = statements.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = TcpStream::connect(upstream.clone()).await.unwrap();
+                tokio::spawn(relay(client, server, log.clone()));
+            }
+        });
+        // The server's address is the URL's authority after the user (and password).
+        let body = url.find("://").unwrap() + 3;
+        let end = url[body..].find('/').map_or(url.len(), |i| body + i);
+        let at = url[body..end].rfind('@').map_or(body, |i| body + i + 1);
+        let sep = if url.contains('?') { '&' } else { '?' };
+        Recorder {
+            url: format!(
+                "{}127.0.0.1:{port}{}{sep}sslmode=disable",
+                &url[..at],
+                &url[end..]
+            ),
+            statements,
+        }
+    }
+
+    /// How many statements were prepared so far.
+    fn mark(&self) -> usize {
+        self.statements.lock().unwrap().len()
+    }
+
+    /// The statements prepared since `mark`.
+    fn since(&self, mark: usize) -> Vec<String> {
+        self.statements.lock().unwrap()[mark..].to_vec()
+    }
+}
+
+/// Relays a connection's bytes both ways, recording the query of each Parse message the
+/// client sends.
+async fn relay(client: TcpStream, server: TcpStream, log: Arc<Mutex<Vec<String>>>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+        let _ = to_client.shutdown().await;
+    });
+    // The startup messages have no type byte: a length, then a code (an SSL or GSSAPI
+    // request, refused here as sslmode=disable sends none, or the startup message).
+    let mut startup = true;
+    loop {
+        let mut head = vec![0u8; if startup { 4 } else { 5 }];
+        if from_client.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes(head[head.len() - 4..].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len.saturating_sub(4)];
+        if from_client.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        if startup {
+            let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+            startup = code == 80_877_103 || code == 80_877_104;
+        } else if head[0] == b'P' {
+            // Parse: the statement's name, then its query, each NUL-terminated.
+            let mut parts = body.split(|b| *b == 0);
+            let _name = parts.next();
+            let query = String::from_utf8_lossy(parts.next().unwrap_or_default());
+            log.lock().unwrap().push(query.into_owned());
+        }
+        if to_server.write_all(&head).await.is_err() || to_server.write_all(&body).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The generic plan of each of `statements` that reads or writes (the plan
+/// `force_generic_plan` makes a prepared statement use whatever its parameters: the one it
+/// may settle on after its first executions), as `EXPLAIN` prints it, with its statement.
+async fn generic_plans(client: &Client, statements: &[String]) -> Vec<(String, String)> {
+    client
+        .batch_execute("SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
-    (row.get(0), row.get(1), row.get(2))
+    let mut plans = Vec::new();
+    for sql in statements {
+        let verb = sql
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_ascii_uppercase();
+        if !matches!(
+            verb.as_str(),
+            "SELECT" | "WITH" | "INSERT" | "UPDATE" | "DELETE"
+        ) {
+            continue;
+        }
+        // Parameters typed by their context, as the store's Parse messages leave them.
+        client
+            .batch_execute(&format!("PREPARE oncely_plan AS {sql}"))
+            .await
+            .unwrap_or_else(|e| panic!("PREPARE {sql}: {e}"));
+        let params: i32 = client
+            .query_one(
+                "SELECT cardinality(parameter_types) FROM pg_prepared_statements
+                 WHERE name = 'oncely_plan'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let args = if params == 0 {
+            String::new()
+        } else {
+            format!("({})", vec!["NULL"; params as usize].join(", "))
+        };
+        let plan = client
+            .query(&format!("EXPLAIN EXECUTE oncely_plan{args}"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n");
+        client
+            .batch_execute("DEALLOCATE oncely_plan")
+            .await
+            .unwrap();
+        plans.push((sql.clone(), plan));
+    }
+    plans
+}
+
+/// Whether `plan` scans the table `records` sequentially.
+fn scans_records(plan: &str) -> bool {
+    plan.lines().any(|line| {
+        line.split("Seq Scan on records")
+            .nth(1)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+    })
 }
 
 /// A new schema whose connections use generic plans only (the plan a prepared statement
@@ -408,11 +550,13 @@ async fn the_polled_lists_read_an_index_not_the_table() {
         "9000000000000000",
     )
     .await;
-    let before = scans(&client).await;
-    let store = PgStore::connect(&url, StoreOptions::default())
+    let recorder = Recorder::start(&url).await;
+    let store = PgStore::connect(&recorder.url, StoreOptions::default())
         .await
         .unwrap();
+    let (mut open, mut newest) = (Vec::new(), Vec::new());
     for _ in 0..8 {
+        let mark = recorder.mark();
         let unknown = store
             .list(&ListFilter {
                 state: Some(State::OutcomeUnknown),
@@ -420,31 +564,46 @@ async fn the_polled_lists_read_an_index_not_the_table() {
             })
             .await
             .unwrap();
+        open.extend(recorder.since(mark));
         assert_eq!(unknown.len(), 20);
         assert!(
             unknown.windows(2).all(|w| w[0].id > w[1].id),
             "newest first"
         );
-        let newest = store
+        let mark = recorder.mark();
+        let list = store
             .list(&ListFilter {
                 limit: Some(50),
                 ..ListFilter::default()
             })
             .await
             .unwrap();
-        assert_eq!(newest.len(), 50);
-        assert_eq!(newest[0].id.0, format!("rec_{:032x}", 20000));
+        newest.extend(recorder.since(mark));
+        assert_eq!(list.len(), 50);
+        assert_eq!(list[0].id.0, format!("rec_{:032x}", 20000));
     }
     drop(store);
-    let after = scans(&client).await;
-    assert_eq!(after.0 - before.0, 0, "no sequential scan of records");
+    // The plans of the statements the lists ran (not the server's scan counters, which
+    // other statements move and which reach the statistics views late).
+    let open = generic_plans(&client, &open).await;
+    let newest = generic_plans(&client, &newest).await;
     assert!(
-        after.1 - before.1 >= 8,
-        "the open states through records_open"
+        !open.is_empty() && !newest.is_empty(),
+        "each list ran a statement"
+    );
+    for (sql, plan) in open.iter().chain(&newest) {
+        assert!(
+            !scans_records(plan),
+            "no sequential scan of records: {sql}\n{plan}"
+        );
+    }
+    assert!(
+        open.iter().any(|(_, plan)| plan.contains("records_open")),
+        "the open states through records_open: {open:?}"
     );
     assert!(
-        after.2 - before.2 >= 8,
-        "newest first through the primary key"
+        newest.iter().any(|(_, plan)| plan.contains("records_pkey")),
+        "newest first through the primary key: {newest:?}"
     );
 }
 
@@ -464,15 +623,30 @@ async fn the_purge_reads_an_index_not_the_table() {
         .await
         .unwrap()
         .get(0);
-    let before = scans(&client).await;
-    let store = PgStore::connect(&url, StoreOptions::default())
+    let recorder = Recorder::start(&url).await;
+    let store = PgStore::connect(&recorder.url, StoreOptions::default())
         .await
         .unwrap();
+    let mark = recorder.mark();
     assert_eq!(store.purge_expired().await.unwrap(), expired as u64);
     assert_eq!(store.purge_expired().await.unwrap(), 0);
     drop(store);
-    let after = scans(&client).await;
-    assert_eq!(after.0 - before.0, 0, "no sequential scan of records");
+    // The plans of the statements the purge ran (not the server's scan counters, which
+    // other statements, this test's count above among them, move and which reach the
+    // statistics views late).
+    let plans = generic_plans(&client, &recorder.since(mark)).await;
+    assert!(
+        plans
+            .iter()
+            .any(|(_, plan)| plan.contains("Delete on records")),
+        "the purge's statement that deletes records was seen: {plans:?}"
+    );
+    for (sql, plan) in &plans {
+        assert!(
+            !scans_records(plan),
+            "no sequential scan of records: {sql}\n{plan}"
+        );
+    }
     let left: i64 = client
         .query_one("SELECT count(*) FROM records", &[])
         .await
