@@ -122,19 +122,15 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         Ok(slot) => slot,
         Err((why, failure)) => {
             drop(upstream);
-            let record = settle(
+            let settled = settle(
                 &*store,
                 &record,
                 &fence,
                 Disposition::Release,
                 why,
                 call.window,
-            )
-            .await;
-            let _ = head.send(Head::Failed {
-                record: Box::new(record),
-                failure,
-            });
+            );
+            failing(settled, &record, head, failure).await;
             return;
         }
     };
@@ -145,42 +141,33 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
     let answer = match answer {
         Ok(Ok(answer)) => answer,
         Ok(Err(UpstreamError::BeforeSend(msg))) => {
-            let record = settle(
+            observe(started);
+            let why = format!("upstream unreachable: {msg}");
+            let settled = settle(
                 &*store,
                 &record,
                 &fence,
                 Disposition::Release,
-                format!("upstream unreachable: {msg}"),
+                why,
                 call.window,
-            )
-            .await;
-            observe(started);
-            let _ = head.send(Head::Failed {
-                record: Box::new(record),
-                failure: UpstreamFailure::Unreachable(msg),
-            });
+            );
+            failing(settled, &record, head, UpstreamFailure::Unreachable(msg)).await;
             return;
         }
         Ok(Err(UpstreamError::AfterSend(msg))) => {
             let why = format!("upstream failed after the request was sent: {msg}");
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            let record = settle(&*store, &record, &fence, d, why, call.window).await;
             observe(started);
-            let _ = head.send(Head::Failed {
-                record: Box::new(record),
-                failure: UpstreamFailure::Lost(msg),
-            });
+            let settled = settle(&*store, &record, &fence, d, why, call.window);
+            failing(settled, &record, head, UpstreamFailure::Lost(msg)).await;
             return;
         }
         Err(_elapsed) => {
             let why = format!("upstream did not answer within {:?}", call.timeout);
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
-            let record = settle(&*store, &record, &fence, d, why, call.window).await;
             observe(started);
-            let _ = head.send(Head::Failed {
-                record: Box::new(record),
-                failure: UpstreamFailure::Timeout,
-            });
+            let settled = settle(&*store, &record, &fence, d, why, call.window);
+            failing(settled, &record, head, UpstreamFailure::Timeout).await;
             return;
         }
     };
@@ -393,6 +380,35 @@ async fn recording<T>(
             write.await
         }
     }
+}
+
+/// Settles the record of a call that failed (`settle`) and tells the caller, who gets the
+/// record as settled; but not after [`STORE_ANSWER`]: a ledger that has not taken the
+/// release or the `outcome_unknown` by then (a store away, retries under way) would keep
+/// the caller's error from it for as long as the owner keeps trying. Then the caller is
+/// told with the record as it still stands (`processing`), and the write goes on.
+async fn failing<H>(
+    settled: impl Future<Output = Record>,
+    record: &Record,
+    head: oneshot::Sender<Head<H>>,
+    failure: UpstreamFailure,
+) {
+    tokio::pin!(settled);
+    let record = tokio::select! {
+        record = &mut settled => record,
+        () = tokio::time::sleep(STORE_ANSWER) => {
+            tracing::warn!(target: "oncely::store", record = %record.id, attempt = record.attempt,
+                "the ledger has not taken the failed call's outcome within {}s: its caller is \
+                 told now, the record follows", STORE_ANSWER.as_secs());
+            let _ = head.send(Head::Failed { record: Box::new(record.clone()), failure });
+            settled.await;
+            return;
+        }
+    };
+    let _ = head.send(Head::Failed {
+        record: Box::new(record),
+        failure,
+    });
 }
 
 /// Ends the caller's body once the answer is recorded: hands over the chunk held back

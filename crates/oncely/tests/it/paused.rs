@@ -130,6 +130,13 @@ principal = "header:authorization"
 
 [[routes]]
 method = "POST"
+path = "/v1/slow"
+class = "action"
+principal = "header:authorization"
+timeout = "2s"
+
+[[routes]]
+method = "POST"
 path = "/v1/render"
 class = "job"
 principal = "header:authorization"
@@ -438,6 +445,7 @@ async fn serve(store: &str, dir: &std::path::Path) -> (Gateway, Seen, Seen) {
         axum::Router::new()
             .route("/v1/call", post(count).with_state(calls.clone()))
             .route("/v1/render", post(count).with_state(calls.clone()))
+            .route("/v1/slow", post(count).with_state(calls.clone()))
             .route(
                 "/internal/events",
                 post(delivered).with_state(hooks.clone()),
@@ -482,6 +490,72 @@ async fn a_paused_postgres_answers_every_entry_point_within_the_bound() {
     let dark = dark.expect("an entry point hung on the paused ledger");
     assert_bounded(&dark);
     after(&gw, &calls, &hooks, &b).await;
+}
+
+/// An upstream that does not answer within the route's `timeout` while the ledger is
+/// dark: the owner cannot record `outcome_unknown`, and its caller still gets its 504
+/// within the timeout and one bound, not when the ledger comes back; the write lands
+/// after, and a repeat is refused as unknown, never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_timeout_is_answered_within_the_bound_while_postgres_is_paused() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, calls, _hooks) = serve(&pg.url, dir.path()).await;
+    let warm = http_post(&gw.url("/v1/call"), "warm", &[ALICE]).await;
+    assert_eq!(warm.status, 200, "{}", warm.text());
+
+    let body = render("slow", 30_000);
+    let started = Instant::now();
+    let call = tokio::spawn({
+        let url = gw.url("/v1/slow");
+        let body = body.clone();
+        async move { http_post(&url, &body, &[ALICE]).await }
+    });
+    eventually("the slow call is sent", Duration::from_secs(10), || {
+        calls.of("\"slow\"") == 1
+    })
+    .await;
+    // The ledger goes dark before the route's 2 s timeout, and stays dark well past
+    // the timeout and one bound.
+    pg.pause();
+    let timeout = Duration::from_secs(2);
+    let answered = tokio::time::timeout(timeout + BOUND + SLACK + SLACK, call).await;
+    let took = started.elapsed();
+    tokio::time::sleep((timeout + BOUND + SLACK + SLACK).saturating_sub(started.elapsed())).await;
+    pg.resume();
+    let answer = answered
+        .expect("the failed call waited for the ledger to come back")
+        .unwrap();
+    eprintln!(
+        "the timed-out call answered {} after {took:?}",
+        answer.status
+    );
+    assert!(took < timeout + BOUND + SLACK, "answered after {took:?}");
+    assert_eq!(answer.status, 504, "{}", answer.text());
+    assert_eq!(
+        answer.json()["code"],
+        "upstream_timeout",
+        "{}",
+        answer.text()
+    );
+
+    // The owner's write lands once the ledger is back: a repeat is refused as unknown.
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let again = http_post(&gw.url("/v1/slow"), &body, &[ALICE]).await;
+        if again.status == 409 {
+            assert_eq!(again.json()["code"], "outcome_unknown", "{}", again.text());
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the repeat got {}: {}",
+            again.status,
+            again.text()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(calls.of("\"slow\""), 1, "the unknown call was sent again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
