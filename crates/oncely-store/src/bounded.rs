@@ -16,13 +16,17 @@
 //! server resumes and runs what it had been sent). Reads and fenced writes are harmless
 //! then: a late completion, release or renewal is what its owner wanted, and the owner
 //! retries or its fence refuses a stale one. A late *claim* would leave a record owned
-//! by nobody, blocking its retries until the lease lapsed, and a late claim that queued a
-//! task (a job, a webhook's delivery) would run work its caller was told was refused. So
-//! the operations that make their caller an owner ([`Ledger::claim`],
-//! [`TaskQueue::claim_with_task`], [`Ledger::take_over`]) run on a task of their own that
-//! outlives the bound, and one that lands after it is released at once, unsent: its task,
-//! if any, finds the record released and is dropped by its worker, and the caller's retry
-//! claims the record again (a released record with the same fingerprint is reclaimed).
+//! by nobody, blocking its retries until the lease lapsed: so [`Ledger::claim`] and
+//! [`Ledger::take_over`] run on a task of their own that outlives the bound, and one
+//! that lands after it is released at once, unsent, and the caller's retry claims the
+//! record again (a released record with the same fingerprint is reclaimed).
+//!
+//! A late [`TaskQueue::claim_with_task`] (a job's submission, a webhook's ingress) is
+//! made harmless the other way: it stands. Its record is owned by its task, which a
+//! worker runs once, and the caller, told that the ledger did not answer (503 with
+//! `X-Should-Retry: true`), finds the job or the event when it asks again. Undoing it
+//! instead would race that worker: a release landing after the worker read the record
+//! would leave an execution without a record, and the retry would run it again.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -235,12 +239,16 @@ impl TaskQueue for Bounded {
     ) -> Result<Claim> {
         let inner = self.inner.clone();
         let specs = specs.to_vec();
-        let window = specs.first().map_or(ANSWER_WITHIN, |s| s.lease);
         self.owning(
             async move { inner.claim_with_task(&specs, completion, task).await },
-            move |store, claim| match claim {
-                Claim::Owned(record) => release_late(store, record, window),
-                Claim::Existing(_) => Box::pin(async {}),
+            // The work was queued after its caller was told the ledger did not answer:
+            // its worker runs it once, and the caller's retry finds it.
+            |_, claim| {
+                if let Claim::Owned(record) = claim {
+                    tracing::warn!(record = %record.id, "the ledger queued work after its \
+                        caller was told it did not answer; it runs once, and a retry finds it");
+                }
+                Box::pin(async {})
             },
         )
         .await

@@ -346,18 +346,27 @@ fn assert_bounded(dark: &[Dark]) {
     }
 }
 
-/// After the ledger is back: nothing ran in the dark, each intention runs once when it is
-/// asked again, and repeats replay.
-async fn after(gw: &Gateway, calls: &Seen, hooks: &Seen, b: &Before) {
-    // Late claims landed, if any, and were released unsent.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+/// While the ledger is still dark: nothing was sent, run or delivered for a request it
+/// could not record.
+fn nothing_ran_in_the_dark(calls: &Seen, hooks: &Seen) {
     assert_eq!(calls.of("in the dark"), 0, "a refused request was sent");
-    assert_eq!(calls.of("dark job"), 0, "a refused job was run");
+    assert_eq!(calls.of("dark job"), 0, "a job ran while the ledger was dark");
+    assert_eq!(calls.of("mcp dark tool"), 0, "a tool ran while the ledger was dark");
     assert_eq!(
         hooks.of("evt_dark"),
         0,
-        "an unacknowledged event was delivered"
+        "an event was delivered while the ledger was dark"
     );
+}
+
+/// After the ledger is back: each intention runs once when it is asked again, and
+/// repeats replay. A guarded request's claim that landed late was released unsent; a
+/// job's or an event's that landed late stands, and runs once (its retry finds it).
+async fn after(gw: &Gateway, calls: &Seen, hooks: &Seen, b: &Before) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(calls.of("in the dark"), 0, "a refused request was sent");
+    assert!(calls.of("dark job") <= 1, "a late-queued job ran twice");
+    assert!(hooks.of("evt_dark") <= 1, "a late-queued event was delivered twice");
 
     let again = http_post(&gw.url("/v1/call"), "in the dark", &[ALICE]).await;
     assert_eq!(again.status, 200, "{}", again.text());
@@ -486,6 +495,7 @@ async fn a_paused_postgres_answers_every_entry_point_within_the_bound() {
     let dark = tokio::time::timeout(Duration::from_secs(60), in_the_dark(&gw, &pg.url, &b)).await;
     // The pause outlasts the bound, so every answer above came from it, not the server.
     tokio::time::sleep((BOUND + SLACK).saturating_sub(paused.elapsed())).await;
+    nothing_ran_in_the_dark(&calls, &hooks);
     pg.resume();
     let dark = dark.expect("an entry point hung on the paused ledger");
     assert_bounded(&dark);
@@ -595,6 +605,7 @@ async fn a_locked_sqlite_ledger_answers_every_entry_point_within_the_bound() {
     assert_eq!(line.trim(), "locked");
 
     let dark = tokio::time::timeout(Duration::from_secs(60), in_the_dark(&gw, &store, &b)).await;
+    nothing_ran_in_the_dark(&calls, &hooks);
     tokio::task::spawn_blocking(move || locker.wait().unwrap())
         .await
         .unwrap();
