@@ -350,8 +350,16 @@ fn assert_bounded(dark: &[Dark]) {
 /// could not record.
 fn nothing_ran_in_the_dark(calls: &Seen, hooks: &Seen) {
     assert_eq!(calls.of("in the dark"), 0, "a refused request was sent");
-    assert_eq!(calls.of("dark job"), 0, "a job ran while the ledger was dark");
-    assert_eq!(calls.of("mcp dark tool"), 0, "a tool ran while the ledger was dark");
+    assert_eq!(
+        calls.of("dark job"),
+        0,
+        "a job ran while the ledger was dark"
+    );
+    assert_eq!(
+        calls.of("mcp dark tool"),
+        0,
+        "a tool ran while the ledger was dark"
+    );
     assert_eq!(
         hooks.of("evt_dark"),
         0,
@@ -366,7 +374,10 @@ async fn after(gw: &Gateway, calls: &Seen, hooks: &Seen, b: &Before) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(calls.of("in the dark"), 0, "a refused request was sent");
     assert!(calls.of("dark job") <= 1, "a late-queued job ran twice");
-    assert!(hooks.of("evt_dark") <= 1, "a late-queued event was delivered twice");
+    assert!(
+        hooks.of("evt_dark") <= 1,
+        "a late-queued event was delivered twice"
+    );
 
     let again = http_post(&gw.url("/v1/call"), "in the dark", &[ALICE]).await;
     assert_eq!(again.status, 200, "{}", again.text());
