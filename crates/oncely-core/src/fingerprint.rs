@@ -5,12 +5,22 @@
 //! white space, with numbers compared as exact decimals, so `1.0`, `1` and `1e0` agree
 //! while `9007199254740993` and `9007199254740992` do not), with `ignore_fields` (JSON
 //! pointers) removed; any other body, invalid JSON included, is hashed as bytes.
-//! Every field is length-prefixed so that no two different inputs share a byte stream.
+//! [`FingerprintBuilder::request_body`] also reads the body by its `Content-Type`: a
+//! `multipart/form-data` body as its parts ([`crate::multipart`]: name, filename, content
+//! type and content, in order, none of the framing) and an
+//! `application/x-www-form-urlencoded` one as its decoded pairs ([`crate::form`], ordered by
+//! name), with `ignore_fields` of the form `/NAME` naming a part or a field; a body
+//! malformed for its type is hashed as [`FingerprintBuilder::body`] hashes it.
+//! Every field is length-prefixed so that no two different inputs share a byte stream, and
+//! each way of reading a body has its own tag (`J`, `B`, `M`, `F`), so no two share a
+//! fingerprint.
 
 use std::fmt;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use crate::{form, multipart};
 
 /// A SHA-256 request fingerprint.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -142,10 +152,124 @@ impl FingerprintBuilder {
         Fingerprint(self.hasher.finalize().into())
     }
 
+    /// Adds the body, read as its `Content-Type` (the request header's value) says, and
+    /// finishes: a `multipart/form-data` body with a boundary as its parts, in order (each
+    /// part's name, filename, content type and content; not the boundary, preamble,
+    /// epilogue or other part headers); an `application/x-www-form-urlencoded` body as its
+    /// percent-decoded name/value pairs ordered by name (repeated names in their order).
+    /// `ignore` entries `/NAME` (JSON pointer escapes `~1` and `~0` undone) drop the parts
+    /// and pairs named `NAME`. Any other body, and one malformed for its type, is hashed
+    /// as [`FingerprintBuilder::body`] hashes it. A part's content is hashed where it lies
+    /// in `body`, never copied.
+    ///
+    /// ```
+    /// use oncely_core::FingerprintBuilder;
+    /// let upload = |boundary: &str| {
+    ///     let body = format!(
+    ///         "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+    ///          filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n--{boundary}--\r\n"
+    ///     );
+    ///     let content_type = format!("multipart/form-data; boundary={boundary}");
+    ///     FingerprintBuilder::new("acct", "POST", "/v1/audio")
+    ///         .request_body(Some(content_type.as_bytes()), body.as_bytes(), &[])
+    /// };
+    /// assert_eq!(upload("x1"), upload("----retry2"));
+    ///
+    /// let form = |body: &[u8]| {
+    ///     FingerprintBuilder::new("acct", "POST", "/v1/charges").request_body(
+    ///         Some(b"application/x-www-form-urlencoded"),
+    ///         body,
+    ///         &["/idempotency_nonce".to_string()],
+    ///     )
+    /// };
+    /// assert_eq!(form(b"amount=100&note=a+b&idempotency_nonce=1"), form(b"note=a%20b&amount=100"));
+    /// ```
+    pub fn request_body(
+        self,
+        content_type: Option<&[u8]>,
+        body: &[u8],
+        ignore: &[String],
+    ) -> Fingerprint {
+        let read = content_type.and_then(|content_type| {
+            if let Some(boundary) = multipart::boundary(content_type) {
+                self.clone().multipart(body, &boundary, ignore)
+            } else if form::is_form(content_type) {
+                self.clone().form(body, ignore)
+            } else {
+                None
+            }
+        });
+        read.unwrap_or_else(|| self.body(body, ignore))
+    }
+
+    /// The parts, hashed as they are read; `None` when the body is malformed (what was
+    /// hashed of it is dropped with this copy of the builder).
+    fn multipart(mut self, body: &[u8], boundary: &[u8], ignore: &[String]) -> Option<Fingerprint> {
+        let ignored = ignored_names(ignore);
+        self.hasher.update(b"M");
+        for part in multipart::parts(body, boundary) {
+            let part = part.ok()?;
+            if ignored.iter().any(|name| **name == *part.name) {
+                continue;
+            }
+            self.hasher.update(b"p");
+            self.field(&part.name);
+            self.optional(part.filename.as_deref());
+            self.optional(part.content_type);
+            self.field(part.content);
+        }
+        self.hasher.update(b"e");
+        Some(Fingerprint(self.hasher.finalize().into()))
+    }
+
+    /// The pairs in name order, each decoded as it is hashed; `None` when the body is
+    /// malformed.
+    fn form(mut self, body: &[u8], ignore: &[String]) -> Option<Fingerprint> {
+        let pairs = form::pairs(body).ok()?;
+        let ignored = ignored_names(ignore);
+        self.hasher.update(b"F");
+        for pair in pairs {
+            if ignored.iter().any(|name| pair.name.is(name)) {
+                continue;
+            }
+            self.hasher.update(b"p");
+            for text in [pair.name, pair.value] {
+                self.hasher
+                    .update((text.decoded_len() as u64).to_be_bytes());
+                text.decode_into(|piece| self.hasher.update(piece));
+            }
+        }
+        self.hasher.update(b"e");
+        Some(Fingerprint(self.hasher.finalize().into()))
+    }
+
+    /// A field that may be absent: absent is not the same as empty.
+    fn optional(&mut self, value: Option<&[u8]>) {
+        match value {
+            Some(v) => {
+                self.hasher.update([1u8]);
+                self.field(v);
+            }
+            None => self.hasher.update([0u8]),
+        }
+    }
+
     fn field(&mut self, bytes: &[u8]) {
         self.hasher.update((bytes.len() as u64).to_be_bytes());
         self.hasher.update(bytes);
     }
+}
+
+/// The names that `ignore_fields` entries of the form `/NAME` give a form field or a part:
+/// `NAME` with the JSON pointer escapes undone (`~1` is `/`, `~0` is `~`). A pointer of
+/// more than one segment names nothing in a form, whose fields are flat.
+fn ignored_names(ignore: &[String]) -> Vec<Vec<u8>> {
+    ignore
+        .iter()
+        .filter_map(|pointer| pointer.strip_prefix('/'))
+        .filter(|name| !name.contains('/'))
+        .map(|name| name.replace("~1", "/").replace("~0", "~").into_bytes())
+        .collect()
 }
 
 #[cfg(test)]
@@ -229,6 +353,57 @@ mod tests {
             f(br#"{"text":"hi","meta":{"keep":1}}"#),
             f(br#"{"text":"hi","meta":{"keep":2}}"#),
         );
+    }
+
+    #[test]
+    fn request_body_keeps_the_json_and_bytes_fingerprints() {
+        let ignore = vec!["/request_id".to_string()];
+        let builder = || FingerprintBuilder::new("acct", "POST", "/v1/render");
+        for body in [
+            &br#"{"text":"hi","request_id":"r1"}"#[..],
+            b"plain text",
+            b"",
+            b"a=1&b=2",
+        ] {
+            for content_type in [
+                None,
+                Some(&b"application/json"[..]),
+                Some(b"text/plain"),
+                Some(b"multipart/form-data"),
+                Some(b"multipart/mixed; boundary=b"),
+                Some(b"application/x-www-form-urlencoded-not"),
+            ] {
+                assert_eq!(
+                    builder().request_body(content_type, body, &ignore),
+                    builder().body(body, &ignore),
+                    "{content_type:?} {body:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_reading_of_a_body_has_its_own_fingerprint() {
+        let builder = || FingerprintBuilder::new("acct", "POST", "/v1/render");
+        let form = Some(&b"application/x-www-form-urlencoded"[..]);
+        let multipart = Some(&b"multipart/form-data; boundary=b"[..]);
+        let readings = [
+            builder().body(b"", &[]),
+            builder().body(b"{}", &[]),
+            builder().request_body(form, b"", &[]),
+            builder().request_body(multipart, b"--b--", &[]),
+            builder().request_body(form, b"a=1", &[]),
+            builder().request_body(
+                multipart,
+                b"--b\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--b--",
+                &[],
+            ),
+        ];
+        for (i, a) in readings.iter().enumerate() {
+            for b in &readings[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`backoff`]: the one exponential backoff (with full jitter) of every retry loop.
 //! - [`canon`]: canonical JSON (RFC 8785, numbers as exact decimals).
 //! - [`fingerprint`]: the SHA-256 request fingerprint.
+//! - [`multipart`], [`form`]: `multipart/form-data` and `application/x-www-form-urlencoded`
+//!   bodies read as their parts and pairs, for the fingerprint.
 //! - [`policy`]: operation classes and which upstream answers are kept.
 //! - [`decide`](mod@decide): what a claimant does with the record it found (the claim table).
 //! - [`record`]: the ledger record, its states, and every transition as a pure function.
@@ -21,7 +23,9 @@ pub mod canon;
 pub mod decide;
 pub mod errors;
 pub mod fingerprint;
+pub mod form;
 pub mod key;
+pub mod multipart;
 pub mod policy;
 pub mod record;
 pub mod units;

@@ -29,10 +29,12 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod dialect;
 pub mod headers;
 pub mod problem;
 pub mod request_log;
 
+pub use dialect::Dialect;
 pub use problem::{Problem, ProblemCode};
 
 /// Any error, boxed.

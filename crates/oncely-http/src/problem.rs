@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use oncely_core::{RecordId, Timestamp};
 
+use crate::dialect::{Dialect, Said, Spoken};
 use crate::BoxBody;
 
 /// The `Oncely-Status` header.
@@ -24,6 +25,11 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 pub const REPLAY_UNTIL: &str = "oncely-replay-until";
 /// Upstream to gateway: its answer is good for this many seconds at most.
 pub const REPLAY_SECONDS: &str = "oncely-replay-seconds";
+/// The code of an error of the gateway's own, in every dialect.
+pub const ONCELY_PROBLEM: &str = "oncely-problem";
+/// Whether a retry of the request can succeed (`true`/`false`), on every error of the
+/// gateway's own: the retry loops of the SDKs Stainless generates obey it.
+pub const X_SHOULD_RETRY: &str = "x-should-retry";
 
 /// What went wrong, as the contract and `docs/problems.md` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,6 +184,23 @@ impl ProblemCode {
         }
     }
 
+    /// Whether sending the request again can succeed, unless the problem says otherwise
+    /// ([`Problem::with_should_retry`]): the ledger or an upstream slot may be back, the
+    /// original may have finished, an upstream failure released its record. A refusal of
+    /// the request itself, or an outcome that someone must reconcile, cannot.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ProblemCode::InFlight
+                | ProblemCode::StoreUnavailable
+                | ProblemCode::UpstreamBusy
+                | ProblemCode::UpstreamUnreachable
+                | ProblemCode::UpstreamTimeout
+                | ProblemCode::UpstreamFailed
+                | ProblemCode::BodyUnreadable
+        )
+    }
+
     /// A short, fixed summary (RFC 9457 `title`).
     pub fn title(self) -> &'static str {
         match self {
@@ -230,18 +253,35 @@ pub struct Problem {
     /// When the original request was made (`original_at`, for `result_too_large`,
     /// `in_flight`, `key_reused`).
     pub original_at: Option<Timestamp>,
+    /// Whether a retry can succeed, where it is not the code's own
+    /// ([`ProblemCode::retryable`]): an upstream failure whose record is
+    /// `outcome_unknown`, not released.
+    pub should_retry: Option<bool>,
 }
 
 impl Problem {
     /// A problem with the given code and detail.
+    /// A ledger that cannot be reached is told with `Retry-After: 1`.
     pub fn new(code: ProblemCode, detail: impl Into<String>) -> Problem {
         Problem {
             code,
             detail: detail.into(),
-            retry_after: None,
+            retry_after: (code == ProblemCode::StoreUnavailable).then_some(1),
             record: None,
             original_at: None,
+            should_retry: None,
         }
+    }
+
+    /// Says whether a retry can succeed, against its code's default.
+    pub fn with_should_retry(mut self, retry: bool) -> Problem {
+        self.should_retry = Some(retry);
+        self
+    }
+
+    /// Whether a retry of the request can succeed (`X-Should-Retry`).
+    pub fn should_retry(&self) -> bool {
+        self.should_retry.unwrap_or(self.code.retryable())
     }
 
     /// Names the record concerned.
@@ -265,57 +305,100 @@ impl Problem {
     /// The problem document (RFC 9457 members plus `code`, `record`, `original_at`,
     /// `retry_after`).
     pub fn to_json(&self) -> serde_json::Value {
-        let mut doc = serde_json::json!({
-            "type": format!("urn:oncely:problem:{}", self.code.as_str()),
-            "title": self.code.title(),
-            "status": self.code.status().as_u16(),
-            "detail": self.detail,
-            "code": self.code.as_str(),
-        });
-        if let Some(id) = &self.record {
-            doc["record"] = id.as_str().into();
-        }
-        if let Some(at) = self.original_at {
-            doc["original_at"] = at.to_rfc3339().into();
-        }
-        if let Some(s) = self.retry_after {
-            doc["retry_after"] = s.into();
-        }
-        doc
+        self.spoken(Dialect::Problem).document
     }
 
     /// The answer: status, `Content-Type: application/problem+json`, `Oncely-Record`
     /// and `Retry-After` when known, with the document as its body. The caller adds
     /// `Oncely-Status` (and, for the webhook endpoints' 405, `Allow`).
     pub fn into_response(self) -> Response<BoxBody> {
-        use http_body_util::BodyExt;
-        self.render().map(|doc| {
-            http_body_util::Full::new(doc)
-                .map_err(|never| match never {})
-                .boxed()
-        })
+        self.into_response_in(Dialect::Problem)
+    }
+
+    fn spoken(&self, dialect: Dialect) -> Spoken {
+        let said = Said {
+            code: self.code.as_str(),
+            title: self.code.title(),
+            detail: &self.detail,
+            record: self.record.as_ref().map(|id| id.as_str()),
+            original_at: self.original_at.map(|at| at.to_rfc3339()),
+            retry_after: self.retry_after,
+        };
+        (dialect.table())(&said, self.code.status(), self.should_retry())
+    }
+
+    /// [`Problem::into_response`] in `dialect`.
+    pub fn into_response_in(self, dialect: Dialect) -> Response<BoxBody> {
+        self.render_in(dialect).map(boxed)
     }
 
     /// The same answer with the document as bytes, for a caller with a body type of its
     /// own (`problem.render().map(axum::body::Body::from)`).
     pub fn render(&self) -> Response<Bytes> {
-        let mut res = Response::new(Bytes::from(self.to_json().to_string()));
-        *res.status_mut() = self.code.status();
+        self.render_in(Dialect::Problem)
+    }
+
+    /// The answer in `dialect`: its status and body as the dialect's table says, and in
+    /// every dialect `Retry-After` when known, `X-Should-Retry`, `Oncely-Problem` and
+    /// `Oncely-Record`. The problem itself rides along in the answer's extensions, so
+    /// that a layer above can say it again in its route's dialect ([`speak`]).
+    pub fn render_in(&self, dialect: Dialect) -> Response<Bytes> {
+        let retry = self.should_retry();
+        let spoken = self.spoken(dialect);
+        let mut res = Response::new(Bytes::from(spoken.document.to_string()));
+        *res.status_mut() = spoken.status;
         let h = res.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
+            HeaderValue::from_static(spoken.content_type),
         );
         if let Some(s) = self.retry_after {
             h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        h.insert(
+            X_SHOULD_RETRY,
+            HeaderValue::from_static(if retry { "true" } else { "false" }),
+        );
+        h.insert(ONCELY_PROBLEM, HeaderValue::from_static(self.code.as_str()));
+        for (name, value) in spoken.headers {
+            h.insert(name, HeaderValue::from_static(value));
         }
         if let Some(id) = &self.record {
             if let Ok(v) = HeaderValue::from_str(id.as_str()) {
                 h.insert(ONCELY_RECORD, v);
             }
         }
+        res.extensions_mut().insert(self.clone());
         res
     }
+}
+
+/// Says an error of the gateway's own again in `dialect`: an answer that carries its
+/// [`Problem`] (every answer [`Problem::render_in`] made) gets the dialect's status, body
+/// and headers; the headers its writer added (`Oncely-Status`, `Allow`) stay. Any other
+/// answer (an upstream's, whatever its content type) is left as it is.
+pub fn speak(res: Response<BoxBody>, dialect: Dialect) -> Response<BoxBody> {
+    if dialect == Dialect::Problem {
+        return res;
+    }
+    let Some(problem) = res.extensions().get::<Problem>().cloned() else {
+        return res;
+    };
+    let (mut parts, _as_problem) = res.into_parts();
+    let (again, body) = problem.render_in(dialect).into_parts();
+    parts.status = again.status;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (name, value) in &again.headers {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    Response::from_parts(parts, boxed(body))
+}
+
+fn boxed(doc: Bytes) -> BoxBody {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(doc)
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 #[cfg(test)]
@@ -393,6 +476,103 @@ mod tests {
 }
 
 #[cfg(test)]
+mod dialects {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn every_problem_says_whether_to_retry_and_its_code() {
+        for code in ProblemCode::ALL {
+            let res = Problem::new(code, "why").render();
+            assert_eq!(res.headers()[ONCELY_PROBLEM], code.as_str());
+            let retry = if code.retryable() { "true" } else { "false" };
+            assert_eq!(res.headers()[X_SHOULD_RETRY], retry, "{code}");
+        }
+        let unknown = Problem::new(ProblemCode::UpstreamTimeout, "why").with_should_retry(false);
+        assert_eq!(unknown.render().headers()[X_SHOULD_RETRY], "false");
+        assert!(!ProblemCode::OutcomeUnknown.retryable());
+        assert!(!ProblemCode::KeyReused.retryable());
+        let store = Problem::new(ProblemCode::StoreUnavailable, "down").render();
+        assert_eq!(store.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[tokio::test]
+    async fn speak_says_a_problem_again_and_keeps_what_its_writer_added() {
+        let mut res = Problem::new(ProblemCode::KeyReused, "other body")
+            .with_record(&RecordId("rec_9".into()))
+            .into_response();
+        res.headers_mut()
+            .insert(ONCELY_STATUS, HeaderValue::from_static("key_reused"));
+        let res = speak(res, Dialect::Stripe);
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        let h = res.headers().clone();
+        assert_eq!(h[ONCELY_STATUS], "key_reused");
+        assert_eq!(h[ONCELY_RECORD], "rec_9");
+        assert_eq!(h[ONCELY_PROBLEM], "key_reused");
+        assert_eq!(h[X_SHOULD_RETRY], "false");
+        assert_eq!(h["stripe-should-retry"], "false");
+        assert_eq!(h[header::CONTENT_TYPE], "application/json");
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({"error": {"type": "idempotency_error", "code": "key_reused",
+                "message": "other body"}})
+        );
+
+        // An answer that is no problem of oncely's is left alone, whatever its type.
+        let mut upstream = Response::new(boxed(Bytes::from_static(b"{}")));
+        upstream.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        let same = speak(upstream, Dialect::OpenAi);
+        assert_eq!(
+            same.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert!(same.headers().get(X_SHOULD_RETRY).is_none());
+    }
+
+    #[test]
+    fn each_dialect_has_its_shape_and_status() {
+        let p = Problem::new(ProblemCode::StoreUnavailable, "ledger down");
+        let doc = |d: Dialect| -> (StatusCode, serde_json::Value) {
+            let res = p.render_in(d);
+            (res.status(), serde_json::from_slice(res.body()).unwrap())
+        };
+        assert_eq!(
+            doc(Dialect::OpenAi),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"error": {"message": "ledger down", "type": "server_error",
+                    "param": null, "code": "store_unavailable"}})
+            )
+        );
+        assert_eq!(
+            doc(Dialect::Anthropic),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"type": "error", "error": {"type": "overloaded_error",
+                    "message": "ledger down"}})
+            )
+        );
+        assert_eq!(
+            doc(Dialect::Stripe).1["error"]["type"],
+            "api_error",
+            "a 5xx is Stripe's api_error"
+        );
+        let timeout = Problem::new(ProblemCode::UpstreamTimeout, "slow");
+        let res = timeout.render_in(Dialect::Anthropic);
+        let doc: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+        assert_eq!(doc["error"]["type"], "api_error");
+        let missing = Problem::new(ProblemCode::KeyMissing, "no key").render_in(Dialect::OpenAi);
+        let doc: serde_json::Value = serde_json::from_slice(missing.body()).unwrap();
+        assert_eq!(doc["error"]["type"], "invalid_request_error");
+    }
+}
+
+#[cfg(test)]
 mod one_shape {
     use super::*;
 
@@ -411,7 +591,10 @@ mod one_shape {
             assert_eq!(doc["status"], code.status().as_u16());
             assert_eq!(doc["code"], code.as_str());
             assert_eq!(doc["detail"], "why");
-            assert!(doc.get("record").is_none() && doc.get("retry_after").is_none());
+            assert!(doc.get("record").is_none());
+            // A ledger away is told when to come back; nothing else is, unless asked.
+            let told = code == ProblemCode::StoreUnavailable;
+            assert_eq!(doc.get("retry_after").is_some(), told, "{code}");
         }
     }
 }

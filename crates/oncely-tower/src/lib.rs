@@ -76,6 +76,7 @@
 pub mod body;
 #[cfg(feature = "client")]
 pub mod client;
+mod coding;
 pub mod facts;
 pub mod guard;
 pub mod idempotency;
@@ -99,6 +100,7 @@ pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use job_board::JobBoard;
 pub use jobs::{JobRequest, JobWorker, JobWorkerOptions};
 pub use oncely_engine::STORE_ANSWER;
+pub use oncely_http::Dialect;
 pub use policy::{
     Concurrency, GuardWhen, KeyMode, PrincipalSource, RoutePolicies, RoutePolicy, UnitsRule,
 };

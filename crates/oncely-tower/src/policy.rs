@@ -59,6 +59,8 @@ pub struct RoutePolicy {
     /// route's further jobs queued (durably) until a call ends, and the embedding service
     /// takes one for a request the layer forwards unguarded (the gateway's proxy does).
     pub concurrency: Option<Concurrency>,
+    /// The dialect the errors of the gateway's own are written in (`errors`).
+    pub errors: oncely_http::Dialect,
     /// The caller's body ends before the completion is durable (default: after). A
     /// crash in between is a crash during the call: the record stays processing and is
     /// taken over by its class.
@@ -111,6 +113,7 @@ impl RoutePolicy {
             max_body: 10 << 20,
             max_response: 32 << 20,
             concurrency: None,
+            errors: oncely_http::Dialect::Problem,
             answer_before_record: false,
             attached: http::Extensions::new(),
         }
@@ -128,6 +131,12 @@ impl RoutePolicy {
 pub trait RoutePolicies: Send + Sync + 'static {
     /// `None`: not a guarded route, forwarded untouched (streamed).
     fn policy(&self, method: &Method, path: &str) -> Option<Arc<RoutePolicy>>;
+
+    /// The dialect of the gateway's own errors on a request that matches no route
+    /// (`[defaults]`'s `errors`).
+    fn default_errors(&self) -> oncely_http::Dialect {
+        oncely_http::Dialect::Problem
+    }
 }
 
 impl<F> RoutePolicies for F

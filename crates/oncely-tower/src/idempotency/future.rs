@@ -18,8 +18,9 @@ use http_body::Body;
 
 use super::bypass::BypassLog;
 use crate::body::boxed;
-use crate::problem::{Problem, ProblemCode, ONCELY_STATUS};
+use crate::problem::{speak, Problem, ProblemCode, ONCELY_STATUS};
 use crate::{BoxBody, BoxError};
+use oncely_http::Dialect;
 
 pin_project_lite::pin_project! {
     /// The response future of the layer's service (`IdempotencyService`).
@@ -27,6 +28,8 @@ pin_project_lite::pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         kind: Kind<F>,
+        // The dialect the errors of the gateway's own are said in, on the way out.
+        errors: Dialect,
     }
 }
 
@@ -55,6 +58,7 @@ impl<F> ResponseFuture<F> {
                 bypassed,
                 fresh: false,
             },
+            errors: Dialect::Problem,
         }
     }
 
@@ -68,13 +72,21 @@ impl<F> ResponseFuture<F> {
                 bypassed: None,
                 fresh: true,
             },
+            errors: Dialect::Problem,
         }
     }
 
     pub(crate) fn guarded(fut: BoxFuture<'static, Response<BoxBody>>) -> Self {
         ResponseFuture {
             kind: Kind::Guarded { fut },
+            errors: Dialect::Problem,
         }
+    }
+
+    /// Says the errors of the gateway's own in `errors` (the route's `errors`).
+    pub(crate) fn in_dialect(mut self, errors: Dialect) -> Self {
+        self.errors = errors;
+        self
     }
 }
 
@@ -88,7 +100,9 @@ where
     type Output = Result<Response<BoxBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let errors = *this.errors;
+        let res = match this.kind.project() {
             KindProj::Forward {
                 fut,
                 bypassed,
@@ -115,9 +129,10 @@ where
                     res.headers_mut()
                         .insert(ONCELY_STATUS, HeaderValue::from_static("fresh"));
                 }
-                Poll::Ready(Ok(res))
+                res
             }
-            KindProj::Guarded { fut } => fut.as_mut().poll(cx).map(Ok),
-        }
+            KindProj::Guarded { fut } => ready!(fut.as_mut().poll(cx)),
+        };
+        Poll::Ready(Ok(speak(res, errors)))
     }
 }

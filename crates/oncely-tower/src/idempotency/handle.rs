@@ -8,10 +8,13 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
-use oncely_core::{Class, DownstreamKey, FingerprintBuilder, Record};
+use oncely_core::{
+    Class, Disposition, DownstreamKey, FingerprintBuilder, Record, State, UpstreamResult,
+};
 use tower::Service;
 
 use crate::body::full;
+use crate::coding::{replay_body, Accept};
 use crate::facts::RequestFacts;
 use crate::guard::{Execution, FreshResponse, Guard, UpstreamCall, UpstreamFailure};
 use crate::jobs::JobRequest;
@@ -124,7 +127,13 @@ where
         let value = crate::sources::combined(&parts.headers, name);
         fp = fp.header(name.as_str(), value.as_deref());
     }
-    let fingerprint = fp.body(&bytes, &policy.ignore_fields);
+    // A form or an upload is read by its fields and parts, whatever its framing.
+    let content_type = parts.headers.get(http::header::CONTENT_TYPE);
+    let fingerprint = fp.request_body(
+        content_type.map(HeaderValue::as_bytes),
+        &bytes,
+        &policy.ignore_fields,
+    );
     let request_units = policy
         .units
         .request_units(&RequestHead::of_parts(&parts), &bytes);
@@ -138,6 +147,8 @@ where
     );
 
     let units = policy.units.clone();
+    // What a replay or a join may be sent in.
+    let accept = Accept::of(&parts.headers);
     // A queued job's upstream call continues this request's trace when it runs.
     if let (Some(span), Class::Job) = (&log.span, policy.class) {
         span.propagate(&mut parts.headers);
@@ -169,7 +180,7 @@ where
         Some(job) => guard.submit_job(&policy, call, job).await,
         None => guard.execute(call, run).await,
     };
-    respond(execution, &mut log)
+    respond(execution, policy.class, &accept, &mut log)
 }
 
 /// Ends the request's span (if any) with what the log line says.
@@ -202,7 +213,12 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
 }
 
 /// Translates what the guard did into the answer.
-fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> {
+fn respond(
+    execution: Execution,
+    class: Class,
+    accept: &Accept,
+    log: &mut RequestLog<'_>,
+) -> Response<BoxBody> {
     match execution {
         Execution::Fresh(FreshResponse {
             record,
@@ -217,8 +233,8 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
             log.provider_request_id = provider_request_id(res.headers());
             finish(res, "fresh", &record, false, log)
         }
-        Execution::Replayed(record) => replay(record, "replayed", log),
-        Execution::Joined(record) => replay(record, "joined", log),
+        Execution::Replayed(record) => replay(record, "replayed", accept, log),
+        Execution::Joined(record) => replay(record, "joined", accept, log),
         Execution::InFlight {
             record,
             retry_after,
@@ -278,13 +294,15 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
         }
         Execution::StoreUnavailable(reason) => {
             tracing::error!(target: "oncely::store", error = %reason, route = log.route, "ledger unavailable; request not forwarded");
-            refuse(
-                Problem::new(
-                    ProblemCode::StoreUnavailable,
-                    "the ledger cannot be reached; the request was not forwarded",
-                ),
-                log,
-            )
+            // A job's submission that the ledger takes after this answer still runs
+            // (once): the same request, sent again, finds it.
+            let detail = if class == Class::Job {
+                "the ledger did not answer; the job was not started, but may still be queued: \
+                 send the same request again to run it or to learn its state"
+            } else {
+                "the ledger cannot be reached; the request was not forwarded"
+            };
+            refuse(Problem::new(ProblemCode::StoreUnavailable, detail), log)
         }
         Execution::UpstreamFailed { record, failure } => {
             let (code, detail) = match &failure {
@@ -315,7 +333,21 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
                     ),
                 ),
             };
-            let mut problem = Problem::new(code, detail).with_record(&record.id);
+            // A retry can succeed when the record was released (or will be: the answer
+            // may come before the owner's write); not when it is, or becomes,
+            // `outcome_unknown`.
+            let released = match record.state {
+                State::Released => true,
+                State::Processing => {
+                    failure == UpstreamFailure::Busy
+                        || matches!(failure, UpstreamFailure::Unreachable(_))
+                        || class.dispose(UpstreamResult::LostAfterSend) == Disposition::Release
+                }
+                _ => false,
+            };
+            let mut problem = Problem::new(code, detail)
+                .with_record(&record.id)
+                .with_should_retry(released);
             if failure == UpstreamFailure::Busy {
                 problem = problem.with_retry_after(1);
             }
@@ -325,12 +357,21 @@ fn respond(execution: Execution, log: &mut RequestLog<'_>) -> Response<BoxBody> 
     }
 }
 
-fn replay(mut record: Record, status: &'static str, log: &mut RequestLog<'_>) -> Response<BoxBody> {
-    // Moved out, not copied: the body becomes the answer's `Bytes` as it is.
+fn replay(
+    mut record: Record,
+    status: &'static str,
+    accept: &Accept,
+    log: &mut RequestLog<'_>,
+) -> Response<BoxBody> {
+    // Moved out, not copied: the body becomes the answer's `Bytes` as it is (decoded on
+    // the way out when the caller does not accept its coding).
     let stored = record.response.take().unwrap_or_default();
-    let mut res = Response::new(full(stored.body.unwrap_or_default()));
+    let mut headers = http::HeaderMap::new();
+    crate::headers::replay_headers(&stored.headers, &mut headers);
+    let body = replay_body(stored.body.unwrap_or_default(), &mut headers, accept);
+    let mut res = Response::new(body);
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    crate::headers::replay_headers(&stored.headers, res.headers_mut());
+    *res.headers_mut() = headers;
     log.upstream_status = Some(stored.status);
     log.provider_request_id = record.provider_request_id.take();
     finish(res, status, &record, true, log)

@@ -80,13 +80,16 @@ where
             }));
         }
         let Some(policy) = self.policies.policy(req.method(), req.uri().path()) else {
-            return ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None);
+            return ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None)
+                .in_dialect(self.policies.default_errors());
         };
+        let errors = policy.errors;
         let mut req = req;
         // The route is matched once: the inner service finds it here.
         req.extensions_mut().insert(policy.clone());
         if !policy.deduplicates() {
-            return ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)));
+            return ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)))
+                .in_dialect(errors);
         }
         let facts = RequestFacts::read(
             &self.guard,
@@ -110,6 +113,7 @@ where
                     span,
                 };
                 ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), Some(log))
+                    .in_dialect(errors)
             }
             super::handle::Decision::Guard { principal } => {
                 let fut = super::handle::guarded(
@@ -121,7 +125,7 @@ where
                     self.inner.clone(),
                     started,
                 );
-                ResponseFuture::guarded(Box::pin(fut))
+                ResponseFuture::guarded(Box::pin(fut)).in_dialect(errors)
             }
         }
     }

@@ -10,6 +10,7 @@ use oncely_core::{Record, RecordId, State};
 use oncely_engine::retry_after;
 
 use crate::body::full;
+use crate::coding::{replay_body, Accept};
 use crate::guard::Guard;
 use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
 use crate::sources::RequestHead;
@@ -126,7 +127,7 @@ pub async fn status_endpoint(guard: &Guard, req: &Request<()>) -> Response<BoxBo
     let mut res = if !result {
         json_response(StatusCode::OK, &job_json(&record))
     } else {
-        result_response(&record, policy.wait)
+        result_response(&record, policy.wait, &Accept::of(req.headers()))
     };
     if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
         res.headers_mut().insert(ONCELY_RECORD, v);
@@ -134,13 +135,20 @@ pub async fn status_endpoint(guard: &Guard, req: &Request<()>) -> Response<BoxBo
     res
 }
 
-fn result_response(record: &Record, wait: Duration) -> Response<BoxBody> {
+fn result_response(record: &Record, wait: Duration, accept: &Accept) -> Response<BoxBody> {
     match (record.state, &record.response) {
         (State::Completed, Some(stored)) if stored.body.is_some() => {
-            let mut res = Response::new(full(stored.body.clone().unwrap_or_default()));
+            let mut headers = http::HeaderMap::new();
+            crate::headers::replay_headers(&stored.headers, &mut headers);
+            let body = replay_body(
+                stored.body.clone().unwrap_or_default(),
+                &mut headers,
+                accept,
+            );
+            let mut res = Response::new(body);
             *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+            *res.headers_mut() = headers;
             let h = res.headers_mut();
-            crate::headers::replay_headers(&stored.headers, h);
             h.insert(ONCELY_STATUS, HeaderValue::from_static("replayed"));
             h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             res

@@ -120,6 +120,9 @@ pub struct Config {
     pub mcp: Vec<McpEntry>,
     /// `[mcp_stdio]`: what `oncely mcp` reads (an extension; its defaults when absent).
     pub mcp_stdio: McpStdio,
+    /// `[defaults]`'s `errors`: the dialect of the gateway's own errors on requests that
+    /// match no route.
+    pub errors: oncely_http::Dialect,
     /// Webhook endpoints.
     pub webhooks: Vec<WebhookEndpoint>,
     /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
@@ -359,6 +362,7 @@ impl Config {
         .unwrap_or(DEFAULT_USAGE_RETENTION);
 
         let defaults = routes::defaults(&table, p);
+        let errors = defaults.errors.unwrap_or_default();
         let routes = routes::section(&table, &defaults, upstream.as_ref(), p);
 
         endpoint_paths(&table, p);
@@ -390,6 +394,7 @@ impl Config {
             webhooks,
             tracing,
             usage_retention,
+            errors,
         })
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use oncely_core::Class;
+use oncely_http::Dialect;
 use oncely_mcp::McpPrincipal;
 use oncely_tower::{GuardWhen, KeyMode, PrincipalSource, UnitsOf, UnitsRule};
 use toml::Table;
@@ -146,6 +147,8 @@ pub struct Route {
     /// durable (default `"after_record"`: only after). A crash in between is a crash
     /// during the call.
     pub answer_before_record: bool,
+    /// The dialect of the errors of the gateway's own (default `problem`).
+    pub errors: Dialect,
     /// How many more times a temporary upstream failure is tried (default 0, at most 10).
     pub retries: u32,
     /// The first retry's delay ceiling, doubled per retry, full jitter (default 100ms).
@@ -176,6 +179,7 @@ const ROUTE_FIELDS: &[&str] = &[
     "window",
     "wait",
     "answer",
+    "errors",
 ];
 
 /// The route fields one table sets (a route or `[defaults]`); unset ones are `None`.
@@ -196,6 +200,7 @@ pub(super) struct RouteFields {
     pub(super) reconcile_after: Option<Duration>,
     pub(super) concurrency: Option<usize>,
     pub(super) answer_before_record: Option<bool>,
+    pub(super) errors: Option<Dialect>,
     pub(super) retries: Option<u32>,
     pub(super) retry_backoff: Option<Duration>,
     pub(super) window: Option<Duration>,
@@ -317,6 +322,14 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Mistakes) -> RouteFields {
                     "unknown answer {other:?} (use after_record or before_record)"
                 )),
             },
+        );
+    }
+    if let Some(e) = read::string(t, loc, "errors", problems) {
+        f.errors = check(
+            problems,
+            loc,
+            "errors",
+            e.parse::<Dialect>().map_err(|e| e.to_string()),
         );
     }
     f.concurrency = concurrency(t, loc, problems);
@@ -453,6 +466,7 @@ impl Route {
             reconcile_after: Duration::from_secs(60),
             concurrency: None,
             answer_before_record: false,
+            errors: Dialect::Problem,
             retries: 0,
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             window: Duration::from_secs(3 * 3600),
@@ -498,6 +512,7 @@ impl Route {
                 .answer_before_record
                 .or(d.answer_before_record)
                 .unwrap_or(b.answer_before_record),
+            errors: f.errors.or(d.errors).unwrap_or(b.errors),
             retries: f.retries.or(d.retries).unwrap_or(b.retries),
             retry_backoff: f
                 .retry_backoff

@@ -35,6 +35,8 @@ pub struct RouteTable {
 struct Inner {
     entries: Vec<Entry>,
     default_upstream: Option<Upstream>,
+    /// `[defaults]`'s `errors`, for requests that match no route.
+    errors: oncely_tower::Dialect,
 }
 
 /// The guard policy of a configured route, with `concurrency` as its slots and what the
@@ -55,6 +57,7 @@ pub fn policy(route: &Route, config: &Config, concurrency: Option<Concurrency>) 
     p.max_response = config.max_response;
     p.concurrency = concurrency;
     p.answer_before_record = route.answer_before_record;
+    p.errors = route.errors;
     if let Some(upstream) = route.upstream.clone().or_else(|| config.upstream.clone()) {
         p.attached.insert(Target {
             upstream,
@@ -96,6 +99,7 @@ impl RouteTable {
                     })
                     .collect(),
                 default_upstream: config.upstream.clone(),
+                errors: config.errors,
             }),
         }
     }
@@ -133,7 +137,8 @@ impl RouteTable {
     #[allow(clippy::result_large_err)]
     pub fn normalize<B>(&self, mut req: Request<B>) -> Result<Request<B>, Response<BoxBody>> {
         let refused = |method: &Method, why: String| {
-            let mut res = Problem::new(ProblemCode::PathInvalid, why).into_response();
+            let mut res =
+                Problem::new(ProblemCode::PathInvalid, why).into_response_in(self.inner.errors);
             res.headers_mut()
                 .insert(ONCELY_STATUS, HeaderValue::from_static("path_invalid"));
             tracing::info!(%method, "refused a request whose path has no normalised form");
@@ -182,6 +187,10 @@ impl RouteTable {
 impl RoutePolicies for RouteTable {
     fn policy(&self, method: &Method, path: &str) -> Option<Arc<RoutePolicy>> {
         self.find(method, path).map(|e| e.policy.clone())
+    }
+
+    fn default_errors(&self) -> oncely_tower::Dialect {
+        self.inner.errors
     }
 }
 

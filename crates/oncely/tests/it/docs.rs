@@ -516,6 +516,74 @@ fn every_problem_code_is_documented_with_its_status() {
     );
 }
 
+/// The table of dialects in problems.md says what the renderer sends: for every code, its
+/// status, `X-Should-Retry` (the code's own; the upstream failures also say when it is
+/// `false`) and each dialect's `type` (and Stripe's status).
+#[test]
+fn the_dialect_table_is_what_each_dialect_renders() {
+    use oncely_http::{Dialect, Problem, ProblemCode};
+    let md = doc("problems.md");
+    let rows = tables(&md).remove("Dialects").unwrap_or_default();
+    let documented: BTreeSet<Vec<String>> = rows.into_iter().collect();
+    let rendered: BTreeSet<Vec<String>> = ProblemCode::ALL
+        .iter()
+        .map(|&code| {
+            let p = Problem::new(code, "why");
+            let res = p.render_in(Dialect::Problem);
+            let retry = res.headers()["x-should-retry"].to_str().unwrap().to_owned();
+            assert_eq!(res.headers()["oncely-problem"], code.as_str());
+            let retry = if retry == "true"
+                && code.as_str().starts_with("upstream_")
+                && code != ProblemCode::UpstreamBusy
+            {
+                "true (released), false (`outcome_unknown`)".to_owned()
+            } else {
+                retry
+            };
+            let body = |d: Dialect| -> (u16, serde_json::Value) {
+                let res = p.render_in(d);
+                assert_eq!(
+                    res.headers()["x-should-retry"],
+                    p.render_in(Dialect::Problem).headers()["x-should-retry"]
+                );
+                assert_eq!(res.headers()["oncely-problem"], code.as_str());
+                (
+                    res.status().as_u16(),
+                    serde_json::from_slice(res.body()).unwrap(),
+                )
+            };
+            let (_, openai) = body(Dialect::OpenAi);
+            let (_, anthropic) = body(Dialect::Anthropic);
+            let (stripe_status, stripe) = body(Dialect::Stripe);
+            assert_eq!(openai["error"]["code"], code.as_str());
+            assert_eq!(openai["error"]["message"], "why");
+            assert_eq!(anthropic["type"], "error");
+            assert_eq!(anthropic["error"]["message"], "why");
+            assert_eq!(stripe["error"]["code"], code.as_str());
+            assert_eq!(stripe["error"]["message"], "why");
+            let t = |v: &serde_json::Value| format!("`{}`", v.as_str().unwrap());
+            vec![
+                format!("`{code}`"),
+                code.status().as_u16().to_string(),
+                retry,
+                t(&openai["error"]["type"]),
+                t(&anthropic["error"]["type"]),
+                format!("{stripe_status}, {}", t(&stripe["error"]["type"])),
+            ]
+        })
+        .collect();
+    let show = |s: &BTreeSet<Vec<String>>| -> BTreeSet<String> {
+        s.iter().map(|r| r.join(" | ")).collect()
+    };
+    same(
+        "dialect rows",
+        &show(&rendered),
+        &show(&documented),
+        "problems.md",
+        "the table under Dialects",
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Metrics
 
