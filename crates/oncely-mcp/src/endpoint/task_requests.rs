@@ -15,6 +15,9 @@ use crate::tasks;
 pub(super) enum TaskAnswer {
     /// Answered: the JSON-RPC message (a result or an error) to send back.
     Answer(Value),
+    /// Refused as a protocol error (the extension not declared): the JSON-RPC error,
+    /// which HTTP answers with status 400.
+    Refused(Value),
     /// The task is not one of oncely's: the server's own, the request forwarded to it.
     Forward,
 }
@@ -31,7 +34,7 @@ pub(super) async fn answer(
     let id = request.id;
     let method = request.method;
     if !tasks::declares_tasks(request.params) {
-        return TaskAnswer::Answer(jsonrpc::error_value(id, tasks::missing_capability_error()));
+        return TaskAnswer::Refused(jsonrpc::error_value(id, tasks::missing_capability_error()));
     }
     let Some(task_id) = request
         .params

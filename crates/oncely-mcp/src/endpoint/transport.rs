@@ -148,6 +148,8 @@ async fn task_request(
     let answer = task_requests::answer(&inner, &request, principal).await;
     match answer {
         TaskAnswer::Answer(message) => json_response(StatusCode::OK, &message),
+        // As the 2026-07-28 transport answers a protocol error.
+        TaskAnswer::Refused(message) => json_response(StatusCode::BAD_REQUEST, &message),
         TaskAnswer::Forward => {
             let id = request.id.clone();
             forward_task_request(inner, parts, bytes, id).await

@@ -812,7 +812,16 @@ async fn tasks_requests_follow_the_extension() {
         ..alice
     };
     for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
-        let answer = plain.task(4, method, &task_id).await;
+        // Over HTTP with status 400, as the 2026-07-28 transport answers a protocol error.
+        let message = json!({"jsonrpc": "2.0", "id": 4, "method": method,
+            "params": plain.params(json!({"taskId": task_id}))});
+        let (status, answer) = plain
+            .send(
+                &message.to_string(),
+                &[("mcp-method", method), ("mcp-name", &task_id)],
+            )
+            .await;
+        assert_eq!(status, 400, "{method}: {answer}");
         assert_eq!(answer["error"]["code"], -32021, "{method}: {answer}");
         assert_eq!(
             answer["error"]["data"]["requiredCapabilities"]["extensions"]
