@@ -1048,7 +1048,8 @@ fn gunzip(body: &[u8]) -> String {
 
 /// The provider answers gzip to the first caller, which accepts it; a repeat with
 /// `Accept-Encoding: identity` gets the replay decoded (no `Content-Encoding: gzip`, a
-/// `Content-Length` that matches, or none), and one that accepts gzip gets it as stored.
+/// `Content-Length` that matches, or none), so does one that sends no `Accept-Encoding`,
+/// and one that accepts gzip gets it as stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gzip_answer_is_replayed_decoded_to_a_caller_that_accepts_only_identity() {
     let s = Setup::start(None).await;
@@ -1087,6 +1088,17 @@ async fn a_gzip_answer_is_replayed_decoded_to_a_caller_that_accepts_only_identit
             "Content-Length of the encoded body on the decoded one"
         );
     }
+
+    // No Accept-Encoding at all (the npm Stripe SDK sends none and does not decode): as
+    // servers answer such a request, uncompressed.
+    let none = http_post(&url, body, &[ALICE, json_ct]).await;
+    assert_eq!(none.header("oncely-status"), "replayed");
+    assert!(
+        none.headers.get("content-encoding").is_none(),
+        "{:?}",
+        none.headers
+    );
+    assert_eq!(none.text(), PLAIN_TEXT);
 
     let gz = http_post(
         &url,
