@@ -18,8 +18,12 @@
 //! server's input is closed and it is given [`SERVER_GRACE`] to exit before it is
 //! killed; the run ends with 0. When the server exits on its own, the run ends with the
 //! server's status (after what it left in flight is recorded as failed).
+//!
+//! [`run_remote`] is the same wrapper in front of a remote server over Streamable HTTP
+//! ([`remote`]) instead of a child.
 
 mod lines;
+mod remote;
 mod server;
 
 use std::ffi::OsString;
@@ -41,6 +45,8 @@ use crate::endpoint::{is_stateless, McpEndpoint, MessageContext};
 use crate::jsonrpc;
 use lines::{Line, LineReader};
 use server::ServerLink;
+
+pub use remote::{run_remote, Remote};
 
 /// How long the server has to exit once its input is closed, before it is killed.
 pub const SERVER_GRACE: Duration = Duration::from_secs(5);

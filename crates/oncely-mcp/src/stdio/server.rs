@@ -76,7 +76,7 @@ impl ToClient {
     }
 
     /// Queues a notification of the server's, unless too many bytes wait already.
-    fn notify(&self, line: Vec<u8>) {
+    pub(crate) fn notify(&self, line: Vec<u8>) {
         if self.queued.bytes.load(Ordering::Relaxed) > MAX_QUEUED_NOTIFICATIONS as u64 {
             if !self.queued.dropping.swap(true, Ordering::Relaxed) {
                 tracing::warn!(

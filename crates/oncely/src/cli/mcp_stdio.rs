@@ -2,7 +2,8 @@
 //! MCP server. It starts COMMAND, speaks MCP over its own standard input and output, and
 //! guards every `tools/call` as an `[[mcp]]` endpoint does ([`oncely_mcp::stdio`]), on
 //! a ledger every wrapper of the machine shares (`sqlite://$ONCELY_HOME/mcp.db` unless
-//! told otherwise).
+//! told otherwise). `oncely mcp ... --url URL [--header 'NAME: VALUE']...` is the same
+//! guard in front of a remote server over Streamable HTTP instead of a command.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -10,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use oncely_mcp::stdio::{StdioError, Wrapped};
-use oncely_mcp::McpConfig;
+use oncely_mcp::stdio::{Remote, StdioError, Wrapped};
+use oncely_mcp::{McpConfig, McpEndpoint};
 use oncely_tower::Guard;
 use sha2::{Digest, Sha256};
 
@@ -48,15 +49,88 @@ pub struct McpArgs {
     pub principal: Option<String>,
     /// The guard's name: its ledger routes are `stdio:NAME#TOOL` (default: the program's
     /// name and a hash of the command line, so that every wrapper of one command line is
-    /// one guard).
+    /// one guard; with --url, the URL without its query).
     #[arg(long, value_name = "NAME", value_parser = crate::config::stdio_name)]
     pub name: Option<String>,
     /// Set by the front process on the worker it starts (Unix).
     #[arg(long = "oncely-worker", hide = true)]
     pub worker: bool,
+    /// A remote MCP server (Streamable HTTP, `http://` or `https://`) to guard instead
+    /// of a command.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// A header sent with every request to --url's server, `'NAME: VALUE'`; `${VAR}` in
+    /// VALUE is read from the environment (repeatable).
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
     /// The MCP server: its program and arguments.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// The server a wrapper guards: a command it starts, or a remote one.
+enum Server {
+    Command(Vec<OsString>),
+    Remote(Remote),
+}
+
+impl McpArgs {
+    /// The server these arguments name (exit 2 with the problem when they name none, both,
+    /// or a remote one wrongly).
+    fn server(&self) -> Result<Server, Failure> {
+        let Some(url) = &self.url else {
+            if self.command.is_empty() {
+                return Err(Failure::usage(
+                    "no MCP server given: put its command after --, or give --url URL",
+                ));
+            }
+            if !self.headers.is_empty() {
+                return Err(Failure::usage("--header is for --url's server only"));
+            }
+            return Ok(Server::Command(self.command.clone()));
+        };
+        if !self.command.is_empty() {
+            return Err(Failure::usage(
+                "--url and -- COMMAND: give one MCP server, a remote one or a command",
+            ));
+        }
+        let parsed: http::Uri = url
+            .parse()
+            .ok()
+            .filter(|u: &http::Uri| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+            })
+            .ok_or_else(|| {
+                Failure::usage(format!(
+                    "--url {:?}: must be an http:// or https:// URL with a host",
+                    without_query(url)
+                ))
+            })?;
+        let mut headers = http::HeaderMap::new();
+        for text in &self.headers {
+            let (name, value) = crate::config::remote_header(text, |v| std::env::var(v).ok())
+                .map_err(Failure::usage)?;
+            headers.append(name, value);
+        }
+        Ok(Server::Remote(Remote {
+            url: parsed,
+            headers,
+        }))
+    }
+}
+
+/// `url` without its query (and its user and password, which are secrets), as a guard's
+/// default name.
+fn without_query(url: &str) -> String {
+    let url = url.split(['?', '#']).next().unwrap_or_default();
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit('@').next().unwrap_or(authority);
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 /// The (hidden) flag the front process starts its worker with (see [`run`]).
@@ -146,6 +220,7 @@ fn exit_status(status: std::process::ExitStatus) -> Outcome {
 /// The wrapper proper.
 async fn worker(args: McpArgs) -> Outcome {
     let _logs = crate::logs::init(crate::logs::LogFormat::Text);
+    let server = args.server()?;
     let (config, file_store) = match &args.config {
         Some(path) => {
             let config = Config::load(path, &Overrides::default())
@@ -176,9 +251,10 @@ async fn worker(args: McpArgs) -> Outcome {
         .map_err(|e| Failure::usage(format!("reading the principal key from the store: {e}")))?;
     let guard = Arc::new(Guard::new(store, principal_key));
 
-    let name = match args.name.clone().or(stdio.name.clone()) {
-        Some(name) => name,
-        None => derived_name(&args.command),
+    let name = match (args.name.clone().or(stdio.name.clone()), &server) {
+        (Some(name), _) => name,
+        (None, Server::Command(command)) => derived_name(command),
+        (None, Server::Remote(_)) => without_query(args.url.as_deref().unwrap_or_default()),
     };
     let mcp = endpoint(&args, &stdio, config.as_ref(), &name)?;
     let principal = args
@@ -187,10 +263,25 @@ async fn worker(args: McpArgs) -> Outcome {
         .or(stdio.principal.clone())
         .unwrap_or_else(|| "local".to_owned());
     tracing::info!(store = %oncely_store::redact_url(&url), route = %mcp.path, "oncely mcp");
-    let wrapped = Wrapped {
-        command: args.command.clone(),
-        principal,
+    let command = match server {
+        Server::Command(command) => command,
+        Server::Remote(remote) => {
+            let client = McpEndpoint::direct(None).map_err(Failure::usage)?;
+            oncely_mcp::stdio::run_remote(
+                mcp,
+                guard,
+                remote,
+                client,
+                principal,
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+                crate::serve::shutdown_signal(),
+            )
+            .await;
+            return Ok(());
+        }
     };
+    let wrapped = Wrapped { command, principal };
     let status = oncely_mcp::stdio::run(
         mcp,
         guard,
@@ -352,5 +443,18 @@ mod tests {
         let odd = derived_name(&["/opt/My Server/run.sh".into()]);
         assert!(odd.starts_with("run-"), "{odd}");
         assert!(crate::config::stdio_name(&odd).is_ok());
+    }
+
+    #[test]
+    fn a_remote_server_is_named_by_its_url_without_query_or_password() {
+        assert_eq!(
+            without_query("https://user:pw@mcp.example.com:8443/v1/mcp?key=s3cret"),
+            "https://mcp.example.com:8443/v1/mcp"
+        );
+        assert_eq!(
+            without_query("http://127.0.0.1:9/mcp"),
+            "http://127.0.0.1:9/mcp"
+        );
+        assert_eq!(without_query("http://h?x"), "http://h");
     }
 }

@@ -1,7 +1,8 @@
 //! `[mcp_stdio]`: what `oncely mcp` (a local MCP server over stdio) reads from
 //! `--config FILE`: the keys of an `[[mcp]]` entry that make sense without HTTP. The
 //! command line overrides each of them. `window`, `wait`, `timeout` and `lease` are
-//! inherited from `[defaults]` when the table does not set them.
+//! inherited from `[defaults]` when the table does not set them. Also the rules of the
+//! wrapper's names and of a remote server's `--header` ([`name`], [`header`]).
 
 use std::time::Duration;
 
@@ -140,5 +141,71 @@ pub fn name(text: &str) -> Result<String, String> {
         Err(format!(
             "{text:?}: use 1 to 64 letters, digits, '-', '_' or '.'"
         ))
+    }
+}
+
+/// A remote server's `--header 'NAME: VALUE'`, each `${VAR}` in VALUE replaced by the
+/// variable `var` reads (the environment). The error names the problem, never the value
+/// (it may be a secret).
+pub fn header(
+    text: &str,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(http::HeaderName, http::HeaderValue), String> {
+    let Some((name, value)) = text.split_once(':') else {
+        return Err("--header: must be 'NAME: VALUE', and the one given has no ':'".into());
+    };
+    let name = name.trim();
+    let header = http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("--header {name:?}: not a valid header name"))?;
+    let mut expanded = String::new();
+    let mut rest = value.trim();
+    while let Some(at) = rest.find("${") {
+        expanded.push_str(&rest[..at]);
+        let Some(end) = rest[at..].find('}') else {
+            return Err(format!("--header {name}: an unclosed ${{ in its value"));
+        };
+        let variable = &rest[at + 2..at + end];
+        let Some(v) = var(variable).filter(|_| !variable.is_empty()) else {
+            return Err(format!(
+                "--header {name}: ${{{variable}}} is not set in the environment"
+            ));
+        };
+        expanded.push_str(&v);
+        rest = &rest[at + end + 1..];
+    }
+    expanded.push_str(rest);
+    let mut value = http::HeaderValue::from_str(&expanded)
+        .map_err(|_| format!("--header {name}: its value is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok((header, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_reads_its_variables_and_says_what_is_wrong_without_the_value() {
+        let env = |v: &str| (v == "TOKEN").then(|| "s3cret".to_owned());
+        let (name, value) = header("Authorization: Bearer ${TOKEN}", env).unwrap();
+        assert_eq!(name, "authorization");
+        assert_eq!(value, "Bearer s3cret");
+        assert!(value.is_sensitive());
+        assert_eq!(
+            header("X-A: ${TOKEN}-${TOKEN}", env).unwrap().1,
+            "s3cret-s3cret"
+        );
+        let unset = header("Authorization: Bearer ${NOPE}", env).unwrap_err();
+        assert!(
+            unset.contains("NOPE") && unset.contains("not set"),
+            "{unset}"
+        );
+        let colon = header("Authorization Bearer s3cret", env).unwrap_err();
+        assert!(
+            colon.contains("':'") && !colon.contains("s3cret"),
+            "{colon}"
+        );
+        assert!(header("Bad Name: x", env).is_err());
+        assert!(header("X: ${TOKEN", env).is_err());
     }
 }

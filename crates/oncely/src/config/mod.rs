@@ -40,7 +40,7 @@ use http::Method;
 use toml::Table;
 
 pub use mcp::McpEntry;
-pub use mcp_stdio::{name as stdio_name, McpStdio};
+pub use mcp_stdio::{header as remote_header, name as stdio_name, McpStdio};
 pub use pattern::{normalize_path, PathError, PathPattern};
 pub use read::Mistake;
 pub use routes::{MethodMatch, Reconcile, Route};
