@@ -27,6 +27,8 @@ Run: stdio_host.py SCENARIO [ARG] -- COMMAND [ARG]...
                     leaves the session 0.3 s later
     render P [S]    one render {"prompt": P, "seconds": S}
 The sampling callback answers "sampled: <the first message's text>".
+The server gets the SDK's default environment plus each variable `$HOST_ENV` names
+(comma-separated), as a host's config `env` gives a server its API keys.
 
 Prints ONE JSON document on stdout:
   {"protocol": ..., "server": ..., "steps": [OUTCOME, ...], "samplings": [TEXT, ...],
@@ -38,13 +40,14 @@ where a call's OUTCOME is
 """
 
 import json
+import os
 import sys
 import time
 
 import anyio
 import mcp_types as types
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.shared.exceptions import MCPError
 
 
@@ -138,7 +141,9 @@ async def main() -> None:
     split = argv.index("--")
     mine, command = argv[:split], argv[split + 1 :]
     plan = plan_of(mine[0], mine[1] if len(mine) > 1 else None)
-    params = StdioServerParameters(command=command[0], args=command[1:])
+    passed = [v for v in os.environ.get("HOST_ENV", "").split(",") if v in os.environ]
+    env = {**get_default_environment(), **{v: os.environ[v] for v in passed}}
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
     out: dict = {"steps": []}
     closing_at = None
     async with stdio_client(params) as (read, write):
