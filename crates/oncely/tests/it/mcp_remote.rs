@@ -471,11 +471,65 @@ fn input_closed_mid_call_the_call_is_recorded_the_session_ended_and_the_exit_is_
     }
 }
 
+/// Every revision an `[[mcp]]` endpoint speaks reaches the remote server through
+/// `oncely mcp --url` and is guarded: the handshake revisions (the session, the
+/// negotiated `MCP-Protocol-Version`) on each SDK's server, and the stateless 2026-07-28
+/// (no handshake; `Mcp-Method` and `Mcp-Name` from each message) on the Python SDK's,
+/// which serves both eras on one endpoint.
+#[test]
+fn every_revision_reaches_the_remote_server_and_is_guarded() {
+    const STATELESS: &str = "2026-07-28";
+    for sdk in servers() {
+        let mut revisions = vec!["2025-03-26", "2025-06-18", "2025-11-25"];
+        if sdk.name == "python" {
+            revisions.push(STATELESS);
+        }
+        for revision in revisions {
+            let case = Case::new();
+            let remote = case.serve(&sdk, None);
+            let mut raw = Raw::start(&case.wrapper(&remote, &[]));
+            let mut params = json!({"name": "render", "arguments": {"prompt": revision}});
+            if revision == STATELESS {
+                params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": revision,
+                    "io.modelcontextprotocol/clientCapabilities": {}});
+            } else {
+                let init = raw.initialize_as(revision);
+                assert_eq!(init["result"]["protocolVersion"], revision, "{init}");
+            }
+            for id in [1, 2] {
+                raw.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": params}));
+            }
+            let (first, again) = (raw.response(1), raw.response(2));
+            let what = format!("{} server, {revision}", sdk.name);
+            let text = format!("rendered {revision} #1");
+            assert_eq!(
+                first["result"]["content"][0]["text"], text,
+                "{what}: {first}"
+            );
+            assert_eq!(
+                again["result"]["content"][0]["text"], text,
+                "{what}: {again}"
+            );
+            // Sent at once, either may be the original: the other is answered by the guard.
+            let replays = [&first, &again]
+                .iter()
+                .filter(|m| m["result"]["_meta"][REPLAY]["status"].is_string())
+                .count();
+            assert_eq!(replays, 1, "{what}: one is the guard's: {first}\n{again}");
+            assert_eq!(raw.finish().0, Some(0), "{what}: {}", raw.stderr());
+            assert_eq!(case.starts("render"), 1, "{what}: {}", case.log_text());
+        }
+    }
+}
+
 /// `oncely mcp` driven directly: the test is the host, writing JSON-RPC lines to its
 /// standard input and reading every message of its standard output.
 struct Raw {
     child: Child,
     lines: Receiver<String>,
+    /// Messages read and not asked for yet.
+    unread: Vec<Value>,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -510,6 +564,7 @@ impl Raw {
         Raw {
             child,
             lines,
+            unread: Vec::new(),
             stderr,
         }
     }
@@ -526,27 +581,38 @@ impl Raw {
             .unwrap();
     }
 
-    /// Reads standard output until the response to `id`.
+    /// The response to `id` (read from standard output when it was not yet).
     fn response(&mut self, id: i64) -> Value {
+        let is_it = |m: &Value| m["id"] == id && m.get("method").is_none();
+        if let Some(at) = self.unread.iter().position(is_it) {
+            return self.unread.remove(at);
+        }
         loop {
             let line = self
                 .lines
                 .recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|e| panic!("no response {id} ({e}): {}", self.stderr()));
             let message: Value = serde_json::from_str(&line).unwrap();
-            if message["id"] == id && message.get("method").is_none() {
+            if is_it(&message) {
                 return message;
             }
+            self.unread.push(message);
         }
     }
 
     fn initialize(&mut self) {
+        self.initialize_as("2025-11-25");
+    }
+
+    /// The handshake in `revision`: the server's answer to `initialize`.
+    fn initialize_as(&mut self, revision: &str) -> Value {
         self.send(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+            "params": {"protocolVersion": revision, "capabilities": {},
                 "clientInfo": {"name": "raw", "version": "0"}}}));
         let init = self.response(0);
         assert!(init["result"]["serverInfo"].is_object(), "{init}");
         self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        init
     }
 
     /// Closes standard input and waits for the exit: its code and every message written.
@@ -564,7 +630,7 @@ impl Raw {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        let mut seen = Vec::new();
+        let mut seen = std::mem::take(&mut self.unread);
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
             seen.extend(serde_json::from_str::<Value>(&line).ok());
         }
