@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::Args;
 use oncely_mcp::stdio::{Remote, StdioError, Wrapped};
-use oncely_mcp::{McpConfig, McpEndpoint};
+use oncely_mcp::McpConfig;
 use oncely_tower::Guard;
 use sha2::{Digest, Sha256};
 
@@ -266,18 +266,17 @@ async fn worker(args: McpArgs) -> Outcome {
     let command = match server {
         Server::Command(command) => command,
         Server::Remote(remote) => {
-            let client = McpEndpoint::direct(None).map_err(Failure::usage)?;
             oncely_mcp::stdio::run_remote(
                 mcp,
                 guard,
                 remote,
-                client,
                 principal,
                 tokio::io::stdin(),
                 tokio::io::stdout(),
                 crate::serve::shutdown_signal(),
             )
-            .await;
+            .await
+            .map_err(Failure::usage)?;
             return Ok(());
         }
     };
