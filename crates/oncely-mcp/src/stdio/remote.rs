@@ -6,6 +6,7 @@
 //! ended ([`link`]).
 
 mod link;
+mod session;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,7 +25,7 @@ use crate::endpoint::{McpEndpoint, MessageContext};
 use crate::McpError;
 use link::RemoteLink;
 
-pub use link::Remote;
+pub use session::Remote;
 
 /// How long ending the remote session (`DELETE`) may take at the end.
 const END_GRACE: Duration = Duration::from_secs(5);

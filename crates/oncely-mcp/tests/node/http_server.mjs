@@ -2,8 +2,9 @@
 // (@modelcontextprotocol/sdk, McpServer + StreamableHTTPServerTransport on node:http), for
 // the `oncely mcp --url URL` interop tests: the same server as ../py/http_server.py.
 //
-// Run: node http_server.mjs --log FILE [--token TOKEN]
-// Prints `PORT <n>` on its first line once it listens on 127.0.0.1 (an ephemeral port),
+// Run: node http_server.mjs --log FILE [--token TOKEN] [--port N]
+// Prints `PORT <n>` on its first line once it listens on 127.0.0.1 (port N, else an
+// ephemeral one: a test restarts a server on the port it had),
 // then serves MCP Streamable HTTP at /mcp, one session per initialize. With --token, a
 // request without `Authorization: Bearer TOKEN` gets 401.
 //
@@ -32,7 +33,7 @@ import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 
 const { values: opts } = parseArgs({
-  options: { log: { type: "string" }, token: { type: "string" } },
+  options: { log: { type: "string" }, token: { type: "string" }, port: { type: "string" } },
 });
 if (!opts.log) {
   console.error("usage: http_server.mjs --log FILE [--token TOKEN]");
@@ -150,6 +151,6 @@ const http = createServer(async (req, res) => {
   }
 });
 
-http.listen(0, "127.0.0.1", () => {
+http.listen(Number(opts.port ?? 0), "127.0.0.1", () => {
   console.log(`PORT ${http.address().port}`);
 });

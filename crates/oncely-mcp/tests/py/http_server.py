@@ -1,8 +1,9 @@
 """A remote MCP server over Streamable HTTP written with the official Python SDK (`mcp`
 on PyPI), for the `oncely mcp --url URL` interop tests: the tools of stdio_server.py.
 
-Run: http_server.py --log FILE [--token TOKEN]
-Prints `PORT <n>` on its first line once it listens on 127.0.0.1 (an ephemeral port),
+Run: http_server.py --log FILE [--token TOKEN] [--port N]
+Prints `PORT <n>` on its first line once it listens on 127.0.0.1 (port N, else an
+ephemeral one: a test restarts a server on the port it had),
 then serves MCP Streamable HTTP at /mcp (sessions, answers as event streams). With
 --token, a request without `Authorization: Bearer TOKEN` gets 401.
 
@@ -36,6 +37,7 @@ warnings.simplefilter("ignore")  # create_message is deprecated from 2026-07-28 
 parser = argparse.ArgumentParser()
 parser.add_argument("--log", required=True)
 parser.add_argument("--token")
+parser.add_argument("--port", type=int, default=0)
 args = parser.parse_args()
 
 server = MCPServer("oncely-http-py")
@@ -122,7 +124,7 @@ def guarded(app, token: str | None):
 async def main() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", args.port))
     port = sock.getsockname()[1]
     app = guarded(server.streamable_http_app(), args.token)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")

@@ -53,6 +53,7 @@ fn servers() -> Vec<ServerSdk> {
 /// A running remote server; killed on drop.
 struct Remote {
     child: Child,
+    port: u16,
     url: String,
 }
 
@@ -84,8 +85,14 @@ impl Case {
 
     /// `sdk`'s server, logging to this case's log (`--token TOKEN` when given).
     fn serve(&self, sdk: &ServerSdk, token: Option<&str>) -> Remote {
+        self.serve_on(sdk, token, 0)
+    }
+
+    /// [`serve`](Self::serve) on `port` (0: an ephemeral one).
+    fn serve_on(&self, sdk: &ServerSdk, token: Option<&str>, port: u16) -> Remote {
         let mut command = std::process::Command::new(&sdk.program);
         command.arg(&sdk.script).arg("--log").arg(&self.log);
+        command.args(["--port", &port.to_string()]);
         if let Some(token) = token {
             command.args(["--token", token]);
         }
@@ -103,8 +110,19 @@ impl Case {
             .strip_prefix("PORT ")
             .and_then(|p| p.trim().parse().ok())
             .unwrap_or_else(|| panic!("the {} server printed {line:?}", sdk.name));
+        // It says its port once bound, maybe before it listens.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the {} server never listened",
+                sdk.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Remote {
             child,
+            port,
             url: format!("http://127.0.0.1:{port}/mcp"),
         }
     }
@@ -468,6 +486,47 @@ fn input_closed_mid_call_the_call_is_recorded_the_session_ended_and_the_exit_is_
         );
         assert_eq!(again.finish().0, Some(0), "{}", again.stderr());
         assert_eq!(case.starts("render"), 1, "{}", case.log_text());
+    }
+}
+
+/// A remote server that restarts (and so forgets the session it gave) answers the next
+/// request 404: `oncely mcp` starts a new session with the host's `initialize` and sends
+/// the request again; the host sees nothing of it.
+#[test]
+fn a_restarted_server_gets_a_new_session_and_the_calls_go_on() {
+    for sdk in servers() {
+        let case = Case::new();
+        let remote = case.serve(&sdk, None);
+        let mut raw = Raw::start(&case.wrapper(&remote, &[]));
+        raw.initialize();
+        let call = |id: i64, prompt: &str| {
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "render", "arguments": {"prompt": prompt}}})
+        };
+        raw.send(&call(1, "before"));
+        let before = raw.response(1);
+        assert_eq!(
+            before["result"]["content"][0]["text"], "rendered before #1",
+            "{before}"
+        );
+        let port = remote.port;
+        drop(remote);
+        let _restarted = case.serve_on(&sdk, None, port);
+        raw.send(&call(2, "after"));
+        let after = raw.response(2);
+        assert_eq!(
+            after["result"]["content"][0]["text"],
+            "rendered after #1",
+            "{}: {after}\n{}",
+            sdk.name,
+            raw.stderr()
+        );
+        raw.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}));
+        let listed = raw.response(3);
+        assert!(listed["result"]["tools"].is_array(), "{listed}");
+        assert_eq!(raw.finish().0, Some(0), "{}", raw.stderr());
+        assert_eq!(case.starts("render"), 2, "{}", case.log_text());
+        assert_eq!(case.ledger().len(), 2, "{}", sdk.name);
     }
 }
 

@@ -8,7 +8,12 @@
 //! client, such as sampling, and its notifications) goes to the client at once, so that a
 //! tool that samples during its call is answered. A `202` is "nothing to answer". The
 //! server's messages outside any request come on the `GET` stream the link opens once the
-//! session is initialized. At the end, a session the server gave is ended with `DELETE`.
+//! session is initialized. A `404` to a request in a session (the server restarted and
+//! forgot it) starts a new session with the client's own `initialize`, and the request is
+//! sent again, once. At the end, a session the server gave is ended with `DELETE`.
+//!
+//! What it keeps of the server between requests, and the request a message becomes, is
+//! its [`Session`].
 //!
 //! The link's surface is what a server side needs: [`RemoteLink::send_one`] (one
 //! message in, its response out), the client's lines ([`ToClient`]) for everything else,
@@ -21,52 +26,32 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::FutureExt;
-use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use oncely_tower::{BoxBody, OwnerSend, UpstreamError};
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
+use super::session::{Remote, Session};
 use crate::body::full;
-use crate::endpoint::{is_stateless, McpUpstream};
+use crate::endpoint::McpUpstream;
 use crate::stdio::server::ToClient;
 use crate::{jsonrpc, sse, BoxError};
 
 /// JSON-RPC's "Internal error", for a request the server did not answer with a message.
 const INTERNAL_ERROR: i64 = -32603;
 
-/// The remote server: its URL and the headers every request to it carries.
-#[derive(Clone)]
-pub struct Remote {
-    /// The server's Streamable HTTP endpoint (`http://` or `https://`).
-    pub url: Uri,
-    /// Sent with every request (e.g. `Authorization`); their values are never logged.
-    pub headers: HeaderMap,
-}
-
-impl std::fmt::Debug for Remote {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<_> = self.headers.keys().map(HeaderName::as_str).collect();
-        f.debug_struct("Remote")
-            .field("url", &self.url)
-            .field("headers", &names)
-            .finish()
-    }
-}
-
 /// The link to a remote server over Streamable HTTP: its session, the requests it runs.
 pub(crate) struct RemoteLink {
-    remote: Remote,
+    session: Session,
     client: McpUpstream,
     to_client: ToClient,
     /// Most bytes of one answer (a JSON body, an event's line).
     limit: usize,
-    /// The server's `Mcp-Session-Id`, once `initialize` was answered with one.
-    session: Mutex<Option<HeaderValue>>,
-    /// The negotiated protocol revision, once `initialize` was answered.
-    revision: Mutex<Option<String>>,
+    /// Held while a new session is started: one at a time.
+    renewing: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
     /// Each request forwarded unguarded, by the client's id: its id of the link's (a
     /// cancellation of it is passed on under it) and what stops waiting for it.
@@ -83,6 +68,8 @@ enum Answered {
     Response(Vec<u8>),
     /// Nothing to answer (`202`, or a body without the response to a notification).
     Nothing,
+    /// `404` to a request in a session: the server no longer knows it (it restarted).
+    SessionGone,
 }
 
 impl RemoteLink {
@@ -94,12 +81,11 @@ impl RemoteLink {
         limit: usize,
     ) -> Arc<RemoteLink> {
         Arc::new(RemoteLink {
-            remote,
+            session: Session::new(remote),
             client,
             to_client,
             limit,
-            session: Mutex::new(None),
-            revision: Mutex::new(None),
+            renewing: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(1),
             forwarded: Mutex::new(HashMap::new()),
             client_gone: AtomicBool::new(false),
@@ -129,10 +115,10 @@ impl RemoteLink {
         if let Some(listener) = lock(&self.listener).take() {
             listener.abort();
         }
-        if lock(&self.session).is_none() {
+        if self.session.id().is_none() {
             return;
         }
-        let req = self.request(Method::DELETE, Bytes::new(), None);
+        let req = self.session.request(Method::DELETE, Bytes::new(), None);
         match self.call(req).await {
             Ok(resp) => tracing::debug!(status = %resp.status(), "ended the remote session"),
             Err(e) => tracing::warn!(error = %e, "ending the remote MCP session failed"),
@@ -229,6 +215,9 @@ impl RemoteLink {
             return Ok(None);
         };
         let initialize = request.method == "initialize";
+        if initialize {
+            self.session.keep_initialize(text);
+        }
         let client_id = jsonrpc::id_text(request.id);
         let ours = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (stop, stopped) = oneshot::channel();
@@ -257,7 +246,8 @@ impl RemoteLink {
         };
         let bytes = match answered? {
             Answered::Response(bytes) => bytes,
-            Answered::Nothing => {
+            // (`post` sends again in a new session after a `SessionGone`.)
+            Answered::Nothing | Answered::SessionGone => {
                 let refusal = jsonrpc::error_message(
                     &Value::from(ours),
                     INTERNAL_ERROR,
@@ -267,7 +257,7 @@ impl RemoteLink {
             }
         };
         if initialize {
-            self.learn_revision(&bytes);
+            self.session.learn_revision(&bytes);
         }
         let text = std::str::from_utf8(&bytes).unwrap_or_default();
         Ok(Some(
@@ -278,14 +268,55 @@ impl RemoteLink {
     }
 
     /// Sends `text` as one `POST` and reads the answer: the response to `ours` (a
-    /// request's id), everything else to the client as it comes.
+    /// request's id), everything else to the client as it comes. When the server answers
+    /// that it does not know the session (it restarted), a new one is started and `text`
+    /// sent again, once: nothing of it ran.
     fn post<'a>(
         &'a self,
         text: String,
         message: Option<&'a Value>,
         ours: Option<u64>,
     ) -> futures::future::BoxFuture<'a, Result<Answered, BoxError>> {
-        Box::pin(self.posted(text, message, ours))
+        Box::pin(async move {
+            let session = self.session.id();
+            match self.posted(text.clone(), message, ours).await? {
+                Answered::SessionGone => {}
+                answered => return Ok(answered),
+            }
+            self.renew(session).await?;
+            match self.posted(text, message, ours).await? {
+                Answered::SessionGone => Err(UpstreamError::BeforeSend(
+                    "the MCP server does not know the session it just gave".into(),
+                )
+                .into()),
+                answered => Ok(answered),
+            }
+        })
+    }
+
+    /// Starts a new session with the client's `initialize` (and `initialized`) in place
+    /// of `stale`, unless another request did already.
+    async fn renew(&self, stale: Option<HeaderValue>) -> Result<(), BoxError> {
+        let _one = self.renewing.lock().await;
+        if self.session.id() != stale {
+            return Ok(());
+        }
+        let gone = || UpstreamError::BeforeSend("the MCP server forgot the session".into());
+        let init = self.session.initialize().ok_or_else(gone)?;
+        let ours = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let init = jsonrpc::with_id(&init, &ours.to_string()).ok_or_else(gone)?;
+        let message = jsonrpc::parse(init.as_bytes());
+        tracing::warn!("the remote MCP server no longer knows the session: starting a new one");
+        self.session.set_id(None);
+        match self.posted(init, message.as_ref(), Some(ours)).await? {
+            Answered::Response(_) if self.session.id().is_some() => {}
+            _ => return Err(gone().into()),
+        }
+        let initialized =
+            serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        self.posted(initialized.to_string(), Some(&initialized), None)
+            .await?;
+        Ok(())
     }
 
     /// [`post`](Self::post)'s work.
@@ -295,15 +326,21 @@ impl RemoteLink {
         message: Option<&Value>,
         ours: Option<u64>,
     ) -> Result<Answered, BoxError> {
-        let req = self.request(Method::POST, Bytes::from(text), message);
+        let req = self
+            .session
+            .request(Method::POST, Bytes::from(text), message);
+        let in_session = req.headers().contains_key("mcp-session-id");
         let resp = self.call(req).await?;
         let (parts, body) = resp.into_parts();
+        if in_session && parts.status == StatusCode::NOT_FOUND {
+            return Ok(Answered::SessionGone);
+        }
         let method = message
             .and_then(|m| m.get("method"))
             .and_then(Value::as_str);
         if ours.is_some() && method == Some("initialize") {
             if let Some(session) = parts.headers.get("mcp-session-id") {
-                *lock(&self.session) = Some(session.clone());
+                self.session.set_id(Some(session.clone()));
             }
         }
         let is_sse = content_type(&parts.headers).starts_with("text/event-stream");
@@ -420,12 +457,12 @@ impl RemoteLink {
     /// session): a server that offers none answers 405.
     fn listen(self: &Arc<Self>) {
         let mut listener = lock(&self.listener);
-        if listener.is_some() || lock(&self.session).is_none() {
+        if listener.is_some() || self.session.id().is_none() {
             return;
         }
         let link = self.clone();
         *listener = Some(tokio::spawn(async move {
-            let mut req = link.request(Method::GET, Bytes::new(), None);
+            let mut req = link.session.request(Method::GET, Bytes::new(), None);
             req.headers_mut()
                 .insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
             match link.call(req).await {
@@ -447,52 +484,13 @@ impl RemoteLink {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let req = self.request(Method::POST, message.to_string().into(), Some(&message));
+        let req = self
+            .session
+            .request(Method::POST, message.to_string().into(), Some(&message));
         let sent = self.call(req);
         handle.spawn(async move {
             let _ = sent.await;
         });
-    }
-
-    /// The request to the server with `body`: the remote's headers, the session, the
-    /// revision and, in the stateless era, the routing headers `message` implies.
-    fn request(&self, method: Method, body: Bytes, message: Option<&Value>) -> Request<BoxBody> {
-        let mut headers = self.remote.headers.clone();
-        if method == Method::POST {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        }
-        headers.insert(
-            ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
-        if let Some(session) = lock(&self.session).clone() {
-            headers.insert("mcp-session-id", session);
-        }
-        let named = message
-            .and_then(|m| m.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let revision = named.or_else(|| lock(&self.revision).clone());
-        if let Some(revision) = &revision {
-            put(&mut headers, "mcp-protocol-version", revision);
-        }
-        if let (Some(m), true) = (message, revision.as_deref().is_some_and(is_stateless)) {
-            if let Some(method) = m.get("method").and_then(Value::as_str) {
-                put(&mut headers, "mcp-method", method);
-            }
-            let name = ["/params/name", "/params/taskId", "/params/uri"]
-                .iter()
-                .find_map(|p| m.pointer(p).and_then(Value::as_str));
-            if let Some(name) = name {
-                put(&mut headers, "mcp-name", name);
-            }
-        }
-        oncely_http::headers::sent_whole(&mut headers, body.len());
-        let mut req = Request::new(full(body));
-        *req.method_mut() = method;
-        *req.uri_mut() = self.remote.url.clone();
-        *req.headers_mut() = headers;
-        req
     }
 
     /// `req` sent through the client. A boxed future (see `endpoint::state::send`).
@@ -501,18 +499,6 @@ impl RemoteLink {
         req: Request<BoxBody>,
     ) -> futures::future::BoxFuture<'static, Result<Response<BoxBody>, BoxError>> {
         Box::pin(self.client.clone().oneshot(req))
-    }
-
-    /// Keeps the revision `initialize` was answered with.
-    fn learn_revision(&self, response: &[u8]) {
-        let value: Option<Value> = jsonrpc::parse(response);
-        let revision = value
-            .as_ref()
-            .and_then(|v| v.pointer("/result/protocolVersion"))
-            .and_then(Value::as_str);
-        if let Some(revision) = revision {
-            *lock(&self.revision) = Some(revision.to_owned());
-        }
     }
 }
 
@@ -571,153 +557,9 @@ fn content_type(headers: &HeaderMap) -> String {
         .to_ascii_lowercase()
 }
 
-/// Sets the header `name` to `value` (left out when `value` cannot be a header value).
-fn put(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    if let Ok(v) = HeaderValue::from_str(value) {
-        headers.insert(HeaderName::from_static(name), v);
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use futures::StreamExt;
-    use http_body::Frame;
-    use http_body_util::StreamBody;
-    use serde_json::json;
-    use tokio::sync::mpsc;
-
-    use super::*;
-    use crate::stdio::server::Queued;
-
-    /// What the fake server saw: each request's method, headers and body.
-    type Seen = Arc<Mutex<Vec<(Method, HeaderMap, Value)>>>;
-
-    /// A fake server: `initialize` answered with JSON and a session, `tools/call` with an
-    /// event stream the test writes to (`events`), anything else 202.
-    fn fake(seen: Seen, events: futures::channel::mpsc::UnboundedReceiver<String>) -> McpUpstream {
-        let events = Arc::new(Mutex::new(Some(events)));
-        McpUpstream::new(tower::service_fn(move |req: Request<BoxBody>| {
-            let (seen, events) = (seen.clone(), events.clone());
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body.collect().await?.to_bytes();
-                let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                lock(&seen).push((parts.method, parts.headers, message.clone()));
-                let mut resp = Response::new(full(Bytes::new()));
-                match message["method"].as_str() {
-                    Some("initialize") => {
-                        let answer = json!({"jsonrpc": "2.0", "id": message["id"],
-                            "result": {"protocolVersion": "2025-11-25"}});
-                        resp = Response::new(full(answer.to_string()));
-                        let headers = resp.headers_mut();
-                        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                        headers.insert("mcp-session-id", HeaderValue::from_static("s-1"));
-                    }
-                    Some("tools/call") => {
-                        let stream = lock(&events).take().expect("one call");
-                        let frames = stream.map(|e| {
-                            Ok::<_, BoxError>(Frame::data(Bytes::from(format!("data: {e}\n\n"))))
-                        });
-                        resp = Response::new(BodyExt::boxed(StreamBody::new(frames)));
-                        resp.headers_mut()
-                            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-                    }
-                    _ => *resp.status_mut() = StatusCode::ACCEPTED,
-                }
-                Ok::<_, BoxError>(resp)
-            }
-            .boxed()
-        }))
-    }
-
-    #[tokio::test]
-    async fn a_server_request_mid_stream_reaches_the_client_before_the_response() {
-        let seen: Seen = Arc::default();
-        let (events, stream) = futures::channel::mpsc::unbounded();
-        let (lines, mut to_client) = mpsc::unbounded_channel();
-        let client = ToClient::new(lines, Arc::new(Queued::default()));
-        let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_static("Bearer t"));
-        let remote = Remote {
-            url: "http://127.0.0.1:9/mcp".parse().unwrap(),
-            headers,
-        };
-        let link = RemoteLink::new(remote, fake(seen.clone(), stream), client, 1 << 20);
-
-        let init = r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{}}"#;
-        let answer = link.send_one(init, false).await.unwrap().unwrap();
-        let answer: Value = serde_json::from_slice(&answer).unwrap();
-        assert_eq!(answer["id"], "i", "under the client's id: {answer}");
-        let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"ask"}}"#;
-        let running = tokio::spawn({
-            let link = link.clone();
-            async move { link.send_one(call, true).await.unwrap() }
-        });
-        let sampling = json!({"jsonrpc": "2.0", "id": 0, "method": "sampling/createMessage"});
-        events.unbounded_send(sampling.to_string()).unwrap();
-        let line = tokio::time::timeout(Duration::from_secs(5), to_client.recv())
-            .await
-            .expect("the server's request reaches the client while the call runs")
-            .unwrap();
-        assert_eq!(serde_json::from_slice::<Value>(&line).unwrap(), sampling);
-        assert!(!running.is_finished());
-        let ours = lock(&seen)[1].2["id"].clone();
-        assert_ne!(ours, 7, "the link's own id");
-        let result = json!({"jsonrpc": "2.0", "id": ours, "result": {"content": []}});
-        events.unbounded_send(result.to_string()).unwrap();
-        let answer = running.await.unwrap().unwrap();
-        let answer: Value = serde_json::from_slice(&answer).unwrap();
-        assert_eq!(
-            answer,
-            json!({"jsonrpc": "2.0", "id": 7, "result": {"content": []}})
-        );
-        link.end().await;
-
-        let seen = lock(&seen);
-        let (_, first, _) = &seen[0];
-        assert_eq!(first["authorization"], "Bearer t");
-        assert_eq!(first[ACCEPT], "application/json, text/event-stream");
-        assert!(
-            first.get("mcp-session-id").is_none(),
-            "none before initialize"
-        );
-        let (_, call, _) = &seen[1];
-        assert_eq!(call["mcp-session-id"], "s-1");
-        assert_eq!(call["mcp-protocol-version"], "2025-11-25");
-        assert!(
-            call.get("mcp-method").is_none(),
-            "no routing headers before 2026-07-28"
-        );
-        let (method, end, _) = seen.last().unwrap();
-        assert_eq!(
-            (method, &end["mcp-session-id"]),
-            (&Method::DELETE, &HeaderValue::from_static("s-1"))
-        );
-    }
-
-    #[test]
-    fn the_stateless_era_gets_the_routing_headers_of_its_message() {
-        let (lines, _to_client) = mpsc::unbounded_channel();
-        let client = ToClient::new(lines, Arc::new(Queued::default()));
-        let remote = Remote {
-            url: "http://127.0.0.1:9/mcp".parse().unwrap(),
-            headers: HeaderMap::new(),
-        };
-        let (_, stream) = futures::channel::mpsc::unbounded();
-        let link = RemoteLink::new(remote, fake(Arc::default(), stream), client, 1 << 20);
-        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "render",
-                "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
-        let req = link.request(Method::POST, Bytes::new(), Some(&message));
-        let headers = req.headers();
-        assert_eq!(headers["mcp-protocol-version"], "2026-07-28");
-        assert_eq!(headers["mcp-method"], "tools/call");
-        assert_eq!(headers["mcp-name"], "render");
-    }
-}
+mod tests;
