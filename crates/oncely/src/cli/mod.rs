@@ -90,7 +90,8 @@ pub enum Command {
     /// windows, replays, reconciliation, and the gaps with the config lines that close them.
     Inventory(inventory::InventoryArgs),
     /// Guards a local MCP server that an assistant host starts over stdio: put `oncely mcp
-    /// --` before the server's command in the host's config.
+    /// --` before the server's command in the host's config (or `--url URL` for a remote
+    /// one).
     Mcp(mcp_stdio::McpArgs),
     /// Validates a config file: exit 0 when valid, else 2 with each problem on a line.
     CheckConfig {

@@ -418,6 +418,10 @@ fn bad_remote_arguments_exit_2_naming_the_problem() {
             ],
             "ONCELY_TEST_UNSET_VAR",
         ),
+        (
+            &["--header", "A: b", "--", "some-server"],
+            "--header is for --url",
+        ),
         (&[], "no MCP server given"),
     ];
     for (args, says) in cases {
