@@ -17,35 +17,6 @@ use crate::{
     RepeatEvent, RepeatEvents, RepeatKind, Result, StoreError, Usage, UsageHour, UsageRow,
 };
 
-/// Migration 7: the usage history, repeat events that count several repeats, and the
-/// repeats older ledgers counted on their records without events kept as one event per
-/// record (see the SQLite store's migration 5).
-pub(super) const MIGRATION_SQL: &str = r#"
-ALTER TABLE repeat_events ADD COLUMN count bigint NOT NULL DEFAULT 1;
-CREATE TABLE usage_hours (
-    hour         bigint NOT NULL,
-    principal    text   NOT NULL,
-    route        text   NOT NULL,
-    fresh        bigint NOT NULL DEFAULT 0,
-    fresh_units  bigint NOT NULL DEFAULT 0,
-    repeats      bigint NOT NULL DEFAULT 0,
-    repeat_units bigint NOT NULL DEFAULT 0,
-    joined       bigint NOT NULL DEFAULT 0,
-    replayed     bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (hour, principal, route)
-);
--- Covering: usage per principal over a period reads this index alone.
-CREATE INDEX usage_hours_principal ON usage_hours (principal, hour)
-    INCLUDE (fresh, fresh_units, repeats, repeat_units);
-INSERT INTO repeat_events (record_id, principal, route, at, kind, count, units, expires_at)
-SELECT r.id, r.principal, r.route, COALESCE(r.completed_at, r.created_at), 'replayed',
-       r.repeats - COALESCE(e.n, 0), r.repeat_units - COALESCE(e.u, 0), r.expires_at
-FROM records r
-LEFT JOIN (SELECT record_id, sum(count) AS n, sum(units) AS u FROM repeat_events
-           GROUP BY record_id) e ON e.record_id = r.id
-WHERE r.repeats > COALESCE(e.n, 0);
-"#;
-
 /// The history from `$1` (an hour's start) and what the records and events add, per
 /// principal, route and hour.
 fn parts() -> String {

@@ -396,31 +396,3 @@ impl TaskQueue for SqliteStore {
         .await
     }
 }
-
-/// Migration 2: the task queue.
-pub(super) const MIGRATION_SQL: &str = r#"
-CREATE TABLE tasks (
-    id           TEXT    NOT NULL PRIMARY KEY,
-    kind         TEXT    NOT NULL,
-    record       TEXT,
-    target       TEXT    NOT NULL,
-    method       TEXT    NOT NULL,
-    headers      TEXT    NOT NULL,
-    body         BLOB,
-    state        TEXT    NOT NULL,
-    attempts     INTEGER NOT NULL,
-    max_attempts INTEGER NOT NULL,
-    timeout_ms   INTEGER NOT NULL,
-    backoff_ms   INTEGER NOT NULL,
-    next_at      INTEGER NOT NULL,
-    owner        TEXT,
-    lease_until  INTEGER,
-    last_error   TEXT,
-    created_at   INTEGER NOT NULL,
-    updated_at   INTEGER NOT NULL
-);
-CREATE INDEX tasks_pending ON tasks (kind, next_at) WHERE state = 'pending';
-CREATE INDEX tasks_running ON tasks (kind, lease_until) WHERE state = 'running';
-CREATE INDEX tasks_state ON tasks (kind, state, created_at);
-CREATE INDEX tasks_record ON tasks (record);
-"#;

@@ -9,13 +9,6 @@ use super::error::sql_error;
 use super::SqliteStore;
 use crate::{ReconcileSchedule, Result};
 
-/// Migration 3: the reconciliation schedule.
-pub(super) const MIGRATION_SQL: &str = r#"
-ALTER TABLE records ADD COLUMN reconcile_for INTEGER;
-ALTER TABLE records ADD COLUMN reconcile_attempts INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE records ADD COLUMN reconcile_next_at INTEGER;
-"#;
-
 /// A record's state, `updated_at`, and its three schedule columns.
 type Row = (String, i64, Option<i64>, i64, Option<i64>);
 

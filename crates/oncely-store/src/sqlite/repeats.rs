@@ -10,22 +10,6 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::error::sql_error;
 use crate::{Repeat, RepeatEvent, RepeatEvents, RepeatKind, Result, StoreError};
 
-/// Migration 4: repeat events.
-pub(super) const MIGRATION_SQL: &str = r#"
-CREATE TABLE repeat_events (
-    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
-    record_id  TEXT    NOT NULL,
-    principal  TEXT    NOT NULL,
-    route      TEXT    NOT NULL,
-    at         INTEGER NOT NULL,
-    kind       TEXT    NOT NULL,
-    units      INTEGER NOT NULL,
-    expires_at INTEGER
-);
-CREATE INDEX repeat_events_principal ON repeat_events (principal, at);
-CREATE INDEX repeat_events_expires ON repeat_events (expires_at);
-"#;
-
 /// How many events one `INSERT` writes. A replay under load is one event, so the writer
 /// inserts thousands a second: one statement per row (an `INSERT ... SELECT` each, with
 /// its own statement journal) was most of the writer's time on replays.

@@ -71,22 +71,22 @@ CREATE TABLE secrets (
     Migration {
         version: 2,
         name: "task queue (webhook deliveries, queued jobs)",
-        sql: super::queue::MIGRATION_SQL,
+        sql: QUEUE_SQL,
     },
     Migration {
         version: 3,
         name: "reconciliation schedule",
-        sql: super::reconcile::MIGRATION_SQL,
+        sql: RECONCILE_SQL,
     },
     Migration {
         version: 4,
         name: "repeat events (statements)",
-        sql: super::repeats::MIGRATION_SQL,
+        sql: REPEATS_SQL,
     },
     Migration {
         version: 5,
         name: "usage history",
-        sql: super::usage::MIGRATION_SQL,
+        sql: USAGE_SQL,
     },
     Migration {
         version: 6,
@@ -94,6 +94,87 @@ CREATE TABLE secrets (
         sql: WRITE_PATH_SQL,
     },
 ];
+
+/// Migration 2: the task queue.
+const QUEUE_SQL: &str = r#"
+CREATE TABLE tasks (
+    id           TEXT    NOT NULL PRIMARY KEY,
+    kind         TEXT    NOT NULL,
+    record       TEXT,
+    target       TEXT    NOT NULL,
+    method       TEXT    NOT NULL,
+    headers      TEXT    NOT NULL,
+    body         BLOB,
+    state        TEXT    NOT NULL,
+    attempts     INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    timeout_ms   INTEGER NOT NULL,
+    backoff_ms   INTEGER NOT NULL,
+    next_at      INTEGER NOT NULL,
+    owner        TEXT,
+    lease_until  INTEGER,
+    last_error   TEXT,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL
+);
+CREATE INDEX tasks_pending ON tasks (kind, next_at) WHERE state = 'pending';
+CREATE INDEX tasks_running ON tasks (kind, lease_until) WHERE state = 'running';
+CREATE INDEX tasks_state ON tasks (kind, state, created_at);
+CREATE INDEX tasks_record ON tasks (record);
+"#;
+
+/// Migration 3: the reconciliation schedule.
+const RECONCILE_SQL: &str = r#"
+ALTER TABLE records ADD COLUMN reconcile_for INTEGER;
+ALTER TABLE records ADD COLUMN reconcile_attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE records ADD COLUMN reconcile_next_at INTEGER;
+"#;
+
+/// Migration 4: repeat events.
+const REPEATS_SQL: &str = r#"
+CREATE TABLE repeat_events (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    record_id  TEXT    NOT NULL,
+    principal  TEXT    NOT NULL,
+    route      TEXT    NOT NULL,
+    at         INTEGER NOT NULL,
+    kind       TEXT    NOT NULL,
+    units      INTEGER NOT NULL,
+    expires_at INTEGER
+);
+CREATE INDEX repeat_events_principal ON repeat_events (principal, at);
+CREATE INDEX repeat_events_expires ON repeat_events (expires_at);
+"#;
+
+/// Migration 5: the usage history, repeat events that count several repeats, and the
+/// repeats older ledgers counted on their records without events (before migration 4,
+/// or past the tally's limit) kept as one event per record, so that readers that count
+/// events count them.
+const USAGE_SQL: &str = r#"
+ALTER TABLE repeat_events ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+CREATE TABLE usage_hours (
+    hour         INTEGER NOT NULL,
+    principal    TEXT    NOT NULL,
+    route        TEXT    NOT NULL,
+    fresh        INTEGER NOT NULL DEFAULT 0,
+    fresh_units  INTEGER NOT NULL DEFAULT 0,
+    repeats      INTEGER NOT NULL DEFAULT 0,
+    repeat_units INTEGER NOT NULL DEFAULT 0,
+    joined       INTEGER NOT NULL DEFAULT 0,
+    replayed     INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (hour, principal, route)
+) WITHOUT ROWID;
+-- Covering: usage per principal over a period reads this index alone, in order.
+CREATE INDEX usage_hours_principal
+    ON usage_hours (principal, hour, fresh, fresh_units, repeats, repeat_units);
+INSERT INTO repeat_events (record_id, principal, route, at, kind, count, units, expires_at)
+SELECT r.id, r.principal, r.route, COALESCE(r.completed_at, r.created_at), 'replayed',
+       r.repeats - COALESCE(e.n, 0), r.repeat_units - COALESCE(e.u, 0), r.expires_at
+FROM records r
+LEFT JOIN (SELECT record_id, SUM(count) AS n, SUM(units) AS u FROM repeat_events
+           GROUP BY record_id) e ON e.record_id = r.id
+WHERE r.repeats > COALESCE(e.n, 0);
+"#;
 
 /// Migration 6: `records` rebuilt for the write path. A fresh claim and its completion
 /// write four B-trees, not eight: the table itself, keyed by the record id (a

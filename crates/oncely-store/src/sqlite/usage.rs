@@ -10,36 +10,6 @@ use super::error::sql_error;
 use crate::usage::Hours;
 use crate::{Result, UsageHour, UsageRow};
 
-/// Migration 5: the usage history, repeat events that count several repeats, and the
-/// repeats older ledgers counted on their records without events (before migration 4,
-/// or past the tally's limit) kept as one event per record, so that readers that count
-/// events count them.
-pub(super) const MIGRATION_SQL: &str = r#"
-ALTER TABLE repeat_events ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
-CREATE TABLE usage_hours (
-    hour         INTEGER NOT NULL,
-    principal    TEXT    NOT NULL,
-    route        TEXT    NOT NULL,
-    fresh        INTEGER NOT NULL DEFAULT 0,
-    fresh_units  INTEGER NOT NULL DEFAULT 0,
-    repeats      INTEGER NOT NULL DEFAULT 0,
-    repeat_units INTEGER NOT NULL DEFAULT 0,
-    joined       INTEGER NOT NULL DEFAULT 0,
-    replayed     INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (hour, principal, route)
-) WITHOUT ROWID;
--- Covering: usage per principal over a period reads this index alone, in order.
-CREATE INDEX usage_hours_principal
-    ON usage_hours (principal, hour, fresh, fresh_units, repeats, repeat_units);
-INSERT INTO repeat_events (record_id, principal, route, at, kind, count, units, expires_at)
-SELECT r.id, r.principal, r.route, COALESCE(r.completed_at, r.created_at), 'replayed',
-       r.repeats - COALESCE(e.n, 0), r.repeat_units - COALESCE(e.u, 0), r.expires_at
-FROM records r
-LEFT JOIN (SELECT record_id, SUM(count) AS n, SUM(units) AS u FROM repeat_events
-           GROUP BY record_id) e ON e.record_id = r.id
-WHERE r.repeats > COALESCE(e.n, 0);
-"#;
-
 /// The hour of a millisecond column, in SQL.
 macro_rules! hour {
     ($col:literal) => {
