@@ -30,7 +30,7 @@ pub mod policy;
 pub mod record;
 pub mod units;
 
-pub use decide::{decide, Claimant, Refusal, Seen, Step};
+pub use decide::{decide, Claimant, Refusal, Seen, Step, SWEEP_GRACE};
 pub use errors::error_chain;
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintBuilder};
 pub use key::{principal_hash, ClientKey, DownstreamKey, KeyError, Scope};

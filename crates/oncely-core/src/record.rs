@@ -177,6 +177,18 @@ impl Record {
         self.state == State::Processing && self.lease_until.is_none_or(|l| l <= now)
     }
 
+    /// A processing record whose lease has been past for a whole lease more (its length
+    /// as last granted: `lease_until` less `updated_at`), and at least `at_least`: its
+    /// owner has missed every renewal of two leases. A record without a lease never is.
+    pub fn lease_lapsed_long_ago(&self, now: Timestamp, at_least: Duration) -> bool {
+        let Some(until) = self.lease_until.filter(|_| self.state == State::Processing) else {
+            return false;
+        };
+        let length = (until.0 - self.updated_at.0).max(0);
+        let grace = length.max(at_least.as_millis() as i64);
+        now.0 >= until.0.saturating_add(grace)
+    }
+
     /// The fence an owner of this record writes with.
     pub fn fence(&self) -> Option<Fence> {
         Some(Fence {
