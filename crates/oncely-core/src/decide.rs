@@ -198,7 +198,7 @@ pub fn decide(found: &Record, seen: &Seen, now: Option<Timestamp>) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::Scope;
+    use crate::identity::Identity;
     use crate::policy::Class;
     use crate::record::{ClaimSpec, RecordId, StoredResponse};
 
@@ -209,15 +209,16 @@ mod tests {
 
     fn found(state: State) -> Record {
         let spec = ClaimSpec {
-            scope: Scope::new("p", "POST /x"),
-            key: "k".into(),
-            fingerprint: FP,
-            class: Class::Write,
-            route: "POST /x".into(),
-            principal: "p".into(),
+            identity: Identity::new(
+                "p".into(),
+                "POST /x".into(),
+                Class::Write,
+                Some("k".into()),
+                FP,
+                None,
+            ),
             owner: "a".into(),
             lease: LEASE,
-            workflow_id: None,
         };
         let mut r = Record::new_claim(RecordId("r1".into()), &spec, T0);
         r.state = state;

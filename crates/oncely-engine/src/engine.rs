@@ -16,7 +16,7 @@ use oncely_store::{RepeatKind, Store, StoreError};
 use tokio::sync::oneshot;
 
 use crate::budget::Budget;
-use crate::call::{Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamFailure};
+use crate::call::{Execution, FreshAnswer, GuardedCall, Head, UpstreamFailure, UpstreamFuture};
 use crate::claim::{ClaimLoop, Claimed, Claimer, Claiming, Verdict};
 use crate::ledger;
 use crate::owner;
@@ -114,13 +114,6 @@ impl Engine {
         self.repeats.flush().await
     }
 
-    /// Whether `record`'s owner is an owner task of this engine's that still runs: its
-    /// lease is held, whatever the ledger says of it (a store that stalled past the
-    /// lease kept its renewals from landing), and it is never taken over from here.
-    pub fn runs(&self, record: &Record) -> bool {
-        self.live.holds(record)
-    }
-
     /// A new owner id of this instance (`INSTANCE/N`).
     pub fn new_owner(&self) -> String {
         format!(
@@ -133,15 +126,9 @@ impl Engine {
     /// What claiming `call` asks of the ledger, with a new owner id of this instance.
     pub fn claim_spec(&self, call: &GuardedCall) -> ClaimSpec {
         ClaimSpec {
-            scope: call.scope.clone(),
-            key: call.key.clone(),
-            fingerprint: call.fingerprint,
-            class: call.class,
-            route: call.route.clone(),
-            principal: call.principal.clone(),
+            identity: call.identity.clone(),
             owner: self.new_owner(),
             lease: call.lease,
-            workflow_id: call.workflow_id.clone(),
         }
     }
 
@@ -153,7 +140,7 @@ impl Engine {
         record: Record,
         fence: Fence,
         call: GuardedCall,
-        upstream: Upstream<H>,
+        upstream: UpstreamFuture<H>,
         head: oneshot::Sender<Head<H>>,
     ) {
         owner::run(owner::OwnerTask {
@@ -177,7 +164,7 @@ impl Engine {
     pub async fn execute<H, F>(&self, call: GuardedCall, run: F) -> Execution<FreshAnswer<H>>
     where
         H: Send + 'static,
-        F: FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> UpstreamFuture<H> + Send + 'static,
     {
         let claiming = Claiming {
             claimant: Claimant::Call,
@@ -191,10 +178,9 @@ impl Engine {
             call: &call,
             run: Some(Box::new(run)),
         };
-        let verdict = self.claim(&mut claimer, claiming).await;
-        match self.answer(verdict, call.wait) {
-            Ok((record, head)) => owner_answer(record, head).await,
-            Err(execution) => execution,
+        match self.claim(&mut claimer, claiming).await {
+            Verdict::Owned((record, head)) => owner_answer(record, head).await,
+            verdict => self.answer(verdict, call.wait),
         }
     }
 
@@ -215,13 +201,14 @@ impl Engine {
         .await
     }
 
-    /// What a call's (or a job request's) claim ended with, as an execution: what it
-    /// owns, or its answer from the ledger (a replay or a join, counted; a refusal; in
-    /// flight, with a retry after [`retry_after`]`(wait)`; the ledger unavailable). A job's
-    /// request answers a failed job and one still running itself.
-    pub fn answer<O, F>(&self, verdict: Verdict<O>, wait: Duration) -> Result<O, Execution<F>> {
-        Err(match verdict {
-            Verdict::Owned(owned) => return Ok(owned),
+    /// The answer from the ledger of a call's (or a job request's) claim that does not
+    /// own the record: a replay or a join (counted), a refusal, in flight (with a retry
+    /// after [`retry_after`]`(wait)`), the ledger unavailable. A job's request answers a
+    /// failed job and one still running itself; a claim that owns is executed, not
+    /// answered.
+    pub fn answer<O, F>(&self, verdict: Verdict<O>, wait: Duration) -> Execution<F> {
+        match verdict {
+            Verdict::Owned(_) => unreachable!("a claim that owns is executed, not answered"),
             Verdict::Decided {
                 step: step @ (Decided::Replay | Decided::Join | Decided::Refuse(Refusal::TooLarge)),
                 record,
@@ -250,12 +237,12 @@ impl Engine {
             Verdict::Unavailable(e) => Execution::StoreUnavailable(e.to_string()),
             Verdict::Gone => Execution::StoreUnavailable("the record is gone".into()),
             Verdict::Decided { step, .. } => unreachable!("a call is never told {step:?}"),
-        })
+        }
     }
 
     /// A completed record: replay or join it, or refuse it as too large (the `step`
-    /// [`decide()`] gave), and count the repeat off the answer's path.
-    pub fn answer_completed<F>(&self, record: Record, waited: bool, step: Decided) -> Execution<F> {
+    /// `oncely_core::decide` gave), and count the repeat off the answer's path.
+    fn answer_completed<F>(&self, record: Record, waited: bool, step: Decided) -> Execution<F> {
         let kind = if waited {
             RepeatKind::Joined
         } else {
@@ -287,7 +274,7 @@ impl Engine {
     ) -> Detached<H, F>
     where
         H: Send + 'static,
-        F: FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> UpstreamFuture<H> + Send + 'static,
     {
         // Counted from before the claim, so that a drain waits for a claim in flight.
         let token = self.tasks.start();
@@ -339,13 +326,13 @@ struct CallClaimer<'a, H> {
     call: &'a GuardedCall,
     spec: ClaimSpec,
     /// The upstream call, given back by every claim that did not own.
-    run: Option<Run<H>>,
+    run: Option<RunUpstream<H>>,
 }
 
 /// The upstream call a call's owner runs (boxed: the claim loop is generic over the
 /// claimer, and a closure type with a higher-ranked bound defeats the proof that its
 /// future is `Send`).
-type Run<H> = Box<dyn FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send>;
+type RunUpstream<H> = Box<dyn FnOnce(DownstreamKey, &Record) -> UpstreamFuture<H> + Send>;
 
 impl<H: Send + 'static> CallClaimer<'_, H> {
     async fn detached(
@@ -440,7 +427,7 @@ mod tests {
     use crate::call::{Classified, Classifier, UpstreamAnswer};
     use crate::stream::{BodyStream, CallerBody};
     use futures::{FutureExt, StreamExt};
-    use oncely_core::{Class, Scope, StoredResponse};
+    use oncely_core::{Class, Identity, StoredResponse};
     use std::sync::atomic::AtomicBool;
 
     use crate::REPEAT_FLUSH;
@@ -457,18 +444,19 @@ mod tests {
 
     fn call(key: &str) -> GuardedCall {
         GuardedCall {
-            scope: Scope::new("p", "/mcp#render"),
-            key: key.to_string(),
-            fingerprint: Fingerprint([7; 32]),
-            class: Class::Write,
-            route: "/mcp#render".into(),
-            principal: "p".into(),
+            identity: Identity::new(
+                "p".into(),
+                "/mcp#render".into(),
+                Class::Write,
+                Some(key.to_string()),
+                Fingerprint([7; 32]),
+                None,
+            ),
             window: Duration::from_secs(60),
             wait: Duration::from_secs(1),
             lease: Duration::from_secs(5),
             timeout: Duration::from_secs(5),
             max_response: 1024,
-            workflow_id: None,
             units: 3,
             answer_before_record: false,
             slots: None,

@@ -41,8 +41,8 @@ mod tasks;
 mod waits;
 
 pub use call::{
-    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamAnswer,
-    UpstreamError, UpstreamFailure,
+    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, UpstreamAnswer,
+    UpstreamError, UpstreamFailure, UpstreamFuture,
 };
 pub use claim::{Claimed, Claimer, Claiming, Verdict};
 pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};

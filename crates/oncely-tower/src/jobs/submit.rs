@@ -71,10 +71,8 @@ impl Guard {
                 first: false,
                 retry_after: retry_after(call.wait),
             },
-            verdict => match self.engine().answer(verdict, call.wait) {
-                Ok(record) => self.await_job(record, &call).await,
-                Err(answer) => answer,
-            },
+            Verdict::Owned(record) => self.await_job(record, &call).await,
+            verdict => self.engine().answer(verdict, call.wait),
         }
     }
 

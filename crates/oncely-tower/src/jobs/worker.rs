@@ -204,7 +204,7 @@ where
         deadline: tokio::time::Instant::now(),
         now: None,
     };
-    let mut claimer = Run {
+    let mut claimer = JobRun {
         guard,
         id: &id,
         lease: policy.lease,
@@ -288,13 +288,7 @@ where
         },
         &job.body,
     );
-    let call = policy.guarded_call(
-        record.principal.clone(),
-        Some(record.key.clone()),
-        record.fingerprint,
-        record.workflow_id.clone(),
-        units,
-    );
+    let call = policy.call(record.identity.clone(), units);
     let mut req = job.upstream_request(&key);
     // The inner service finds the route, and that the owner holds its slot and times it.
     req.extensions_mut().insert(policy.clone());
@@ -381,13 +375,13 @@ where
 
 /// A job's run: it reads its record (the request claimed it), and takes it over when
 /// the earlier run's lease lapsed, as a new owner of this instance's.
-struct Run<'a> {
+struct JobRun<'a> {
     guard: &'a Guard,
     id: &'a RecordId,
     lease: Duration,
 }
 
-impl Claimer for Run<'_> {
+impl Claimer for JobRun<'_> {
     type Owned = Record;
 
     fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Record>, StoreError>> {
