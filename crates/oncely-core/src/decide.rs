@@ -1,15 +1,19 @@
 //! What a claimant does with the record it found: the claim path as one table.
 //!
 //! A claimant is a request on an HTTP route or an MCP tool call ([`Claimant::Call`]), a
-//! job's request ([`Claimant::JobRequest`]) or the job worker that leased the record's
-//! task ([`Claimant::JobWorker`]). When the ledger answers its claim with an existing
+//! job's request ([`Claimant::JobRequest`]), the job worker that leased the record's
+//! task ([`Claimant::JobWorker`]) or the gateway's sweep for actions whose owner went
+//! away ([`Claimant::Sweep`]). When the ledger answers its claim with an existing
 //! record (or a wait or a take-over hands it a record), [`decide`] says the one [`Step`]
 //! it takes. The rows, first match wins:
 //!
 //! | found record                        | claimant                    | step                                  |
 //! |-------------------------------------|-----------------------------|---------------------------------------|
 //! | other fingerprint                   | any                         | `Refuse(KeyReused)`                   |
-//! | not processing                      | job worker                  | `Refuse(Ended)` (drop the task)       |
+//! | not processing                      | job worker, sweep           | `Refuse(Ended)` (drop the task)       |
+//! | processing, clock not read          | sweep                       | `ReadClock` (read it, decide again)   |
+//! | processing, lapsed a lease ago      | sweep                       | `TakeOver`                            |
+//! | processing                          | sweep                       | `Refuse(StillRunning)` (left alone)   |
 //! | completed, body kept, not waited    | call, job request           | `Replay`                              |
 //! | completed, body kept, waited        | call, job request           | `Join`                                |
 //! | completed, body not kept            | call, job request           | `Refuse(TooLarge)`                    |
@@ -30,8 +34,14 @@
 //! wait retries its task when the lease ends. The clock is read only for a processing
 //! record (it costs a round trip on PostgreSQL), hence `ReadClock`.
 //!
+//! The sweep is slower than a duplicate to call an owner gone: it takes a record over
+//! only once its lease has been past for a whole lease more, at least [`SWEEP_GRACE`]
+//! ([`Record::lease_lapsed_long_ago`]), so that an owner whose renewals a store outage
+//! held up renews first.
+//!
 //! `oncely_core::decide` is the only place that decides what a claimant does with an
-//! existing record; the tower layer and the job worker only perform the step.
+//! existing record; the engine's claim loop (`oncely_engine::claim`) only performs the
+//! step, for every claimant.
 
 use std::time::Duration;
 
@@ -53,7 +63,25 @@ pub enum Claimant {
         /// The task's first attempt.
         first_run: bool,
     },
+    /// The gateway's sweep, which marks an action whose owner went away `outcome_unknown`
+    /// whether or not a duplicate ever comes.
+    Sweep,
 }
+
+impl Claimant {
+    /// Whether this claimant waits on a record whose lease is live (within its `wait`):
+    /// a call and a job's request do; the job worker (it retries its task later) and the
+    /// sweep (it looks again at its next round) do not.
+    pub fn waits(self) -> bool {
+        matches!(self, Claimant::Call | Claimant::JobRequest)
+    }
+}
+
+/// How far past its lapse the sweep leaves an owner's lease at the least before it takes
+/// the record over (it also waits a whole lease more): a live owner renews every third of
+/// its lease, so this is far beyond a renewal that is merely late, or one held up by a
+/// store that was briefly away.
+pub const SWEEP_GRACE: Duration = Duration::from_secs(2);
 
 /// What the claimant brings to the record it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +110,8 @@ pub enum Refusal {
     Failed,
     /// Still processing and the claimant waits no longer (in flight / accepted).
     StillRunning,
-    /// The job's record is no longer processing: its task has nothing left to do.
+    /// The record is no longer processing: a job worker's task, or the sweep, has nothing
+    /// left to do with it.
     Ended,
 }
 
@@ -114,13 +143,21 @@ pub fn decide(found: &Record, seen: &Seen, now: Option<Timestamp>) -> Step {
     if found.fingerprint != seen.fingerprint {
         return Step::Refuse(Refusal::KeyReused);
     }
-    if let JobWorker { first_run } = seen.claimant {
+    if let JobWorker { .. } | Sweep = seen.claimant {
         if found.state != State::Processing {
             return Step::Refuse(Refusal::Ended);
         }
-        if first_run {
-            return Step::Own;
+    }
+    match seen.claimant {
+        JobWorker { first_run: true } => return Step::Own,
+        Sweep => {
+            return match now {
+                None => Step::ReadClock,
+                Some(now) if found.lease_lapsed_long_ago(now, SWEEP_GRACE) => Step::TakeOver,
+                Some(_) => Step::Refuse(Refusal::StillRunning),
+            }
         }
+        _ => {}
     }
     match found.state {
         State::Completed => {
@@ -161,7 +198,7 @@ pub fn decide(found: &Record, seen: &Seen, now: Option<Timestamp>) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::Scope;
+    use crate::identity::Identity;
     use crate::policy::Class;
     use crate::record::{ClaimSpec, RecordId, StoredResponse};
 
@@ -172,15 +209,16 @@ mod tests {
 
     fn found(state: State) -> Record {
         let spec = ClaimSpec {
-            scope: Scope::new("p", "POST /x"),
-            key: "k".into(),
-            fingerprint: FP,
-            class: Class::Write,
-            route: "POST /x".into(),
-            principal: "p".into(),
+            identity: Identity::new(
+                "p".into(),
+                "POST /x".into(),
+                Class::Write,
+                Some("k".into()),
+                FP,
+                None,
+            ),
             owner: "a".into(),
             lease: LEASE,
-            workflow_id: None,
         };
         let mut r = Record::new_claim(RecordId("r1".into()), &spec, T0);
         r.state = state;
@@ -396,5 +434,67 @@ mod tests {
             ..seen(LATER)
         };
         assert_eq!(decide(&r, &over, live()), Step::WaitUntil(until));
+    }
+
+    const SWEEP: Claimant = Claimant::Sweep;
+
+    #[test]
+    fn the_sweep_leaves_a_record_that_ended() {
+        for s in [State::Completed, State::Released, State::OutcomeUnknown] {
+            assert_eq!(
+                decide(&found(s), &seen(SWEEP), lapsed()),
+                Step::Refuse(Refusal::Ended)
+            );
+        }
+    }
+
+    #[test]
+    fn the_sweep_takes_over_only_a_lease_past_by_a_whole_lease_more() {
+        let r = found(State::Processing);
+        assert_eq!(decide(&r, &seen(SWEEP), None), Step::ReadClock);
+        // Lapsed, but not by a whole lease more: a duplicate would take it, the sweep not.
+        for now in [
+            live(),
+            lapsed(),
+            Some(T0.plus(LEASE * 2 - Duration::from_millis(1))),
+        ] {
+            assert_eq!(
+                decide(&r, &seen(SWEEP), now),
+                Step::Refuse(Refusal::StillRunning)
+            );
+        }
+        assert_eq!(
+            decide(&r, &seen(SWEEP), Some(T0.plus(LEASE * 2))),
+            Step::TakeOver
+        );
+        // A short lease is left for SWEEP_GRACE past its lapse at the least.
+        let mut short = r.clone();
+        short.lease_until = Some(T0.plus(Duration::from_millis(500)));
+        let lapse = T0.plus(Duration::from_millis(500));
+        assert_eq!(
+            decide(
+                &short,
+                &seen(SWEEP),
+                Some(lapse.plus(Duration::from_millis(1999)))
+            ),
+            Step::Refuse(Refusal::StillRunning)
+        );
+        assert_eq!(
+            decide(&short, &seen(SWEEP), Some(lapse.plus(SWEEP_GRACE))),
+            Step::TakeOver
+        );
+        // A record without a lease is never swept.
+        let mut none = r;
+        none.lease_until = None;
+        assert_eq!(
+            decide(&none, &seen(SWEEP), Some(T0.plus(LEASE * 10))),
+            Step::Refuse(Refusal::StillRunning)
+        );
+    }
+
+    #[test]
+    fn only_calls_and_job_requests_wait() {
+        assert!(CALL.waits() && JOB.waits());
+        assert!(!FIRST.waits() && !LATER.waits() && !SWEEP.waits());
     }
 }

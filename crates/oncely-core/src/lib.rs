@@ -14,6 +14,8 @@
 //!   bodies read as their parts and pairs, for the fingerprint.
 //! - [`policy`]: operation classes and which upstream answers are kept.
 //! - [`decide`](mod@decide): what a claimant does with the record it found (the claim table).
+//! - [`identity`]: who asks for what: an intention's scope, key, fingerprint, class,
+//!   route, principal and workflow id, declared once.
 //! - [`record`]: the ledger record, its states, and every transition as a pure function.
 //! - [`errors`]: an error's text with its sources.
 //! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
@@ -24,15 +26,17 @@ pub mod decide;
 pub mod errors;
 pub mod fingerprint;
 pub mod form;
+pub mod identity;
 pub mod key;
 pub mod multipart;
 pub mod policy;
 pub mod record;
 pub mod units;
 
-pub use decide::{decide, Claimant, Refusal, Seen, Step};
+pub use decide::{decide, Claimant, Refusal, Seen, Step, SWEEP_GRACE};
 pub use errors::error_chain;
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintBuilder};
+pub use identity::Identity;
 pub use key::{principal_hash, ClientKey, DownstreamKey, KeyError, Scope};
 pub use policy::{is_storable, Class, Disposition, UpstreamResult};
 pub use record::{

@@ -1,4 +1,5 @@
-//! The ledger record and its transitions, as pure functions.
+//! The ledger record and its transitions, as pure functions. A claim ([`ClaimSpec`]) and
+//! its [`Record`] each hold the intention's [`Identity`] and dereference to it.
 //!
 //! ```text
 //!             claim (new)                complete(owner, attempt)
@@ -22,9 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::fingerprint::Fingerprint;
-use crate::key::Scope;
-use crate::policy::Class;
+use crate::identity::Identity;
 use crate::units::Timestamp;
 
 /// An opaque record id, as shown in `Oncely-Record`.
@@ -104,24 +103,34 @@ pub struct StoredResponse {
     pub body: Option<Bytes>,
 }
 
-/// One ledger record. See the module docs for its states.
+/// Derefs `$holder` to the [`Identity`] it holds in its `identity` field.
+macro_rules! holds_identity {
+    ($holder:ty) => {
+        impl std::ops::Deref for $holder {
+            type Target = Identity;
+            fn deref(&self) -> &Identity {
+                &self.identity
+            }
+        }
+
+        impl std::ops::DerefMut for $holder {
+            fn deref_mut(&mut self) -> &mut Identity {
+                &mut self.identity
+            }
+        }
+    };
+}
+holds_identity!(Record);
+holds_identity!(ClaimSpec);
+
+/// One ledger record: an intention's [`Identity`] (it dereferences to it) and where its
+/// execution stands. See the module docs for its states.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// Opaque id.
     pub id: RecordId,
-    /// Hash of principal + route.
-    pub scope: Scope,
-    /// The client's key, or the fingerprint (hex) when the key is implicit.
-    pub key: String,
-    /// The request's fingerprint, compared on every repeat.
-    pub fingerprint: Fingerprint,
-    /// The operation class.
-    pub class: Class,
-    /// The route (`METHOD PATTERN`, `PATH#tool` for MCP tools, or the webhook path), for
-    /// listing.
-    pub route: String,
-    /// The principal's keyed hash.
-    pub principal: String,
+    /// The intention: scope, key, fingerprint, class, route, principal, workflow id.
+    pub identity: Identity,
     /// Current state.
     pub state: State,
     /// Who executes it now (while `processing`).
@@ -146,8 +155,6 @@ pub struct Record {
     pub repeats: u64,
     /// Units those repeats would have cost.
     pub repeat_units: u64,
-    /// The caller's workflow (from `X-Workflow-Id` or `traceparent`).
-    pub workflow_id: Option<String>,
     /// The upstream's request id, for reconciliation.
     pub provider_request_id: Option<String>,
     /// Why the last attempt failed, or why the record changed state.
@@ -177,6 +184,18 @@ impl Record {
         self.state == State::Processing && self.lease_until.is_none_or(|l| l <= now)
     }
 
+    /// A processing record whose lease has been past for a whole lease more (its length
+    /// as last granted: `lease_until` less `updated_at`), and at least `at_least`: its
+    /// owner has missed every renewal of two leases. A record without a lease never is.
+    pub fn lease_lapsed_long_ago(&self, now: Timestamp, at_least: Duration) -> bool {
+        let Some(until) = self.lease_until.filter(|_| self.state == State::Processing) else {
+            return false;
+        };
+        let length = (until.0 - self.updated_at.0).max(0);
+        let grace = length.max(at_least.as_millis() as i64);
+        now.0 >= until.0.saturating_add(grace)
+    }
+
     /// The fence an owner of this record writes with.
     pub fn fence(&self) -> Option<Fence> {
         Some(Fence {
@@ -187,27 +206,22 @@ impl Record {
     }
 }
 
-/// What a claimant brings: the identity of the intention and who would execute it.
+/// What a claimant brings: the identity of the intention (it dereferences to it) and who
+/// would execute it, for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimSpec {
-    /// Hash of principal + route.
-    pub scope: Scope,
-    /// Client key or fingerprint hex.
-    pub key: String,
-    /// The request's fingerprint.
-    pub fingerprint: Fingerprint,
-    /// The operation class.
-    pub class: Class,
-    /// The route, for listing.
-    pub route: String,
-    /// The principal's keyed hash.
-    pub principal: String,
+    /// The intention.
+    pub identity: Identity,
     /// Who would execute (an instance id plus a nonce).
     pub owner: String,
     /// How long the claim lasts without renewal.
     pub lease: Duration,
-    /// The caller's workflow id.
-    pub workflow_id: Option<String>,
+}
+
+impl ClaimSpec {
+    /// The lease of a claim whose route names none: a route's default (the contract's
+    /// 30 s), and a webhook event's, whose record is completed in its claim's transaction.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 }
 
 /// Who may write to a processing record: the owner of one attempt.
@@ -333,12 +347,7 @@ impl Record {
     pub fn new_claim(id: RecordId, spec: &ClaimSpec, now: Timestamp) -> Record {
         Record {
             id,
-            scope: spec.scope.clone(),
-            key: spec.key.clone(),
-            fingerprint: spec.fingerprint,
-            class: spec.class,
-            route: spec.route.clone(),
-            principal: spec.principal.clone(),
+            identity: spec.identity.clone(),
             state: State::Processing,
             owner: Some(spec.owner.clone()),
             attempt: 1,
@@ -351,7 +360,6 @@ impl Record {
             units: 0,
             repeats: 0,
             repeat_units: 0,
-            workflow_id: spec.workflow_id.clone(),
             provider_request_id: None,
             last_error: None,
         }
@@ -375,7 +383,10 @@ impl Record {
                 self.lease_until = Some(now.plus(spec.lease));
                 self.expires_at = None;
                 self.updated_at = now;
-                self.workflow_id = spec.workflow_id.clone().or(self.workflow_id.take());
+                self.identity.workflow_id = spec
+                    .workflow_id
+                    .clone()
+                    .or(self.identity.workflow_id.take());
             }
         }
     }
@@ -581,22 +592,25 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Class;
     use crate::FingerprintBuilder;
 
     const LEASE: Duration = Duration::from_secs(30);
     const WINDOW: Duration = Duration::from_secs(3 * 3600);
 
     fn spec(class: Class, owner: &str) -> ClaimSpec {
+        let fingerprint = FingerprintBuilder::new("p", "POST", "/x").body(b"{}", &[]);
         ClaimSpec {
-            scope: Scope::new("p", "POST /x"),
-            key: "k".into(),
-            fingerprint: FingerprintBuilder::new("p", "POST", "/x").body(b"{}", &[]),
-            class,
-            route: "POST /x".into(),
-            principal: "p".into(),
+            identity: Identity::new(
+                "p".into(),
+                "POST /x".into(),
+                class,
+                Some("k".into()),
+                fingerprint,
+                None,
+            ),
             owner: owner.into(),
             lease: LEASE,
-            workflow_id: None,
         }
     }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use oncely_core::{Class, Fingerprint, Record, Scope, StoredResponse, Timestamp};
+use oncely_core::{Disposition, Identity, Record, StoredResponse, Timestamp};
 
 use crate::stream::{BodyStream, CallerBody};
 
@@ -103,6 +103,18 @@ pub enum Classified {
     Unknown(String),
 }
 
+impl Classified {
+    /// The response to store, or how the record is settled instead (released or
+    /// `outcome_unknown`) and why.
+    pub(crate) fn into_stored(self) -> Result<StoredResponse, (Disposition, String)> {
+        match self {
+            Classified::Store(response) => Ok(response),
+            Classified::Release(why) => Err((Disposition::Release, why)),
+            Classified::Unknown(why) => Err((Disposition::OutcomeUnknown, why)),
+        }
+    }
+}
+
 /// Reads an answer's whole body after the owner task has streamed it, and decides what
 /// the ledger keeps (the protocol layer captures the status and headers it needs).
 /// Called at most once, and only when the class would store the answer and its body was
@@ -110,22 +122,14 @@ pub enum Classified {
 /// ends).
 pub type Classifier = Box<dyn FnOnce(&[u8]) -> Classified + Send>;
 
-/// One guarded call, protocol-agnostic: who, what, and the route's timings.
+/// One guarded call, protocol-agnostic: who and what (its [`Identity`], which it
+/// dereferences to), and the route's timings.
 #[derive(Debug, Clone)]
 pub struct GuardedCall {
-    /// Hash of principal + route ([`Scope::new`]).
-    pub scope: Scope,
-    /// The client's key, or the fingerprint hex.
-    pub key: String,
-    /// The request's fingerprint.
-    pub fingerprint: Fingerprint,
-    /// The operation class (`write`, `action` or `job`; `read` is never guarded).
-    pub class: Class,
-    /// The route's name, as the ledger shows it.
-    pub route: String,
-    /// The principal's keyed hash (HMAC-SHA256 with the engine's principal key, as
-    /// `Engine::principal_hash` makes it).
-    pub principal: String,
+    /// The intention ([`Identity::new`]): its class is `write`, `action` or `job` (`read`
+    /// is never guarded), its principal the keyed hash the engine's principal key makes
+    /// (`Engine::principal_hash`).
+    pub identity: Identity,
     /// How long a completed result is replayed.
     pub window: Duration,
     /// How long a duplicate waits for an in-flight original.
@@ -136,8 +140,6 @@ pub struct GuardedCall {
     pub timeout: Duration,
     /// Answers larger than this reach their caller but are stored without a body.
     pub max_response: u64,
-    /// The caller's workflow id (`X-Workflow-Id` or the `traceparent` trace id).
-    pub workflow_id: Option<String>,
     /// Billing units of one execution, as known from the request.
     pub units: u64,
     /// End the caller's body before the completion is durable (the route's `answer =
@@ -149,6 +151,13 @@ pub struct GuardedCall {
     /// never sent, so its record is released and the caller is told the upstream is
     /// busy; once a slot is taken, the upstream gets its whole `timeout`.
     pub slots: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+}
+
+impl std::ops::Deref for GuardedCall {
+    type Target = Identity;
+    fn deref(&self) -> &Identity {
+        &self.identity
+    }
 }
 
 /// The answer of a call this request owned and executed now.
@@ -325,4 +334,4 @@ impl<H> std::fmt::Debug for Head<H> {
 }
 
 /// The upstream call an owner runs, given the downstream key.
-pub type Upstream<H> = BoxFuture<'static, Result<UpstreamAnswer<H>, UpstreamError>>;
+pub type UpstreamFuture<H> = BoxFuture<'static, Result<UpstreamAnswer<H>, UpstreamError>>;

@@ -1,27 +1,28 @@
-//! The engine: [`Engine::execute`] claims a record, and either runs the upstream call as
-//! its owner on a task of its own, or answers from the ledger (replay, join, refusal).
-//! What a claimant does with the record it found is `oncely_core::decide`; this file only
-//! performs the step it returns.
+//! The engine: [`Engine::execute`] claims a record through the claim loop (`claim`), and
+//! either runs the upstream call as its owner on a task of its own, or answers from the
+//! ledger (replay, join, refusal). What a claimant does with the record it found is
+//! `oncely_core::decide`, carried out by the claim loop; this file claims a call's record
+//! (on a task of its own, which starts the owner task) and turns the verdict into an
+//! [`Execution`].
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt, Shared};
-use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
-use oncely_core::{
-    ClaimSpec, DownstreamKey, Fence, Record, RecordId, TakeOverOutcome, TransitionError,
-};
-use oncely_store::{Claim, RepeatKind, Store, StoreError};
+use futures::future::{BoxFuture, FutureExt};
+use oncely_core::{ClaimSpec, DownstreamKey, Fence, Record};
+use oncely_core::{Claimant, Refusal, Step as Decided};
+use oncely_store::{RepeatKind, Store, StoreError};
 use tokio::sync::oneshot;
 
 use crate::budget::Budget;
-use crate::call::{Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamFailure};
+use crate::call::{Execution, FreshAnswer, GuardedCall, Head, UpstreamFailure, UpstreamFuture};
+use crate::claim::{ClaimLoop, Claimed, Claimer, Claiming, Verdict};
 use crate::ledger;
 use crate::owner;
 use crate::tally::RepeatTally;
 use crate::tasks::{TaskCount, TaskToken};
+use crate::waits::Waits;
 
 /// The engine: the ledger, the key principals are hashed with, this instance's owner id,
 /// the count of owned upstream calls (for draining on shutdown), the repeats counted in
@@ -34,7 +35,7 @@ pub struct Engine {
     tasks: TaskCount,
     pub(crate) repeats: Arc<RepeatTally>,
     budget: Arc<Budget>,
-    waits: Mutex<HashMap<RecordId, SharedWait>>,
+    waits: Waits,
     live: ledger::Live,
 }
 
@@ -59,7 +60,7 @@ impl Engine {
             tasks: TaskCount::default(),
             repeats: Arc::new(RepeatTally::new(store_for_tally)),
             budget: Budget::new(DEFAULT_MAX_INFLIGHT_BYTES),
-            waits: Mutex::new(HashMap::new()),
+            waits: Waits::default(),
             live: ledger::Live::default(),
         }
     }
@@ -113,13 +114,6 @@ impl Engine {
         self.repeats.flush().await
     }
 
-    /// Whether `record`'s owner is an owner task of this engine's that still runs: its
-    /// lease is held, whatever the ledger says of it (a store that stalled past the
-    /// lease kept its renewals from landing), and it is never taken over from here.
-    pub fn runs(&self, record: &Record) -> bool {
-        self.live.holds(record)
-    }
-
     /// A new owner id of this instance (`INSTANCE/N`).
     pub fn new_owner(&self) -> String {
         format!(
@@ -132,15 +126,9 @@ impl Engine {
     /// What claiming `call` asks of the ledger, with a new owner id of this instance.
     pub fn claim_spec(&self, call: &GuardedCall) -> ClaimSpec {
         ClaimSpec {
-            scope: call.scope.clone(),
-            key: call.key.clone(),
-            fingerprint: call.fingerprint,
-            class: call.class,
-            route: call.route.clone(),
-            principal: call.principal.clone(),
+            identity: call.identity.clone(),
             owner: self.new_owner(),
             lease: call.lease,
-            workflow_id: call.workflow_id.clone(),
         }
     }
 
@@ -152,7 +140,7 @@ impl Engine {
         record: Record,
         fence: Fence,
         call: GuardedCall,
-        upstream: Upstream<H>,
+        upstream: UpstreamFuture<H>,
         head: oneshot::Sender<Head<H>>,
     ) {
         owner::run(owner::OwnerTask {
@@ -176,166 +164,85 @@ impl Engine {
     pub async fn execute<H, F>(&self, call: GuardedCall, run: F) -> Execution<FreshAnswer<H>>
     where
         H: Send + 'static,
-        F: FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> UpstreamFuture<H> + Send + 'static,
     {
-        let deadline = tokio::time::Instant::now() + call.wait;
-        let spec = self.claim_spec(&call);
-        let mut waited = false;
-        let mut run = Some(run);
-        // Each turn either returns or waits (bounded by `deadline`); the cap only guards
-        // against a store that keeps contradicting itself.
-        for _ in 0..64 {
-            let claim = {
-                let store = self.store.clone();
-                let spec = spec.clone();
-                async move {
-                    match store.claim(&spec).await? {
-                        Claim::Owned(r) => Ok(Claimed::Owned(r)),
-                        Claim::Existing(r) => Ok(Claimed::Other(r)),
-                    }
-                }
-                .boxed()
-            };
-            let f = run.take().expect("run is given back unless owned");
-            let mut record = match self.claim_detached(&call, f, claim).await {
-                Detached::Owner(record, head) => return owner_answer(record, head).await,
-                Detached::Other(record, f) => {
-                    run = Some(f);
-                    record
-                }
-                Detached::Failed(e, _) => return Execution::StoreUnavailable(e.to_string()),
-                Detached::Broken(why) => return Execution::StoreUnavailable(why),
-            };
-            // The ledger's clock, read when the decision needs it (afresh for each record).
-            let mut now = None;
-            loop {
-                let wait_left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let seen = Seen {
-                    fingerprint: call.fingerprint,
-                    claimant: Claimant::Call,
-                    waited,
-                    wait_left,
-                };
-                match decide(&record, &seen, now) {
-                    Decided::Refuse(Refusal::KeyReused) => return Execution::KeyReused(record),
-                    step @ (Decided::Replay
-                    | Decided::Join
-                    | Decided::Refuse(Refusal::TooLarge)) => {
-                        return self.answer_completed(record, waited, step)
-                    }
-                    Decided::Refuse(Refusal::OutcomeUnknown) => {
-                        return Execution::OutcomeUnknown(record)
-                    }
-                    // The original failed harmlessly while we waited: claim again (and
-                    // execute, with the same downstream key, if we win).
-                    Decided::ClaimAgain => break,
-                    Decided::ReadClock => match self.store.now().await {
-                        Ok(n) => now = Some(n),
-                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                    },
-                    Decided::TakeOver => {
-                        let take_over = {
-                            let store = self.store.clone();
-                            let (id, attempt) = (record.id.clone(), record.attempt);
-                            let (owner, lease) = (spec.owner.clone(), call.lease);
-                            let held_here = self.runs(&record);
-                            async move {
-                                if held_here {
-                                    return Err(StoreError::Transition(
-                                        TransitionError::LeaseHeld { id },
-                                    ));
-                                }
-                                match store.take_over(&id, attempt, &owner, lease).await? {
-                                    TakeOverOutcome::Owned(r) => Ok(Claimed::Owned(r)),
-                                    TakeOverOutcome::OutcomeUnknown(r) => Ok(Claimed::Other(r)),
-                                }
-                            }
-                            .boxed()
-                        };
-                        let f = run.take().expect("run is given back unless owned");
-                        match self.claim_detached(&call, f, take_over).await {
-                            Detached::Owner(record, head) => {
-                                return owner_answer(record, head).await
-                            }
-                            Detached::Other(record, _) => return Execution::OutcomeUnknown(record),
-                            // The store holds the lease live (by its own observation of
-                            // it, or while its server has not been up for a whole lease):
-                            // wait as for a live lease, a while at a time, within `wait`.
-                            Detached::Failed(
-                                StoreError::Transition(TransitionError::LeaseHeld { .. }),
-                                f,
-                            ) => {
-                                run = Some(f);
-                                if wait_left.is_zero() {
-                                    return Execution::InFlight {
-                                        retry_after: retry_after(call.wait),
-                                        record,
-                                    };
-                                }
-                                waited = true;
-                                let pause = wait_left.min(LEASE_HELD_PAUSE);
-                                record = match self.wait_shared(&record.id, pause).await {
-                                    Ok(r) => r,
-                                    Err(StoreError::NotFound(_)) => break,
-                                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                                };
-                                now = None;
-                            }
-                            // Someone else moved it first: look again.
-                            Detached::Failed(StoreError::Transition(_), f) => {
-                                run = Some(f);
-                                match self.store.get(&record.id).await {
-                                    Ok(Some(r)) => {
-                                        record = r;
-                                        now = None;
-                                    }
-                                    Ok(None) => break,
-                                    Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                                }
-                            }
-                            Detached::Failed(e, _) => {
-                                return Execution::StoreUnavailable(e.to_string())
-                            }
-                            Detached::Broken(why) => return Execution::StoreUnavailable(why),
-                        }
-                    }
-                    Decided::Refuse(Refusal::StillRunning) => {
-                        let retry_after = retry_after(call.wait);
-                        return Execution::InFlight {
-                            record,
-                            retry_after,
-                        };
-                    }
-                    Decided::WaitUntil(lease_until) => {
-                        // Wake up when the owner's lease would lapse, to take over a dead
-                        // owner without waiting the whole `wait`.
-                        let until_lapse = match (lease_until, now) {
-                            (Some(l), Some(now)) => now.until(l) + Duration::from_millis(20),
-                            _ => wait_left,
-                        };
-                        waited = true;
-                        record = match self
-                            .wait_shared(&record.id, wait_left.min(until_lapse))
-                            .await
-                        {
-                            Ok(r) => r,
-                            Err(StoreError::NotFound(_)) => break,
-                            Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                        };
-                        now = None;
-                    }
-                    step @ (Decided::Own | Decided::Refuse(Refusal::Failed | Refusal::Ended)) => {
-                        unreachable!("a call is never told {step:?}")
-                    }
-                }
-            }
+        let claiming = Claiming {
+            claimant: Claimant::Call,
+            fingerprint: Some(call.fingerprint),
+            deadline: tokio::time::Instant::now() + call.wait,
+            now: None,
+        };
+        let mut claimer = CallClaimer {
+            engine: self,
+            spec: self.claim_spec(&call),
+            call: &call,
+            run: Some(Box::new(run)),
+        };
+        match self.claim(&mut claimer, claiming).await {
+            Verdict::Owned((record, head)) => owner_answer(record, head).await,
+            verdict => self.answer(verdict, call.wait),
         }
-        Execution::StoreUnavailable("the ledger kept changing under one claim".into())
+    }
+
+    /// The claim loop (see the `claim` module): claims with `claimer`, and carries out
+    /// what `oncely_core::decide` says until a step ends it. The engine's calls, a job's
+    /// submission, the job worker and the gateway's sweep all claim through it.
+    pub async fn claim<C: Claimer>(
+        &self,
+        claimer: &mut C,
+        claiming: Claiming,
+    ) -> Verdict<C::Owned> {
+        ClaimLoop {
+            store: &self.store,
+            live: &self.live,
+            waits: &self.waits,
+        }
+        .run(claimer, claiming)
+        .await
+    }
+
+    /// The answer from the ledger of a call's (or a job request's) claim that does not
+    /// own the record: a replay or a join (counted), a refusal, in flight (with a retry
+    /// after [`retry_after`]`(wait)`), the ledger unavailable. A job's request answers a
+    /// failed job and one still running itself; a claim that owns is executed, not
+    /// answered.
+    pub fn answer<O, F>(&self, verdict: Verdict<O>, wait: Duration) -> Execution<F> {
+        match verdict {
+            Verdict::Owned(_) => unreachable!("a claim that owns is executed, not answered"),
+            Verdict::Decided {
+                step: step @ (Decided::Replay | Decided::Join | Decided::Refuse(Refusal::TooLarge)),
+                record,
+                waited,
+            } => self.answer_completed(record, waited, step),
+            Verdict::Decided {
+                step: Decided::Refuse(Refusal::KeyReused),
+                record,
+                ..
+            } => Execution::KeyReused(record),
+            Verdict::Decided {
+                step: Decided::Refuse(Refusal::OutcomeUnknown),
+                record,
+                ..
+            }
+            | Verdict::Unknown(record) => Execution::OutcomeUnknown(record),
+            Verdict::Decided {
+                step: Decided::Refuse(Refusal::StillRunning),
+                record,
+                ..
+            }
+            | Verdict::LeaseHeld(record) => Execution::InFlight {
+                record,
+                retry_after: retry_after(wait),
+            },
+            Verdict::Unavailable(e) => Execution::StoreUnavailable(e.to_string()),
+            Verdict::Gone => Execution::StoreUnavailable("the record is gone".into()),
+            Verdict::Decided { step, .. } => unreachable!("a call is never told {step:?}"),
+        }
     }
 
     /// A completed record: replay or join it, or refuse it as too large (the `step`
-    /// [`decide()`] gave), and count the repeat off the answer's path.
-    pub fn answer_completed<F>(&self, record: Record, waited: bool, step: Decided) -> Execution<F> {
+    /// `oncely_core::decide` gave), and count the repeat off the answer's path.
+    fn answer_completed<F>(&self, record: Record, waited: bool, step: Decided) -> Execution<F> {
         let kind = if waited {
             RepeatKind::Joined
         } else {
@@ -353,50 +260,6 @@ impl Engine {
         self.repeats.add(record, kind, record.units);
     }
 
-    /// [`Store::wait_for`], shared by every request of this instance waiting on the same
-    /// record: they are woken by one read of it, and share the answer it holds (one
-    /// copy, however many joiners). A request whose own `timeout` ends first reads the
-    /// record as it is then.
-    async fn wait_shared(&self, id: &RecordId, timeout: Duration) -> Result<Record, StoreError> {
-        let shared = {
-            let mut waits = self.waits.lock().expect("waits lock");
-            match waits.get(id) {
-                Some(w) => w.clone(),
-                None => {
-                    let store = self.store.clone();
-                    let key = id.clone();
-                    let w = async move {
-                        store.wait_for(&key, timeout).await.map_err(|e| match e {
-                            StoreError::NotFound(id) => WaitError::NotFound(id),
-                            other => WaitError::Store(other.to_string()),
-                        })
-                    }
-                    .boxed()
-                    .shared();
-                    waits.insert(id.clone(), w.clone());
-                    w
-                }
-            }
-        };
-        // Forgotten by whoever leaves it (woken, timed out or cancelled), so that the
-        // next wait reads afresh; the others keep their clones.
-        let _forget = ForgetWait {
-            waits: &self.waits,
-            id,
-            shared: shared.clone(),
-        };
-        match tokio::time::timeout(timeout, shared).await {
-            Ok(Ok(record)) => Ok(record),
-            Ok(Err(WaitError::NotFound(id))) => Err(StoreError::NotFound(id)),
-            Ok(Err(WaitError::Store(e))) => Err(StoreError::Unavailable(e)),
-            Err(_) => self
-                .store
-                .get(id)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(id.clone())),
-        }
-    }
-
     /// Runs `op` (a claim, or a take-over of a lapsed lease) and, when it makes this call
     /// the owner, starts the owner task with `run`, all on a task the caller does not
     /// own: a caller that goes away between a committed claim and the owner's start
@@ -407,11 +270,11 @@ impl Engine {
         &self,
         call: &GuardedCall,
         run: F,
-        op: BoxFuture<'static, Result<Claimed, StoreError>>,
+        op: BoxFuture<'static, Result<Claimed<Record>, StoreError>>,
     ) -> Detached<H, F>
     where
         H: Send + 'static,
-        F: FnOnce(DownstreamKey, &Record) -> Upstream<H> + Send + 'static,
+        F: FnOnce(DownstreamKey, &Record) -> UpstreamFuture<H> + Send + 'static,
     {
         // Counted from before the claim, so that a drain waits for a claim in flight.
         let token = self.tasks.start();
@@ -423,7 +286,11 @@ impl Engine {
             // The store bounds the claim, and releases one that lands after it, unsent.
             let record = match op.await {
                 Ok(Claimed::Owned(record)) => record,
-                Ok(Claimed::Other(record)) => return Detached::Other(record, run),
+                Ok(Claimed::Found(record)) => return Detached::Other(Claimed::Found(record), run),
+                Ok(Claimed::Unknown(record)) => {
+                    return Detached::Other(Claimed::Unknown(record), run)
+                }
+                Ok(Claimed::Gone) => return Detached::Other(Claimed::Gone, run),
                 Err(e) => return Detached::Failed(e, run),
             };
             let Some(fence) = record.fence() else {
@@ -452,6 +319,72 @@ impl Engine {
     }
 }
 
+/// A guarded call's claimer: claims and takes over on a task of its own
+/// ([`Engine::claim_detached`]), which starts the owner task when it wins.
+struct CallClaimer<'a, H> {
+    engine: &'a Engine,
+    call: &'a GuardedCall,
+    spec: ClaimSpec,
+    /// The upstream call, given back by every claim that did not own.
+    run: Option<RunUpstream<H>>,
+}
+
+/// The upstream call a call's owner runs (boxed: the claim loop is generic over the
+/// claimer, and a closure type with a higher-ranked bound defeats the proof that its
+/// future is `Send`).
+type RunUpstream<H> = Box<dyn FnOnce(DownstreamKey, &Record) -> UpstreamFuture<H> + Send>;
+
+impl<H: Send + 'static> CallClaimer<'_, H> {
+    async fn detached(
+        &mut self,
+        op: BoxFuture<'static, Result<Claimed<Record>, StoreError>>,
+    ) -> Result<Claimed<Owning<H>>, StoreError> {
+        let run = self.run.take().expect("run is given back unless owned");
+        match self.engine.claim_detached(self.call, run, op).await {
+            Detached::Owner(record, head) => Ok(Claimed::Owned((record, head))),
+            Detached::Other(claimed, run) => {
+                self.run = Some(run);
+                Ok(claimed)
+            }
+            Detached::Failed(e, run) => {
+                self.run = Some(run);
+                Err(e)
+            }
+            Detached::Broken(why) => Err(StoreError::Unavailable(why)),
+        }
+    }
+}
+
+/// A call that owns its record: the record as claimed, and its owner task's head.
+type Owning<H> = (Record, oneshot::Receiver<Head<H>>);
+
+impl<H: Send + 'static> Claimer for CallClaimer<'_, H> {
+    type Owned = Owning<H>;
+
+    fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Owning<H>>, StoreError>> {
+        let store = self.engine.store.clone();
+        let spec = self.spec.clone();
+        let op = async move { store.claim(&spec).await.map(Claimed::from) };
+        Box::pin(self.detached(op.boxed()))
+    }
+
+    fn take_over<'a>(
+        &'a mut self,
+        found: &'a Record,
+    ) -> BoxFuture<'a, Result<Claimed<Owning<H>>, StoreError>> {
+        let store = self.engine.store.clone();
+        let (id, attempt) = (found.id.clone(), found.attempt);
+        let (owner, lease) = (self.spec.owner.clone(), self.call.lease);
+        let op = async move {
+            store
+                .take_over(&id, attempt, &owner, lease)
+                .await
+                .map(Claimed::from)
+        };
+        Box::pin(self.detached(op.boxed()))
+    }
+}
+
 /// The answer of a call this request owns: the owner task's head (or its failure).
 async fn owner_answer<H>(
     record: Record,
@@ -467,54 +400,15 @@ async fn owner_answer<H>(
     }
 }
 
-/// How long a claimant whose take-over the store refused as `LeaseHeld` waits (on the
-/// record, woken by its end) before it looks again, within its `wait`.
-const LEASE_HELD_PAUSE: Duration = Duration::from_millis(200);
-
 /// The default bound of what answers in flight may hold in memory (512 MiB).
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 512 << 20;
-
-/// One `wait_for` shared by the requests of this instance waiting on one record.
-type SharedWait = Shared<BoxFuture<'static, Result<Record, WaitError>>>;
-
-/// A shared wait's error (a [`StoreError`] is not `Clone`).
-#[derive(Debug, Clone)]
-enum WaitError {
-    NotFound(RecordId),
-    Store(String),
-}
-
-/// Removes a shared wait from the map when one of its waiters leaves, unless the map
-/// already holds a newer one.
-struct ForgetWait<'a> {
-    waits: &'a Mutex<HashMap<RecordId, SharedWait>>,
-    id: &'a RecordId,
-    shared: SharedWait,
-}
-
-impl Drop for ForgetWait<'_> {
-    fn drop(&mut self) {
-        let mut waits = self.waits.lock().expect("waits lock");
-        if waits.get(self.id).is_some_and(|w| w.ptr_eq(&self.shared)) {
-            waits.remove(self.id);
-        }
-    }
-}
-
-/// What a claim or a take-over found.
-enum Claimed {
-    /// This call owns the record now.
-    Owned(Record),
-    /// Someone else's record (an existing one; for a take-over, an `outcome_unknown`).
-    Other(Record),
-}
 
 /// A claim run on a task of its own, with `run` given back when it did not own.
 enum Detached<H, F> {
     /// Owned, and the owner task runs: its head comes through the receiver.
     Owner(Record, oneshot::Receiver<Head<H>>),
-    /// Not owned.
-    Other(Record, F),
+    /// Not owned: what the claim found.
+    Other(Claimed<Owning<H>>, F),
     /// The store failed.
     Failed(StoreError, F),
     /// Owned, but the record came back without an owner (a store bug), or the task died.
@@ -533,7 +427,7 @@ mod tests {
     use crate::call::{Classified, Classifier, UpstreamAnswer};
     use crate::stream::{BodyStream, CallerBody};
     use futures::{FutureExt, StreamExt};
-    use oncely_core::{Class, Scope, StoredResponse};
+    use oncely_core::{Class, Identity, StoredResponse};
     use std::sync::atomic::AtomicBool;
 
     use crate::REPEAT_FLUSH;
@@ -550,18 +444,19 @@ mod tests {
 
     fn call(key: &str) -> GuardedCall {
         GuardedCall {
-            scope: Scope::new("p", "/mcp#render"),
-            key: key.to_string(),
-            fingerprint: Fingerprint([7; 32]),
-            class: Class::Write,
-            route: "/mcp#render".into(),
-            principal: "p".into(),
+            identity: Identity::new(
+                "p".into(),
+                "/mcp#render".into(),
+                Class::Write,
+                Some(key.to_string()),
+                Fingerprint([7; 32]),
+                None,
+            ),
             window: Duration::from_secs(60),
             wait: Duration::from_secs(1),
             lease: Duration::from_secs(5),
             timeout: Duration::from_secs(5),
             max_response: 1024,
-            workflow_id: None,
             units: 3,
             answer_before_record: false,
             slots: None,

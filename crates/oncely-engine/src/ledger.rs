@@ -3,8 +3,9 @@
 //! backoff for as long as that owner still owns the record (each retry counted in
 //! `oncely_ledger_write_retries_total{op}` and logged); its lease is kept renewed from a
 //! task of its own ([`Lease`]); and a call that ends without an answer to store is
-//! released or marked unknown ([`settle`]). The owner task (`owner`) and the claims of
-//! the engine (`engine`) both use this module; it uses neither.
+//! released or marked unknown ([`settle`]); and the owners running in this process
+//! ([`Live`]). The owner task (`owner`), the claim loop (`claim`) and the engine
+//! (`engine`) use this module; it uses none of them.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,8 +31,8 @@ pub use oncely_store::ANSWER_WITHIN as STORE_ANSWER;
 /// The owners running in this process, by owner id. A record one of them owns has a live
 /// owner whatever the ledger's clocks say of its lease: a store that stalled past the lease
 /// (a SQLite write lock held for seconds, a PostgreSQL commit that waited) kept its
-/// renewals from landing, not its owner from running. The engine never takes such a
-/// record over (`Engine::runs`).
+/// renewals from landing, not its owner from running. No claimant takes such a record
+/// over (the claim loop, `claim`).
 #[derive(Clone, Default)]
 pub(crate) struct Live(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
 

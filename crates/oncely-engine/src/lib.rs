@@ -16,7 +16,12 @@
 //!
 //! - [`call`]: what goes in and comes out, in plain data ([`GuardedCall`],
 //!   [`UpstreamAnswer`], [`Head`], [`Execution`]).
-//! - [`engine`]: [`Engine`]: claim, wait, replay, refuse, and start the owner task.
+//! - [`engine`]: [`Engine`]: a call's claim and its answer (replay, join, refusal), and
+//!   the start of its owner task.
+//! - [`claim`]: the claim loop every claimant (a call, a job's request, the job worker,
+//!   the sweep) goes through: claim, decide, read the clock, wait, take over, claim
+//!   again ([`Claimer`], [`Verdict`]).
+//! - `waits` (private): waits on a record shared by the claimants of this instance.
 //! - `owner` (private): the owner task.
 //! - `ledger` (private): ledger operations bounded in time, an owner's writes retried
 //!   while it owns the record, its lease kept renewed.
@@ -26,17 +31,20 @@
 
 mod budget;
 pub mod call;
+pub mod claim;
 pub mod engine;
 mod ledger;
 mod owner;
 pub mod stream;
 mod tally;
 mod tasks;
+mod waits;
 
 pub use call::{
-    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, Upstream, UpstreamAnswer,
-    UpstreamError, UpstreamFailure,
+    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, UpstreamAnswer,
+    UpstreamError, UpstreamFailure, UpstreamFuture,
 };
+pub use claim::{Claimed, Claimer, Claiming, Verdict};
 pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};
 pub use ledger::STORE_ANSWER;
 pub use stream::{BodyStream, CallerBody};

@@ -29,7 +29,7 @@ use tokio::time::timeout_at;
 
 use crate::budget::{Budget, Reservation};
 use crate::call::{
-    Classified, GuardedCall, Head, Upstream, UpstreamAnswer, UpstreamError, UpstreamFailure,
+    GuardedCall, Head, UpstreamAnswer, UpstreamError, UpstreamFailure, UpstreamFuture,
 };
 use crate::ledger::{
     keep_known_outcome, log_write_failure, settle, write, Held, Lease, STORE_ANSWER,
@@ -44,7 +44,7 @@ pub(crate) struct OwnerTask<H> {
     pub(crate) record: Record,
     pub(crate) fence: Fence,
     pub(crate) call: GuardedCall,
-    pub(crate) upstream: Upstream<H>,
+    pub(crate) upstream: UpstreamFuture<H>,
     pub(crate) head: oneshot::Sender<Head<H>>,
     pub(crate) token: TaskToken,
     pub(crate) budget: Arc<Budget>,
@@ -270,84 +270,63 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
             let d = call.class.dispose(UpstreamResult::LostAfterSend);
             settle(&*store, &record, &fence, d, why, call.window).await;
         }
-        None => match call.class.dispose(UpstreamResult::Answered(status)) {
-            Disposition::Store => {
-                let kept = kept.map(|k| match k.chunks.as_slice() {
-                    [one] => one.clone(),
-                    chunks => {
-                        let mut whole = Vec::with_capacity(k.len as usize);
-                        for c in chunks {
-                            whole.extend_from_slice(c);
+        None => {
+            // What the ledger keeps of the answer: a stored response, or a release or an
+            // `outcome_unknown` (by the class, or by the classifier), with its reason.
+            let kept_as = match call.class.dispose(UpstreamResult::Answered(status)) {
+                Disposition::Store => {
+                    let kept = kept.map(|k| match k.chunks.as_slice() {
+                        [one] => one.clone(),
+                        chunks => {
+                            let mut whole = Vec::with_capacity(k.len as usize);
+                            for c in chunks {
+                                whole.extend_from_slice(c);
+                            }
+                            Bytes::from(whole)
                         }
-                        Bytes::from(whole)
+                    });
+                    match (classify, kept) {
+                        (Some(classify), Some(kept)) => classify(&kept).into_stored(),
+                        (_, kept) => Ok(StoredResponse {
+                            status,
+                            headers: stored_headers,
+                            body: kept,
+                        }),
                     }
-                });
-                let response = match (classify, kept) {
-                    (Some(classify), Some(kept)) => classify(&kept),
-                    (_, kept) => Classified::Store(StoredResponse {
-                        status,
-                        headers: stored_headers,
-                        body: kept,
-                    }),
-                };
-                let response = match response {
-                    Classified::Store(response) => response,
-                    Classified::Release(why) => {
-                        let settled = settle(
-                            &*store,
-                            &record,
-                            &fence,
-                            Disposition::Release,
-                            why,
-                            call.window,
-                        );
-                        recording(settled, &mut tx, &mut held, &budget, &fence).await;
-                        end_after_record(tx, held, &budget);
-                        return;
-                    }
-                    Classified::Unknown(why) => {
-                        let settled = settle(
-                            &*store,
-                            &record,
-                            &fence,
-                            Disposition::OutcomeUnknown,
-                            why,
-                            call.window,
-                        );
-                        recording(settled, &mut tx, &mut held, &budget, &fence).await;
-                        end_after_record(tx, held, &budget);
-                        return;
-                    }
-                };
-                let replay_until = replay_end(&*store, replay_until, replay_seconds).await;
-                let completion = Completion {
-                    response,
-                    units: units.unwrap_or(call.units),
-                    window: call.window,
-                    replay_until,
-                    provider_request_id,
-                };
-                let written = async {
-                    let written = write("complete", &fence, || {
-                        store.complete(&fence, completion.clone())
-                    })
-                    .await;
-                    match written {
-                        Ok(_) => {}
-                        Err(StoreError::Transition(refused)) => {
-                            keep_known_outcome(&*store, &fence, completion, &refused).await
+                }
+                d => Err((d, format!("upstream answered {status}"))),
+            };
+            match kept_as {
+                Ok(response) => {
+                    let replay_until = replay_end(&*store, replay_until, replay_seconds).await;
+                    let completion = Completion {
+                        response,
+                        units: units.unwrap_or(call.units),
+                        window: call.window,
+                        replay_until,
+                        provider_request_id,
+                    };
+                    let written = async {
+                        let written = write("complete", &fence, || {
+                            store.complete(&fence, completion.clone())
+                        })
+                        .await;
+                        match written {
+                            Ok(_) => {}
+                            Err(StoreError::Transition(refused)) => {
+                                keep_known_outcome(&*store, &fence, completion, &refused).await
+                            }
+                            Err(e) => log_write_failure(&record, "complete", &e),
                         }
-                        Err(e) => log_write_failure(&record, "complete", &e),
-                    }
-                };
-                recording(written, &mut tx, &mut held, &budget, &fence).await;
+                    };
+                    recording(written, &mut tx, &mut held, &budget, &fence).await;
+                }
+                Err((d, why)) => {
+                    let settled = settle(&*store, &record, &fence, d, why, call.window);
+                    recording(settled, &mut tx, &mut held, &budget, &fence).await;
+                }
             }
-            d => {
-                let why = format!("upstream answered {status}");
-                let settled = settle(&*store, &record, &fence, d, why, call.window);
-                recording(settled, &mut tx, &mut held, &budget, &fence).await;
-            }
-        },
+        }
     }
     drop(lease);
     end_after_record(tx, held, &budget);

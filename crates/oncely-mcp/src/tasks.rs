@@ -356,15 +356,16 @@ mod tests {
 
     fn sample() -> Record {
         let spec = oncely_core::ClaimSpec {
-            scope: oncely_core::Scope::new("p", "/mcp#t"),
-            key: "k".into(),
-            fingerprint: oncely_core::FingerprintBuilder::new("p", "m", "/").body(b"", &[]),
-            class: oncely_core::Class::Write,
-            route: "/mcp#t".into(),
-            principal: "p".into(),
+            identity: oncely_core::Identity::new(
+                "p".into(),
+                "/mcp#t".into(),
+                oncely_core::Class::Write,
+                Some("k".into()),
+                oncely_core::FingerprintBuilder::new("p", "m", "/").body(b"", &[]),
+                None,
+            ),
             owner: "o".into(),
             lease: std::time::Duration::from_secs(30),
-            workflow_id: None,
         };
         Record::new_claim(RecordId("rec_1".into()), &spec, Timestamp(1_000))
     }

@@ -216,7 +216,7 @@ where
         again_b.response.unwrap().body.as_deref(),
         Some(&b"{\"for\":\"bob\"}"[..])
     );
-    assert_eq!(again_b.principal, "bob");
+    assert_eq!(again_b.identity.principal, "bob");
     let again_a = existing(
         store
             .claim(&spec("alice", "same-key", "{}", Class::Write, "o"))
@@ -862,7 +862,7 @@ where
         a.complete(&r.fence().unwrap(), completion("{}", 2))
             .await
             .unwrap();
-        ids.push((r.id, r.route));
+        ids.push((r.id, r.identity.route));
     }
     h.advance(WINDOW + Duration::from_secs(1));
     let now = a.now().await.unwrap();

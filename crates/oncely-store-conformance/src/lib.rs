@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse};
+use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Identity, StoredResponse};
 use oncely_store::{Claim, NewTask};
 
 pub mod admin;
@@ -60,16 +60,16 @@ pub const WINDOW: Duration = Duration::from_secs(3 * 3600);
 pub fn spec(principal: &str, key: &str, body: &str, class: Class, owner: &str) -> ClaimSpec {
     let route = "POST /v1/render";
     ClaimSpec {
-        scope: Scope::new(principal, route),
-        key: key.to_string(),
-        fingerprint: FingerprintBuilder::new(principal, "POST", "/v1/render")
-            .body(body.as_bytes(), &[]),
-        class,
-        route: route.to_string(),
-        principal: principal.to_string(),
+        identity: Identity::new(
+            principal.to_string(),
+            route.to_string(),
+            class,
+            Some(key.to_string()),
+            FingerprintBuilder::new(principal, "POST", "/v1/render").body(body.as_bytes(), &[]),
+            Some("wf-1".into()),
+        ),
         owner: owner.to_string(),
         lease: LEASE,
-        workflow_id: Some("wf-1".into()),
     }
 }
 

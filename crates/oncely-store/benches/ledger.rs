@@ -109,10 +109,9 @@ static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 /// The claim of a fresh key (the template's scope and fingerprint, a new key).
 fn fresh(template: &ClaimSpec) -> ClaimSpec {
     let n = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
-    ClaimSpec {
-        key: format!("bench-{n}"),
-        ..template.clone()
-    }
+    let mut spec = template.clone();
+    spec.key = format!("bench-{n}");
+    spec
 }
 
 /// Runs `iters` calls of `op` spread over `callers` tasks; returns the wall time.

@@ -270,22 +270,25 @@ impl ReplayCache {
 
 #[cfg(test)]
 mod tests {
-    use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, State, StoredResponse};
+    use oncely_core::{
+        ClaimSpec, Class, Completion, FingerprintBuilder, Identity, State, StoredResponse,
+    };
 
     use super::*;
 
     /// A record completed at `at` with a window of 10 s and a body of `body` bytes.
     fn completed(key: &str, body: usize, at: i64) -> Record {
         let spec = ClaimSpec {
-            scope: Scope::new("p", "POST /x"),
-            key: key.into(),
-            fingerprint: FingerprintBuilder::new("p", "POST", "/x").body(b"{}", &[]),
-            class: Class::Write,
-            route: "POST /x".into(),
-            principal: "p".into(),
+            identity: Identity::new(
+                "p".into(),
+                "POST /x".into(),
+                Class::Write,
+                Some(key.into()),
+                FingerprintBuilder::new("p", "POST", "/x").body(b"{}", &[]),
+                None,
+            ),
             owner: "o".into(),
             lease: Duration::from_secs(30),
-            workflow_id: None,
         };
         let mut r = Record::new_claim(RecordId(format!("r-{key}")), &spec, Timestamp(at));
         let done = Completion {

@@ -1,17 +1,15 @@
 //! What the guard reads of one request, each once, for HTTP routes, queued jobs and MCP
 //! tool calls alike: [`RequestFacts`] (the principal's keyed hash, the workflow id, the
-//! server span), [`read_body`] (the body under its limit), and
-//! [`RoutePolicy::guarded_call`], the only place a [`GuardedCall`] is assembled.
+//! server span) and [`read_body`] (the body under its limit). The guarded call made of
+//! them is assembled by the route's policy (`RoutePolicy::guarded_call`).
 
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncely_core::{Fingerprint, Scope};
 
-use crate::guard::{Guard, GuardedCall};
-use crate::policy::RoutePolicy;
+use crate::guard::Guard;
 use crate::problem::{Problem, ProblemCode};
 use crate::sources::{workflow_id, MakePrincipal, RequestHead};
 use crate::trace::{attr, Span};
@@ -82,38 +80,6 @@ where
                 ProblemCode::BodyUnreadable,
                 "the request body could not be read",
             ))
-        }
-    }
-}
-
-impl RoutePolicy {
-    /// The guarded call of one request on this route, for `principal` (its keyed hash):
-    /// its scope, its key (the client's, or the fingerprint's hex), the route's timings
-    /// and upstream slots.
-    pub fn guarded_call(
-        &self,
-        principal: String,
-        key: Option<String>,
-        fingerprint: Fingerprint,
-        workflow_id: Option<String>,
-        units: u64,
-    ) -> GuardedCall {
-        GuardedCall {
-            scope: Scope::new(&principal, &self.name),
-            key: key.unwrap_or_else(|| fingerprint.to_hex()),
-            fingerprint,
-            class: self.class,
-            route: self.name.clone(),
-            principal,
-            window: self.window,
-            wait: self.wait,
-            lease: self.lease,
-            timeout: self.timeout,
-            max_response: self.max_response,
-            workflow_id,
-            units,
-            answer_before_record: self.answer_before_record,
-            slots: self.concurrency.as_ref().map(|c| c.slots.clone()),
         }
     }
 }

@@ -223,7 +223,7 @@ impl Guard {
 
 /// The upstream call as the engine runs it: its answer in plain data, the headers handed
 /// back to the caller untouched.
-pub(crate) fn to_engine(call: UpstreamCall) -> oncely_engine::Upstream<HeaderMap> {
+pub(crate) fn to_engine(call: UpstreamCall) -> oncely_engine::UpstreamFuture<HeaderMap> {
     Box::pin(call.map(|answer| answer.map(answer_to_engine)))
 }
 

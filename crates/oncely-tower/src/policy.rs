@@ -1,5 +1,8 @@
 //! What a guarded route is: the resolved, validated policy the gateway's config (or an
-//! embedding service) hands to the layer, and the small trait that finds it per request.
+//! embedding service) hands to the layer, the guarded call of one request on it (its
+//! identity and the route's timings: `RoutePolicy::guarded_call`, the one place for
+//! HTTP routes, MCP tool calls and queued jobs), and the small trait that finds it per
+//! request.
 //! The built-in key sources, principal sources and units rules live with their traits in
 //! [`crate::sources`].
 
@@ -7,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use oncely_core::Class;
+use oncely_core::{ClaimSpec, Class, Fingerprint, Identity};
+use oncely_engine::GuardedCall;
 
 pub use crate::sources::{KeyMode, PrincipalSource, UnitsRule};
 use crate::sources::{MakeKey, MakePrincipal, MakeUnits};
@@ -108,7 +112,7 @@ impl RoutePolicy {
             units: Arc::new(UnitsRule::None),
             window: Duration::from_secs(3 * 3600),
             wait: Duration::from_secs(20),
-            lease: Duration::from_secs(30),
+            lease: ClaimSpec::DEFAULT_LEASE,
             timeout: Duration::from_secs(120),
             max_body: 10 << 20,
             max_response: 32 << 20,
@@ -123,6 +127,46 @@ impl RoutePolicy {
     /// are forwarded every time).
     pub fn deduplicates(&self) -> bool {
         self.class != Class::Read && self.key.deduplicates()
+    }
+
+    /// The guarded call of one request on this route (an HTTP request, an MCP tool call),
+    /// for `principal` (its keyed hash): its identity ([`Identity::new`]: its scope, its
+    /// key, the client's or the fingerprint's hex) with the route's timings and upstream
+    /// slots.
+    pub fn guarded_call(
+        &self,
+        principal: String,
+        key: Option<String>,
+        fingerprint: Fingerprint,
+        workflow_id: Option<String>,
+        units: u64,
+    ) -> GuardedCall {
+        let identity = Identity::new(
+            principal,
+            self.name.clone(),
+            self.class,
+            key,
+            fingerprint,
+            workflow_id,
+        );
+        self.call(identity, units)
+    }
+
+    /// The guarded call of `identity` on this route (a queued job's run has its
+    /// record's), with the route's timings and upstream slots: the only place a
+    /// [`GuardedCall`] is assembled.
+    pub fn call(&self, identity: Identity, units: u64) -> GuardedCall {
+        GuardedCall {
+            identity,
+            window: self.window,
+            wait: self.wait,
+            lease: self.lease,
+            timeout: self.timeout,
+            max_response: self.max_response,
+            units,
+            answer_before_record: self.answer_before_record,
+            slots: self.concurrency.as_ref().map(|c| c.slots.clone()),
+        }
     }
 }
 

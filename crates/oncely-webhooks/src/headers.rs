@@ -1,7 +1,7 @@
 //! How the verifier reads request headers, without forcing one HTTP type on callers.
 //!
 //! [`HeaderLookup`] is implemented for [`http::HeaderMap`] (what the ingress has) and for
-//! lists of `(name, value)` pairs (what [`crate::sign()`] returns and tests write).
+//! lists of `(name, value)` pairs (what `sign` returns and tests write).
 
 /// Gives every value of a header, found by ASCII case-insensitive name.
 pub trait HeaderLookup {

@@ -29,7 +29,7 @@
 //!    not queued again. A
 //!    store that cannot commit answers 503 `store_unavailable`: the sender retries later.
 //!
-//! The delivery itself is the [`crate::worker`]'s job.
+//! The delivery itself is the delivery worker's job (`worker`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,7 +41,8 @@ use axum::routing::post;
 use axum::Router;
 use http::{header, HeaderMap, HeaderValue, Request};
 use oncely_core::{
-    ClaimSpec, Class, Completion, FingerprintBuilder, Scope, StoredResponse, Timestamp,
+    ClaimSpec, Class, Completion, Fingerprint, FingerprintBuilder, Identity, StoredResponse,
+    Timestamp,
 };
 use oncely_http::problem::{Problem, ProblemCode, ONCELY_RECORD, ONCELY_STATUS};
 use oncely_store::{Claim, NewTask, Store, StoreError};
@@ -49,6 +50,9 @@ use sha2::{Digest, Sha256};
 
 use crate::queue::{Waker, TASK_KIND};
 use crate::verify::Verifier;
+
+/// The principal every webhook event is claimed as (its scope is `webhook` + `POST PATH`).
+const PRINCIPAL: &str = "webhook";
 
 /// How long an event id is remembered by default (Stripe retries for up to 3 days).
 pub const DEFAULT_DEDUPE_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -98,14 +102,15 @@ impl WebhookConfig {
 /// One webhook path: verifies, claims and queues deliveries.
 #[derive(Debug, Clone)]
 pub struct WebhookEndpoint {
-    inner: Arc<Inner>,
+    inner: Arc<Ingress>,
 }
 
+/// What one webhook path's ingress holds: its config, the store, the route its records
+/// are claimed under, and the waker of its delivery worker.
 #[derive(Debug)]
-struct Inner {
+struct Ingress {
     config: WebhookConfig,
     store: Arc<dyn Store>,
-    scope: Scope,
     route: String,
     owner: String,
     waker: Option<Waker>,
@@ -116,8 +121,7 @@ impl WebhookEndpoint {
     pub fn new(config: WebhookConfig, store: Arc<dyn Store>) -> WebhookEndpoint {
         let route = format!("POST {}", config.path);
         WebhookEndpoint {
-            inner: Arc::new(Inner {
-                scope: Scope::new("webhook", &route),
+            inner: Arc::new(Ingress {
                 route,
                 owner: format!("ingress-{}", std::process::id()),
                 store,
@@ -129,10 +133,9 @@ impl WebhookEndpoint {
 
     /// Wakes this worker as soon as a delivery is queued (else it finds it by polling).
     pub fn with_waker(self, waker: Waker) -> WebhookEndpoint {
-        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|arc| Inner {
+        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|arc| Ingress {
             config: arc.config.clone(),
             store: arc.store.clone(),
-            scope: arc.scope.clone(),
             route: arc.route.clone(),
             owner: arc.owner.clone(),
             waker: arc.waker.clone(),
@@ -197,7 +200,7 @@ async fn handle(State(endpoint): State<WebhookEndpoint>, request: Request<Body>)
     endpoint.handle(request).await
 }
 
-impl Inner {
+impl Ingress {
     fn rejected_too_large(&self) -> Response {
         metrics::counter!("oncely_webhook_events_total", "result" => "rejected").increment(1);
         tracing::info!(
@@ -242,15 +245,17 @@ impl Inner {
                  header that should hold it is missing, empty or not a string or integer)",
             );
         };
-        let mut specs = vec![self.spec(&event_id, &event_id, body)];
+        let fingerprint =
+            FingerprintBuilder::new(PRINCIPAL, "POST", &self.config.path).body(body, &[]);
+        let mut specs = vec![self.spec(&event_id, &event_id, fingerprint)];
         if let Some(key) = dedupe_key(&self.config.dedupe_fields, body) {
-            specs.push(self.spec(&key, &event_id, body));
+            specs.push(self.spec(&key, &event_id, fingerprint));
         }
         // An id nobody signed, and no signed timestamp to make a capture go stale: the
         // signed content itself (the body, for these schemes) is claimed too, so a
         // replay under a fresh id is a duplicate within `dedupe_window`.
         if verified.timestamp.is_none() && self.config.verifier.event_id_unsigned() {
-            specs.push(self.spec(&signed_content_key(body), &event_id, body));
+            specs.push(self.spec(&signed_content_key(body), &event_id, fingerprint));
         }
         let mut task_headers = vec![("idempotency-key".to_string(), event_id.clone())];
         if let Some(ct) = headers
@@ -282,7 +287,7 @@ impl Inner {
         };
         // A resend of a known event is answered from a read (SQLite: the replay cache or
         // a read connection), without waiting for the writer.
-        let known = match self.store.lookup(&self.scope, &event_id).await {
+        let known = match self.store.lookup(&specs[0].scope, &event_id).await {
             Ok(found) => found.filter(|r| !r.is_expired(Timestamp(now_ms))),
             Err(e) => return self.store_failed(&event_id, &e),
         };
@@ -339,18 +344,18 @@ impl Inner {
 
     /// The claim of `key`; its `workflow_id` is the event id, so a dedupe record names
     /// the event it was first received as.
-    fn spec(&self, key: &str, event_id: &str, body: &[u8]) -> ClaimSpec {
+    fn spec(&self, key: &str, event_id: &str, fingerprint: Fingerprint) -> ClaimSpec {
         ClaimSpec {
-            scope: self.scope.clone(),
-            key: key.to_string(),
-            fingerprint: FingerprintBuilder::new("webhook", "POST", &self.config.path)
-                .body(body, &[]),
-            class: Class::Webhook,
-            route: self.route.clone(),
-            principal: "webhook".into(),
+            identity: Identity::new(
+                PRINCIPAL.into(),
+                self.route.clone(),
+                Class::Webhook,
+                Some(key.to_string()),
+                fingerprint,
+                Some(event_id.to_string()),
+            ),
             owner: self.owner.clone(),
-            lease: Duration::from_secs(30),
-            workflow_id: Some(event_id.to_string()),
+            lease: ClaimSpec::DEFAULT_LEASE,
         }
     }
 }

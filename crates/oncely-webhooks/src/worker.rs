@@ -5,7 +5,7 @@
 //! finishes it (the task and its body are deleted); any other answer, a connection
 //! failure or a timeout schedules a retry at a random time in
 //! `[0, retry_backoff * 2^(attempt-1)]` (full jitter, the ceiling capped at one hour), and
-//! after `max_attempts` the delivery is dead-lettered (see [`crate::ops`]).
+//! after `max_attempts` the delivery is dead-lettered (see the `ops` module).
 //!
 //! The store's queue makes this safe with many workers: a task is leased to one worker at
 //! a time (PostgreSQL: `FOR UPDATE SKIP LOCKED`), the worker renews its lease every third

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use oncely_core::{Fingerprint, Record, RecordId, Scope, StoredResponse, Timestamp};
+use oncely_core::{Fingerprint, Identity, Record, RecordId, Scope, StoredResponse, Timestamp};
 use tokio_postgres::Row;
 
 use super::error::corrupt;
@@ -112,12 +112,15 @@ pub(super) fn record_from_row(row: &Row) -> Result<Record> {
     let attempt: i32 = row.try_get("attempt").map_err(corrupt)?;
     Ok(Record {
         id: RecordId(get_str("id")?),
-        scope: Scope::from_stored(get_str("scope")?),
-        key: get_str("key")?,
-        fingerprint,
-        class: get_str("class")?.parse().map_err(StoreError::Corrupt)?,
-        route: get_str("route")?,
-        principal: get_str("principal")?,
+        identity: Identity {
+            scope: Scope::from_stored(get_str("scope")?),
+            key: get_str("key")?,
+            fingerprint,
+            class: get_str("class")?.parse().map_err(StoreError::Corrupt)?,
+            route: get_str("route")?,
+            principal: get_str("principal")?,
+            workflow_id: row.try_get("workflow_id").map_err(corrupt)?,
+        },
         state: get_str("state")?.parse().map_err(StoreError::Corrupt)?,
         owner: row.try_get("owner").map_err(corrupt)?,
         attempt: u32::try_from(attempt)
@@ -131,7 +134,6 @@ pub(super) fn record_from_row(row: &Row) -> Result<Record> {
         units: unsigned(row, "units")?,
         repeats: unsigned(row, "repeats")?,
         repeat_units: unsigned(row, "repeat_units")?,
-        workflow_id: row.try_get("workflow_id").map_err(corrupt)?,
         provider_request_id: row.try_get("provider_request_id").map_err(corrupt)?,
         last_error: row.try_get("last_error").map_err(corrupt)?,
     })

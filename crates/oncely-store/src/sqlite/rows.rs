@@ -1,7 +1,7 @@
 //! Records to and from rows of the `records` table, and the statements both the writer
 //! and the readers run.
 
-use oncely_core::{Fingerprint, Record, RecordId, Scope, StoredResponse, Timestamp};
+use oncely_core::{Fingerprint, Identity, Record, RecordId, Scope, StoredResponse, Timestamp};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row};
 use std::sync::LazyLock;
@@ -48,13 +48,16 @@ pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
     };
     Ok(Record {
         id: RecordId(row.get(0)?),
-        scope: Scope::from_stored(row.get(1)?),
-        key: row.get(2)?,
-        fingerprint: Fingerprint::from_hex(&fingerprint)
-            .ok_or_else(|| corrupt(3, format!("stored fingerprint {fingerprint:?}")))?,
-        class: class.parse().map_err(|e: String| corrupt(4, e))?,
-        route: row.get(5)?,
-        principal: row.get(6)?,
+        identity: Identity {
+            scope: Scope::from_stored(row.get(1)?),
+            key: row.get(2)?,
+            fingerprint: Fingerprint::from_hex(&fingerprint)
+                .ok_or_else(|| corrupt(3, format!("stored fingerprint {fingerprint:?}")))?,
+            class: class.parse().map_err(|e: String| corrupt(4, e))?,
+            route: row.get(5)?,
+            principal: row.get(6)?,
+            workflow_id: row.get(21)?,
+        },
         state: state.parse().map_err(|e: String| corrupt(7, e))?,
         owner: row.get(8)?,
         attempt: row.get(9)?,
@@ -67,7 +70,6 @@ pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
         units: row.get::<_, i64>(18)? as u64,
         repeats: row.get::<_, i64>(19)? as u64,
         repeat_units: row.get::<_, i64>(20)? as u64,
-        workflow_id: row.get(21)?,
         provider_request_id: row.get(22)?,
         last_error: row.get(23)?,
     })

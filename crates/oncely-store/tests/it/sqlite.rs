@@ -243,7 +243,7 @@ async fn a_ledger_of_the_previous_schema_keeps_its_usage() {
         last_error: None,
     }
     .insert(&conn);
-    let route = spec("alice", "k", "{}", Class::Write, "a").route;
+    let route = spec("alice", "k", "{}", Class::Write, "a").identity.route;
     for kind in ["joined", "replayed"] {
         conn.execute(
             "INSERT INTO repeat_events (record_id, principal, route, at, kind, units, expires_at) \

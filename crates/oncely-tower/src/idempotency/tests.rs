@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use oncely_core::{
-    ClaimSpec, Class, Completion, DownstreamKey, Fence, Record, RecordId, Resolution, Scope, State,
-    TakeOverOutcome, Timestamp,
+    ClaimSpec, Class, Completion, DownstreamKey, Fence, Identity, Record, RecordId, Resolution,
+    Scope, State, TakeOverOutcome, Timestamp,
 };
 use oncely_store::memory::MemoryStore;
 use oncely_store::{
@@ -25,23 +25,23 @@ use crate::{
     UnitsRule, UpstreamError,
 };
 
-type Answer = Result<Response<BoxBody>, BoxError>;
-type Behaviour = Arc<dyn Fn(usize, &http::request::Parts, &Bytes) -> Answer + Send + Sync>;
+type Reply = Result<Response<BoxBody>, BoxError>;
+type Behaviour = Arc<dyn Fn(usize, &http::request::Parts, &Bytes) -> Reply + Send + Sync>;
 
 /// A fake upstream service that counts its executions and remembers the
 /// `Idempotency-Key` it was sent.
 #[derive(Clone)]
-struct Upstream {
+struct FakeUpstream {
     calls: Arc<AtomicUsize>,
     keys: Arc<Mutex<Vec<String>>>,
     delay: Duration,
     behaviour: Behaviour,
 }
 
-impl Upstream {
+impl FakeUpstream {
     /// Answers 200 `run N: BODY`.
-    fn echo() -> Upstream {
-        Upstream::with(|n, _, body| {
+    fn echo() -> FakeUpstream {
+        FakeUpstream::with(|n, _, body| {
             let text = format!("run {n}: {}", String::from_utf8_lossy(body));
             Ok(Response::builder()
                 .header("content-type", "text/plain")
@@ -52,9 +52,9 @@ impl Upstream {
     }
 
     fn with(
-        f: impl Fn(usize, &http::request::Parts, &Bytes) -> Answer + Send + Sync + 'static,
-    ) -> Upstream {
-        Upstream {
+        f: impl Fn(usize, &http::request::Parts, &Bytes) -> Reply + Send + Sync + 'static,
+    ) -> FakeUpstream {
+        FakeUpstream {
             calls: Arc::default(),
             keys: Arc::default(),
             delay: Duration::ZERO,
@@ -62,7 +62,7 @@ impl Upstream {
         }
     }
 
-    fn delayed(mut self, delay: Duration) -> Upstream {
+    fn delayed(mut self, delay: Duration) -> FakeUpstream {
         self.delay = delay;
         self
     }
@@ -137,7 +137,7 @@ impl crate::RoutePolicies for Arc<dyn crate::RoutePolicies> {
 
 /// The layer over `upstream`, guarding `/r` (any method) with `policy`; `/open` is
 /// not a guarded route.
-fn layer(s: &Setup, policy: RoutePolicy, upstream: &Upstream) -> Svc {
+fn layer(s: &Setup, policy: RoutePolicy, upstream: &FakeUpstream) -> Svc {
     let policy = Arc::new(policy);
     let routes: Arc<dyn crate::RoutePolicies> =
         Arc::new(move |_: &Method, path: &str| (path == "/r").then(|| policy.clone()));
@@ -186,7 +186,7 @@ const BOB: Option<&str> = Some("Bearer sk_bob");
 #[tokio::test]
 async fn fresh_then_replayed_with_headers_and_one_execution() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
 
     let (st, h, body) = send(&svc, req("hello", Some("k1"), ALICE)).await;
@@ -215,7 +215,7 @@ async fn fresh_then_replayed_with_headers_and_one_execution() {
 #[tokio::test]
 async fn the_upstream_gets_the_downstream_key_not_the_clients() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
     send(&svc, req("x", Some("client-key"), ALICE)).await;
     let principal = s.guard.principal_hash(b"Bearer sk_alice");
@@ -226,7 +226,7 @@ async fn the_upstream_gets_the_downstream_key_not_the_clients() {
 #[tokio::test]
 async fn unguarded_routes_and_reads_are_forwarded_untouched_and_reads_marked_fresh() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
     for _ in 0..2 {
         let r = Request::post("/open")
@@ -263,7 +263,7 @@ async fn unguarded_routes_and_reads_are_forwarded_untouched_and_reads_marked_fre
 #[tokio::test]
 async fn key_missing_and_key_invalid() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.key = Arc::new(KeyMode::Header);
     let svc = layer(&s, p, &up);
@@ -295,7 +295,7 @@ async fn key_missing_and_key_invalid() {
 #[tokio::test]
 async fn a_key_refused_from_the_head_is_refused_before_the_body_is_read() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.key = Arc::new(KeyMode::Header);
     p.max_body = 8;
@@ -309,7 +309,7 @@ async fn a_key_refused_from_the_head_is_refused_before_the_body_is_read() {
 #[tokio::test]
 async fn body_too_large_never_reaches_the_upstream() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.max_body = 8;
     let svc = layer(&s, p, &up);
@@ -340,7 +340,7 @@ async fn body_too_large_never_reaches_the_upstream() {
 #[tokio::test]
 async fn key_reused_with_another_body_is_422_and_not_executed() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
     send(&svc, req(r#"{"amount":10}"#, Some("k"), ALICE)).await;
     let (st, h, body) = send(&svc, req(r#"{"amount":99}"#, Some("k"), ALICE)).await;
@@ -353,7 +353,7 @@ async fn key_reused_with_another_body_is_422_and_not_executed() {
 #[tokio::test]
 async fn fingerprint_keys_canonicalise_json_and_honour_ignore_fields() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.key = Arc::new(KeyMode::Fingerprint);
     p.ignore_fields = vec!["/request_id".into()];
@@ -386,7 +386,7 @@ async fn fingerprint_keys_canonicalise_json_and_honour_ignore_fields() {
 #[tokio::test]
 async fn header_or_fingerprint_uses_the_header_when_present() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
     send(&svc, req("a", None, ALICE)).await;
     let (_, h, _) = send(&svc, req("a", None, ALICE)).await;
@@ -400,7 +400,7 @@ async fn header_or_fingerprint_uses_the_header_when_present() {
 #[tokio::test]
 async fn fingerprint_headers_count() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.fingerprint_headers = vec![http::HeaderName::from_static("x-plan")];
     let svc = layer(&s, p, &up);
@@ -419,7 +419,7 @@ async fn fingerprint_headers_count() {
 #[tokio::test]
 async fn guard_when_and_missing_principal_bypass() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.guard_when = Some(GuardWhen {
         header: http::header::AUTHORIZATION,
@@ -451,7 +451,7 @@ async fn guard_when_and_missing_principal_bypass() {
 #[tokio::test]
 async fn single_tenant_routes_need_no_principal() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.principal = Arc::new(PrincipalSource::None);
     let svc = layer(&s, p, &up);
@@ -463,7 +463,7 @@ async fn single_tenant_routes_need_no_principal() {
 #[tokio::test]
 async fn two_principals_with_one_key_are_isolated() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let svc = layer(&s, policy(Class::Write), &up);
     let (_, ha, a) = send(&svc, req("same", Some("k"), ALICE)).await;
     let (_, hb, b) = send(&svc, req("same", Some("k"), BOB)).await;
@@ -490,7 +490,7 @@ async fn two_principals_with_one_key_are_isolated() {
 #[tokio::test]
 async fn replay_window_ends_when_the_upstream_says_so() {
     let s = setup();
-    let up = Upstream::with(|n, parts, _| {
+    let up = FakeUpstream::with(|n, parts, _| {
         let mut b = Response::builder();
         if parts.uri.query() == Some("seconds") {
             b = b.header("oncely-replay-seconds", "60");
@@ -535,7 +535,7 @@ async fn replay_window_ends_when_the_upstream_says_so() {
 #[tokio::test]
 async fn the_window_ends_and_the_next_request_executes_afresh() {
     let s = setup();
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let mut p = policy(Class::Write);
     p.window = Duration::from_secs(3 * 3600);
     let svc = layer(&s, p, &up);
@@ -554,7 +554,7 @@ async fn an_answer_over_max_response_reaches_its_caller_and_is_not_kept() {
     let s = setup();
     let big = "z".repeat(100_000);
     let body = big.clone();
-    let up = Upstream::with(move |_, _, _| {
+    let up = FakeUpstream::with(move |_, _, _| {
         // Several chunks, as a real upstream would send them.
         let chunks: Vec<Result<http_body::Frame<Bytes>, BoxError>> = body
             .as_bytes()
@@ -584,7 +584,7 @@ async fn an_answer_over_max_response_reaches_its_caller_and_is_not_kept() {
 #[tokio::test]
 async fn write_failures_release_and_execute_again_with_the_same_downstream_key() {
     let s = setup();
-    let up = Upstream::with(|n, _, _| {
+    let up = FakeUpstream::with(|n, _, _| {
         let status = if n == 1 { 500 } else { 201 };
         Ok(Response::builder()
             .status(status)
@@ -609,8 +609,9 @@ async fn write_failures_release_and_execute_again_with_the_same_downstream_key()
 #[tokio::test]
 async fn action_failures_become_outcome_unknown() {
     let s = setup();
-    let up =
-        Upstream::with(|_, _, _| Ok(Response::builder().status(500).body(full("boom")).unwrap()));
+    let up = FakeUpstream::with(|_, _, _| {
+        Ok(Response::builder().status(500).body(full("boom")).unwrap())
+    });
     let svc = layer(&s, policy(Class::Action), &up);
     let (st, h, _) = send(&svc, req("order", Some("k"), ALICE)).await;
     assert_eq!(st, 500, "the original caller gets the upstream's answer");
@@ -625,7 +626,7 @@ async fn action_failures_become_outcome_unknown() {
 #[tokio::test]
 async fn unreachable_upstream_is_502_and_released() {
     let s = setup();
-    let up = Upstream::with(|n, _, _| {
+    let up = FakeUpstream::with(|n, _, _| {
         if n == 1 {
             Err(Box::new(UpstreamError::BeforeSend("connection refused".into())) as BoxError)
         } else {
@@ -653,7 +654,7 @@ async fn unreachable_upstream_is_502_and_released() {
 #[tokio::test]
 async fn an_unknown_inner_error_on_an_action_is_taken_as_lost() {
     let s = setup();
-    let up = Upstream::with(|_, _, _| Err("connection reset".into()));
+    let up = FakeUpstream::with(|_, _, _| Err("connection reset".into()));
     let svc = layer(&s, policy(Class::Action), &up);
     let (st, _, body) = send(&svc, req("x", Some("k"), ALICE)).await;
     assert_eq!(st, 502);
@@ -666,7 +667,7 @@ async fn an_unknown_inner_error_on_an_action_is_taken_as_lost() {
 #[tokio::test]
 async fn upstream_timeout_is_504() {
     let s = setup();
-    let up = Upstream::echo().delayed(Duration::from_millis(400));
+    let up = FakeUpstream::echo().delayed(Duration::from_millis(400));
     let mut p = policy(Class::Write);
     p.timeout = Duration::from_millis(100);
     let svc = layer(&s, p.clone(), &up);
@@ -693,7 +694,7 @@ async fn upstream_timeout_is_504() {
 #[tokio::test]
 async fn a_duplicate_joins_the_original_in_flight() {
     let s = setup();
-    let up = Upstream::echo().delayed(Duration::from_millis(300));
+    let up = FakeUpstream::echo().delayed(Duration::from_millis(300));
     let svc = layer(&s, policy(Class::Write), &up);
     let first = send(&svc, req("x", Some("k"), ALICE));
     let second = async {
@@ -712,7 +713,7 @@ async fn a_duplicate_joins_the_original_in_flight() {
 #[tokio::test]
 async fn a_duplicate_after_wait_is_in_flight_with_retry_after() {
     let s = setup();
-    let up = Upstream::echo().delayed(Duration::from_millis(600));
+    let up = FakeUpstream::echo().delayed(Duration::from_millis(600));
     let mut p = policy(Class::Write);
     p.wait = Duration::from_millis(100);
     let svc = layer(&s, p, &up);
@@ -737,7 +738,7 @@ async fn a_duplicate_after_wait_is_in_flight_with_retry_after() {
 async fn a_dead_owners_record_is_taken_over() {
     for (class, expect) in [(Class::Write, 200), (Class::Action, 409)] {
         let s = setup();
-        let up = Upstream::echo();
+        let up = FakeUpstream::echo();
         let svc = layer(&s, policy(class), &up);
         let principal = s.guard.principal_hash(b"Bearer sk_alice");
         let body = "x";
@@ -746,15 +747,16 @@ async fn a_dead_owners_record_is_taken_over() {
         let claim = s
             .store
             .claim(&ClaimSpec {
-                scope: Scope::new(&principal, "POST /r"),
-                key: "k".into(),
-                fingerprint,
-                class,
-                route: "POST /r".into(),
-                principal: principal.clone(),
+                identity: Identity::new(
+                    principal.clone(),
+                    "POST /r".into(),
+                    class,
+                    Some("k".into()),
+                    fingerprint,
+                    None,
+                ),
                 owner: "dead-instance/1".into(),
                 lease: Duration::from_secs(30),
-                workflow_id: None,
             })
             .await
             .unwrap();
@@ -788,7 +790,7 @@ async fn a_dead_owners_record_is_taken_over() {
 async fn a_running_owner_of_this_instance_is_never_taken_over() {
     for class in [Class::Action, Class::Write] {
         let s = setup();
-        let up = Upstream::echo().delayed(Duration::from_millis(400));
+        let up = FakeUpstream::echo().delayed(Duration::from_millis(400));
         let svc = layer(&s, policy(class), &up);
         let first = send(&svc, req("x", Some("k"), ALICE));
         let second = async {
@@ -811,7 +813,7 @@ async fn a_running_owner_of_this_instance_is_never_taken_over() {
 #[tokio::test]
 async fn units_by_rule() {
     let s = setup();
-    let up = Upstream::with(|_, _, _| {
+    let up = FakeUpstream::with(|_, _, _| {
         Ok(Response::builder()
             .header("x-units", "42")
             .body(full("ok"))
@@ -847,7 +849,7 @@ async fn units_by_rule() {
 #[tokio::test]
 async fn a_client_that_goes_away_cancels_nothing() {
     let s = setup();
-    let up = Upstream::echo().delayed(Duration::from_millis(300));
+    let up = FakeUpstream::echo().delayed(Duration::from_millis(300));
     let svc = layer(&s, policy(Class::Write), &up);
     let gone = tokio::time::timeout(
         Duration::from_millis(100),
@@ -1022,7 +1024,7 @@ impl Admin for DownStore {
 #[tokio::test]
 async fn store_unavailable_is_503_and_never_forwarded() {
     let guard = Arc::new(Guard::new(Arc::new(DownStore), b"k".to_vec()));
-    let up = Upstream::echo();
+    let up = FakeUpstream::echo();
     let policy = Arc::new(policy(Class::Write));
     let routes = move |_: &Method, path: &str| (path == "/r").then(|| policy.clone());
     let svc = IdempotencyLayer::new(guard, routes).layer(up.service());

@@ -6,11 +6,11 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use http::{HeaderMap, StatusCode};
-use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
-use oncely_core::{Record, State};
-use oncely_engine::retry_after;
-use oncely_store::Claim;
+use oncely_core::{ClaimSpec, Claimant, Record, Refusal, State, Step};
+use oncely_engine::{retry_after, Claimed, Claimer, Claiming, Verdict};
+use oncely_store::StoreError;
 
 use super::request::JobRequest;
 use crate::body::full;
@@ -36,57 +36,43 @@ impl Guard {
         job: JobRequest,
     ) -> Execution {
         self.jobs.register_route(policy.clone());
-        let spec = self.engine().claim_spec(&call);
-        let record = match self
-            .store()
-            .claim_with_task(
-                std::slice::from_ref(&spec),
-                None,
-                job.task(policy, self.job_key.as_ref()),
-            )
-            .await
-        {
-            Ok(Claim::Owned(record)) => return self.await_job(record, &call).await,
-            Ok(Claim::Existing(record)) => record,
-            Err(e) => return Execution::StoreUnavailable(e.to_string()),
+        // A duplicate waits once for the job, at most `wait`; the claim table says what
+        // it gets, the claim loop carries it out.
+        let claiming = Claiming {
+            claimant: Claimant::JobRequest,
+            fingerprint: Some(call.fingerprint),
+            deadline: tokio::time::Instant::now() + call.wait,
+            now: None,
         };
-        // A duplicate: the claim table says what it gets (it waits once, at most `wait`).
-        let (mut record, mut waited) = (record, false);
-        loop {
-            let seen = Seen {
-                fingerprint: call.fingerprint,
-                claimant: Claimant::JobRequest,
-                waited,
-                wait_left: call.wait,
-            };
-            return match decide(&record, &seen, None) {
-                Decided::Refuse(Refusal::KeyReused) => Execution::KeyReused(record),
-                step @ (Decided::Replay | Decided::Join | Decided::Refuse(Refusal::TooLarge)) => {
-                    self.engine().answer_completed(record, waited, step)
-                }
-                Decided::Refuse(Refusal::OutcomeUnknown) => Execution::OutcomeUnknown(record),
-                // The store reclaims a released record with this fingerprint (and queues
-                // it again); seeing one here means it was released between the store's
-                // decision and now, or while we waited, so report the failure.
-                Decided::Refuse(Refusal::Failed) => Execution::UpstreamFailed {
-                    failure: UpstreamFailure::Lost(failure_text(&record)),
-                    record,
-                },
-                Decided::Refuse(Refusal::StillRunning) => Execution::Accepted {
-                    record,
-                    first: false,
-                    retry_after: retry_after(call.wait),
-                },
-                Decided::WaitUntil(_) => {
-                    record = match self.store().wait_for(&record.id, call.wait).await {
-                        Ok(r) => r,
-                        Err(e) => return Execution::StoreUnavailable(e.to_string()),
-                    };
-                    waited = true;
-                    continue;
-                }
-                step => unreachable!("a job's request is never told {step:?}"),
-            };
+        let mut claimer = Submission {
+            guard: self,
+            policy,
+            spec: self.engine().claim_spec(&call),
+            job: &job,
+        };
+        match self.engine().claim(&mut claimer, claiming).await {
+            // The store reclaims a released record with this fingerprint (and queues it
+            // again); seeing one here means it was released between the store's
+            // decision and now, or while we waited, so report the failure.
+            Verdict::Decided {
+                step: Step::Refuse(Refusal::Failed),
+                record,
+                ..
+            } => Execution::UpstreamFailed {
+                failure: UpstreamFailure::Lost(failure_text(&record)),
+                record,
+            },
+            Verdict::Decided {
+                step: Step::Refuse(Refusal::StillRunning),
+                record,
+                ..
+            } => Execution::Accepted {
+                record,
+                first: false,
+                retry_after: retry_after(call.wait),
+            },
+            Verdict::Owned(record) => self.await_job(record, &call).await,
+            verdict => self.engine().answer(verdict, call.wait),
         }
     }
 
@@ -135,6 +121,38 @@ impl Guard {
             Ok(r) => first_answer(r),
             Err(e) => Execution::StoreUnavailable(e.to_string()),
         }
+    }
+}
+
+/// A job's submission claims its record and queues its call in one transaction
+/// ([`TaskQueue::claim_with_task`](oncely_store::TaskQueue::claim_with_task)); it never
+/// takes a record over (the worker does).
+struct Submission<'a> {
+    guard: &'a Guard,
+    policy: &'a Arc<RoutePolicy>,
+    spec: ClaimSpec,
+    job: &'a JobRequest,
+}
+
+impl Claimer for Submission<'_> {
+    type Owned = Record;
+
+    fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Record>, StoreError>> {
+        let task = self.job.task(self.policy, self.guard.job_key.as_ref());
+        Box::pin(async move {
+            self.guard
+                .store()
+                .claim_with_task(std::slice::from_ref(&self.spec), None, task)
+                .await
+                .map(Claimed::from)
+        })
+    }
+
+    fn take_over<'a>(
+        &'a mut self,
+        found: &'a Record,
+    ) -> BoxFuture<'a, Result<Claimed<Record>, StoreError>> {
+        unreachable!("a job's request never takes {} over", found.id)
     }
 }
 

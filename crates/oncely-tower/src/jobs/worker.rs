@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use http::{Request, Response};
-use oncely_core::{decide, Claimant, Refusal, Seen, Step as Decided};
-use oncely_core::{DownstreamKey, State, TakeOverOutcome, TransitionError};
+use oncely_core::{Claimant, DownstreamKey, Record, RecordId, Refusal, State, Step};
+use oncely_engine::{Claimed, Claimer, Claiming, Verdict};
 use oncely_store::queue::while_leased;
 use oncely_store::{StoreError, Task, TaskOutcome};
 use tokio::sync::{oneshot, watch};
@@ -192,95 +193,80 @@ where
         )
         .await;
     };
-    let record = match store.get(&id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            tracing::info!(target: "oncely::jobs", record = %id, "job's record is gone; dropping its task");
-            return finish(TaskOutcome::Done, "record gone").await;
-        }
-        Err(e) => {
-            tracing::warn!(target: "oncely::jobs", record = %id, error = %e, "cannot read a job's record; retrying");
-            return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
-        }
-    };
     // The first run executes under the claim the request made; a later run is a take
-    // over of a worker that died (attempt + 1, same downstream key).
-    let seen = Seen {
-        fingerprint: record.fingerprint,
+    // over of a worker that died (attempt + 1, same downstream key). The claim table
+    // says which, the claim loop carries it out.
+    let claiming = Claiming {
         claimant: Claimant::JobWorker {
             first_run: task.attempts <= 1,
         },
-        waited: false,
-        wait_left: Duration::ZERO,
+        fingerprint: None,
+        deadline: tokio::time::Instant::now(),
+        now: None,
     };
-    let mut now = None;
-    let record = loop {
-        match decide(&record, &seen, now) {
-            Decided::Refuse(Refusal::Ended) => {
-                // Its last worker recorded it and died before finishing the task.
-                tracing::info!(target: "oncely::jobs", record = %id, state = %record.state, "job already ended; dropping its task");
-                return finish(TaskOutcome::Done, "already ended").await;
-            }
-            Decided::Own => break record,
-            Decided::ReadClock => match store.now().await {
-                Ok(n) => now = Some(n),
-                Err(e) => {
-                    return retry_later(guard, &task_fence, policy.lease, e.to_string()).await
-                }
-            },
-            Decided::WaitUntil(lease_until) => {
-                let at = lease_until.or(now).expect("the clock was read");
-                return finish(
-                    TaskOutcome::Retry {
-                        at,
-                        error: "the record is still leased by an earlier run".into(),
-                    },
-                    "record still leased",
-                )
-                .await;
-            }
-            // An owner task of this instance's still runs it (its renewals did not land
-            // while the store stalled): its lease is held, as below.
-            Decided::TakeOver if guard.engine().runs(&record) => {
-                tracing::info!(target: "oncely::jobs", record = %record.id, "job's record is still run by this instance; its task is retried later");
-                return retry_later(
-                    guard,
-                    &task_fence,
-                    policy.lease,
-                    "the record's owner still runs here".into(),
-                )
-                .await;
-            }
-            Decided::TakeOver => match store
-                .take_over(
-                    &record.id,
-                    record.attempt,
-                    &guard.engine().new_owner(),
-                    policy.lease,
-                )
-                .await
-            {
-                Ok(TakeOverOutcome::Owned(r)) => {
-                    tracing::info!(target: "oncely::jobs", record = %r.id, attempt = r.attempt, "job's earlier worker stopped mid-call; running it again");
-                    break r;
-                }
-                Ok(TakeOverOutcome::OutcomeUnknown(r)) => {
-                    tracing::info!(target: "oncely::jobs", record = %r.id, "job's earlier worker stopped mid-call; outcome unknown");
-                    return finish(TaskOutcome::Done, "outcome unknown").await;
-                }
-                // The store still holds the earlier run's lease (it has not watched it
-                // lapse for a whole lease yet): as `WaitUntil`, try the task again later.
-                Err(e @ StoreError::Transition(TransitionError::LeaseHeld { .. })) => {
-                    tracing::info!(target: "oncely::jobs", record = %record.id, "job's record is still leased by an earlier run; its task is retried later");
-                    return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
-                }
-                Err(e) => {
-                    tracing::warn!(target: "oncely::jobs", record = %record.id, error = %e, "cannot take over a job");
-                    return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
-                }
-            },
-            step => unreachable!("a job worker is never told {step:?}"),
+    let mut claimer = JobRun {
+        guard,
+        id: &id,
+        lease: policy.lease,
+    };
+    let record = match guard.engine().claim(&mut claimer, claiming).await {
+        Verdict::Decided {
+            step: Step::Own,
+            record,
+            ..
+        } => record,
+        Verdict::Owned(r) => {
+            tracing::info!(target: "oncely::jobs", record = %r.id, attempt = r.attempt, "job's earlier worker stopped mid-call; running it again");
+            r
         }
+        Verdict::Decided {
+            step: Step::Refuse(Refusal::Ended),
+            record,
+            ..
+        } => {
+            // Its last worker recorded it and died before finishing the task.
+            tracing::info!(target: "oncely::jobs", record = %id, state = %record.state, "job already ended; dropping its task");
+            return finish(TaskOutcome::Done, "already ended").await;
+        }
+        Verdict::Unknown(r) => {
+            tracing::info!(target: "oncely::jobs", record = %r.id, "job's earlier worker stopped mid-call; outcome unknown");
+            return finish(TaskOutcome::Done, "outcome unknown").await;
+        }
+        Verdict::Decided {
+            step: Step::WaitUntil(at),
+            ..
+        } => {
+            return finish(
+                TaskOutcome::Retry {
+                    at: at.expect("the clock was read"),
+                    error: "the record is still leased by an earlier run".into(),
+                },
+                "record still leased",
+            )
+            .await;
+        }
+        // An owner task of this instance's still runs it (its renewals did not land
+        // while the store stalled), or the store still holds the earlier run's lease (it
+        // has not watched it lapse for a whole lease yet): try the task again later.
+        Verdict::LeaseHeld(record) => {
+            tracing::info!(target: "oncely::jobs", record = %record.id, "job's record is still leased by an earlier run; its task is retried later");
+            return retry_later(
+                guard,
+                &task_fence,
+                policy.lease,
+                "the record is still leased by an earlier run".into(),
+            )
+            .await;
+        }
+        Verdict::Gone => {
+            tracing::info!(target: "oncely::jobs", record = %id, "job's record is gone; dropping its task");
+            return finish(TaskOutcome::Done, "record gone").await;
+        }
+        Verdict::Unavailable(e) => {
+            tracing::warn!(target: "oncely::jobs", record = %id, error = %e, "cannot read or take over a job's record; retrying");
+            return retry_later(guard, &task_fence, policy.lease, e.to_string()).await;
+        }
+        Verdict::Decided { step, .. } => unreachable!("a job worker is never told {step:?}"),
     };
     let Some(fence) = record.fence() else {
         return finish(TaskOutcome::Done, "no owner").await;
@@ -302,13 +288,7 @@ where
         },
         &job.body,
     );
-    let call = policy.guarded_call(
-        record.principal.clone(),
-        Some(record.key.clone()),
-        record.fingerprint,
-        record.workflow_id.clone(),
-        units,
-    );
+    let call = policy.call(record.identity.clone(), units);
     let mut req = job.upstream_request(&key);
     // The inner service finds the route, and that the owner holds its slot and times it.
     req.extensions_mut().insert(policy.clone());
@@ -390,6 +370,41 @@ where
             finish(TaskOutcome::Done, "done").await
         }
         Err(e) => retry_later(guard, &task_fence, policy.lease, e.to_string()).await,
+    }
+}
+
+/// A job's run: it reads its record (the request claimed it), and takes it over when
+/// the earlier run's lease lapsed, as a new owner of this instance's.
+struct JobRun<'a> {
+    guard: &'a Guard,
+    id: &'a RecordId,
+    lease: Duration,
+}
+
+impl Claimer for JobRun<'_> {
+    type Owned = Record;
+
+    fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Record>, StoreError>> {
+        Box::pin(async move {
+            Ok(match self.guard.store().get(self.id).await? {
+                Some(record) => Claimed::Found(record),
+                None => Claimed::Gone,
+            })
+        })
+    }
+
+    fn take_over<'a>(
+        &'a mut self,
+        found: &'a Record,
+    ) -> BoxFuture<'a, Result<Claimed<Record>, StoreError>> {
+        let owner = self.guard.engine().new_owner();
+        Box::pin(async move {
+            self.guard
+                .store()
+                .take_over(&found.id, found.attempt, &owner, self.lease)
+                .await
+                .map(Claimed::from)
+        })
     }
 }
 

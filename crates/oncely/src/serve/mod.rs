@@ -36,13 +36,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::future::BoxFuture;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use oncely_core::State;
+use oncely_core::{Claimant, Class, Record, RecordId, State};
+use oncely_engine::{Claimed, Claimer, Claiming, Verdict};
 use oncely_store::{ListFilter, Store};
 use oncely_tower::Guard;
 use tokio::net::TcpListener;
@@ -61,11 +63,6 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 const GAUGE_EVERY: Duration = Duration::from_secs(15);
 /// How often actions whose owner went away are looked for ([`sweep_orphaned_actions`]).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-/// The least time past its lapse an owner's lease must be before the sweep takes the
-/// record over (it also waits a whole lease more): a live owner renews every third of
-/// its lease, so this is far beyond a renewal that is merely late, or one held up by a
-/// store that was briefly away.
-const SWEEP_GRACE: Duration = Duration::from_secs(2);
 
 /// `oncely serve ARGS`: reads the config, binds, runs until SIGINT/SIGTERM.
 pub(crate) async fn cli(args: ServeArgs) -> Outcome {
@@ -221,7 +218,7 @@ pub async fn run_reloading(
     };
     let chores = tokio::spawn(chores(
         store.clone(),
-        guard.instance().to_owned(),
+        guard.clone(),
         metrics.clone(),
         live.configs(),
         stop_rx.clone(),
@@ -362,17 +359,16 @@ pub async fn run_reloading(
 /// An `action` whose owner went away (a gateway killed mid-call, its caller gone with
 /// it) becomes `outcome_unknown` once the owner's lease has lapsed, whether or not a
 /// duplicate ever comes: the operator sees it (`ledger list --status outcome_unknown`,
-/// the gauge) and reconciliation asks about it. The store takes it over atomically, on
-/// its own clock and fenced by the attempt, and of several instances sweeping only one
-/// takes it. The sweep is slower to call an owner gone than a duplicate is: it leaves
-/// this instance's own owners alone (they run here), and waits for the lease to be past
-/// by a whole lease more (at least [`SWEEP_GRACE`]), so an owner whose renewals a store
-/// outage held up renews first. A `write` left so is run again by its next duplicate
-/// (attempt + 1, same downstream key); a `job` by its queue.
-async fn sweep_orphaned_actions(
-    store: &dyn Store,
-    instance: &str,
-) -> Result<(), oncely_store::StoreError> {
+/// the gauge) and reconciliation asks about it. Each processing action goes through the
+/// engine's claim loop as [`Claimant::Sweep`]: `oncely_core::decide` says when the sweep
+/// calls an owner gone (later than a duplicate does: its lease past by a whole lease
+/// more, at least [`oncely_core::SWEEP_GRACE`], so an owner whose renewals a store outage
+/// held up renews first), and the loop leaves this instance's own running owners alone.
+/// The store takes it over atomically, on its own clock and fenced by the attempt, and of
+/// several instances sweeping only one takes it. A `write` left so is run again by its
+/// next duplicate (attempt + 1, same downstream key); a `job` by its queue.
+async fn sweep_orphaned_actions(guard: &Guard) -> Result<(), oncely_store::StoreError> {
+    let store = guard.store();
     let filter = ListFilter {
         state: Some(State::Processing),
         ..ListFilter::default()
@@ -381,36 +377,70 @@ async fn sweep_orphaned_actions(
     if processing.is_empty() {
         return Ok(());
     }
+    // One read of the ledger's clock for every record of this round.
     let now = store.now().await?;
-    let ours = format!("{instance}/");
-    let orphaned = |r: &&oncely_core::Record| {
-        let (Some(until), false) = (
-            r.lease_until,
-            r.owner.as_deref().is_some_and(|o| o.starts_with(&ours)),
-        ) else {
-            return false;
+    for listed in processing.into_iter().filter(|r| r.class == Class::Action) {
+        let claiming = Claiming {
+            claimant: Claimant::Sweep,
+            fingerprint: None,
+            deadline: tokio::time::Instant::now(),
+            now: Some(now),
         };
-        let length = (until.0 - r.updated_at.0).max(0);
-        let grace = length.max(SWEEP_GRACE.as_millis() as i64);
-        r.class == oncely_core::Class::Action && now.0 >= until.0.saturating_add(grace)
-    };
-    for r in processing.iter().filter(orphaned) {
-        match store
-            .take_over(&r.id, r.attempt, "oncely-sweep", SWEEP_EVERY)
-            .await
-        {
-            Ok(oncely_store::TakeOverOutcome::OutcomeUnknown(_)) => {
+        let mut sweep = Sweep {
+            store,
+            id: listed.id.clone(),
+            listed: Some(listed),
+        };
+        match guard.engine().claim(&mut sweep, claiming).await {
+            Verdict::Unknown(r) => {
                 tracing::warn!(record = %r.id, route = %r.route, attempt = r.attempt,
                     "an action's owner went away before recording it: outcome_unknown");
             }
-            Ok(oncely_store::TakeOverOutcome::Owned(taken)) => {
+            Verdict::Owned(taken) => {
                 tracing::error!(record = %taken.id, "the sweep took over an action as its owner");
             }
-            // Renewed, finished or taken by someone else meanwhile.
-            Err(_) => {}
+            // Still live (here, or by the store's watch of it), renewed, finished or
+            // taken by someone else meanwhile, or the ledger away: the next round looks
+            // again.
+            _ => {}
         }
     }
     Ok(())
+}
+
+/// The sweep's claimer for one listed record: it claims nothing (the record as listed is
+/// what it found; read again when the loop asks again), and takes over as
+/// `oncely-sweep` for [`SWEEP_EVERY`].
+struct Sweep<'a> {
+    store: &'a Arc<dyn Store>,
+    id: RecordId,
+    listed: Option<Record>,
+}
+
+impl Claimer for Sweep<'_> {
+    type Owned = Record;
+
+    fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Record>, oncely_store::StoreError>> {
+        Box::pin(async move {
+            let found = match self.listed.take() {
+                Some(listed) => Some(listed),
+                None => self.store.get(&self.id).await?,
+            };
+            Ok(found.map_or(Claimed::Gone, Claimed::Found))
+        })
+    }
+
+    fn take_over<'b>(
+        &'b mut self,
+        found: &'b Record,
+    ) -> BoxFuture<'b, Result<Claimed<Record>, oncely_store::StoreError>> {
+        Box::pin(async move {
+            self.store
+                .take_over(&found.id, found.attempt, "oncely-sweep", SWEEP_EVERY)
+                .await
+                .map(Claimed::from)
+        })
+    }
 }
 
 /// The server's own periodic work: purging expired records and the usage history past
@@ -418,7 +448,7 @@ async fn sweep_orphaned_actions(
 /// looking for orphaned actions, and the metrics recorder's upkeep.
 async fn chores(
     store: Arc<dyn Store>,
-    instance: String,
+    guard: Arc<Guard>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     configs: tokio::sync::watch::Receiver<Arc<Config>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -430,7 +460,7 @@ async fn chores(
         tokio::select! {
             _ = stop.changed() => return,
             _ = sweep.tick() => {
-                if let Err(e) = sweep_orphaned_actions(&*store, &instance).await {
+                if let Err(e) = sweep_orphaned_actions(&guard).await {
                     tracing::warn!(error = %e, "looking for orphaned actions failed");
                 }
             }

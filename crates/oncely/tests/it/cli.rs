@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use oncely_core::{
-    ClaimSpec, Class, Completion, Fingerprint, Record, Scope, State, StoredResponse,
+    ClaimSpec, Class, Completion, Fingerprint, Identity, Record, State, StoredResponse,
 };
 use oncely_store::{Claim, Repeat, RepeatKind, StoreOptions};
 
@@ -102,15 +102,16 @@ async fn seed(path: &Path) -> (Record, Record, Record) {
     .await
     .unwrap();
     let spec = |key: &str, class: Class, principal: &str| ClaimSpec {
-        scope: Scope::new(principal, "POST /v1/render"),
-        key: key.to_owned(),
-        fingerprint: Fingerprint([7; 32]),
-        class,
-        route: "POST /v1/render".into(),
-        principal: principal.to_owned(),
+        identity: Identity::new(
+            principal.to_owned(),
+            "POST /v1/render".into(),
+            class,
+            Some(key.to_owned()),
+            Fingerprint([7; 32]),
+            Some("wf-1".into()),
+        ),
         owner: "test/1".into(),
         lease: Duration::from_secs(30),
-        workflow_id: Some("wf-1".into()),
     };
     let owned = |c: Claim| match c {
         Claim::Owned(r) => r,

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_core::{ClaimSpec, Class, Completion, Fingerprint, Scope, StoredResponse};
+use oncely_core::{ClaimSpec, Class, Completion, Fingerprint, Identity, StoredResponse};
 use oncely_store::{Claim, ManualClock, StoreOptions};
 use serde_json::Value;
 
@@ -240,15 +240,16 @@ async fn completed(path: &Path, route: &str, key: &str, took: Duration) {
     .unwrap();
     let claim = store
         .claim(&ClaimSpec {
-            scope: Scope::new("alice", route),
-            key: key.to_owned(),
-            fingerprint: Fingerprint([7; 32]),
-            class: Class::Write,
-            route: route.to_owned(),
-            principal: "alice".into(),
+            identity: Identity::new(
+                "alice".into(),
+                route.to_owned(),
+                Class::Write,
+                Some(key.to_owned()),
+                Fingerprint([7; 32]),
+                None,
+            ),
             owner: "test/1".into(),
             lease: Duration::from_secs(3600),
-            workflow_id: None,
         })
         .await
         .unwrap();

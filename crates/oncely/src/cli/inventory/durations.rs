@@ -54,7 +54,7 @@ pub(super) async fn observed_durations(
             continue;
         }
         let ms = done.millis().saturating_sub(r.created_at.millis()).max(0) as u64;
-        out.entry(r.route)
+        out.entry(r.identity.route)
             .or_default()
             .push(Duration::from_millis(ms));
     }
