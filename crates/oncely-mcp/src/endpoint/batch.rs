@@ -2,6 +2,7 @@
 //! so that each guarded `tools/call` goes through the guard on its own: the rest is
 //! forwarded as a smaller batch, and the answers are joined into one JSON array.
 
+use crate::jsonrpc::code;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -136,7 +137,7 @@ async fn responses_of(resp: Response<McpBody>, ids: &[Value]) -> Vec<Value> {
                 .unwrap_or_else(|| {
                     jsonrpc::error_message(
                         id,
-                        -32603,
+                        code::INTERNAL_ERROR,
                         &format!(
                             "no response (HTTP {}): {}",
                             status.as_u16(),

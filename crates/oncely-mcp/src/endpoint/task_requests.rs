@@ -4,6 +4,7 @@
 //! transport to forward. The transport checks what the request's carrier must carry (the
 //! routing headers) before.
 
+use crate::jsonrpc::code;
 use serde_json::Value;
 
 use super::results::{task, task_payload};
@@ -60,7 +61,7 @@ pub(super) async fn answer(
             tracing::error!(route = %inner.config.path, error = %e, "ledger unavailable: {method}");
             return TaskAnswer::Answer(jsonrpc::error_message(
                 id,
-                -32603,
+                code::INTERNAL_ERROR,
                 "the ledger cannot be reached",
             ));
         }
@@ -95,7 +96,7 @@ pub(super) async fn answer(
         other => {
             return TaskAnswer::Answer(jsonrpc::error_message(
                 id,
-                -32601,
+                code::METHOD_NOT_FOUND,
                 &format!("Method not found: {other}"),
             ))
         }
@@ -108,7 +109,7 @@ pub(super) async fn answer(
 pub(super) fn task_not_found(id: &Value, why: &str) -> Value {
     jsonrpc::error_message(
         id,
-        tasks::INVALID_PARAMS,
+        code::INVALID_PARAMS,
         &format!("Failed to retrieve task: {why}"),
     )
 }

@@ -4,6 +4,7 @@
 //! guarded `tools/call` goes to the guard, a batch is split, the tasks extension's requests
 //! are checked and answered or forwarded, and everything else is forwarded.
 
+use crate::jsonrpc::code;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use super::batch::batch;
 use super::call::{read_call, unreadable_call};
 use super::forward::{forward, Answer, EDIT_LIMIT};
 use super::guarded::guard;
-use super::headers::{header_mismatch, header_str, is_modern, HEADER_MISMATCH, NAME, TASK_ID};
+use super::headers::{header_mismatch, header_str, is_modern, NAME, TASK_ID};
 use super::response::{empty, json_response, messages_in};
 use super::state::Inner;
 use super::task_requests::{self, task_not_found, TaskAnswer};
@@ -68,7 +69,11 @@ where
                         if let Some(mismatch) = header_mismatch(&parts.headers, &message, NAME) {
                             return json_response(
                                 StatusCode::BAD_REQUEST,
-                                &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
+                                &jsonrpc::error_message(
+                                    request.id,
+                                    code::HEADER_MISMATCH,
+                                    &mismatch,
+                                ),
                             );
                         }
                         let head = RequestHead::of_parts(&parts);
@@ -134,7 +139,7 @@ async fn task_request(
     if let Some(mismatch) = header_mismatch(&parts.headers, &message, TASK_ID) {
         return json_response(
             StatusCode::BAD_REQUEST,
-            &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
+            &jsonrpc::error_message(request.id, code::HEADER_MISMATCH, &mismatch),
         );
     }
     let head = RequestHead::of_parts(&parts);
@@ -173,11 +178,15 @@ async fn forward_task_request(
     let Some(bytes) = collect_limited(body, EDIT_LIMIT).await else {
         return json_response(
             StatusCode::OK,
-            &jsonrpc::error_message(&id, -32603, "the MCP server's answer broke off"),
+            &jsonrpc::error_message(
+                &id,
+                code::INTERNAL_ERROR,
+                "the MCP server's answer broke off",
+            ),
         );
     };
     let unknown_method = messages_in(&rparts.headers, &bytes).iter().any(|m| {
-        matches!(jsonrpc::response_to(m, &id), Some(Outcome::Error(e)) if e.get("code") == Some(&json!(-32601)))
+        matches!(jsonrpc::response_to(m, &id), Some(Outcome::Error(e)) if e.get("code") == Some(&json!(code::METHOD_NOT_FOUND)))
     });
     let not_served = matches!(status.as_u16(), 404 | 405 | 501);
     if unknown_method || not_served {

@@ -22,6 +22,7 @@
 mod lines;
 mod server;
 
+use crate::jsonrpc::code;
 use std::ffi::OsString;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -44,11 +45,6 @@ use server::ServerLink;
 
 /// How long the server has to exit once its input is closed, before it is killed.
 pub const SERVER_GRACE: Duration = Duration::from_secs(5);
-
-/// JSON-RPC's "Parse error".
-const PARSE_ERROR: i64 = -32700;
-/// JSON-RPC's "Invalid Request".
-const INVALID_REQUEST: i64 = -32600;
 
 /// What to run, and as whom.
 #[derive(Debug, Clone)]
@@ -255,7 +251,7 @@ impl Host {
                     let why = format!(
                         "the message is {len} bytes, over max_body ({max_body} bytes): not forwarded"
                     );
-                    self.send(&jsonrpc::error_message(&id, INVALID_REQUEST, &why));
+                    self.send(&jsonrpc::error_message(&id, code::INVALID_REQUEST, &why));
                 }
                 return;
             }
@@ -264,7 +260,7 @@ impl Host {
         };
         let Some(message) = jsonrpc::parse(&bytes) else {
             self.send(&json!({"jsonrpc": "2.0", "id": null,
-                "error": {"code": PARSE_ERROR, "message": "Parse error: the line is not JSON"}}));
+                "error": {"code": code::PARSE_ERROR, "message": "Parse error: the line is not JSON"}}));
             return;
         };
         let request = jsonrpc::as_request(&message).map(|r| r.method.to_string());

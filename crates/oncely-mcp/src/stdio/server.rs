@@ -8,6 +8,7 @@
 //! link still runs (a guarded call outlives its client's interest), and a replayed
 //! answer is written under the client's id without any request reaching the server.
 
+use crate::jsonrpc::code;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -370,7 +371,7 @@ impl ServerLink {
         }
         let request_id = jsonrpc::as_request(&value).map(|r| r.id.clone());
         if let (Some(id), true) = (&request_id, self.client_gone.load(Ordering::SeqCst)) {
-            let refusal = jsonrpc::error_message(id, -32603, "the client has gone");
+            let refusal = jsonrpc::error_message(id, code::INTERNAL_ERROR, "the client has gone");
             let _ = self.write(refusal.to_string().into_bytes());
             return;
         }
