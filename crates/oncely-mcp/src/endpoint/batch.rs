@@ -12,7 +12,7 @@ use oncely_tower::RequestHead;
 use serde_json::Value;
 
 use super::call::{read_call, unreadable_call};
-use super::forward::{forward, Answer};
+use super::forward::{forward, AnswerEdit};
 use super::guarded::guard;
 use super::headers::is_modern;
 use super::response::{empty, json_response, messages_in};
@@ -70,11 +70,11 @@ pub(super) async fn batch(
         }
     }
     let rest_bytes = Bytes::from(format!("[{}]", rest_texts.join(",")));
-    let edits: Vec<(Value, Answer)> = rest
+    let edits: Vec<(Value, AnswerEdit)> = rest
         .iter()
         .filter_map(jsonrpc::as_request)
         .filter(|r| r.method == "tools/list")
-        .map(|r| (r.id.clone(), Answer::ToolsList))
+        .map(|r| (r.id.clone(), AnswerEdit::ToolsList))
         .collect();
     if calls.is_empty() && refused.is_empty() {
         if rest.is_empty() {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::batch::batch;
 use super::call::{read_call, unreadable_call};
-use super::forward::{forward, Answer, EDIT_LIMIT};
+use super::forward::{forward, AnswerEdit, EDIT_LIMIT};
 use super::guarded::guard;
 use super::headers::{header_mismatch, header_str, is_modern, NAME, TASK_ID};
 use super::response::{empty, json_response, messages_in};
@@ -82,9 +82,9 @@ where
                             return guard(inner, &parts, bytes, call, &session).await;
                         }
                     }
-                    "tools/list" => edits.push((request.id.clone(), Answer::ToolsList)),
+                    "tools/list" => edits.push((request.id.clone(), AnswerEdit::ToolsList)),
                     "server/discover" => {
-                        edits.push((request.id.clone(), Answer::Discover));
+                        edits.push((request.id.clone(), AnswerEdit::Discover));
                     }
                     method if method.starts_with("tasks/") && is_modern(&parts.headers) => {
                         return task_request(inner, parts, bytes, message).await;
@@ -152,7 +152,7 @@ async fn task_request(
     };
     let answer = task_requests::answer(&inner, &request, principal).await;
     match answer {
-        TaskAnswer::Answer(message) => json_response(StatusCode::OK, &message),
+        TaskAnswer::AnswerEdit(message) => json_response(StatusCode::OK, &message),
         // As the 2026-07-28 transport answers a protocol error.
         TaskAnswer::Refused(message) => json_response(StatusCode::BAD_REQUEST, &message),
         TaskAnswer::Forward => {
