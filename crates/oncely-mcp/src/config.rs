@@ -121,6 +121,29 @@ pub struct McpConfig {
     pub concurrency: Option<Concurrency>,
 }
 
+/// What an operator sets of a guarded tool call, the same for an `[[mcp]]` entry and for
+/// `oncely mcp` (`[mcp_stdio]` and its flags): [`McpConfig::with_calls`] fills them in,
+/// the one place that does.
+#[derive(Debug, Clone)]
+pub struct CallSettings {
+    /// The replay window.
+    pub window: Duration,
+    /// How long a duplicate waits.
+    pub wait: Duration,
+    /// The most a guarded call may take upstream.
+    pub timeout: Duration,
+    /// The owner's lease.
+    pub lease: Duration,
+    /// Billing units per call.
+    pub units: UnitsRule,
+    /// Most guarded calls in flight to the server (none: unlimited).
+    pub concurrency: Option<usize>,
+    /// Largest request body read.
+    pub max_body: u64,
+    /// Largest tool result stored.
+    pub max_response: u64,
+}
+
 impl McpConfig {
     /// The endpoint of a stdio wrapper named `name` (the `stdio` module): its route is
     /// `stdio:NAME`, its principal the message interface's
@@ -164,6 +187,19 @@ impl McpConfig {
             actions: Vec::new(),
             concurrency: None,
         })
+    }
+
+    /// Sets every operator setting of a guarded call (see [`CallSettings`]).
+    pub fn with_calls(mut self, calls: CallSettings) -> McpConfig {
+        self.window = calls.window;
+        self.wait = calls.wait;
+        self.timeout = calls.timeout;
+        self.lease = calls.lease;
+        self.units = Arc::new(calls.units);
+        self.concurrency = calls.concurrency.map(Concurrency::new);
+        self.max_body = usize::try_from(calls.max_body).unwrap_or(usize::MAX);
+        self.max_response = usize::try_from(calls.max_response).unwrap_or(usize::MAX);
+        self
     }
 
     /// Sets the tools of class `action` from the config list (names with `*` wildcards).

@@ -8,6 +8,26 @@ use serde::de::{Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+/// The JSON-RPC error codes oncely answers with, in one place: JSON-RPC's own and the
+/// ones MCP adds.
+pub mod code {
+    /// JSON-RPC's "Parse error": a message that is not JSON.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// JSON-RPC's "Invalid Request": a message that is not a request, or a `tools/call`
+    /// whose JSON repeats a member name.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// JSON-RPC's "Method not found".
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// JSON-RPC's "Invalid params": what an unknown (or another principal's) task id gets.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// JSON-RPC's "Internal error", for an answer oncely could not give as a result.
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// MCP 2026-07-28: routing headers that disagree with the body.
+    pub const HEADER_MISMATCH: i64 = -32020;
+    /// The tasks extension: the request needs a client capability it did not declare.
+    pub const MISSING_CAPABILITY: i64 = -32021;
+}
+
 /// The `_meta` key oncely adds to a replayed or joined tool result.
 pub const REPLAY_META_KEY: &str = "dev.oncely/replay";
 

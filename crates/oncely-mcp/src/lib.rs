@@ -59,7 +59,7 @@ pub mod tasks;
 mod body;
 
 pub use body::McpBody;
-pub use config::{parse_units, JwtKey, McpConfig, McpPrincipal, ToolSelection};
+pub use config::{parse_units, CallSettings, JwtKey, McpConfig, McpPrincipal, ToolSelection};
 pub use endpoint::{McpEndpoint, McpUpstream};
 pub use oncely_tower::{PrincipalSource, UnitsRule};
 

@@ -20,6 +20,7 @@
 //! `CreateTaskResult`, `GetTaskResult`, `CancelTaskResult`, `UpdateTaskResult`);
 //! the endpoint decides when to use them.
 
+use crate::jsonrpc::code;
 use std::collections::BTreeMap;
 
 use oncely_core::{Record, RecordId, State, Timestamp};
@@ -30,13 +31,6 @@ pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
 /// The `_meta` key of a request's per-request client capabilities (2026-07-28).
 pub const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
-
-/// JSON-RPC error code of the extension: the request needs a client capability it did
-/// not declare.
-pub const MISSING_CAPABILITY: i64 = -32021;
-
-/// JSON-RPC's "Invalid params": what an unknown (or another principal's) task id gets.
-pub const INVALID_PARAMS: i64 = -32602;
 
 /// The stored header of a completed record that carries its earlier failed attempts.
 pub const HISTORY_HEADER: &str = "oncely-task-history";
@@ -61,7 +55,7 @@ pub fn declares_tasks(params: Option<&Value>) -> bool {
 /// The `error` of a request that did not declare the extension (-32021).
 pub fn missing_capability_error() -> Value {
     json!({
-        "code": MISSING_CAPABILITY,
+        "code": code::MISSING_CAPABILITY,
         "message": "Missing required client capability: declare the io.modelcontextprotocol/tasks \
             extension in this request's _meta[\"io.modelcontextprotocol/clientCapabilities\"]",
         "data": {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
@@ -184,7 +178,7 @@ impl History {
 /// The JSON-RPC error of an attempt that ended without a result, when oncely did not
 /// keep the server's own: -32603 with what is known.
 pub fn internal_error(message: &str) -> Value {
-    json!({"code": -32603, "message": message})
+    json!({"code": code::INTERNAL_ERROR, "message": message})
 }
 
 /// A `Task`'s members (no `resultType`, no status payload).

@@ -4,6 +4,7 @@
 //! outcome is unknown, a task for a call that outlived `wait`), and what each answer
 //! records (the call's span, its request line and metrics).
 
+use crate::jsonrpc::code;
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -113,7 +114,11 @@ pub(super) fn answer(
             tracing::error!(route = %call.guarded.route, execution = ?other, "unexpected execution");
             json_response(
                 StatusCode::OK,
-                &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                &jsonrpc::error_message(
+                    &call.id,
+                    code::INTERNAL_ERROR,
+                    "oncely could not guard this call",
+                ),
             )
         }
     }
@@ -159,7 +164,11 @@ fn replay(
         tracing::error!(record = %record.id, "a stored tool result is not JSON");
         return json_response(
             StatusCode::OK,
-            &jsonrpc::error_message(&call.id, -32603, "the stored tool result is unreadable"),
+            &jsonrpc::error_message(
+                &call.id,
+                code::INTERNAL_ERROR,
+                "the stored tool result is unreadable",
+            ),
         );
     };
     if result.get("resultType").and_then(Value::as_str) == Some("task") && !call.tasks {

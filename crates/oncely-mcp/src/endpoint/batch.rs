@@ -2,6 +2,7 @@
 //! so that each guarded `tools/call` goes through the guard on its own: the rest is
 //! forwarded as a smaller batch, and the answers are joined into one JSON array.
 
+use crate::jsonrpc::code;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use oncely_tower::RequestHead;
 use serde_json::Value;
 
 use super::call::{read_call, unreadable_call};
-use super::forward::{forward, Answer};
+use super::forward::{forward, AnswerEdit};
 use super::guarded::guard;
 use super::headers::is_modern;
 use super::response::{empty, json_response, messages_in};
@@ -69,11 +70,11 @@ pub(super) async fn batch(
         }
     }
     let rest_bytes = Bytes::from(format!("[{}]", rest_texts.join(",")));
-    let edits: Vec<(Value, Answer)> = rest
+    let edits: Vec<(Value, AnswerEdit)> = rest
         .iter()
         .filter_map(jsonrpc::as_request)
         .filter(|r| r.method == "tools/list")
-        .map(|r| (r.id.clone(), Answer::ToolsList))
+        .map(|r| (r.id.clone(), AnswerEdit::ToolsList))
         .collect();
     if calls.is_empty() && refused.is_empty() {
         if rest.is_empty() {
@@ -136,7 +137,7 @@ async fn responses_of(resp: Response<McpBody>, ids: &[Value]) -> Vec<Value> {
                 .unwrap_or_else(|| {
                     jsonrpc::error_message(
                         id,
-                        -32603,
+                        code::INTERNAL_ERROR,
                         &format!(
                             "no response (HTTP {}): {}",
                             status.as_u16(),

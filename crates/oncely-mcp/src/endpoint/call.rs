@@ -3,6 +3,7 @@
 //! JSON-RPC message, its text as written, the request's head (where its principal and
 //! units are read) and the protocol era the transport knows it is of.
 
+use crate::jsonrpc::code;
 use std::sync::Mutex;
 
 use oncely_tower::trace::{attr, Span};
@@ -12,9 +13,6 @@ use serde_json::Value;
 use super::state::Inner;
 use crate::jsonrpc::{self, ToolCall};
 use crate::tasks;
-
-/// JSON-RPC's "Invalid Request": a `tools/call` whose JSON repeats a member name.
-pub const INVALID_REQUEST: i64 = -32600;
 
 /// Why a `tools/call` that repeats a member name is refused: servers disagree on which of
 /// the values counts (most take the last, some the first, some refuse), so oncely cannot
@@ -90,17 +88,17 @@ pub(super) fn unreadable_call(message: &Value, text: &str) -> Option<Value> {
     let id = message.get("id").cloned().unwrap_or(Value::Null);
     let refuse = |code, why: &str| Some(jsonrpc::error_message(&id, code, why));
     if oncely_core::canon::Json::parse(text.as_bytes()).is_none() {
-        return refuse(INVALID_REQUEST, REPEATED_NAME);
+        return refuse(code::INVALID_REQUEST, REPEATED_NAME);
     }
     if !matches!(id, Value::String(_) | Value::Number(_)) {
         return refuse(
-            INVALID_REQUEST,
+            code::INVALID_REQUEST,
             "a tools/call needs a string or number id (oncely guards requests, not notifications)",
         );
     }
     if ToolCall::read(message, text).is_none() {
         return refuse(
-            tasks::INVALID_PARAMS,
+            code::INVALID_PARAMS,
             "a tools/call needs params with a string name",
         );
     }

@@ -23,7 +23,7 @@ pub(super) const EDIT_LIMIT: usize = 8 << 20;
 
 /// Whether oncely edits an answer it passes through, and how (see [`editor`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Answer {
+pub(super) enum AnswerEdit {
     /// A `tools/list` result: learnt from; guarded tools offer no task-augmented calls.
     ToolsList,
     /// A `server/discover` result: the tasks extension is advertised.
@@ -31,12 +31,12 @@ pub(super) enum Answer {
 }
 
 /// Forwards unchanged and streams the answer back, with the responses to the requests
-/// `edits` names edited on the way (see [`Answer`]).
+/// `edits` names edited on the way (see [`AnswerEdit`]).
 pub(super) async fn forward(
     inner: Arc<Inner>,
     parts: http::request::Parts,
     body: Bytes,
-    edits: Vec<(Value, Answer)>,
+    edits: Vec<(Value, AnswerEdit)>,
 ) -> Response<McpBody> {
     let req = inner.upstream_request(&parts, body);
     let resp = match send(inner.upstream.clone(), req).await {
@@ -63,7 +63,7 @@ pub(super) async fn forward(
 }
 
 /// What [`Edit`] does to the responses to the requests `edits` names.
-fn editor(inner: Arc<Inner>, edits: Vec<(Value, Answer)>) -> EditFn {
+fn editor(inner: Arc<Inner>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
     Box::new(move |message: &mut Value| {
         let Some(answer) = edits
             .iter()
@@ -76,11 +76,11 @@ fn editor(inner: Arc<Inner>, edits: Vec<(Value, Answer)>) -> EditFn {
             return false;
         };
         match answer {
-            Answer::ToolsList => {
+            AnswerEdit::ToolsList => {
                 inner.catalog.observe_list(result);
                 forbid_tasks(&inner, result)
             }
-            Answer::Discover => advertise_tasks(result),
+            AnswerEdit::Discover => advertise_tasks(result),
         }
     })
 }

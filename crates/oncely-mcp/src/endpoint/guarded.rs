@@ -4,6 +4,7 @@
 //! derived downstream key, and the [`Classifier`] that decides what the ledger keeps of
 //! its answer.
 
+use crate::jsonrpc::code;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -81,7 +82,11 @@ pub(super) async fn guard(
             tracing::error!(route = %call.guarded.route, error = %e, "guarded call task failed");
             return json_response(
                 StatusCode::OK,
-                &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                &jsonrpc::error_message(
+                    &call.id,
+                    code::INTERNAL_ERROR,
+                    "oncely could not guard this call",
+                ),
             );
         }
     };
@@ -126,7 +131,11 @@ where
             tracing::error!(route = %call.guarded.route, error = %e, "guarded call task failed");
             return json_response(
                 StatusCode::OK,
-                &jsonrpc::error_message(&call.id, -32603, "oncely could not guard this call"),
+                &jsonrpc::error_message(
+                    &call.id,
+                    code::INTERNAL_ERROR,
+                    "oncely could not guard this call",
+                ),
             );
         }
     };

@@ -5,9 +5,6 @@
 use http::header::HeaderMap;
 use serde_json::Value;
 
-/// JSON-RPC error code of MCP 2026-07-28 for routing headers that disagree with the body.
-pub const HEADER_MISMATCH: i64 = -32020;
-
 /// Protocol revisions that use the initialize handshake and sessions; any later one is
 /// the stateless era (2026-07-28), whose routing headers must match the body.
 const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];

@@ -8,6 +8,7 @@
 //! always match it). Its answer is read back as messages; an HTTP-only answer (a
 //! problem) becomes the JSON-RPC error of the request it answers.
 
+use crate::jsonrpc::code;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
 use http::{Method, Request};
@@ -22,9 +23,6 @@ use crate::jsonrpc;
 /// The header the message interface names its principal in (a transport's own, never a
 /// client's: stdio has no headers).
 pub const PRINCIPAL_HEADER: &str = "x-oncely-principal";
-
-/// JSON-RPC's "Internal error", for an answer oncely could not give as a result.
-const INTERNAL_ERROR: i64 = -32603;
 
 /// What a message transport knows of a message besides its bytes.
 #[derive(Debug, Clone)]
@@ -50,8 +48,7 @@ impl McpEndpoint {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
                 tracing::warn!(route = %self.path(), error = %e, "the answer broke off");
-                let error =
-                    json!({"code": INTERNAL_ERROR, "message": "the MCP server's answer broke off"});
+                let error = json!({"code": code::INTERNAL_ERROR, "message": "the MCP server's answer broke off"});
                 return error_for(parsed.as_ref(), error);
             }
         };
@@ -64,7 +61,7 @@ impl McpEndpoint {
                 .and_then(Value::as_str)
                 .unwrap_or("oncely could not answer this request");
             let code = problem.get("code").and_then(Value::as_str).unwrap_or("");
-            let error = json!({"code": INTERNAL_ERROR, "message": format!("{detail} ({code})"),
+            let error = json!({"code": code::INTERNAL_ERROR, "message": format!("{detail} ({code})"),
                 "data": {"oncely": code, "status": parts.status.as_u16()}});
             return error_for(parsed.as_ref(), error);
         }

@@ -97,8 +97,7 @@ use crate::{BoxError, McpError};
 
 use state::Inner;
 
-pub use call::INVALID_REQUEST;
-pub use headers::{is_stateless, HEADER_MISMATCH};
+pub use headers::is_stateless;
 pub use messages::{MessageContext, PRINCIPAL_HEADER};
 pub use state::McpUpstream;
 

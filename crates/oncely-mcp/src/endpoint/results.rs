@@ -142,7 +142,7 @@ pub(super) fn task(
                 format!(
                     "The call of `{tool}` failed with JSON-RPC error {}; nothing was \
                      stored, so calling it again runs it again (as a new task).",
-                    code.unwrap_or(-32603)
+                    code.unwrap_or(crate::jsonrpc::code::INTERNAL_ERROR)
                 ),
                 failure.at.clone(),
             )

@@ -4,6 +4,7 @@
 //! transport to forward. The transport checks what the request's carrier must carry (the
 //! routing headers) before.
 
+use crate::jsonrpc::code;
 use serde_json::Value;
 
 use super::results::{task, task_payload};
@@ -14,7 +15,7 @@ use crate::tasks;
 /// What becomes of a `tasks/*` request.
 pub(super) enum TaskAnswer {
     /// Answered: the JSON-RPC message (a result or an error) to send back.
-    Answer(Value),
+    AnswerEdit(Value),
     /// Refused as a protocol error (the extension not declared): the JSON-RPC error,
     /// which HTTP answers with status 400.
     Refused(Value),
@@ -42,25 +43,25 @@ pub(super) async fn answer(
         .and_then(Value::as_str)
         .map(str::to_string)
     else {
-        return TaskAnswer::Answer(task_not_found(id, "params.taskId is missing"));
+        return TaskAnswer::AnswerEdit(task_not_found(id, "params.taskId is missing"));
     };
     let Some((record_id, attempt)) = tasks::parse_task_id(&task_id) else {
         return TaskAnswer::Forward;
     };
     // Only the principal whose call it is reads a task.
     let Some(principal) = principal() else {
-        return TaskAnswer::Answer(task_not_found(id, "Task not found"));
+        return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found"));
     };
     let store = inner.guard.store();
     // The store bounds the read (`oncely_store::Bounded`).
     let record = match store.get(&record_id).await {
         Ok(Some(record)) => record,
-        Ok(None) => return TaskAnswer::Answer(task_not_found(id, "Task not found")),
+        Ok(None) => return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found")),
         Err(e) => {
             tracing::error!(route = %inner.config.path, error = %e, "ledger unavailable: {method}");
-            return TaskAnswer::Answer(jsonrpc::error_message(
+            return TaskAnswer::AnswerEdit(jsonrpc::error_message(
                 id,
-                -32603,
+                code::INTERNAL_ERROR,
                 "the ledger cannot be reached",
             ));
         }
@@ -71,10 +72,10 @@ pub(super) async fn answer(
         .and_then(|r| r.strip_prefix('#'));
     // Another principal's task is as unknown as one that never was.
     let (Some(tool), true) = (tool, record.principal == principal) else {
-        return TaskAnswer::Answer(task_not_found(id, "Task not found"));
+        return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found"));
     };
     let Some(status) = tasks::status_of(&record, attempt) else {
-        return TaskAnswer::Answer(task_not_found(id, "Task not found"));
+        return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found"));
     };
     let result = match method {
         "tasks/get" => {
@@ -93,14 +94,14 @@ pub(super) async fn answer(
             tasks::acknowledgement()
         }
         other => {
-            return TaskAnswer::Answer(jsonrpc::error_message(
+            return TaskAnswer::AnswerEdit(jsonrpc::error_message(
                 id,
-                -32601,
+                code::METHOD_NOT_FOUND,
                 &format!("Method not found: {other}"),
             ))
         }
     };
-    TaskAnswer::Answer(jsonrpc::result_message(id, result))
+    TaskAnswer::AnswerEdit(jsonrpc::result_message(id, result))
 }
 
 /// The -32602 a `tasks/*` request gets for a task it cannot have: unknown, expired, or
@@ -108,7 +109,7 @@ pub(super) async fn answer(
 pub(super) fn task_not_found(id: &Value, why: &str) -> Value {
     jsonrpc::error_message(
         id,
-        tasks::INVALID_PARAMS,
+        code::INVALID_PARAMS,
         &format!("Failed to retrieve task: {why}"),
     )
 }

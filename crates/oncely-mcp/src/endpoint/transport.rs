@@ -4,6 +4,7 @@
 //! guarded `tools/call` goes to the guard, a batch is split, the tasks extension's requests
 //! are checked and answered or forwarded, and everything else is forwarded.
 
+use crate::jsonrpc::code;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +18,9 @@ use tokio::time::Instant;
 
 use super::batch::batch;
 use super::call::{read_call, unreadable_call};
-use super::forward::{forward, Answer, EDIT_LIMIT};
+use super::forward::{forward, AnswerEdit, EDIT_LIMIT};
 use super::guarded::guard;
-use super::headers::{header_mismatch, header_str, is_modern, HEADER_MISMATCH, NAME, TASK_ID};
+use super::headers::{header_mismatch, header_str, is_modern, NAME, TASK_ID};
 use super::response::{empty, json_response, messages_in};
 use super::state::Inner;
 use super::task_requests::{self, task_not_found, TaskAnswer};
@@ -68,7 +69,11 @@ where
                         if let Some(mismatch) = header_mismatch(&parts.headers, &message, NAME) {
                             return json_response(
                                 StatusCode::BAD_REQUEST,
-                                &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
+                                &jsonrpc::error_message(
+                                    request.id,
+                                    code::HEADER_MISMATCH,
+                                    &mismatch,
+                                ),
                             );
                         }
                         let head = RequestHead::of_parts(&parts);
@@ -77,9 +82,9 @@ where
                             return guard(inner, &parts, bytes, call, &session).await;
                         }
                     }
-                    "tools/list" => edits.push((request.id.clone(), Answer::ToolsList)),
+                    "tools/list" => edits.push((request.id.clone(), AnswerEdit::ToolsList)),
                     "server/discover" => {
-                        edits.push((request.id.clone(), Answer::Discover));
+                        edits.push((request.id.clone(), AnswerEdit::Discover));
                     }
                     method if method.starts_with("tasks/") && is_modern(&parts.headers) => {
                         return task_request(inner, parts, bytes, message).await;
@@ -134,7 +139,7 @@ async fn task_request(
     if let Some(mismatch) = header_mismatch(&parts.headers, &message, TASK_ID) {
         return json_response(
             StatusCode::BAD_REQUEST,
-            &jsonrpc::error_message(request.id, HEADER_MISMATCH, &mismatch),
+            &jsonrpc::error_message(request.id, code::HEADER_MISMATCH, &mismatch),
         );
     }
     let head = RequestHead::of_parts(&parts);
@@ -147,7 +152,7 @@ async fn task_request(
     };
     let answer = task_requests::answer(&inner, &request, principal).await;
     match answer {
-        TaskAnswer::Answer(message) => json_response(StatusCode::OK, &message),
+        TaskAnswer::AnswerEdit(message) => json_response(StatusCode::OK, &message),
         // As the 2026-07-28 transport answers a protocol error.
         TaskAnswer::Refused(message) => json_response(StatusCode::BAD_REQUEST, &message),
         TaskAnswer::Forward => {
@@ -173,11 +178,15 @@ async fn forward_task_request(
     let Some(bytes) = collect_limited(body, EDIT_LIMIT).await else {
         return json_response(
             StatusCode::OK,
-            &jsonrpc::error_message(&id, -32603, "the MCP server's answer broke off"),
+            &jsonrpc::error_message(
+                &id,
+                code::INTERNAL_ERROR,
+                "the MCP server's answer broke off",
+            ),
         );
     };
     let unknown_method = messages_in(&rparts.headers, &bytes).iter().any(|m| {
-        matches!(jsonrpc::response_to(m, &id), Some(Outcome::Error(e)) if e.get("code") == Some(&json!(-32601)))
+        matches!(jsonrpc::response_to(m, &id), Some(Outcome::Error(e)) if e.get("code") == Some(&json!(code::METHOD_NOT_FOUND)))
     });
     let not_served = matches!(status.as_u16(), 404 | 405 | 501);
     if unknown_method || not_served {

@@ -26,6 +26,7 @@ mod lines;
 mod remote;
 mod server;
 
+use crate::jsonrpc::code;
 use std::ffi::OsString;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -50,11 +51,6 @@ pub use remote::{run_remote, Remote};
 
 /// How long the server has to exit once its input is closed, before it is killed.
 pub const SERVER_GRACE: Duration = Duration::from_secs(5);
-
-/// JSON-RPC's "Parse error".
-const PARSE_ERROR: i64 = -32700;
-/// JSON-RPC's "Invalid Request".
-const INVALID_REQUEST: i64 = -32600;
 
 /// What to run, and as whom.
 #[derive(Debug, Clone)]
@@ -261,7 +257,7 @@ impl Host {
                     let why = format!(
                         "the message is {len} bytes, over max_body ({max_body} bytes): not forwarded"
                     );
-                    self.send(&jsonrpc::error_message(&id, INVALID_REQUEST, &why));
+                    self.send(&jsonrpc::error_message(&id, code::INVALID_REQUEST, &why));
                 }
                 return;
             }
@@ -270,7 +266,7 @@ impl Host {
         };
         let Some(message) = jsonrpc::parse(&bytes) else {
             self.send(&json!({"jsonrpc": "2.0", "id": null,
-                "error": {"code": PARSE_ERROR, "message": "Parse error: the line is not JSON"}}));
+                "error": {"code": code::PARSE_ERROR, "message": "Parse error: the line is not JSON"}}));
             return;
         };
         let request = jsonrpc::as_request(&message).map(|r| r.method.to_string());

@@ -8,6 +8,7 @@
 //! link still runs (a guarded call outlives its client's interest), and a replayed
 //! answer is written under the client's id without any request reaching the server.
 
+use crate::jsonrpc::code;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -91,7 +92,7 @@ impl ToClient {
 }
 
 /// What a request sent to the server is waiting for.
-enum Answer {
+enum Awaited {
     /// The server's response, under the client's id again.
     Response(Vec<u8>),
     /// The client cancelled the request: it gets no answer.
@@ -100,7 +101,7 @@ enum Answer {
 
 /// A request sent to the server and not answered yet.
 struct Waiting {
-    answer: oneshot::Sender<Answer>,
+    answer: oneshot::Sender<Awaited>,
     /// The id the client gave it (JSON text).
     client_id: String,
 }
@@ -267,8 +268,8 @@ impl ServerLink {
         let mut pending = pending;
         pending.answered = true;
         match answer {
-            Ok(Answer::Response(bytes)) => Ok(Some(bytes)),
-            Ok(Answer::Cancelled) => Ok(None),
+            Ok(Awaited::Response(bytes)) => Ok(Some(bytes)),
+            Ok(Awaited::Cancelled) => Ok(None),
             Err(_) => Err(UpstreamError::AfterSend(
                 "the MCP server exited before it answered".into(),
             )
@@ -288,7 +289,7 @@ impl ServerLink {
     fn cancel(&self, client_id: &str) -> Option<u64> {
         let ours = self.lock_forwarded().remove(client_id)?;
         if let Some(w) = self.lock_waiting().remove(&ours) {
-            let _ = w.answer.send(Answer::Cancelled);
+            let _ = w.answer.send(Awaited::Cancelled);
         }
         Some(ours)
     }
@@ -361,7 +362,7 @@ impl ServerLink {
                 let answer = jsonrpc::with_id(text, &w.client_id)
                     .map(String::into_bytes)
                     .unwrap_or(bytes);
-                let _ = w.answer.send(Answer::Response(answer));
+                let _ = w.answer.send(Awaited::Response(answer));
                 return;
             }
             // An answer to a request nobody waits for any more (cancelled, timed out).
@@ -370,7 +371,7 @@ impl ServerLink {
         }
         let request_id = jsonrpc::as_request(&value).map(|r| r.id.clone());
         if let (Some(id), true) = (&request_id, self.client_gone.load(Ordering::SeqCst)) {
-            let refusal = jsonrpc::error_message(id, -32603, "the client has gone");
+            let refusal = jsonrpc::error_message(id, code::INTERNAL_ERROR, "the client has gone");
             let _ = self.write(refusal.to_string().into_bytes());
             return;
         }

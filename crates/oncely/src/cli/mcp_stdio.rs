@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::Args;
 use oncely_mcp::stdio::{Remote, StdioError, Wrapped};
-use oncely_mcp::McpConfig;
+use oncely_mcp::{CallSettings, McpConfig};
 use oncely_tower::Guard;
 use sha2::{Digest, Sha256};
 
@@ -249,7 +249,12 @@ async fn worker(args: McpArgs) -> Outcome {
     let principal_key = crate::operations::principal_key(&*store)
         .await
         .map_err(|e| Failure::usage(format!("reading the principal key from the store: {e}")))?;
-    let guard = Arc::new(Guard::new(store, principal_key));
+    let max_inflight = config
+        .as_ref()
+        .map_or(crate::config::DEFAULT_MAX_INFLIGHT, |c| {
+            c.max_inflight_bytes
+        });
+    let guard = Arc::new(Guard::new(store, principal_key).with_max_inflight_bytes(max_inflight));
 
     let name = match (args.name.clone().or(stdio.name.clone()), &server) {
         (Some(name), _) => name,
@@ -323,21 +328,22 @@ fn endpoint(
     } else {
         args.actions.clone()
     };
-    let mut mcp = McpConfig::stdio(name)
+    let defaults = McpConfig::stdio(name);
+    let calls = CallSettings {
+        window: args.window.unwrap_or(stdio.window),
+        wait: args.wait.unwrap_or(stdio.wait),
+        timeout: stdio.timeout,
+        lease: stdio.lease,
+        units: stdio.units.clone(),
+        concurrency: stdio.concurrency,
+        max_body: config.map_or(defaults.max_body as u64, |c| c.max_body),
+        max_response: config.map_or(defaults.max_response as u64, |c| c.max_response),
+    };
+    defaults
         .with_tools(&tools)
         .and_then(|m| m.with_actions(&actions))
-        .map_err(Failure::usage)?;
-    mcp.window = args.window.unwrap_or(stdio.window);
-    mcp.wait = args.wait.unwrap_or(stdio.wait);
-    mcp.timeout = stdio.timeout;
-    mcp.lease = stdio.lease;
-    mcp.units = Arc::new(stdio.units.clone());
-    mcp.concurrency = stdio.concurrency.map(oncely_tower::Concurrency::new);
-    if let Some(c) = config {
-        mcp.max_body = usize::try_from(c.max_body).unwrap_or(usize::MAX);
-        mcp.max_response = usize::try_from(c.max_response).unwrap_or(usize::MAX);
-    }
-    Ok(mcp)
+        .map(|m| m.with_calls(calls))
+        .map_err(Failure::usage)
 }
 
 /// The name of the guard of `command` when none is given: the program's file name and

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use oncely_mcp::principal::JwtVerifier;
-use oncely_mcp::{JwtKey, McpConfig, McpEndpoint, McpPrincipal, McpUpstream};
+use oncely_mcp::{CallSettings, JwtKey, McpConfig, McpEndpoint, McpPrincipal, McpUpstream};
 use oncely_tower::{BoxBody, Guard};
 
 use super::proxy::{Proxy, Target, UpstreamClient};
@@ -149,15 +149,17 @@ fn upstream(
 fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
     let mut mcp = McpConfig::new(&entry.path, &entry.upstream.uri.to_string())?
         .with_tools(&entry.tools)?
-        .with_actions(&entry.actions)?;
-    mcp.window = entry.window;
-    mcp.wait = entry.wait;
-    mcp.timeout = entry.timeout;
-    mcp.lease = entry.lease;
-    mcp.units = Arc::new(entry.units.clone());
-    mcp.concurrency = entry.concurrency.map(oncely_tower::Concurrency::new);
-    mcp.max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
-    mcp.max_response = usize::try_from(config.max_response).unwrap_or(usize::MAX);
+        .with_actions(&entry.actions)?
+        .with_calls(CallSettings {
+            window: entry.window,
+            wait: entry.wait,
+            timeout: entry.timeout,
+            lease: entry.lease,
+            units: entry.units.clone(),
+            concurrency: entry.concurrency,
+            max_body: config.max_body,
+            max_response: config.max_response,
+        });
     let verifier = match &entry.principal {
         McpPrincipal::Source(source) => {
             mcp.principal = Arc::new(source.clone());
