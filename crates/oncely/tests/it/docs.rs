@@ -921,3 +921,96 @@ fn readme_architecture_and_docs_link_only_inside_the_repository() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+// ---------------------------------------------------------------------------------------
+// ARCHITECTURE.md
+
+/// The backticked spans of `md`.
+fn backticked(md: &str) -> Vec<&str> {
+    md.split('`').skip(1).step_by(2).collect()
+}
+
+/// Whether `name` is a module (a file `name.rs` or a folder `name/`) somewhere under
+/// `src`, or an item (`fn`, `mod`, `struct`, `trait`, `enum`, `type`) of the crate.
+fn crate_has(src: &Path, name: &str) -> bool {
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            if path.is_dir() {
+                if stem == name {
+                    return true;
+                }
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                if stem == name {
+                    return true;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let item = ["fn ", "mod ", "struct ", "trait ", "enum ", "type "]
+                    .iter()
+                    .any(|kw| text.contains(&format!("{kw}{name}")));
+                if item {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// ARCHITECTURE.md stays a map: under 3,000 words, and every path it names and every
+/// module its code map names under a crate exists (a renamed or deleted module fails
+/// here until the map says so).
+#[test]
+fn architecture_is_short_and_names_only_what_exists() {
+    let root = root();
+    let md = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let words = md.split_whitespace().count();
+    let mut problems = Vec::new();
+    if words >= 3000 {
+        problems.push(format!("ARCHITECTURE.md has {words} words (under 3,000)"));
+    }
+    let roots = ["crates/", "scripts/", "docs/", "deploy/", "fuzz/"];
+    for span in backticked(&md) {
+        let path = span.split_whitespace().next().unwrap_or("");
+        if roots.iter().any(|r| path.starts_with(r)) && !root.join(path).exists() {
+            problems.push(format!(
+                "ARCHITECTURE.md names {path}, which does not exist"
+            ));
+        }
+    }
+    // The code map: each crate's paragraph, from its `**`crates/NAME`**` heading to the
+    // next heading; a bare lower-case name in it is a module or an item of that crate.
+    let map = md
+        .split("## Code map")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a Code map section");
+    for section in map.split("**`crates/").skip(1) {
+        let name = section.split('`').next().unwrap();
+        let src = root.join("crates").join(name).join("src");
+        if !src.is_dir() {
+            problems.push(format!(
+                "the code map names crates/{name}, which has no src/"
+            ));
+            continue;
+        }
+        // After the heading's closing backtick, outside any span.
+        let body = section[name.len() + 1..].split("\n**").next().unwrap();
+        for span in backticked(body) {
+            let module = span.trim_end_matches('/');
+            let bare = !module.is_empty()
+                && module
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if bare && !crate_has(&src, module) {
+                problems.push(format!(
+                    "the code map names `{span}` under crates/{name}, which has no such module or item"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
