@@ -24,25 +24,9 @@
 //! completed record) and two for a fresh execution ([`Ledger::claim`], then
 //! [`Ledger::complete`] or [`Ledger::release`]).
 //!
-//! # Tables
-//!
-//! The ledger's tables are built for that write path. A claim finds its record through one
-//! unique index of 16-byte claim hashes (`oncely_core::Scope::claim_hash`: half a SHA-256
-//! of scope and key; the row found is still compared by scope and key), the one B-tree a
-//! claim writes at a random place. Record ids are time-ordered (UUIDv7), so rows are
-//! appended and "newest first" is the id's order. The only other indexes are a partial one
-//! over the records not completed (what the gateway polls every few seconds: `processing`,
-//! `outcome_unknown`) and the expiry the purge reads. In a group commit every B-tree a
-//! request touches costs a page of WAL, so there are no per-principal or per-route listing
-//! indexes: such lists walk the ids newest first. On SQLite (schema 6) the records table is
-//! keyed by the id itself (`WITHOUT ROWID`), and the checkpointer copies the WAL into the
-//! file until little is left before the writer is asked to start the WAL over (on a big
-//! ledger every frame is a random page of the file). On PostgreSQL (schema 8) a claim and
-//! each owner transition is one plain statement with the time inline, and an eighth of the
-//! pool runs grouped claims at a time. The purge goes in steps (SQLite: 250 records;
-//! PostgreSQL: 1,000 rows, `FOR UPDATE SKIP LOCKED`), paced to about a quarter of the time,
-//! each one transaction that folds into the usage history exactly what it deletes, so that
-//! a purge of a million records never holds up claims for long.
+//! The tables are built for that path: one unique index of 16-byte claim hashes
+//! (`oncely_core::Scope::claim_hash`), time-ordered ids (UUIDv7), two more indexes only
+//! (records not completed, the expiry); each backend's schema module says the rest.
 
 use std::fmt;
 use std::sync::Arc;

@@ -18,11 +18,8 @@ use serde_json::{json, Value};
 use super::headers::{header_str, is_modern};
 use super::response::messages_in;
 use super::McpEndpoint;
+use crate::config::PRINCIPAL_HEADER;
 use crate::jsonrpc;
-
-/// The header the message interface names its principal in (a transport's own, never a
-/// client's: stdio has no headers).
-pub const PRINCIPAL_HEADER: &str = "x-oncely-principal";
 
 /// What a message transport knows of a message besides its bytes.
 #[derive(Debug, Clone)]

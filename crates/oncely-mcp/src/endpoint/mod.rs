@@ -97,8 +97,9 @@ use crate::{BoxError, McpError};
 
 use state::Inner;
 
+pub use crate::config::PRINCIPAL_HEADER;
 pub use headers::is_stateless;
-pub use messages::{MessageContext, PRINCIPAL_HEADER};
+pub use messages::MessageContext;
 pub use state::McpUpstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams
