@@ -20,9 +20,9 @@
 //! `CreateTaskResult`, `GetTaskResult`, `CancelTaskResult`, `UpdateTaskResult`);
 //! the endpoint decides when to use them.
 
-use crate::jsonrpc::code;
 use std::collections::BTreeMap;
 
+use crate::jsonrpc::code;
 use oncely_core::{Record, RecordId, State, Timestamp};
 use serde_json::{json, Value};
 

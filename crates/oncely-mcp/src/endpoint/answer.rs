@@ -4,7 +4,6 @@
 //! outcome is unknown, a task for a call that outlived `wait`), and what each answer
 //! records (the call's span, its request line and metrics).
 
-use crate::jsonrpc::code;
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -22,6 +21,7 @@ use super::response::{json_response, mark, problem};
 use super::results::{error_result, for_revision, outcome_unknown_result, task, too_large_result};
 use super::state::Inner;
 use crate::body::McpBody;
+use crate::jsonrpc::code;
 use crate::jsonrpc::{self, REPLAY_META_KEY};
 use crate::tasks::{self, TaskStatus};
 

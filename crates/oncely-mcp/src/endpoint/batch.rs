@@ -2,7 +2,6 @@
 //! so that each guarded `tools/call` goes through the guard on its own: the rest is
 //! forwarded as a smaller batch, and the answers are joined into one JSON array.
 
-use crate::jsonrpc::code;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -19,6 +18,7 @@ use super::response::{empty, json_response, messages_in};
 use super::state::Inner;
 use crate::body::McpBody;
 use crate::jsonrpc;
+use crate::jsonrpc::code;
 
 /// A JSON-RPC batch (2025-03-26). Cancellations of guarded calls are taken out; each
 /// guarded `tools/call` goes through the guard on its own (forwarded as a single

@@ -3,7 +3,6 @@
 //! JSON-RPC message, its text as written, the request's head (where its principal and
 //! units are read) and the protocol era the transport knows it is of.
 
-use crate::jsonrpc::code;
 use std::sync::Mutex;
 
 use oncely_tower::trace::{attr, Span};
@@ -11,6 +10,7 @@ use oncely_tower::{GuardedCall, RequestFacts, RequestHead};
 use serde_json::Value;
 
 use super::state::Inner;
+use crate::jsonrpc::code;
 use crate::jsonrpc::{self, ToolCall};
 use crate::tasks;
 

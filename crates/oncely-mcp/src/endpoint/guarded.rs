@@ -4,7 +4,6 @@
 //! derived downstream key, and the [`Classifier`] that decides what the ledger keeps of
 //! its answer.
 
-use crate::jsonrpc::code;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -24,6 +23,7 @@ use super::response::{cancelled_answer, json_response, mark, messages_in, proble
 use super::sessions::Tracked;
 use super::state::{send, Inner};
 use crate::body::{full, BreakAsEnd, McpBody, UntilCancelled};
+use crate::jsonrpc::code;
 use crate::jsonrpc::{self, Outcome};
 use crate::tasks::{self, History};
 use crate::BoxError;

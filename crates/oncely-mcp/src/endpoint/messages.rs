@@ -8,7 +8,6 @@
 //! always match it). Its answer is read back as messages; an HTTP-only answer (a
 //! problem) becomes the JSON-RPC error of the request it answers.
 
-use crate::jsonrpc::code;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
 use http::{Method, Request};
@@ -20,6 +19,7 @@ use super::response::messages_in;
 use super::McpEndpoint;
 use crate::config::PRINCIPAL_HEADER;
 use crate::jsonrpc;
+use crate::jsonrpc::code;
 
 /// What a message transport knows of a message besides its bytes.
 #[derive(Debug, Clone)]

@@ -4,11 +4,11 @@
 //! transport to forward. The transport checks what the request's carrier must carry (the
 //! routing headers) before.
 
-use crate::jsonrpc::code;
 use serde_json::Value;
 
 use super::results::{task, task_payload};
 use super::state::Inner;
+use crate::jsonrpc::code;
 use crate::jsonrpc::{self, RequestView};
 use crate::tasks;
 

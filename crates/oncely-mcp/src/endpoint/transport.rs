@@ -4,7 +4,6 @@
 //! guarded `tools/call` goes to the guard, a batch is split, the tasks extension's requests
 //! are checked and answered or forwarded, and everything else is forwarded.
 
-use crate::jsonrpc::code;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use super::response::{empty, json_response, messages_in};
 use super::state::Inner;
 use super::task_requests::{self, task_not_found, TaskAnswer};
 use crate::body::{full, McpBody};
+use crate::jsonrpc::code;
 use crate::jsonrpc::{self, Outcome};
 use crate::BoxError;
 

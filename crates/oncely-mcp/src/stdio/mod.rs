@@ -26,7 +26,6 @@ mod lines;
 mod remote;
 mod server;
 
-use crate::jsonrpc::code;
 use std::ffi::OsString;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -44,6 +43,7 @@ use tokio::time::Instant;
 use crate::config::McpConfig;
 use crate::endpoint::{is_stateless, McpEndpoint, MessageContext};
 use crate::jsonrpc;
+use crate::jsonrpc::code;
 use lines::{Line, LineReader};
 use server::ServerLink;
 
@@ -186,17 +186,7 @@ where
         code
     } else {
         link.client_gone();
-        tracing::info!(
-            in_flight = guard.in_flight(),
-            "the host closed the input: finishing the calls in flight"
-        );
-        let deadline = Instant::now() + timeout + Duration::from_secs(5);
-        let answered = async { while requests.join_next().await.is_some() {} };
-        let _ = tokio::time::timeout_at(deadline, async {
-            tokio::join!(answered, guard.drain());
-        })
-        .await;
-        requests.abort_all();
+        finish_in_flight(&guard, &mut requests, timeout).await;
         let _ = close_server.send(());
         let _ = server_writer.await;
         match tokio::time::timeout(SERVER_GRACE, child.wait()).await {
@@ -388,6 +378,23 @@ async fn learn_tools(endpoint: &McpEndpoint, context: &MessageContext) {
             break;
         }
     }
+}
+
+/// The host has closed its input: the requests in flight get their answers and the
+/// guarded calls this process owns run to their end and are recorded, each within
+/// `timeout` (and 5 s more); what is still running then is cut off.
+pub(crate) async fn finish_in_flight(guard: &Guard, requests: &mut JoinSet<()>, timeout: Duration) {
+    tracing::info!(
+        in_flight = guard.in_flight(),
+        "the host closed the input: finishing the calls in flight"
+    );
+    let deadline = Instant::now() + timeout + Duration::from_secs(5);
+    let answered = async { while requests.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout_at(deadline, async {
+        tokio::join!(answered, guard.drain());
+    })
+    .await;
+    requests.abort_all();
 }
 
 /// Writes each line it is given (with its line end) to `out`, flushing when no more wait,

@@ -15,11 +15,10 @@ use oncely_tower::Guard;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use super::lines::LineReader;
 use super::server::{Queued, ToClient};
-use super::{session_id, write_lines, Host, Learning};
+use super::{finish_in_flight, session_id, write_lines, Host, Learning};
 use crate::config::McpConfig;
 use crate::endpoint::{McpEndpoint, MessageContext};
 use crate::McpError;
@@ -100,17 +99,7 @@ where
         }
     }
     link.client_gone();
-    tracing::info!(
-        in_flight = guard.in_flight(),
-        "the host closed the input: finishing the calls in flight"
-    );
-    let deadline = Instant::now() + timeout + Duration::from_secs(5);
-    let answered = async { while requests.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout_at(deadline, async {
-        tokio::join!(answered, guard.drain());
-    })
-    .await;
-    requests.abort_all();
+    finish_in_flight(&guard, &mut requests, timeout).await;
     let _ = tokio::time::timeout(END_GRACE, link.end()).await;
     drop(host);
     drop(endpoint);

@@ -8,7 +8,6 @@
 //! link still runs (a guarded call outlives its client's interest), and a replayed
 //! answer is written under the client's id without any request reaching the server.
 
-use crate::jsonrpc::code;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +24,7 @@ use super::lines::{Line, LineReader};
 use crate::body::full;
 use crate::endpoint::McpUpstream;
 use crate::jsonrpc;
+use crate::jsonrpc::code;
 use crate::BoxError;
 
 /// A line to write to one side.
