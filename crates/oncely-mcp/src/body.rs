@@ -23,7 +23,7 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> McpBody {
 
 /// What an [`Edit`] does to each JSON-RPC message of an answer: changes it in place and
 /// says whether it did.
-pub(crate) type EditFn = Box<dyn FnMut(&mut serde_json::Value) -> bool + Send + Sync>;
+pub(crate) use crate::core::edit::EditFn;
 
 pin_project_lite::pin_project! {
     /// Passes a body through and hands each JSON-RPC message it carries to `edit`, which
@@ -232,57 +232,6 @@ impl<B: Body<Data = Bytes>> Body for UntilCancelled<B> {
             hint.set_upper(self.inner.size_hint().upper().unwrap_or(u64::MAX));
             hint
         }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// An upstream answer whose break-off reads as its end: the classifier then finds no
-    /// response in it and marks the call `outcome_unknown` (it was sent and may have run),
-    /// instead of the engine releasing it as a lost exchange.
-    pub(crate) struct BreakAsEnd<B> {
-        #[pin]
-        inner: B,
-        ended: bool,
-    }
-}
-
-impl<B> BreakAsEnd<B> {
-    pub(crate) fn new(inner: B) -> BreakAsEnd<B> {
-        BreakAsEnd {
-            inner,
-            ended: false,
-        }
-    }
-}
-
-impl<B> Body for BreakAsEnd<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        if *this.ended {
-            return Poll::Ready(None);
-        }
-        match this.inner.poll_frame(cx) {
-            Poll::Ready(Some(Err(e))) => {
-                tracing::warn!(error = %e, "the MCP server's answer broke off");
-                *this.ended = true;
-                Poll::Ready(None)
-            }
-            other => other,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended || self.inner.is_end_stream()
     }
 }
 

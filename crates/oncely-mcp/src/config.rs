@@ -3,7 +3,7 @@
 //! The binary parses the TOML table; this module turns its strings into one validated,
 //! typed [`McpConfig`] (durations, the upstream URL, the principal source, the tools).
 //! The principal source and the units rule are the layer's extension points
-//! ([`MakePrincipal`], [`MakeUnits`]), as on HTTP routes.
+//! ([`MakePrincipal`], [`UnitsRule`]), as on HTTP routes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use http::Uri;
 use oncely_core::parse_duration;
-use oncely_tower::{
-    Concurrency, MakePrincipal, MakeUnits, PrincipalSource, RoutePolicy, UnitsRule,
-};
+use oncely_tower::{Concurrency, MakePrincipal, PrincipalSource, RoutePolicy, UnitsRule};
 
 use crate::McpError;
 
@@ -108,7 +106,7 @@ pub struct McpConfig {
     pub timeout: Duration,
     /// Billing units per call, from the call's `arguments`. Default one per call
     /// ([`UnitsRule::Fixed`]`(1)`).
-    pub units: Arc<dyn MakeUnits>,
+    pub units: UnitsRule,
     /// Largest request body read. Default 10 MiB.
     pub max_body: usize,
     /// Largest tool result stored; a larger one reaches its caller and is not kept.
@@ -184,7 +182,7 @@ impl McpConfig {
             wait: Duration::from_secs(20),
             lease: Duration::from_secs(30),
             timeout: Duration::from_secs(120),
-            units: Arc::new(UnitsRule::Fixed(1)),
+            units: UnitsRule::Fixed(1),
             max_body: 10 << 20,
             max_response: 32 << 20,
             actions: Vec::new(),
@@ -198,7 +196,7 @@ impl McpConfig {
         self.wait = calls.wait;
         self.timeout = calls.timeout;
         self.lease = calls.lease;
-        self.units = Arc::new(calls.units);
+        self.units = calls.units;
         self.concurrency = calls.concurrency.map(Concurrency::new);
         self.max_body = usize::try_from(calls.max_body).unwrap_or(usize::MAX);
         self.max_response = usize::try_from(calls.max_response).unwrap_or(usize::MAX);
@@ -314,14 +312,8 @@ mod tests {
 
     #[test]
     fn units_count_characters_of_a_pointer_into_arguments() {
-        let headers = http::HeaderMap::new();
-        let head = oncely_tower::RequestHead {
-            method: &http::Method::POST,
-            target: "/mcp",
-            headers: &headers,
-        };
         let units = |rule: UnitsRule, arguments: serde_json::Value| {
-            rule.request_units(&head, arguments.to_string().as_bytes())
+            rule.units_of(arguments.to_string().as_bytes())
         };
         let rule = parse_units("json:/text").unwrap();
         assert_eq!(units(rule.clone(), json!({"text": "héllo"})), 5);

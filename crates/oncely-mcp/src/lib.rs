@@ -26,10 +26,12 @@
 //! - [`catalog`]: which tools are read-only, learned from the upstream's `tools/list`.
 //! - [`principal`]: who the caller is: a hashed header or a verified JWT claim.
 //! - [`tasks`]: the `io.modelcontextprotocol/tasks` shapes oncely answers slow calls with.
-//! - [`stdio`]: MCP over stdio: a local server started as a child process, its host's
-//!   messages carried through an endpoint's message interface (the same guard).
-//! - [`endpoint`]: the HTTP service itself, on the gateway's one engine
-//!   ([`oncely_tower::Guard`]): claim, owner task, wait, replay.
+//! - [`core`]: the transport-neutral core: one message in with its context, a reply
+//!   out; the guard on the gateway's one engine (claim, owner task, wait, replay), the
+//!   tasks extension, batches, the answers edited on the way; the server behind a trait.
+//! - [`endpoint`]: the HTTP transport (Streamable HTTP) in front of the core.
+//! - [`stdio`]: MCP over stdio in front of the core: a local server started as a child
+//!   process, or a remote one over Streamable HTTP (`oncely mcp --url`).
 //!
 //! # Use
 //!
@@ -48,6 +50,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod core;
 pub mod endpoint;
 pub mod jsonrpc;
 pub mod principal;

@@ -8,7 +8,6 @@ use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::Stream;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyDataStream, BodyExt};
 use oncely_engine::{BodyStream, CallerBody};
@@ -70,7 +69,7 @@ impl<B: Body> Body for SyncBody<B> {
 }
 
 /// An HTTP body as the engine reads it: its data chunks (trailers are skipped).
-pub(crate) fn stream(body: BoxBody) -> BodyStream {
+pub fn stream(body: BoxBody) -> BodyStream {
     Box::pin(BodyDataStream::new(body))
 }
 
@@ -85,12 +84,24 @@ pub(crate) fn caller(body: CallerBody, length: Option<u64>) -> BoxBody {
     BoxBody::new(ChannelBody { rx: body, hint })
 }
 
-struct ChannelBody {
-    rx: CallerBody,
+/// A stream of chunks as an HTTP body, of `length` bytes when it is known in advance.
+pub fn streamed(body: BodyStream, length: Option<u64>) -> BoxBody {
+    let hint = match length {
+        Some(n) => SizeHint::with_exact(n),
+        None => SizeHint::default(),
+    };
+    boxed(ChannelBody { rx: body, hint })
+}
+
+struct ChannelBody<S> {
+    rx: S,
     hint: SizeHint,
 }
 
-impl Body for ChannelBody {
+impl<S> Body for ChannelBody<S>
+where
+    S: futures::Stream<Item = Result<Bytes, BoxError>> + Unpin,
+{
     type Data = Bytes;
     type Error = BoxError;
 

@@ -235,25 +235,52 @@ fn answer_to_engine(answer: UpstreamResponse) -> oncely_engine::UpstreamAnswer<H
         units,
         classify,
     } = answer;
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let replay_until = text(REPLAY_UNTIL).and_then(|t| Timestamp::parse_rfc3339(t).ok());
-    let replay_seconds = text(REPLAY_SECONDS).and_then(|t| t.trim().parse::<u64>().ok());
+    let facts = AnswerFacts::read(&headers);
     let classify = classify.map(|classify| {
         let headers = headers.clone();
         Box::new(move |body: &[u8]| classify(status, &headers, body)) as oncely_engine::Classifier
     });
-    let length = text(http::header::CONTENT_LENGTH.as_str()).and_then(|t| t.parse::<u64>().ok());
     oncely_engine::UpstreamAnswer {
-        length,
+        length: facts.length,
         status: status.as_u16(),
-        stored_headers: crate::headers::replayable_headers(&headers),
-        provider_request_id: crate::log::provider_request_id(&headers),
-        replay_until,
-        replay_seconds,
+        stored_headers: facts.stored_headers,
+        provider_request_id: facts.provider_request_id,
+        replay_until: facts.replay_until,
+        replay_seconds: facts.replay_seconds,
         units,
         classify,
         body: crate::body::stream(body),
         head: headers,
+    }
+}
+
+/// What the ledger keeps that an HTTP answer's headers tell, in plain data (the MCP
+/// core carries it from its HTTP server to the engine).
+#[derive(Debug, Clone, Default)]
+pub struct AnswerFacts {
+    /// The headers a stored answer keeps (and a replay carries).
+    pub stored_headers: Vec<(String, String)>,
+    /// The end of the replay window the upstream asked for (`Oncely-Replay-Until`).
+    pub replay_until: Option<Timestamp>,
+    /// The replay window the upstream asked for in seconds (`Oncely-Replay-Seconds`).
+    pub replay_seconds: Option<u64>,
+    /// The upstream's own id of the request.
+    pub provider_request_id: Option<String>,
+    /// The body's declared length (`Content-Length`).
+    pub length: Option<u64>,
+}
+
+impl AnswerFacts {
+    /// What `headers` tell the ledger.
+    pub fn read(headers: &HeaderMap) -> AnswerFacts {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        AnswerFacts {
+            stored_headers: crate::headers::replayable_headers(headers),
+            replay_until: text(REPLAY_UNTIL).and_then(|t| Timestamp::parse_rfc3339(t).ok()),
+            replay_seconds: text(REPLAY_SECONDS).and_then(|t| t.trim().parse::<u64>().ok()),
+            provider_request_id: crate::log::provider_request_id(headers),
+            length: text(http::header::CONTENT_LENGTH.as_str()).and_then(|t| t.parse::<u64>().ok()),
+        }
     }
 }
 

@@ -93,8 +93,8 @@ pub use oncely_http::{headers, problem};
 
 pub use facts::{read_body, RequestFacts};
 pub use guard::{
-    Classified, Classifier, Execution, FreshResponse, Guard, GuardedCall, UpstreamCall,
-    UpstreamError, UpstreamFailure, UpstreamResponse,
+    AnswerFacts, Classified, Classifier, Execution, FreshResponse, Guard, GuardedCall,
+    UpstreamCall, UpstreamError, UpstreamFailure, UpstreamResponse,
 };
 pub use idempotency::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use job_board::JobBoard;

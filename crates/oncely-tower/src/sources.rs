@@ -157,8 +157,10 @@ impl MakePrincipal for PrincipalSource {
     }
 }
 
-impl MakeUnits for UnitsRule {
-    fn request_units(&self, _head: &RequestHead<'_>, body: &[u8]) -> u64 {
+impl UnitsRule {
+    /// The units of a request whose body is `body` (no rule reads the request's head; a
+    /// `response_header` rule counts 0 until the answer names them).
+    pub fn units_of(&self, body: &[u8]) -> u64 {
         match self {
             UnitsRule::None | UnitsRule::ResponseHeader(_) => 0,
             UnitsRule::Fixed(n) => *n,
@@ -170,6 +172,12 @@ impl MakeUnits for UnitsRule {
                 json_units(value.pointer(pointer))
             }
         }
+    }
+}
+
+impl MakeUnits for UnitsRule {
+    fn request_units(&self, _head: &RequestHead<'_>, body: &[u8]) -> u64 {
+        self.units_of(body)
     }
 
     fn response_units(&self, headers: &HeaderMap) -> Option<u64> {

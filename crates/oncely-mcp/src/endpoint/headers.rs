@@ -5,21 +5,13 @@
 use http::header::HeaderMap;
 use serde_json::Value;
 
-/// Protocol revisions that use the initialize handshake and sessions; any later one is
-/// the stateless era (2026-07-28), whose routing headers must match the body.
-const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+use crate::core::{is_stateless, HANDSHAKE_VERSIONS};
 
 /// Where a request's `Mcp-Name` is in its body: a tool's name.
 pub(super) const NAME: (&str, &str) = ("/params/name", "tool name");
 
 /// Where a request's `Mcp-Name` is in its body: a task's id.
 pub(super) const TASK_ID: (&str, &str) = ("/params/taskId", "taskId");
-
-/// Whether `revision` is of the stateless era (2026-07-28 or later): a revision without
-/// the initialize handshake.
-pub fn is_stateless(revision: &str) -> bool {
-    !HANDSHAKE_VERSIONS.contains(&revision)
-}
 
 /// Whether a request is of the stateless era (2026-07-28 or later): its
 /// `MCP-Protocol-Version` names a revision without the initialize handshake.

@@ -1,79 +1,35 @@
-//! The HTTP service of one `[[mcp]]` endpoint.
+//! The HTTP service of one `[[mcp]]` endpoint (Streamable HTTP): the HTTP half of MCP
+//! mode, in front of the transport-neutral [`crate::core`].
 //!
-//! Every request is forwarded to the upstream MCP server unchanged and its answer streamed
-//! back frame by frame, except:
-//! - a guarded `tools/call` (see [`crate::catalog`]): handed to the gateway's one engine,
-//!   [`oncely_tower::Guard::execute`], which claims it on the ledger and runs it on an owner
-//!   task the client's connection does not own (renewing its lease, streaming the answer to
-//!   the caller, recording it), or answers from the ledger; this module maps each
-//!   [`Execution`](oncely_tower::Execution) to an MCP answer (a replayed result under the
-//!   repeat's own id, or an `isError` result that says the original still runs);
-//! - a `notifications/cancelled` naming a guarded call in flight: acknowledged with 202 and
-//!   never forwarded, so the client's timeout never abandons the paid work upstream; in a
-//!   session it is honoured towards the client, whose request gets no (more) answer;
+//! Every `POST` carries one JSON-RPC message (or a batch), which goes to the core: what it
+//! guards, answers itself or sends on is the core's (see there). This module keeps only
+//! what is HTTP:
+//! - reading a request: its body under `max_body`, its session (`Mcp-Session-Id`), its
+//!   protocol era (`MCP-Protocol-Version`), and its caller, whose principal, workflow id
+//!   and trace context are read from its headers when the core asks;
+//! - the stateless era's routing headers (`Mcp-Method`, `Mcp-Name`) checked against the
+//!   message (-32001, HTTP 400);
 //! - a session's end (`DELETE`) while calls this endpoint owns run on that session:
-//!   answered 200 at once, and forwarded once those calls are recorded (the server would
-//!   abort them);
-//! - a `tools/list` answer: passed through, read on the way to learn which tools are
-//!   read-only, and with every guarded tool's `execution.taskSupport` set to `forbidden`
-//!   (2025-11-25's task-augmented calls never take a guarded call around the guard);
-//! - a `server/discover` answer: passed through with the tasks extension advertised;
-//! - `tasks/get`, `tasks/cancel`, `tasks/update` (2026-07-28): answered from the ledger
-//!   for this endpoint's tasks (see [`crate::tasks`]), forwarded for the server's own.
-//!
-//! A guarded call is keyed by what [`jsonrpc::ToolCall`](crate::jsonrpc::ToolCall) reads
-//! (tool, arguments, and a multi-round-trip continuation's `inputResponses` and
-//! `requestState`), so nothing else it carries changes whether or how it is guarded. The forwarded guarded call carries
-//! the derived downstream key in `_meta["dev.oncely/idempotency-key"]` and no `task`
-//! parameter; tools listed in `actions` are class `action`.
-//! What is stored is decided by a [`Classifier`](oncely_tower::Classifier) once the owner
-//! task has read the whole answer: the JSON-RPC `result` for the call's id (found in a
-//! JSON body, a batch, or an event stream) is stored; a JSON-RPC `error` or an HTTP error
-//! releases the record, so the next identical call runs again, and so does an
-//! `input_required` result (the server asks for input: the continuation that answers it is
-//! the call that executes); an answer that ends (or breaks off) without the
-//! call's response marks it `outcome_unknown` (it was sent and may have run). An answer over
-//! `max_response` is stored without its body: repeats get an `isError` result saying the
-//! result was too large to keep, and the tool does not run again within the window.
-//! Every result oncely writes is shaped for the request's revision (`for_revision`).
-//!
-//! A `tools/call` inside a JSON-RPC batch (protocol 2025-03-26 only; batching was removed
-//! in 2025-06-18) is guarded too: the batch is split, each guarded call goes through the
-//! engine on its own, the rest is forwarded as a smaller batch, and the answers are joined
-//! into one JSON array.
+//!   answered 200 at once, and sent on once those calls are recorded (the server would
+//!   abort them); any other request that carries no message (`GET` streams) passes
+//!   straight through;
+//! - the core's server ([`upstream`]): a message sent as its client's request was (its
+//!   headers, query and extensions), the answer read as HTTP;
+//! - the answer (`response`): oncely's messages as JSON, a refusal with 400, nothing with
+//!   202, a failure as problem+json, the server's answer streamed with its status and
+//!   headers, edited on the way and marked with `Oncely-Status`, `Oncely-Record`,
+//!   `Idempotent-Replayed` and `Retry-After`.
 //!
 //! # Layout
 //!
-//! The transport (HTTP) and the guard are apart, so that another transport can reuse the
-//! guard; each file uses only the ones below it.
-//!
-//! - The transport: `transport` reads a request and routes it (cancellations, a
-//!   session's end, the tasks extension's requests, a guarded call), `batch` splits a
-//!   JSON-RPC batch, `forward` passes a request through to the [`McpUpstream`] and edits
-//!   the answers oncely reads on the way, `headers` reads the protocol era and the routing
-//!   headers.
-//! - The guard: `guarded` runs a call through the engine (the caller's wait, the owner's
-//!   upstream call and its classifier), `call` reads a guarded call from its JSON-RPC
-//!   message, `answer` maps an execution to an MCP answer (replays, in-flight and
-//!   `outcome_unknown` results, a task), `task_requests` answers the tasks extension's
-//!   requests from the ledger, `results` writes the results and tasks as plain JSON.
-//! - Shared below both: `state` (the endpoint's state and its one way upstream),
-//!   `sessions` (guarded calls in flight, cancellations, held session ends) and `response`
-//!   (the HTTP responses oncely writes, the messages in an answer).
+//! `transport` reads a request and hands it to the core, `headers` reads the protocol
+//! era and the routing headers, `upstream` is the core's server over HTTP, `response`
+//! writes the core's reply as an HTTP answer.
 
-mod answer;
-mod batch;
-mod call;
-mod forward;
-mod guarded;
 mod headers;
-mod messages;
 mod response;
-mod results;
-mod sessions;
-mod state;
-mod task_requests;
 mod transport;
+mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -93,14 +49,13 @@ use oncely_tower::Guard;
 use crate::body::McpBody;
 use crate::catalog::ToolCatalog;
 use crate::config::McpConfig;
+use crate::core::Core;
 use crate::{BoxError, McpError};
 
-use state::Inner;
+use transport::HttpCore;
+use upstream::HttpServer;
 
-pub use crate::config::PRINCIPAL_HEADER;
-pub use headers::is_stateless;
-pub use messages::MessageContext;
-pub use state::McpUpstream;
+pub use upstream::McpUpstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams
 /// (the gateway's proxy reads the same one).
@@ -110,14 +65,14 @@ pub use oncely_http::client::EXTRA_CA_ENV;
 /// `Response<McpBody>`. Cheap to clone (shared state behind an `Arc`).
 #[derive(Clone)]
 pub struct McpEndpoint {
-    inner: Arc<Inner>,
+    core: Arc<HttpCore>,
 }
 
 impl std::fmt::Debug for McpEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("McpEndpoint")
-            .field("path", &self.inner.config.path)
-            .field("upstream", &self.inner.config.upstream)
+            .field("path", &self.core.config().path)
+            .field("upstream", &self.core.config().upstream)
             .finish()
     }
 }
@@ -140,19 +95,20 @@ impl McpEndpoint {
     /// engine: its ledger, its principal hashing, its owner tasks), sending upstream
     /// through `upstream`.
     pub fn new(config: McpConfig, guard: Arc<Guard>, upstream: McpUpstream) -> McpEndpoint {
+        let url = config.upstream.clone();
         McpEndpoint {
-            inner: Arc::new(Inner::new(config, guard, upstream)),
+            core: Core::new(config, guard, HttpServer { url, upstream }),
         }
     }
 
     /// The path this endpoint serves.
     pub fn path(&self) -> &str {
-        &self.inner.config.path
+        &self.core.config().path
     }
 
     /// What the endpoint has learned about the upstream's tools.
     pub fn catalog(&self) -> &ToolCatalog {
-        &self.inner.catalog
+        self.core.catalog()
     }
 
     /// Answers one request.
@@ -161,7 +117,7 @@ impl McpEndpoint {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        transport::handle(self.inner.clone(), req).await
+        transport::handle(self.core.clone(), req).await
     }
 }
 
@@ -179,7 +135,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(async move { Ok(transport::handle(inner, req).await) })
+        let core = self.core.clone();
+        Box::pin(async move { Ok(transport::handle(core, req).await) })
     }
 }

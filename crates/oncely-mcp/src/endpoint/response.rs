@@ -1,51 +1,78 @@
-//! The HTTP responses an endpoint writes itself (JSON, empty, problem+json, a cancelled
-//! request's event stream, oncely's marks on an answer) and the JSON-RPC messages read out
-//! of a whole answer.
+//! The HTTP answer to a core's [`Reply`]: a JSON message, an empty 202, a protocol
+//! refusal (400), a cancelled request's empty event stream, a problem+json, or the
+//! server's answer streamed with its own status and headers (edited on the way, marked
+//! with oncely's status, ended when its client cancels).
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use oncely_core::Record;
-use oncely_http::problem::{Problem, ProblemCode, ONCELY_RECORD, ONCELY_STATUS};
+use http_body_util::BodyExt;
+use oncely_http::problem::{
+    Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS,
+};
 use serde_json::Value;
 
 use super::headers::header_str;
-use crate::body::{full, McpBody};
-use crate::jsonrpc;
-use crate::sse;
+use crate::body::{full, Edit, McpBody, UntilCancelled};
+use crate::core::edit::EDIT_LIMIT;
+use crate::core::{Framing, Mark, Reply};
 
-/// The JSON-RPC messages of a whole answer body: one message, a batch, or an event stream.
-pub(super) fn messages_in(headers: &HeaderMap, body: &[u8]) -> Vec<Value> {
-    let is_sse = header_str(headers, "content-type")
-        .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
-    if is_sse {
-        let mut parser = sse::Parser::new(body.len() + 1);
-        let mut events = parser.feed(body);
-        events.extend(parser.feed(b"\n\n"));
-        return events
-            .iter()
-            .filter_map(|e| jsonrpc::parse(e.data.as_bytes()))
-            .collect();
-    }
-    // `jsonrpc::parse`: an answer with a number serde_json refuses (`1e400`) is still
-    // one (that number read as its canonical text), not an answer without a response.
-    match jsonrpc::parse(body) {
-        Some(Value::Array(items)) => items,
-        Some(v) => vec![v],
-        None => Vec::new(),
+/// The HTTP answer to `reply`.
+pub(super) fn render(reply: Reply<http::response::Parts>) -> Response<McpBody> {
+    match reply {
+        Reply::Message(message, mark) => {
+            let mut resp = json_response(StatusCode::OK, &message);
+            if let Some(mark) = mark {
+                put_mark(resp.headers_mut(), &mark);
+            }
+            resp
+        }
+        Reply::Refused(message) => json_response(StatusCode::BAD_REQUEST, &message),
+        Reply::Accepted => empty(StatusCode::ACCEPTED),
+        Reply::Cancelled => cancelled_answer(),
+        Reply::Failed { code, detail, .. } => problem(code, &detail),
+        Reply::Server {
+            answer,
+            edit,
+            mark,
+            cancel,
+        } => {
+            let mut head = answer.head;
+            let length = header_str(&head.headers, "content-length").and_then(|l| l.parse().ok());
+            let mut body: McpBody = oncely_tower::body::streamed(answer.body, length);
+            if let Some(edit) = edit.filter(|_| head.status.is_success()) {
+                // An edited answer has another length.
+                head.headers.remove(CONTENT_LENGTH);
+                let is_sse = answer.framing == Framing::EventStream;
+                body = Edit::new(body, is_sse, EDIT_LIMIT, edit).boxed();
+            }
+            if let Some(mark) = mark {
+                put_mark(&mut head.headers, &mark);
+            }
+            if let Some(cancel) = cancel {
+                body = UntilCancelled::new(body, cancel).boxed();
+            }
+            Response::from_parts(head, body)
+        }
     }
 }
 
 /// Marks an answer with oncely's status for it and its record.
-pub(super) fn mark(headers: &mut HeaderMap, status: &str, record: &Record) {
-    if let Ok(v) = HeaderValue::from_str(status) {
+fn put_mark(headers: &mut HeaderMap, mark: &Mark) {
+    if let Some(v) = mark.status.and_then(|s| HeaderValue::from_str(s).ok()) {
         headers.insert(ONCELY_STATUS, v);
     }
-    if let Ok(v) = HeaderValue::from_str(record.id.as_str()) {
+    if let Ok(v) = HeaderValue::from_str(&mark.record) {
         headers.insert(ONCELY_RECORD, v);
     }
-    if status == "fresh" {
-        headers.remove(http::header::CONTENT_LENGTH);
+    if mark.status == Some("fresh") {
+        headers.remove(CONTENT_LENGTH);
+    }
+    if mark.replayed {
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    if let Some(after) = mark.retry_after {
+        headers.insert("retry-after", HeaderValue::from(after));
     }
 }
 
@@ -64,7 +91,7 @@ pub(super) fn problem(code: ProblemCode, detail: &str) -> Response<McpBody> {
 }
 
 /// The answer to a request its client cancelled: an event stream without the response.
-pub(super) fn cancelled_answer() -> Response<McpBody> {
+fn cancelled_answer() -> Response<McpBody> {
     let mut resp = Response::new(full(Bytes::new()));
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));

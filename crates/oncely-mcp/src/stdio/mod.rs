@@ -1,11 +1,11 @@
 //! MCP over stdio: oncely between an assistant host and a local MCP server it would
 //! start itself. [`run`] starts the real server as a child process, reads the host's
 //! messages from one stream (its standard input) and writes the answers to another (its
-//! standard output), one JSON-RPC message per line, and hands every message to an
-//! [`McpEndpoint`] through its message interface ([`McpEndpoint::exchange`]): the same
-//! guard as an `[[mcp]]` HTTP endpoint, on the same engine. The endpoint's upstream is
-//! the child ([`server::ServerLink`]), whose requests are renumbered so that the host's
-//! ids and the server's never meet.
+//! standard output), one JSON-RPC message per line, and hands every message to the
+//! [`Core`] directly: the same guard as an `[[mcp]]` HTTP endpoint, on the same engine.
+//! The core's server is the child ([`server::ServerLink`], a
+//! [`MessageServer`](crate::core::MessageServer)), whose requests are renumbered so that
+//! the host's ids and the server's never meet.
 //!
 //! Messages are handled as they come: a request on a task of its own (a slow call does
 //! not hold up the next), a notification or a response in order. Lines over `max_body`
@@ -41,7 +41,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::McpConfig;
-use crate::endpoint::{is_stateless, McpEndpoint, MessageContext};
+use crate::core::{is_stateless, Context, Core, KnownCaller, MessageServer, Messages};
 use crate::jsonrpc;
 use crate::jsonrpc::code;
 use lines::{Line, LineReader};
@@ -132,18 +132,14 @@ where
 
     let max_body = config.max_body;
     let timeout = config.timeout;
-    let endpoint = McpEndpoint::new(config, guard.clone(), link.upstream());
-    let host = Host {
-        endpoint: endpoint.clone(),
-        to_client: to_client.clone(),
-        context: Arc::new(Mutex::new(MessageContext {
-            session: session_id(),
-            principal: wrapped.principal.clone(),
-            revision: None,
-        })),
-        tools: Arc::new(tokio::sync::watch::channel(Learning::NotYet).0),
-    };
-    tracing::info!(route = %endpoint.path(), server = %program.to_string_lossy(),
+    let host = Host::new(
+        config,
+        guard.clone(),
+        link.clone(),
+        to_client.clone(),
+        wrapped.principal,
+    );
+    tracing::info!(route = %host.core.config().path, server = %program.to_string_lossy(),
         "guarding the MCP server's tools/call over stdio");
 
     let mut requests = JoinSet::new();
@@ -206,20 +202,61 @@ where
         );
     }
     drop(host);
-    drop(endpoint);
     drop(link);
     drop(to_client);
     let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;
     Ok(status)
 }
 
-/// The host's side: its messages to the endpoint, the answers back.
-struct Host {
-    endpoint: McpEndpoint,
+/// The host's side: its messages to the core, the answers back.
+struct Host<M: MessageServer> {
+    core: Arc<Core<Messages<M>>>,
     to_client: server::ToClient,
-    context: Arc<Mutex<MessageContext>>,
+    session: Arc<Mutex<Session>>,
     /// Whether the server's tools (which are read-only) are known yet.
     tools: Arc<tokio::sync::watch::Sender<Learning>>,
+}
+
+/// What the wrapper knows of its host's session.
+#[derive(Debug, Clone)]
+struct Session {
+    /// The session's id with the core: its calls and cancellations are its own.
+    id: String,
+    /// Who the host's calls are from (hashed before it reaches the ledger).
+    principal: String,
+    /// The protocol revision the session negotiated, once it has.
+    revision: Option<String>,
+}
+
+impl Session {
+    /// What the core is told of `message` (parsed, when it is JSON): the session, the
+    /// caller, and whether it is of the stateless era (the revision it names itself, in
+    /// that era, else the session's).
+    fn context(&self, message: Option<&Value>) -> Context<()> {
+        let named = message
+            .and_then(|m| m.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion"))
+            .and_then(Value::as_str);
+        Context {
+            session: Some(self.id.clone()),
+            modern: named.or(self.revision.as_deref()).is_some_and(is_stateless),
+            caller: Arc::new(KnownCaller(self.principal.clone())),
+            origin: (),
+        }
+    }
+}
+
+/// Answers one message (or batch) of the host's through `core`: the messages to send
+/// back, in order (none for a notification, a response, or a request its client
+/// cancelled).
+async fn exchange<M: MessageServer>(
+    core: &Arc<Core<Messages<M>>>,
+    bytes: Bytes,
+    session: &Session,
+) -> Vec<Value> {
+    let parsed = jsonrpc::parse(&bytes);
+    let batch = parsed.as_ref().is_some_and(Value::is_array);
+    let context = session.context(parsed.as_ref());
+    core.handle(bytes, context).await.into_messages(batch).await
 }
 
 /// Where learning the server's tools is.
@@ -237,7 +274,28 @@ enum Learning {
 /// Most a tool call waits for the tools to be learnt.
 const LEARN_TOOLS_FOR: Duration = Duration::from_secs(10);
 
-impl Host {
+impl<M: MessageServer> Host<M> {
+    /// The host's side of a core of `config` on `guard` in front of `server`; the
+    /// answers go to `to_client`, the calls are `principal`'s.
+    fn new(
+        config: McpConfig,
+        guard: Arc<Guard>,
+        server: Arc<M>,
+        to_client: server::ToClient,
+        principal: String,
+    ) -> Host<M> {
+        Host {
+            core: Core::new(config, guard, Messages(server)),
+            to_client,
+            session: Arc::new(Mutex::new(Session {
+                id: session_id(),
+                principal,
+                revision: None,
+            })),
+            tools: Arc::new(tokio::sync::watch::channel(Learning::NotYet).0),
+        }
+    }
+
     /// One line the host wrote.
     async fn line(&self, line: Line, max_body: usize, requests: &mut JoinSet<()>) {
         let bytes = match line {
@@ -271,17 +329,17 @@ impl Host {
             .map(str::to_owned);
         if let (Some(revision), true) = (stateless, request.is_some()) {
             if *self.tools.borrow() == Learning::NotYet {
-                let mut context = self.context();
-                context.revision = Some(revision);
-                self.learn_tools(context, requests);
+                let mut session = self.session();
+                session.revision = Some(revision);
+                self.learn_tools(session, requests);
             }
         }
-        let context = self.context();
+        let session = self.session();
         match request {
             // The handshake, before anything else the host sends.
             Some(method) if method == "initialize" => {
-                let answers = self.endpoint.exchange(bytes, &context).await;
-                learn_revision(&answers, &self.context);
+                let answers = exchange(&self.core, bytes, &session).await;
+                learn_revision(&answers, &self.session);
                 for answer in &answers {
                     self.send(answer);
                 }
@@ -290,7 +348,7 @@ impl Host {
             // tool call first waits for the tools to be learnt (a read-only tool called
             // at once must not be guarded).
             Some(method) => {
-                let endpoint = self.endpoint.clone();
+                let core = self.core.clone();
                 let to_client = self.to_client.clone();
                 let mut learnt = self.tools.subscribe();
                 requests.spawn(async move {
@@ -298,19 +356,19 @@ impl Host {
                         let wait = learnt.wait_for(|l| *l != Learning::Under);
                         let _ = tokio::time::timeout(LEARN_TOOLS_FOR, wait).await;
                     }
-                    for answer in &endpoint.exchange(bytes, &context).await {
+                    for answer in &exchange(&core, bytes, &session).await {
                         to_client.send(serde_json::to_vec(answer).unwrap_or_default());
                     }
                 });
             }
             // A notification, a response or a batch: in order.
             None => {
-                for answer in self.endpoint.exchange(bytes, &context).await {
+                for answer in exchange(&self.core, bytes, &session).await {
                     self.send(&answer);
                 }
                 if initialized && *self.tools.borrow() == Learning::NotYet {
                     // Which tools are read-only, before the host's first call.
-                    self.learn_tools(context, requests);
+                    self.learn_tools(session, requests);
                 }
             }
         }
@@ -318,18 +376,18 @@ impl Host {
 
     /// Lists the server's tools (in `context`'s revision) on a task; tool calls wait
     /// for it.
-    fn learn_tools(&self, context: MessageContext, requests: &mut JoinSet<()>) {
+    fn learn_tools(&self, session: Session, requests: &mut JoinSet<()>) {
         self.tools.send_replace(Learning::Under);
-        let endpoint = self.endpoint.clone();
+        let core = self.core.clone();
         let tools = self.tools.clone();
         requests.spawn(async move {
-            learn_tools(&endpoint, &context).await;
+            learn_tools(&core, &session).await;
             tools.send_replace(Learning::Done);
         });
     }
 
-    fn context(&self) -> MessageContext {
-        self.context
+    fn session(&self) -> Session {
+        self.session
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -342,25 +400,25 @@ impl Host {
 }
 
 /// Keeps the protocol revision the server answered `initialize` with.
-fn learn_revision(answers: &[Value], context: &Mutex<MessageContext>) {
+fn learn_revision(answers: &[Value], session: &Mutex<Session>) {
     let revision = answers
         .iter()
         .find_map(|a| a.pointer("/result/protocolVersion"))
         .and_then(Value::as_str);
     if let Some(revision) = revision {
-        context.lock().unwrap_or_else(|e| e.into_inner()).revision = Some(revision.to_string());
+        session.lock().unwrap_or_else(|e| e.into_inner()).revision = Some(revision.to_string());
     }
 }
 
-/// Lists the server's tools through the endpoint (which learns from the answer which are
+/// Lists the server's tools through the core (which learns from the answer which are
 /// read-only), every page, so that a host that calls a read-only tool before it lists
 /// them is not answered with a replay.
-async fn learn_tools(endpoint: &McpEndpoint, context: &MessageContext) {
+async fn learn_tools<M: MessageServer>(core: &Arc<Core<Messages<M>>>, session: &Session) {
     let mut cursor: Option<Value> = None;
     for page in 0..100 {
         let mut request = json!({"jsonrpc": "2.0", "id": format!("oncely-tools-{page}"),
             "method": "tools/list", "params": {}});
-        if let Some(revision) = context.revision.as_deref().filter(|r| is_stateless(r)) {
+        if let Some(revision) = session.revision.as_deref().filter(|r| is_stateless(r)) {
             request["params"]["_meta"] =
                 json!({"io.modelcontextprotocol/protocolVersion": revision});
         }
@@ -368,7 +426,7 @@ async fn learn_tools(endpoint: &McpEndpoint, context: &MessageContext) {
             request["params"]["cursor"] = c;
         }
         let body = Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
-        let answers = endpoint.exchange(body, context).await;
+        let answers = exchange(core, body, session).await;
         cursor = answers
             .iter()
             .find_map(|a| a.pointer("/result/nextCursor"))
@@ -510,7 +568,7 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     1
 }
 
-/// This process's session id with the endpoint: its calls and cancellations are its own.
+/// This process's session id with the core: its calls and cancellations are its own.
 fn session_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -1,6 +1,6 @@
 //! MCP over stdio to a remote server: oncely between a host that starts only local
 //! servers and an MCP server it reaches over Streamable HTTP ([`run_remote`]). The host's
-//! side is the stdio wrapper's own ([`super::Host`]: the same endpoint, guard, tool
+//! side is the stdio wrapper's own ([`super::Host`]: the same core, guard, tool
 //! learning and end); the server's side is a [`RemoteLink`](link::RemoteLink) instead of
 //! the child. At the end, once the calls in flight are recorded, the remote session is
 //! ended ([`link`]).
@@ -8,7 +8,7 @@
 mod link;
 mod session;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_tower::Guard;
@@ -18,9 +18,9 @@ use tokio::task::JoinSet;
 
 use super::lines::LineReader;
 use super::server::{Queued, ToClient};
-use super::{finish_in_flight, session_id, write_lines, Host, Learning};
+use super::{finish_in_flight, write_lines, Host};
 use crate::config::McpConfig;
-use crate::endpoint::{McpEndpoint, MessageContext};
+use crate::endpoint::McpEndpoint;
 use crate::McpError;
 use link::RemoteLink;
 
@@ -64,18 +64,14 @@ where
 
     let max_body = config.max_body;
     let timeout = config.timeout;
-    let endpoint = McpEndpoint::new(config, guard.clone(), link.upstream());
-    let host = Host {
-        endpoint: endpoint.clone(),
-        to_client: to_client.clone(),
-        context: Arc::new(Mutex::new(MessageContext {
-            session: session_id(),
-            principal,
-            revision: None,
-        })),
-        tools: Arc::new(tokio::sync::watch::channel(Learning::NotYet).0),
-    };
-    tracing::info!(route = %endpoint.path(),
+    let host = Host::new(
+        config,
+        guard.clone(),
+        link.clone(),
+        to_client.clone(),
+        principal,
+    );
+    tracing::info!(route = %host.core.config().path,
         "guarding the remote MCP server's tools/call over stdio");
 
     let mut requests = JoinSet::new();
@@ -102,7 +98,6 @@ where
     finish_in_flight(&guard, &mut requests, timeout).await;
     let _ = tokio::time::timeout(END_GRACE, link.end()).await;
     drop(host);
-    drop(endpoint);
     drop(link);
     drop(to_client);
     let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;

@@ -1,5 +1,5 @@
-//! The real MCP server over stdio, as the endpoint's upstream ([`ServerLink`]): what the
-//! endpoint forwards is written to the server's standard input, one message per line,
+//! The real MCP server over stdio, as the core's server ([`ServerLink`], a
+//! [`MessageServer`]): what the core sends on is written to the server's standard input, one message per line,
 //! each request under an id of the link's own, and the server's answer to it is handed
 //! back under the id its client gave. The server's own messages (its requests to the
 //! client, such as sampling, and its notifications) go to the client as they are.
@@ -12,20 +12,15 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use futures::FutureExt;
-use http::{Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use oncely_tower::{BoxBody, OwnerSend, UpstreamError};
+use futures::future::BoxFuture;
+use oncely_tower::UpstreamError;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::lines::{Line, LineReader};
-use crate::body::full;
-use crate::endpoint::McpUpstream;
+use crate::core::MessageServer;
 use crate::jsonrpc;
 use crate::jsonrpc::code;
-use crate::BoxError;
 
 /// A line to write to one side.
 pub(crate) type Lines = mpsc::UnboundedSender<Vec<u8>>;
@@ -139,15 +134,6 @@ impl ServerLink {
         })
     }
 
-    /// The endpoint's upstream: each request is sent to the server on this link.
-    pub(crate) fn upstream(self: &Arc<Self>) -> McpUpstream {
-        let link = self.clone();
-        McpUpstream::new(tower::service_fn(move |req: Request<BoxBody>| {
-            let link = link.clone();
-            async move { link.send(req).await }.boxed()
-        }))
-    }
-
     /// The client has gone: nothing the server asks of it will be answered by it.
     pub(crate) fn client_gone(&self) {
         self.client_gone.store(true, Ordering::SeqCst);
@@ -158,64 +144,13 @@ impl ServerLink {
         self.junk.load(Ordering::Relaxed)
     }
 
-    /// Sends one forwarded request's message (or batch) and answers as an HTTP upstream
-    /// would: 200 with the responses to its requests, 202 when it held none.
-    async fn send(self: Arc<Self>, req: Request<BoxBody>) -> Result<Response<BoxBody>, BoxError> {
-        let owner = req.extensions().get::<OwnerSend>().is_some();
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| UpstreamError::BeforeSend(e.to_string()))?
-            .to_bytes();
-        let text = std::str::from_utf8(&body)
-            .map_err(|_| UpstreamError::BeforeSend("the message is not UTF-8".into()))?;
-        let answers = match jsonrpc::batch_texts(text) {
-            Some(items) => {
-                let sent: Vec<_> = items
-                    .into_iter()
-                    .map(|item| self.clone().send_one(item.to_string(), owner))
-                    .collect();
-                let mut answers = Vec::new();
-                for answer in futures::future::join_all(sent).await {
-                    answers.extend(answer?);
-                }
-                if answers.is_empty() {
-                    None
-                } else {
-                    let mut batch = b"[".to_vec();
-                    batch.extend(answers.join(&b","[..]));
-                    batch.push(b']');
-                    Some(batch)
-                }
-            }
-            None => self.clone().send_one(text.to_string(), owner).await?,
-        };
-        let resp = match answers {
-            Some(body) => {
-                let mut resp = Response::new(full(body));
-                resp.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                resp
-            }
-            None => {
-                let mut resp = Response::new(full(Bytes::new()));
-                *resp.status_mut() = StatusCode::ACCEPTED;
-                resp
-            }
-        };
-        Ok(resp)
-    }
-
     /// Sends one message; for a request, waits for the server's response (`None` for
     /// anything else, and for a request its client cancelled).
-    async fn send_one(
+    async fn send_message(
         self: Arc<Self>,
         text: String,
         owner: bool,
-    ) -> Result<Option<Vec<u8>>, BoxError> {
+    ) -> Result<Option<Vec<u8>>, UpstreamError> {
         let value: Option<Value> = jsonrpc::parse(text.as_bytes());
         let request = value
             .as_ref()
@@ -237,7 +172,9 @@ impl ServerLink {
             return Ok(None);
         };
         if self.closed.load(Ordering::SeqCst) {
-            return Err(UpstreamError::BeforeSend("the MCP server has exited".into()).into());
+            return Err(UpstreamError::BeforeSend(
+                "the MCP server has exited".into(),
+            ));
         }
         let ours = self.next_id.fetch_add(1, Ordering::Relaxed);
         let client_text = jsonrpc::id_text(&client_id);
@@ -272,8 +209,7 @@ impl ServerLink {
             Ok(Awaited::Cancelled) => Ok(None),
             Err(_) => Err(UpstreamError::AfterSend(
                 "the MCP server exited before it answered".into(),
-            )
-            .into()),
+            )),
         }
     }
 
@@ -430,5 +366,15 @@ impl Drop for Pending {
             });
             let _ = self.link.write(cancel.to_string().into_bytes());
         }
+    }
+}
+
+impl MessageServer for ServerLink {
+    fn send_one(
+        self: Arc<Self>,
+        text: String,
+        owner: bool,
+    ) -> BoxFuture<'static, Result<Option<Vec<u8>>, UpstreamError>> {
+        Box::pin(self.send_message(text, owner))
     }
 }

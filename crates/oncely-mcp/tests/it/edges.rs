@@ -327,7 +327,7 @@ async fn mcp_principal_and_units_are_the_layers_extension_points() {
     let url = upstream(counter.clone(), None).await;
     let mut config = McpConfig::new("/mcp", &url).unwrap();
     config.principal = Arc::new(AccountHeader);
-    config.units = Arc::new(oncely_mcp::parse_units("json:/text").unwrap());
+    config.units = oncely_mcp::parse_units("json:/text").unwrap();
     let gw = Gateway::start(config).await;
 
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();

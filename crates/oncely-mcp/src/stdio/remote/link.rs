@@ -1,5 +1,5 @@
-//! The remote server as the endpoint's upstream ([`RemoteLink`]), over Streamable HTTP.
-//! The link sends each message the endpoint forwards as one `POST` to the server's URL
+//! The remote server as the core's server ([`RemoteLink`]), over Streamable HTTP.
+//! The link sends each message the core sends on as one `POST` to the server's URL
 //! (with the [`Remote`]'s headers, the session the server gave at `initialize`, the
 //! negotiated `MCP-Protocol-Version`, and in the stateless era the routing headers the
 //! message implies), each request under an id of the link's own, and reads the answer,
@@ -15,33 +15,31 @@
 //! What it keeps of the server between requests, and the request a message becomes, is
 //! its [`Session`].
 //!
-//! The link's surface is what a server side needs: [`RemoteLink::send_one`] (one
+//! The link's surface is what a server side needs: the core's [`MessageServer`] (one
 //! message in, its response out), the client's lines ([`ToClient`]) for everything else,
-//! [`RemoteLink::client_gone`] and [`RemoteLink::end`]; [`RemoteLink::upstream`] adapts
-//! it to the endpoint's HTTP upstream.
+//! [`RemoteLink::client_gone`] and [`RemoteLink::end`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::FutureExt;
 use http::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use oncely_tower::{BoxBody, OwnerSend, UpstreamError};
+use oncely_tower::{BoxBody, UpstreamError};
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
 use super::session::{Remote, Session};
-use crate::body::full;
+use crate::core::MessageServer;
 use crate::endpoint::McpUpstream;
 use crate::stdio::server::ToClient;
 use crate::{jsonrpc, sse, BoxError};
 
 /// JSON-RPC's "Internal error", for a request the server did not answer with a message.
-const INTERNAL_ERROR: i64 = -32603;
+use crate::jsonrpc::code::INTERNAL_ERROR;
 
 /// The link to a remote server over Streamable HTTP: its session, the requests it runs.
 pub(crate) struct RemoteLink {
@@ -93,17 +91,6 @@ impl RemoteLink {
         })
     }
 
-    /// The endpoint's upstream: each message (or batch) it forwards is sent on this link,
-    /// and answered as an HTTP upstream would: 200 with the responses to its requests,
-    /// 202 when it held none.
-    pub(crate) fn upstream(self: &Arc<Self>) -> McpUpstream {
-        let link = self.clone();
-        McpUpstream::new(tower::service_fn(move |req: Request<BoxBody>| {
-            let link = link.clone();
-            async move { link.forward(req).await }.boxed()
-        }))
-    }
-
     /// The client has gone: nothing the server asks of it will be answered by it.
     pub(crate) fn client_gone(&self) {
         self.client_gone.store(true, Ordering::SeqCst);
@@ -125,55 +112,10 @@ impl RemoteLink {
         }
     }
 
-    /// One forwarded body: a message, or a batch sent message by message.
-    async fn forward(
-        self: Arc<Self>,
-        req: Request<BoxBody>,
-    ) -> Result<Response<BoxBody>, BoxError> {
-        let owner = req.extensions().get::<OwnerSend>().is_some();
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| UpstreamError::BeforeSend(e.to_string()))?
-            .to_bytes();
-        let text = std::str::from_utf8(&body)
-            .map_err(|_| UpstreamError::BeforeSend("the message is not UTF-8".into()))?;
-        let answers = match jsonrpc::batch_texts(text) {
-            Some(items) => {
-                let sent = items.into_iter().map(|item| self.send_one(item, owner));
-                let mut answers = Vec::new();
-                for answer in futures::future::join_all(sent).await {
-                    answers.extend(answer?);
-                }
-                (!answers.is_empty()).then(|| {
-                    let mut batch = b"[".to_vec();
-                    batch.extend(answers.join(&b","[..]));
-                    batch.push(b']');
-                    batch
-                })
-            }
-            None => self.send_one(text, owner).await?,
-        };
-        Ok(match answers {
-            Some(body) => {
-                let mut resp = Response::new(full(body));
-                resp.headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                resp
-            }
-            None => {
-                let mut resp = Response::new(full(Bytes::new()));
-                *resp.status_mut() = StatusCode::ACCEPTED;
-                resp
-            }
-        })
-    }
-
     /// Sends one message to the server; for a request, its response under the client's
     /// id (`None` for anything else, and for a request its client cancelled). `owner`:
     /// the guarded call's own send, which nothing the client sends cancels.
-    pub(crate) fn send_one<'a>(
+    pub(crate) fn send_text<'a>(
         self: &'a Arc<Self>,
         text: &'a str,
         owner: bool,
@@ -181,7 +123,7 @@ impl RemoteLink {
         Box::pin(self.send_message(text, owner))
     }
 
-    /// [`send_one`](Self::send_one)'s work (a boxed future breaks rustc's `Send` proof
+    /// [`send_text`](Self::send_text)'s work (a boxed future breaks rustc's `Send` proof
     /// for the boxed error type, rust-lang/rust#64552).
     async fn send_message(
         self: &Arc<Self>,
@@ -563,3 +505,18 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+
+impl MessageServer for RemoteLink {
+    fn send_one(
+        self: Arc<Self>,
+        text: String,
+        owner: bool,
+    ) -> futures::future::BoxFuture<'static, Result<Option<Vec<u8>>, UpstreamError>> {
+        Box::pin(async move {
+            let link = self;
+            link.send_text(&text, owner)
+                .await
+                .map_err(oncely_tower::upstream_error)
+        })
+    }
+}

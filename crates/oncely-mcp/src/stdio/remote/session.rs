@@ -12,7 +12,7 @@ use oncely_tower::BoxBody;
 use serde_json::Value;
 
 use crate::body::full;
-use crate::endpoint::is_stateless;
+use crate::core::is_stateless;
 use crate::jsonrpc;
 
 /// The remote server: its URL and the headers every request to it carries.

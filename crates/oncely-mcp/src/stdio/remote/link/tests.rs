@@ -10,7 +10,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::body::full;
 use crate::stdio::server::Queued;
+use futures::FutureExt;
 
 /// What the fake server saw: each request's method, headers and body.
 type Seen = Arc<Mutex<Vec<(Method, HeaderMap, Value)>>>;
@@ -68,13 +70,13 @@ async fn a_server_request_mid_stream_reaches_the_client_before_the_response() {
     let link = RemoteLink::new(remote, fake(seen.clone(), stream), client, 1 << 20);
 
     let init = r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{}}"#;
-    let answer = link.send_one(init, false).await.unwrap().unwrap();
+    let answer = link.send_text(init, false).await.unwrap().unwrap();
     let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(answer["id"], "i", "under the client's id: {answer}");
     let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"ask"}}"#;
     let running = tokio::spawn({
         let link = link.clone();
-        async move { link.send_one(call, true).await.unwrap() }
+        async move { link.send_text(call, true).await.unwrap() }
     });
     let sampling = json!({"jsonrpc": "2.0", "id": 0, "method": "sampling/createMessage"});
     events.unbounded_send(sampling.to_string()).unwrap();

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::results::{task, task_payload};
-use super::state::Inner;
+use super::{Core, Server};
 use crate::jsonrpc::code;
 use crate::jsonrpc::{self, RequestView};
 use crate::tasks;
@@ -15,7 +15,7 @@ use crate::tasks;
 /// What becomes of a `tasks/*` request.
 pub(super) enum TaskAnswer {
     /// Answered: the JSON-RPC message (a result or an error) to send back.
-    AnswerEdit(Value),
+    Answered(Value),
     /// Refused as a protocol error (the extension not declared): the JSON-RPC error,
     /// which HTTP answers with status 400.
     Refused(Value),
@@ -27,8 +27,8 @@ pub(super) enum TaskAnswer {
 /// extension, checked as the extension says (the declared extension, a known task of
 /// this principal) before anything else. `principal` reads the caller's principal (its
 /// keyed hash), asked only when the task is one of oncely's.
-pub(super) async fn answer(
-    inner: &Inner,
+pub(super) async fn answer<S: Server>(
+    inner: &Core<S>,
     request: &RequestView<'_>,
     principal: impl FnOnce() -> Option<String>,
 ) -> TaskAnswer {
@@ -43,23 +43,23 @@ pub(super) async fn answer(
         .and_then(Value::as_str)
         .map(str::to_string)
     else {
-        return TaskAnswer::AnswerEdit(task_not_found(id, "params.taskId is missing"));
+        return TaskAnswer::Answered(task_not_found(id, "params.taskId is missing"));
     };
     let Some((record_id, attempt)) = tasks::parse_task_id(&task_id) else {
         return TaskAnswer::Forward;
     };
     // Only the principal whose call it is reads a task.
     let Some(principal) = principal() else {
-        return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found"));
+        return TaskAnswer::Answered(task_not_found(id, "Task not found"));
     };
     let store = inner.guard.store();
     // The store bounds the read (`oncely_store::Bounded`).
     let record = match store.get(&record_id).await {
         Ok(Some(record)) => record,
-        Ok(None) => return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found")),
+        Ok(None) => return TaskAnswer::Answered(task_not_found(id, "Task not found")),
         Err(e) => {
             tracing::error!(route = %inner.config.path, error = %e, "ledger unavailable: {method}");
-            return TaskAnswer::AnswerEdit(jsonrpc::error_message(
+            return TaskAnswer::Answered(jsonrpc::error_message(
                 id,
                 code::INTERNAL_ERROR,
                 "the ledger cannot be reached",
@@ -72,10 +72,10 @@ pub(super) async fn answer(
         .and_then(|r| r.strip_prefix('#'));
     // Another principal's task is as unknown as one that never was.
     let (Some(tool), true) = (tool, record.principal == principal) else {
-        return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found"));
+        return TaskAnswer::Answered(task_not_found(id, "Task not found"));
     };
     let Some(status) = tasks::status_of(&record, attempt) else {
-        return TaskAnswer::AnswerEdit(task_not_found(id, "Task not found"));
+        return TaskAnswer::Answered(task_not_found(id, "Task not found"));
     };
     let result = match method {
         "tasks/get" => {
@@ -94,14 +94,14 @@ pub(super) async fn answer(
             tasks::acknowledgement()
         }
         other => {
-            return TaskAnswer::AnswerEdit(jsonrpc::error_message(
+            return TaskAnswer::Answered(jsonrpc::error_message(
                 id,
                 code::METHOD_NOT_FOUND,
                 &format!("Method not found: {other}"),
             ))
         }
     };
-    TaskAnswer::AnswerEdit(jsonrpc::result_message(id, result))
+    TaskAnswer::Answered(jsonrpc::result_message(id, result))
 }
 
 /// The -32602 a `tasks/*` request gets for a task it cannot have: unknown, expired, or

@@ -1,15 +1,15 @@
 //! A guarded `tools/call` as the guard reads it ([`Call`]), and the refusal of a
 //! `tools/call` that cannot be read as one call to guard. Read from plain inputs: the
-//! JSON-RPC message, its text as written, the request's head (where its principal and
-//! units are read) and the protocol era the transport knows it is of.
+//! JSON-RPC message, its text as written, and what its transport knows of it (its
+//! caller, whose principal it reads, and its protocol era).
 
 use std::sync::Mutex;
 
 use oncely_tower::trace::{attr, Span};
-use oncely_tower::{GuardedCall, RequestFacts, RequestHead};
+use oncely_tower::GuardedCall;
 use serde_json::Value;
 
-use super::state::Inner;
+use super::{Context, Core, Server};
 use crate::jsonrpc::code;
 use crate::jsonrpc::{self, ToolCall};
 use crate::tasks;
@@ -35,33 +35,34 @@ pub(super) struct Call {
 }
 
 /// Reads a guarded call, or `None` when it is forwarded as it is.
-/// `text` is `message` as it was written; `head` is its request's head, and `modern`
-/// whether that request is of the stateless era (2026-07-28 or later).
-pub(super) fn read_call(
-    inner: &Inner,
-    head: &RequestHead<'_>,
-    modern: bool,
+/// `text` is `message` as it was written; `context` what its transport knows of it.
+pub(super) fn read_call<S: Server>(
+    core: &Core<S>,
+    context: &Context<S::Origin>,
     message: &Value,
     text: &str,
 ) -> Option<Call> {
+    let modern = context.modern;
     let request = jsonrpc::as_request(message)?;
     let read = ToolCall::read(message, text)?;
     let tool = read.tool;
-    if !inner.catalog.is_guarded(&inner.config.tools, tool) {
+    if !core.catalog.is_guarded(&core.config.tools, tool) {
         return None;
     }
-    let policy = inner.config.policy_of(tool);
+    let policy = core.config.policy_of(tool);
     // The principal's keyed hash is the gateway's (`Guard::principal_hash`), so one
     // account is one principal on HTTP routes and MCP endpoints alike; a call that
     // names none is forwarded as it is.
-    let facts = RequestFacts::read(&inner.guard, &policy.name, head, &*inner.config.principal);
+    let facts = context
+        .caller
+        .facts(&core.guard, &core.config, &policy.name);
     let principal = facts.principal?;
     // The units rule sees the call's arguments as the body (`{}` when absent).
     let arguments = read.arguments.unwrap_or("{}");
-    let units = inner.config.units.request_units(head, arguments.as_bytes());
+    let units = core.config.units.units_of(arguments.as_bytes());
     // The texts as written, not as `message` holds them: a parsed number is a double
     // once it is past 64 bits or has many digits.
-    let fingerprint = read.fingerprint(&principal, &inner.config.path);
+    let fingerprint = read.fingerprint(&principal, &core.config.path);
     let span = facts.span.map(|mut span| {
         span.set(attr::TOOL, tool);
         span
@@ -81,7 +82,7 @@ pub(super) fn read_call(
 /// on which value counts), one without a usable id (a notification, or `"id": null`),
 /// and one whose `params` is not an object with a string `name`. `None` for any other
 /// message.
-pub(super) fn unreadable_call(message: &Value, text: &str) -> Option<Value> {
+pub(crate) fn unreadable_call(message: &Value, text: &str) -> Option<Value> {
     if message.get("method").and_then(Value::as_str) != Some("tools/call") {
         return None;
     }

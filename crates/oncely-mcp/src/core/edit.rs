@@ -1,69 +1,34 @@
-//! Passing a request through to the [`McpUpstream`](super::state::McpUpstream) unchanged and
-//! streaming its answer back, with the answers oncely reads on the way edited: a
-//! `tools/list` result (learnt from; guarded tools offer no task-augmented calls) and a
-//! `server/discover` result (the tasks extension advertised).
+//! The answers oncely reads on their way back and edits: a `tools/list` result (learnt
+//! from; guarded tools offer no task-augmented calls) and a `server/discover` result (the
+//! tasks extension advertised). Transports apply the [`EditFn`] to each message of the
+//! answer (HTTP as it streams, `crate::body::Edit`).
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::Response;
-use http_body_util::BodyExt;
-use oncely_http::problem::ProblemCode;
 use serde_json::Value;
 
-use super::headers::header_str;
-use super::response::problem;
-use super::state::{send, Inner};
-use crate::body::{Edit, EditFn, McpBody};
+use super::{Core, Server};
 use crate::tasks;
 
 /// Most bytes of a JSON answer oncely reads to edit it (`tools/list`, `server/discover`);
 /// a larger one passes through unread.
-pub(super) const EDIT_LIMIT: usize = 8 << 20;
+pub const EDIT_LIMIT: usize = 8 << 20;
+
+/// What an edit does to each JSON-RPC message of an answer: changes it in place and says
+/// whether it did.
+pub type EditFn = Box<dyn FnMut(&mut Value) -> bool + Send + Sync>;
 
 /// Whether oncely edits an answer it passes through, and how (see [`editor`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum AnswerEdit {
+pub(crate) enum AnswerEdit {
     /// A `tools/list` result: learnt from; guarded tools offer no task-augmented calls.
     ToolsList,
     /// A `server/discover` result: the tasks extension is advertised.
     Discover,
 }
 
-/// Forwards unchanged and streams the answer back, with the responses to the requests
-/// `edits` names edited on the way (see [`AnswerEdit`]).
-pub(super) async fn forward(
-    inner: Arc<Inner>,
-    parts: http::request::Parts,
-    body: Bytes,
-    edits: Vec<(Value, AnswerEdit)>,
-) -> Response<McpBody> {
-    let req = inner.upstream_request(&parts, body);
-    let resp = match send(inner.upstream.clone(), req).await {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(route = %inner.config.path, error = %e, "upstream unreachable");
-            return problem(
-                ProblemCode::UpstreamUnreachable,
-                "the MCP server could not be reached",
-            );
-        }
-    };
-    let (mut rparts, body) = resp.into_parts();
-    let body: McpBody = if edits.is_empty() || !rparts.status.is_success() {
-        body
-    } else {
-        let is_sse = header_str(&rparts.headers, "content-type")
-            .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
-        // An edited answer has another length.
-        rparts.headers.remove(http::header::CONTENT_LENGTH);
-        Edit::new(body, is_sse, EDIT_LIMIT, editor(inner, edits)).boxed()
-    };
-    Response::from_parts(rparts, body)
-}
-
-/// What [`Edit`] does to the responses to the requests `edits` names.
-fn editor(inner: Arc<Inner>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
+/// What the answers to the requests `edits` names get.
+pub(crate) fn editor<S: Server>(core: Arc<Core<S>>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
     Box::new(move |message: &mut Value| {
         let Some(answer) = edits
             .iter()
@@ -77,8 +42,8 @@ fn editor(inner: Arc<Inner>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
         };
         match answer {
             AnswerEdit::ToolsList => {
-                inner.catalog.observe_list(result);
-                forbid_tasks(&inner, result)
+                core.catalog.observe_list(result);
+                forbid_tasks(&core, result)
             }
             AnswerEdit::Discover => advertise_tasks(result),
         }
@@ -88,7 +53,7 @@ fn editor(inner: Arc<Inner>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
 /// Sets `execution.taskSupport` to `forbidden` on every guarded tool of a `tools/list`
 /// result that offered task-augmented calls (2025-11-25): a client then calls it as
 /// a plain call, the one oncely guards. Says whether it changed anything.
-fn forbid_tasks(inner: &Inner, result: &mut Value) -> bool {
+fn forbid_tasks<S: Server>(core: &Core<S>, result: &mut Value) -> bool {
     let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
         return false;
     };
@@ -97,7 +62,7 @@ fn forbid_tasks(inner: &Inner, result: &mut Value) -> bool {
         let guarded = tool
             .get("name")
             .and_then(Value::as_str)
-            .is_some_and(|name| inner.catalog.is_guarded(&inner.config.tools, name));
+            .is_some_and(|name| core.catalog.is_guarded(&core.config.tools, name));
         let support = tool.pointer_mut("/execution/taskSupport");
         if let (true, Some(support)) = (guarded, support) {
             if support.as_str() != Some("forbidden") {
