@@ -9,7 +9,8 @@ use oncely_tower::trace::{attr, Span};
 use oncely_tower::GuardedCall;
 use serde_json::Value;
 
-use super::{Context, Core, Server};
+use super::context::Context;
+use super::shared::Shared;
 use crate::jsonrpc::code;
 use crate::jsonrpc::{self, ToolCall};
 use crate::tasks;
@@ -36,9 +37,9 @@ pub(super) struct Call {
 
 /// Reads a guarded call, or `None` when it is forwarded as it is.
 /// `text` is `message` as it was written; `context` what its transport knows of it.
-pub(super) fn read_call<S: Server>(
-    core: &Core<S>,
-    context: &Context<S::Origin>,
+pub(super) fn read_call<O>(
+    core: &Shared,
+    context: &Context<O>,
     message: &Value,
     text: &str,
 ) -> Option<Call> {

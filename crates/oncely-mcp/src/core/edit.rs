@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Core, Server};
+use super::shared::Shared;
 use crate::tasks;
 
 /// Most bytes of a JSON answer oncely reads to edit it (`tools/list`, `server/discover`);
@@ -28,7 +28,7 @@ pub(crate) enum AnswerEdit {
 }
 
 /// What the answers to the requests `edits` names get.
-pub(crate) fn editor<S: Server>(core: Arc<Core<S>>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
+pub(crate) fn editor(core: Arc<Shared>, edits: Vec<(Value, AnswerEdit)>) -> EditFn {
     Box::new(move |message: &mut Value| {
         let Some(answer) = edits
             .iter()
@@ -53,7 +53,7 @@ pub(crate) fn editor<S: Server>(core: Arc<Core<S>>, edits: Vec<(Value, AnswerEdi
 /// Sets `execution.taskSupport` to `forbidden` on every guarded tool of a `tools/list`
 /// result that offered task-augmented calls (2025-11-25): a client then calls it as
 /// a plain call, the one oncely guards. Says whether it changed anything.
-fn forbid_tasks<S: Server>(core: &Core<S>, result: &mut Value) -> bool {
+fn forbid_tasks(core: &Shared, result: &mut Value) -> bool {
     let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
         return false;
     };

@@ -53,11 +53,13 @@
 mod answer;
 mod batch;
 mod call;
+mod context;
 pub mod edit;
 mod guarded;
 mod results;
 pub(crate) mod server;
 mod sessions;
+mod shared;
 mod task_requests;
 
 use std::sync::Arc;
@@ -67,7 +69,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 use oncely_core::Record;
 use oncely_http::problem::ProblemCode;
-use oncely_tower::{Guard, RequestFacts};
+use oncely_tower::Guard;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -80,7 +82,10 @@ use call::read_call;
 pub(crate) use call::unreadable_call;
 use edit::AnswerEdit;
 use sessions::Sessions;
+use shared::Shared;
 use task_requests::TaskAnswer;
+
+pub use context::{Caller, Context, KnownCaller};
 
 pub use server::{
     BodyStream, Framing, LedgerFacts, MessageServer, Messages, Outgoing, Refusal, Server,
@@ -95,51 +100,6 @@ pub const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-1
 /// the initialize handshake.
 pub fn is_stateless(revision: &str) -> bool {
     !HANDSHAKE_VERSIONS.contains(&revision)
-}
-
-/// Who sent a message, as its transport can tell: the core asks only when it needs to
-/// (a guarded call, a task of oncely's).
-pub trait Caller: Send + Sync {
-    /// The facts of a call on the route named `route` (principal, workflow id, span),
-    /// whose principal `config` says how to read.
-    fn facts(&self, guard: &Guard, config: &McpConfig, route: &str) -> RequestFacts;
-}
-
-/// A caller whose transport knows who it is (stdio: the wrapper's principal).
-#[derive(Debug, Clone)]
-pub struct KnownCaller(pub String);
-
-impl Caller for KnownCaller {
-    fn facts(&self, guard: &Guard, _config: &McpConfig, _route: &str) -> RequestFacts {
-        RequestFacts {
-            principal: Some(guard.principal_hash(self.0.as_bytes())),
-            workflow_id: None,
-            span: None,
-        }
-    }
-}
-
-/// What a transport knows of one message besides its bytes.
-pub struct Context<O> {
-    /// The client's session: cancellations and the guarded calls in flight are its own.
-    pub session: Option<String>,
-    /// The message is of the stateless era (2026-07-28 or later).
-    pub modern: bool,
-    /// Who sent it.
-    pub caller: Arc<dyn Caller>,
-    /// What the server needs to send it on ([`Server::Origin`]).
-    pub origin: O,
-}
-
-impl<O: Clone> Clone for Context<O> {
-    fn clone(&self) -> Self {
-        Context {
-            session: self.session.clone(),
-            modern: self.modern,
-            caller: self.caller.clone(),
-            origin: self.origin.clone(),
-        }
-    }
 }
 
 /// How oncely marks an answer it gives for a guarded call (HTTP: `Oncely-Status`,
@@ -310,11 +270,17 @@ pub fn messages_in(framing: Framing, body: &[u8]) -> Vec<Value> {
 /// One endpoint's core: its config, the engine, the server, the tool catalog and the
 /// guarded calls in flight by session. Cheap to share (`Arc`).
 pub struct Core<S: Server> {
-    config: McpConfig,
-    guard: Arc<Guard>,
+    shared: Arc<Shared>,
     server: S,
-    catalog: ToolCatalog,
     sessions: Arc<Sessions>,
+}
+
+impl<S: Server> std::ops::Deref for Core<S> {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl<S: Server> Core<S> {
@@ -322,10 +288,12 @@ impl<S: Server> Core<S> {
     /// `server`.
     pub fn new(config: McpConfig, guard: Arc<Guard>, server: S) -> Arc<Core<S>> {
         Arc::new(Core {
-            config,
-            guard,
+            shared: Arc::new(Shared {
+                config,
+                guard,
+                catalog: ToolCatalog::new(),
+            }),
             server,
-            catalog: ToolCatalog::new(),
             sessions: Arc::new(Sessions::new()),
         })
     }
@@ -424,7 +392,7 @@ impl<S: Server> Core<S> {
         match sent.await {
             Ok(answer) => {
                 let edit = (!edits.is_empty() && answer.refused.is_none())
-                    .then(|| edit::editor(self.clone(), edits));
+                    .then(|| edit::editor(self.shared.clone(), edits));
                 Reply::Server {
                     answer,
                     edit,

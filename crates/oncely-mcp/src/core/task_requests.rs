@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::results::{task, task_payload};
-use super::{Core, Server};
+use super::shared::Shared;
 use crate::jsonrpc::code;
 use crate::jsonrpc::{self, RequestView};
 use crate::tasks;
@@ -27,8 +27,8 @@ pub(super) enum TaskAnswer {
 /// extension, checked as the extension says (the declared extension, a known task of
 /// this principal) before anything else. `principal` reads the caller's principal (its
 /// keyed hash), asked only when the task is one of oncely's.
-pub(super) async fn answer<S: Server>(
-    inner: &Core<S>,
+pub(super) async fn answer(
+    inner: &Shared,
     request: &RequestView<'_>,
     principal: impl FnOnce() -> Option<String>,
 ) -> TaskAnswer {

@@ -1,0 +1,53 @@
+//! What a transport knows of one message besides its bytes ([`Context`]), and who sent it
+//! ([`Caller`]): the core asks only when it needs to.
+
+use std::sync::Arc;
+
+use oncely_tower::{Guard, RequestFacts};
+
+use crate::config::McpConfig;
+
+/// Who sent a message, as its transport can tell: the core asks only when it needs to
+/// (a guarded call, a task of oncely's).
+pub trait Caller: Send + Sync {
+    /// The facts of a call on the route named `route` (principal, workflow id, span),
+    /// whose principal `config` says how to read.
+    fn facts(&self, guard: &Guard, config: &McpConfig, route: &str) -> RequestFacts;
+}
+
+/// A caller whose transport knows who it is (stdio: the wrapper's principal).
+#[derive(Debug, Clone)]
+pub struct KnownCaller(pub String);
+
+impl Caller for KnownCaller {
+    fn facts(&self, guard: &Guard, _config: &McpConfig, _route: &str) -> RequestFacts {
+        RequestFacts {
+            principal: Some(guard.principal_hash(self.0.as_bytes())),
+            workflow_id: None,
+            span: None,
+        }
+    }
+}
+
+/// What a transport knows of one message besides its bytes.
+pub struct Context<O> {
+    /// The client's session: cancellations and the guarded calls in flight are its own.
+    pub session: Option<String>,
+    /// The message is of the stateless era (2026-07-28 or later).
+    pub modern: bool,
+    /// Who sent it.
+    pub caller: Arc<dyn Caller>,
+    /// What the server needs to send it on ([`Server::Origin`]).
+    pub origin: O,
+}
+
+impl<O: Clone> Clone for Context<O> {
+    fn clone(&self) -> Self {
+        Context {
+            session: self.session.clone(),
+            modern: self.modern,
+            caller: self.caller.clone(),
+            origin: self.origin.clone(),
+        }
+    }
+}
