@@ -19,14 +19,12 @@
 //! Every backend passes the same conformance suite (the test-support crate
 //! `oncely-store-conformance`, one section per small trait). The rules of every transition
 //! live in `oncely_core::record`; a backend only makes them atomic and durable.
-//!
 //! A guarded request costs one store round trip for a replay ([`Ledger::claim`] returns the
 //! completed record) and two for a fresh execution ([`Ledger::claim`], then
-//! [`Ledger::complete`] or [`Ledger::release`]).
-//!
-//! The tables are built for that path: one unique index of 16-byte claim hashes
-//! (`oncely_core::Scope::claim_hash`), time-ordered ids (UUIDv7), two more indexes only
-//! (records not completed, the expiry); each backend's schema module says the rest.
+//! [`Ledger::complete`] or [`Ledger::release`]). The tables are built for that path: one
+//! unique index of 16-byte claim hashes (`oncely_core::Scope::claim_hash`), time-ordered
+//! ids (UUIDv7), two more indexes only (records not completed, the expiry); each
+//! backend's schema module says the rest.
 
 use std::fmt;
 use std::sync::Arc;
@@ -43,6 +41,8 @@ mod bounded;
 pub mod clock;
 pub mod lease;
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod migration;
 mod plan;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -28,6 +28,11 @@ use crate::{Result, StoreError};
 /// The notification channel; the payload is a record id.
 pub(super) const CHANNEL: &str = "oncely_records";
 
+/// The pause before the listener connects again after its connection was lost (doubled
+/// after each failed try, [`oncely_core::backoff`]), and the longest.
+const RECONNECT_FIRST: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
 /// How often the idle listener checks that its connection still answers.
 const HEARTBEAT: Duration = Duration::from_secs(10);
 
@@ -84,11 +89,11 @@ pub(super) async fn start(connector: Connector, waiters: Arc<Waiters>) -> Result
 
 async fn run(connector: Connector, waiters: Arc<Waiters>, ready: oneshot::Sender<Result<()>>) {
     let mut ready = Some(ready);
-    let mut backoff = Duration::from_millis(50);
+    let mut pauses = 0u32;
     loop {
         match connect(&connector).await {
             Ok((client, mut messages)) => {
-                backoff = Duration::from_millis(50);
+                pauses = 0;
                 match ready.take() {
                     Some(tx) => {
                         let _ = tx.send(Ok(()));
@@ -106,14 +111,20 @@ async fn run(connector: Connector, waiters: Arc<Waiters>, ready: oneshot::Sender
                     let _ = tx.send(Err(e));
                     return;
                 }
-                tracing::warn!(error = %e, ?backoff, "PostgreSQL listener cannot reconnect");
+                tracing::warn!(error = %e, backoff = ?pause(pauses),
+                    "PostgreSQL listener cannot reconnect");
             }
         }
         // Waiters still wake at their deadline while there is no listener; they also get
         // a wake-up right after the reconnect.
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(pause(pauses)).await;
+        pauses = pauses.saturating_add(1);
     }
+}
+
+/// The pause after `n` pauses since the last connection that held.
+fn pause(n: u32) -> Duration {
+    oncely_core::backoff::exponential(RECONNECT_FIRST, n, RECONNECT_MAX)
 }
 
 /// Connects and subscribes; the receiver yields notification payloads and closes when
@@ -165,5 +176,21 @@ async fn listen(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnects_pause_50ms_doubling_up_to_5s() {
+        let ms = Duration::from_millis;
+        let pauses: Vec<_> = (0..9).map(pause).collect();
+        assert_eq!(
+            pauses,
+            [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000].map(ms)
+        );
+        assert_eq!(pause(u32::MAX), RECONNECT_MAX);
     }
 }

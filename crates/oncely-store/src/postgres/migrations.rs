@@ -11,18 +11,11 @@
 use tokio_postgres::Client;
 
 use super::error::{error_text, unavailable};
-use crate::{Result, StoreError};
+use crate::migration;
+use crate::Result;
 
-/// One schema change.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// Strictly increasing, starting at 1.
-    pub version: i32,
-    /// A short name, for logs.
-    pub name: &'static str,
-    /// The statements (run in one transaction).
-    pub sql: &'static str,
-}
+/// One schema change: its version is a row of `schema_migrations` (an `integer`).
+pub type Migration = migration::Migration<i32>;
 
 /// Every migration, in order.
 pub const MIGRATIONS: &[Migration] = &[
@@ -269,30 +262,20 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
         .await
         .map_err(unavailable)?;
     let seen: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-    let known = MIGRATIONS.last().map_or(0, |m| m.version);
-    if let Some(newer) = seen.iter().find(|v| **v > known) {
-        return Err(StoreError::Config(format!(
-            "the database's schema is at version {newer}, newer than this oncely knows \
-             ({known}): upgrade oncely"
-        )));
-    }
+    let newest = seen.iter().copied().max();
+    let pending = migration::pending(MIGRATIONS, "the database", newest, |v| seen.contains(&v))?;
     let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| !seen.contains(&m.version)) {
-        tx.batch_execute(m.sql).await.map_err(|e| {
-            StoreError::Unavailable(format!(
-                "migration {} ({}) failed: {}",
-                m.version,
-                m.name,
-                error_text(&e)
-            ))
-        })?;
+    for m in pending {
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|e| migration::failed(m, error_text(&e)))?;
         tx.execute(
             "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
             &[&m.version, &m.name],
         )
         .await
         .map_err(unavailable)?;
-        tracing::info!(version = m.version, name = m.name, "applied migration");
+        migration::applied(m, "the database");
         applied.push(m.version);
     }
     tx.commit().await.map_err(unavailable)?;

@@ -10,18 +10,11 @@ use std::time::Duration;
 use rusqlite::{Connection, TransactionBehavior};
 
 use super::error::sql_error;
+use crate::migration;
 use crate::{Result, StoreError};
 
-/// One step of the schema.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// The `user_version` after this step (1, 2, 3...).
-    pub version: u32,
-    /// What the step adds, for logs.
-    pub name: &'static str,
-    /// The statements, run in one transaction with the version bump.
-    pub sql: &'static str,
-}
+/// One step of the schema: its version is the `user_version` after it (1, 2, 3...).
+pub type Migration = migration::Migration<u32>;
 
 /// Every migration, oldest first. Append new ones at the end with the next version.
 pub const MIGRATIONS: &[Migration] = &[
@@ -269,24 +262,16 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<Vec<u32>> {
     let current: u32 = tx
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(sql_error)?;
-    if current > SCHEMA_VERSION {
-        return Err(StoreError::Config(format!(
-            "the SQLite ledger has schema version {current}, newer than this oncely \
-             understands ({SCHEMA_VERSION}); upgrade oncely"
-        )));
-    }
+    let pending = migration::pending(MIGRATIONS, "the SQLite ledger", Some(current), |v| {
+        v <= current
+    })?;
     let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
-        tx.execute_batch(m.sql).map_err(|e| {
-            StoreError::Unavailable(format!("migration {} ({}) failed: {e}", m.version, m.name))
-        })?;
+    for m in pending {
+        tx.execute_batch(m.sql)
+            .map_err(|e| migration::failed(m, e))?;
         tx.pragma_update(None, "user_version", m.version)
             .map_err(sql_error)?;
-        tracing::info!(
-            version = m.version,
-            name = m.name,
-            "migrated the SQLite ledger"
-        );
+        migration::applied(m, "the SQLite ledger");
         applied.push(m.version);
     }
     tx.commit().map_err(sql_error)?;
