@@ -1,13 +1,16 @@
 //! Bodies: boxing any body (even one that is not `Sync`, like axum's) into [`BoxBody`],
-//! and the edge between HTTP bodies and the engine's streams: an upstream body goes to
-//! the engine as a [`BodyStream`], and the channel through which an owner task streams
-//! an upstream answer to its caller comes back as an HTTP body.
+//! and the edge between HTTP bodies and streams of chunks: an upstream body goes to the
+//! engine as a [`BodyStream`], and any stream of chunks of a known size comes back as an
+//! HTTP body ([`chunks`]: the channel through which an owner task streams an upstream
+//! answer to its caller, a request body partly read then the rest of it). A body that
+//! keeps something alive while it is read is [`holding`].
 
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures::{Stream, StreamExt};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyDataStream, BodyExt};
 use oncely_engine::{BodyStream, CallerBody};
@@ -81,26 +84,62 @@ pub(crate) fn caller(body: CallerBody, length: Option<u64>) -> BoxBody {
         Some(n) => SizeHint::with_exact(n),
         None => SizeHint::default(),
     };
-    BoxBody::new(ChannelBody { rx: body, hint })
+    chunks(body, hint)
 }
 
-/// A stream of chunks as an HTTP body, of `length` bytes when it is known in advance.
+/// A stream of chunks as an HTTP body, of `length` bytes when it is known in advance
+/// (the stream need not be `Sync`: it is wrapped as [`boxed`] wraps a body).
 pub fn streamed(body: BodyStream, length: Option<u64>) -> BoxBody {
     let hint = match length {
         Some(n) => SizeHint::with_exact(n),
         None => SizeHint::default(),
     };
-    boxed(ChannelBody { rx: body, hint })
+    boxed(Chunks { chunks: body, hint })
 }
 
-struct ChannelBody<S> {
-    rx: S,
+/// A stream of chunks as an HTTP body of the size `hint` says (an error ends it): the one
+/// hand-written body of chunks.
+pub fn chunks<S>(chunks: S, hint: SizeHint) -> BoxBody
+where
+    S: Stream<Item = Result<Bytes, BoxError>> + Send + Sync + Unpin + 'static,
+{
+    BoxBody::new(Chunks { chunks, hint })
+}
+
+/// What was already read of `body`, then the rest of it, as one body (its trailers are
+/// not carried on).
+pub fn prefixed(read: impl IntoIterator<Item = Bytes>, body: BoxBody) -> BoxBody {
+    let read: Vec<Bytes> = read.into_iter().collect();
+    let len: u64 = read.iter().map(|c| c.len() as u64).sum();
+    let rest = body.size_hint();
+    let mut hint = SizeHint::new();
+    hint.set_lower(rest.lower() + len);
+    if let Some(upper) = rest.upper() {
+        hint.set_upper(upper + len);
+    }
+    let read = futures::stream::iter(read.into_iter().map(Ok));
+    chunks(read.chain(BodyDataStream::new(body)), hint)
+}
+
+/// `body`, keeping `held` (a concurrency permit) alive until it is finished or dropped:
+/// the closure owns it, and the body owns the closure (`map_err` passes every frame, end
+/// and size hint on as they are).
+pub fn holding<T: Send + Sync + 'static>(body: BoxBody, held: T) -> BoxBody {
+    body.map_err(move |e| {
+        let _held = &held;
+        e
+    })
+    .boxed()
+}
+
+struct Chunks<S> {
+    chunks: S,
     hint: SizeHint,
 }
 
-impl<S> Body for ChannelBody<S>
+impl<S> Body for Chunks<S>
 where
-    S: futures::Stream<Item = Result<Bytes, BoxError>> + Unpin,
+    S: Stream<Item = Result<Bytes, BoxError>> + Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -109,12 +148,9 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.rx).poll_next(cx) {
-            Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        Pin::new(&mut self.chunks)
+            .poll_next(cx)
+            .map(|chunk| chunk.map(|c| c.map(Frame::data)))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -131,5 +167,22 @@ mod tests {
         let body = axum::body::Body::from("hello");
         let boxed = boxed(body);
         assert_eq!(boxed.collect().await.unwrap().to_bytes(), "hello");
+    }
+
+    #[tokio::test]
+    async fn what_was_read_comes_before_the_rest_and_the_size_adds_up() {
+        let body = prefixed([Bytes::from("ab"), Bytes::from("cd")], full("ef"));
+        assert_eq!(body.size_hint().exact(), Some(6));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdef");
+    }
+
+    #[tokio::test]
+    async fn a_held_value_lives_as_long_as_its_body() {
+        let held = std::sync::Arc::new(());
+        let body = holding(full("x"), held.clone());
+        assert_eq!(std::sync::Arc::strong_count(&held), 2);
+        assert_eq!(body.size_hint().exact(), Some(1));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "x");
+        assert_eq!(std::sync::Arc::strong_count(&held), 1);
     }
 }

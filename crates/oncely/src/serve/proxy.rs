@@ -21,13 +21,10 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
-use http_body::{Body, Frame, SizeHint};
 use oncely_tower::{BoxBody, BoxError, OwnerSend, RoutePolicy, UpstreamError};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::retry::RetryPolicy;
 use crate::config::Upstream;
@@ -216,11 +213,9 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             };
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            let body = Held {
-                inner: body,
-                _permit: permit,
-            };
-            Ok(Response::from_parts(parts, oncely_tower::body::boxed(body)))
+            // The route's concurrency permit is held until the answer is read or dropped.
+            let body = oncely_tower::body::holding(body, permit);
+            Ok(Response::from_parts(parts, body))
         })
     }
 }
@@ -252,33 +247,6 @@ fn timed_out(timeout: std::time::Duration) -> Response<BoxBody> {
         ),
     )
     .into_response()
-}
-
-/// An answer body that holds the route's concurrency permit until it is finished or
-/// dropped.
-struct Held {
-    inner: BoxBody,
-    _permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Body for Held {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

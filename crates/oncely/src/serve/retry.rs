@@ -19,17 +19,14 @@
 //! larger body is sent once, as it came, without retries.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use oncely_core::{backoff, Class};
-use oncely_tower::{BoxBody, BoxError, UpstreamError};
+use oncely_tower::{BoxBody, UpstreamError};
 use tokio::time::Instant;
 
 use crate::config::Route;
@@ -193,10 +190,7 @@ async fn keep(mut body: BoxBody, max_body: u64) -> Result<Kept, UpstreamError> {
         len += data.len() as u64;
         read.push_back(data);
         if len > max_body {
-            return Ok(Kept::TooLarge(oncely_tower::body::boxed(Prefixed {
-                read,
-                rest: body,
-            })));
+            return Ok(Kept::TooLarge(oncely_tower::body::prefixed(read, body)));
         }
     }
     let mut whole = bytes::BytesMut::with_capacity(len as usize);
@@ -206,45 +200,11 @@ async fn keep(mut body: BoxBody, max_body: u64) -> Result<Kept, UpstreamError> {
     Ok(Kept::Whole(whole.freeze()))
 }
 
-/// The chunks already read of a body, then the rest of it.
-struct Prefixed {
-    read: VecDeque<Bytes>,
-    rest: BoxBody,
-}
-
-impl Body for Prefixed {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(chunk) = self.read.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.read.is_empty() && self.rest.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let read: u64 = self.read.iter().map(|c| c.len() as u64).sum();
-        let rest = self.rest.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower() + read);
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper + read);
-        }
-        hint
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Frame;
+    use oncely_tower::BoxError;
 
     fn answer(status: u16) -> Result<Response<()>, UpstreamError> {
         Ok(Response::builder().status(status).body(()).unwrap())
