@@ -63,6 +63,8 @@
 mod request;
 mod status;
 mod submit;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 pub use request::{task_kind, JobRequest};

@@ -1,6 +1,7 @@
 //! PostgreSQL through the real binary: two `oncely serve` processes on one database are
 //! one gateway (40 identical concurrent requests split across them execute once; a
-//! duplicate at one instance joins an original running at the other), and a gateway
+//! duplicate at one instance joins an original running at the other; one instance's sweep
+//! leaves the other's live owner alone), and a gateway
 //! whose PostgreSQL goes away answers guarded requests 503 `store_unavailable` without
 //! forwarding them, passes unguarded ones, and recovers without a restart.
 //!
@@ -41,6 +42,18 @@ async fn counting_upstream(delay: Duration) -> (String, Arc<AtomicUsize>) {
     )
     .await;
     (format!("http://{addr}"), calls)
+}
+
+/// Waits (at most 10 s) until the original reached the upstream.
+async fn reached(calls: &AtomicUsize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the original never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 const AUTH: [(&str, &str); 1] = [("authorization", "Bearer sk_cluster")];
@@ -96,14 +109,7 @@ async fn a_duplicate_at_one_instance_joins_the_original_running_at_the_other() {
     let b = serve(&up, &store);
     let url_a = a.url("/v1/render");
     let original = tokio::spawn(async move { http_post(&url_a, "chapter 3", &AUTH).await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while calls.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the original never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    reached(&calls).await;
     let started = Instant::now();
     let dup = http_post(&b.url("/v1/render"), "chapter 3", &AUTH).await;
     let waited = started.elapsed();
@@ -204,4 +210,59 @@ async fn store_unavailable_refuses_guarded_requests_and_recovers_without_a_resta
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     drop(gw);
     tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instances_sweep_leaves_another_instances_live_owner_alone() {
+    let store = fresh_schema(&shared_url()).await;
+    // An action that runs 12 s under a lease of 1 s: its owner at B renews it every third
+    // of a second, while A's sweep (every 5 s) looks at it at least twice.
+    let (up, calls) = counting_upstream(Duration::from_secs(12)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("oncely.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "store = {store:?}\nupstream = {up:?}\n\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/render\"\nclass = \"action\"\nlease = \"1s\"\ntimeout = \"60s\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let a = Gateway::start(&["--config", config], &[]);
+    let b = Gateway::start(&["--config", config], &[]);
+    let url_b = b.url("/v1/render");
+    let original = tokio::spawn(async move { http_post(&url_b, "chapter 9", &AUTH).await });
+    reached(&calls).await;
+    // 6.5 s into the run A has swept at least once, and the lease has been renewed some
+    // twenty times: the record is still B's, and a duplicate at A joins it.
+    tokio::time::sleep(Duration::from_millis(6500)).await;
+    let state = |id: &str| {
+        let shown = crate::common::run(&["ledger", "show", id, "--json", "--store", &store]);
+        serde_json::from_slice::<serde_json::Value>(&shown.stdout).unwrap()
+    };
+    let listed = crate::common::run(&["ledger", "list", "--json", "--store", &store]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["state"], "processing", "{listed}");
+    let dup = http_post(&a.url("/v1/render"), "chapter 9", &AUTH).await;
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 200, "{}", original.text());
+    assert_eq!(original.header("oncely-status"), "fresh");
+    assert_eq!(original.text(), "render #1: chapter 9");
+    assert_eq!(dup.status, 200, "{}", dup.text());
+    assert_eq!(dup.header("oncely-status"), "joined");
+    assert_eq!(dup.text(), "render #1: chapter 9");
+    // B recorded it, at its first attempt, and nothing ran twice.
+    let shown = state(original.header("oncely-record"));
+    assert_eq!(shown["state"], "completed", "{shown}");
+    assert_eq!(shown["attempt"], 1, "{shown}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(
+        !a.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("went away")),
+        "A's sweep took B's owner for gone"
+    );
 }
