@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use oncely_core::units::format_duration;
 use oncely_http::client::error_chain;
+use oncely_mcp::jsonrpc::code;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -288,7 +289,10 @@ impl Rpc for StdioSession {
                             let reply = json!({
                                 "jsonrpc": "2.0",
                                 "id": their,
-                                "error": {"code": -32601, "message": "the oncely inventory answers no requests"},
+                                "error": {
+                                    "code": code::METHOD_NOT_FOUND,
+                                    "message": "the oncely inventory answers no requests",
+                                },
                             });
                             self.send(method, &reply).await?;
                         }
