@@ -4,14 +4,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand, ValueEnum};
-use oncely_core::{Record, RecordId, State};
+use oncely_core::{Record, RecordId};
 use oncely_store::{ListFilter, Store, StoreError};
 
-use super::store::{open, Ledger, StoreArgs};
+use super::store::{open, StoreArgs};
 use super::{Failure, Outcome};
-use crate::operations::{self, Verdict};
+use crate::operations::{self, OpError, Verdict, Via};
 use crate::records;
-use crate::serve::reconcile::{reconcile_once, Reconciled};
+use crate::serve::reconcile::Reconciled;
 
 /// A ledger state, as `--status` takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -105,7 +105,7 @@ pub struct ResolveArgs {
     #[arg(long, requires = "status")]
     pub completed: bool,
     /// The response status duplicates get.
-    #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u16).range(100..=599), requires = "completed")]
+    #[arg(long, value_name = "CODE", value_parser = parse_status_arg, requires = "completed")]
     pub status: Option<u16>,
     /// The response body duplicates get.
     #[arg(long, value_name = "F", requires = "completed")]
@@ -118,7 +118,12 @@ pub struct ResolveArgs {
 }
 
 fn parse_header_arg(text: &str) -> Result<(String, String), String> {
-    crate::operations::header_line(text)
+    operations::header_line(text)
+}
+
+fn parse_status_arg(text: &str) -> Result<u16, String> {
+    let code: u16 = text.parse().map_err(|e| format!("{e}"))?;
+    operations::status(code)
 }
 
 pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
@@ -180,15 +185,27 @@ pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
         LedgerCommand::Resolve(args) => resolve(args).await,
         LedgerCommand::Reconcile { id, store } => {
             let ledger = open(&store).await?;
-            let record = get(&*ledger.store, &id).await?;
-            reconcile(&ledger, record).await
+            let outcome =
+                operations::reconcile(&*ledger.store, ledger.config.as_ref(), &id, Via::Cli)
+                    .await
+                    .map_err(op_failure)?;
+            match outcome {
+                Reconciled::Completed(after) | Reconciled::Released(after) => {
+                    println!("record {} is now {}", after.id, after.state);
+                    Ok(())
+                }
+                Reconciled::Unknown(why) => Err(Failure::runtime(format!(
+                    "record {id} stays outcome_unknown: {why}"
+                ))),
+                Reconciled::Error(why) => Err(Failure::runtime(format!("record {id}: {why}"))),
+            }
         }
         LedgerCommand::Purge { expired: _, store } => {
             let ledger = open(&store).await?;
-            let retention = crate::operations::usage_retention(ledger.config.as_ref());
-            let purged = crate::operations::purge(&*ledger.store, retention)
+            let retention = operations::usage_retention(ledger.config.as_ref());
+            let purged = operations::purge(&*ledger.store, retention, Via::Cli)
                 .await
-                .map_err(store_failure)?;
+                .map_err(op_failure)?;
             let n = purged.records;
             println!(
                 "purged {n} expired record{} and {} usage history row{} older than {}",
@@ -204,6 +221,11 @@ pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
 
 /// A store failure as a one-line exit 2.
 pub(crate) fn store_failure(e: StoreError) -> Failure {
+    Failure::usage(e)
+}
+
+/// An operator step that was not taken as a one-line exit 2.
+pub(crate) fn op_failure(e: OpError) -> Failure {
     Failure::usage(e)
 }
 
@@ -291,7 +313,6 @@ fn print_record(r: &Record) {
 
 async fn resolve(args: ResolveArgs) -> Outcome {
     let ledger = open(&args.store).await?;
-    let record = get(&*ledger.store, &args.id).await?;
     let verdict = if args.released {
         Verdict::Released
     } else {
@@ -308,60 +329,15 @@ async fn resolve(args: ResolveArgs) -> Outcome {
             body,
         }
     };
-    let window = operations::window_for(ledger.config.as_ref(), &record.route);
-    let resolution =
-        operations::resolution(verdict, window, "oncely ledger resolve").map_err(Failure::usage)?;
-    let after = ledger
-        .store
-        .resolve(&record.id, resolution)
-        .await
-        .map_err(store_failure)?;
+    let after = operations::resolve(
+        &*ledger.store,
+        ledger.config.as_ref(),
+        &args.id,
+        verdict,
+        Via::Cli,
+    )
+    .await
+    .map_err(op_failure)?;
     println!("record {} is now {}", after.id, after.state);
     Ok(())
-}
-
-async fn reconcile(ledger: &Ledger, record: Record) -> Outcome {
-    if record.state != State::OutcomeUnknown {
-        return Err(Failure::usage(format!(
-            "record {} is {}, not outcome_unknown: nothing to reconcile",
-            record.id, record.state
-        )));
-    }
-    let Some(config) = &ledger.config else {
-        return Err(Failure::usage(format!(
-            "record {} is on route {:?}: pass --config FILE so that its reconcile endpoint is known",
-            record.id, record.route
-        )));
-    };
-    let Some(route) = config.route_named(&record.route) else {
-        return Err(Failure::usage(format!(
-            "route {:?} of record {} is not in the config",
-            record.route, record.id
-        )));
-    };
-    if route.reconcile.is_none() {
-        return Err(Failure::usage(format!(
-            "route {:?} has no reconcile configured",
-            record.route
-        )));
-    }
-    if route.upstream.is_none() {
-        return Err(Failure::usage(format!(
-            "route {:?} has no upstream",
-            record.route
-        )));
-    }
-    let client = crate::serve::proxy::upstream_client(config.upstream_ca.as_deref())
-        .map_err(|e| Failure::usage(format!("{e:#}")))?;
-    match reconcile_once(&*ledger.store, &client, route, &record, 1).await {
-        Reconciled::Completed(after) | Reconciled::Released(after) => {
-            println!("record {} is now {}", after.id, after.state);
-            Ok(())
-        }
-        Reconciled::Unknown(why) => Err(Failure::runtime(format!(
-            "record {} stays outcome_unknown: {why}",
-            record.id
-        ))),
-        Reconciled::Error(why) => Err(Failure::runtime(format!("record {}: {why}", record.id))),
-    }
 }

@@ -4,10 +4,11 @@
 
 use clap::Subcommand;
 
-use super::ledger::store_failure;
+use super::ledger::{op_failure, store_failure};
 use super::store::open;
 use super::store::StoreArgs;
 use super::{Failure, Outcome};
+use crate::operations::{self, Via};
 
 /// The `webhooks` subcommands.
 #[derive(Debug, Subcommand)]
@@ -64,9 +65,9 @@ pub(super) async fn run(cmd: WebhooksCommand) -> Outcome {
         }
         WebhooksCommand::Redeliver { id, store } => {
             let ledger = open(&store).await?;
-            let d = oncely_webhooks::redeliver(ledger.store.as_ref(), &id)
+            let d = operations::redeliver(ledger.store.as_ref(), None, &id, Via::Cli)
                 .await
-                .map_err(store_failure)?;
+                .map_err(op_failure)?;
             println!(
                 "{}: event {} queued for delivery to {} again",
                 d.id, d.event_id, d.deliver_to

@@ -34,7 +34,7 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
-use crate::operations::Verdict;
+use crate::operations::{OpError, Verdict, Via};
 use crate::records;
 
 /// What the admin handlers share.
@@ -51,6 +51,9 @@ pub struct AdminState {
     /// The webhook routes (`/webhooks/dead`, `/webhooks/dead/{id}/redeliver`), put behind
     /// the same bearer token.
     pub webhooks: Router,
+    /// Wakes this process's webhook delivery worker (when it has one): the console's
+    /// redeliveries are sent at once, as the admin API's are.
+    pub webhook_waker: Option<oncely_webhooks::Waker>,
 }
 
 /// An admin API error: one type, rendered as problem+json (`oncely_http::problem`, the
@@ -78,6 +81,24 @@ impl From<StoreError> for AdminError {
                     "the ledger cannot be reached",
                 )
             }
+        }
+    }
+}
+
+impl From<OpError> for AdminError {
+    fn from(e: OpError) -> AdminError {
+        match e {
+            OpError::NotFound(_) | OpError::NoDelivery(_) => {
+                AdminError::new(ProblemCode::NotFound, e.to_string())
+            }
+            OpError::NotOutcomeUnknown { .. } => {
+                AdminError::new(ProblemCode::WrongState, e.to_string())
+            }
+            OpError::NotDead(_) => AdminError::new(ProblemCode::NotDead, e.to_string()),
+            OpError::Invalid(_) | OpError::NotReconcilable(_) | OpError::Client(_) => {
+                bad(e.to_string())
+            }
+            OpError::Store(e) => e.into(),
         }
     }
 }
@@ -112,7 +133,7 @@ pub fn router(state: AdminState) -> Router {
             state.store,
             state.config,
             state.token,
-            state.webhooks,
+            state.webhook_waker,
         ))
 }
 
@@ -281,12 +302,6 @@ async fn resolve(
 ) -> Result<Json<serde_json::Value>, AdminError> {
     let b: ResolveBody = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("the body is not a resolution: {e}")))?;
-    let id = RecordId(id);
-    let record = state
-        .store
-        .get(&id)
-        .await?
-        .ok_or_else(|| AdminError::from(StoreError::NotFound(id.clone())))?;
     let (released, completed) = match b.state.as_deref() {
         None => (b.released, b.completed),
         Some("released") if !b.completed => (true, false),
@@ -298,13 +313,11 @@ async fn resolve(
             )))
         }
     };
-    let window = crate::operations::window_for(Some(&state.config), &record.route);
     let verdict = match (released, completed) {
         (true, false) => Verdict::Released,
         (false, true) => {
             let status = b
                 .status
-                .filter(|s| (100..=599).contains(s))
                 .ok_or_else(|| bad("\"completed\" needs \"status\" (100-599)"))?;
             let mut headers = Vec::new();
             for (name, value) in b.headers.pairs()? {
@@ -328,9 +341,14 @@ async fn resolve(
             "give exactly one of {\"released\": true} and {\"completed\": true, \"status\": ...}",
         )),
     };
-    let resolution = crate::operations::resolution(verdict, window, "admin API").map_err(bad)?;
-    let after = state.store.resolve(&id, resolution).await?;
-    tracing::info!(record = %after.id, state = %after.state, "resolved by the admin API");
+    let after = crate::operations::resolve(
+        &*state.store,
+        Some(&state.config),
+        &id,
+        verdict,
+        Via::AdminApi,
+    )
+    .await?;
     Ok(Json(records::full(&after)))
 }
 

@@ -204,6 +204,7 @@ pub async fn run_reloading(
         token: admin_token,
         metrics: metrics.clone(),
         webhooks: live.webhooks.admin_router(store.clone()),
+        webhook_waker: live.webhooks.waker(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = {
@@ -466,11 +467,9 @@ async fn chores(
             }
             _ = purge.tick() => {
                 let retention = configs.borrow().usage_retention;
-                match crate::operations::purge(&*store, retention).await {
-                    Ok(p) if p.records == 0 && p.history_rows == 0 => {}
-                    Ok(p) => tracing::info!(purged = p.records, history_rows = p.history_rows,
-                        "purged expired records"),
-                    Err(e) => tracing::warn!(error = %e, "purging expired records failed"),
+                let via = crate::operations::Via::Server;
+                if let Err(e) = crate::operations::purge(&*store, retention, via).await {
+                    tracing::warn!(error = %e, "purging expired records failed");
                 }
             }
             _ = gauge.tick() => {

@@ -68,7 +68,12 @@ impl Webhooks {
     /// The admin routes (`GET /webhooks/dead`, `POST /webhooks/dead/{id}/redeliver`),
     /// waking this process's worker on a redelivery.
     pub fn admin_router(&self, store: Arc<dyn Store>) -> axum::Router {
-        oncely_webhooks::ops::admin_router(store, self.worker.as_ref().map(|w| w.waker()))
+        oncely_webhooks::ops::admin_router(store, self.waker())
+    }
+
+    /// What wakes this process's delivery worker, when it has one.
+    pub fn waker(&self) -> Option<oncely_webhooks::Waker> {
+        self.worker.as_ref().map(|w| w.waker())
     }
 
     /// Stops the worker, letting deliveries in flight finish (queued ones stay queued).

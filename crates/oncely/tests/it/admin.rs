@@ -118,3 +118,60 @@ async fn the_token_opens_records_usage_and_resolve() {
         m.text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_checks_that_the_record_is_outcome_unknown_before_the_verdict() {
+    let (_dir, store, (done, unknown, running)) = crate::cli::seeded().await;
+    let up = upstream(axum::Router::new()).await;
+    let gw = Gateway::start(
+        &["--upstream", &format!("http://{up}"), "--store", &store],
+        &[("ONCELY_ADMIN_TOKEN", "s3cret")],
+    );
+    let auth = [("authorization", "Bearer s3cret")];
+    let resolve = |id: String, body: &'static str| {
+        let url = gw.admin_url(&format!("/records/{id}/resolve"));
+        async move { post(&url, body, &auth).await }
+    };
+    // Not outcome_unknown: 409 wrong_state, whatever the verdict (a status out of range
+    // included), and the record is unchanged.
+    for body in [
+        r#"{"completed": true, "status": 700}"#,
+        r#"{"completed": true, "status": 200, "body": "other"}"#,
+        r#"{"released": true}"#,
+    ] {
+        let res = resolve(done.id.to_string(), body).await;
+        assert_eq!(res.status, 409, "{body}: {}", res.text());
+        assert_eq!(res.json()["code"], "wrong_state");
+        assert!(
+            res.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("is completed, not outcome_unknown"),
+            "{}",
+            res.text()
+        );
+    }
+    let res = resolve(
+        running.id.to_string(),
+        r#"{"completed": true, "status": 700}"#,
+    )
+    .await;
+    assert_eq!(res.status, 409, "{}", res.text());
+    let one = get(&gw.admin_url(&format!("/records/{}", done.id)), &auth).await;
+    assert_eq!(one.json()["state"], "completed");
+    assert_eq!(one.json()["response"]["body"], "rendered");
+    // An outcome_unknown record: the status is checked (400), then it resolves.
+    let res = resolve(
+        unknown.id.to_string(),
+        r#"{"completed": true, "status": 700}"#,
+    )
+    .await;
+    assert_eq!(res.status, 400, "{}", res.text());
+    let res = resolve(unknown.id.to_string(), r#"{"released": true}"#).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["state"], "released");
+    assert_eq!(
+        res.json()["last_error"],
+        "resolved as released by an operator (admin API)"
+    );
+}

@@ -164,6 +164,15 @@ async fn seed(path: &Path) -> (Record, Record, Record) {
     (done, unknown, running)
 }
 
+/// A SQLite ledger in a new directory, seeded ([`seed`]): the directory, the store URL
+/// and the records.
+pub(crate) async fn seeded() -> (tempfile::TempDir, String, (Record, Record, Record)) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let records = seed(&db).await;
+    (dir, format!("sqlite://{}", db.display()), records)
+}
+
 fn json(o: &std::process::Output) -> serde_json::Value {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
     serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
@@ -409,4 +418,45 @@ reconcile = "GET /v1/orders?reference={{key}}"
     assert_eq!(shown["state"], "completed");
     assert_eq!(shown["response"]["status"], 200);
     assert_eq!(shown["response"]["body"], "{\"order\":\"found\"}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_refuses_a_record_that_is_not_outcome_unknown_whatever_the_verdict() {
+    let (dir, store, (done, _, running)) = seeded().await;
+    let body = dir.path().join("body.txt");
+    std::fs::write(&body, b"other").unwrap();
+    // A completed record is not resolved again, whatever the verdict says: the check
+    // that it is outcome_unknown comes first, as in the admin API and the console.
+    let completed = format!("record {} is completed, not outcome_unknown", done.id);
+    let cases = [
+        (&done, vec!["--released"], completed.as_str()),
+        (
+            &done,
+            vec![
+                "--completed",
+                "--status",
+                "200",
+                "--body-file",
+                body.to_str().unwrap(),
+            ],
+            &completed,
+        ),
+        (
+            &running,
+            vec!["--released"],
+            "is processing, not outcome_unknown",
+        ),
+    ];
+    for (record, verdict, refused) in cases {
+        let mut args = vec!["ledger", "resolve", record.id.as_str()];
+        args.extend(verdict);
+        args.extend(["--store", &store]);
+        assert_usage_error(&run(&args), refused);
+    }
+    // Nothing changed.
+    let show = |id: &str| json(&run(&["ledger", "show", id, "--json", "--store", &store]));
+    let shown = show(done.id.as_str());
+    assert_eq!(shown["state"], "completed");
+    assert_eq!(shown["response"]["body"], "rendered");
+    assert_eq!(show(running.id.as_str())["state"], "processing");
 }

@@ -58,14 +58,14 @@ const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
 
 /// The console's routes, merged into the admin router: the ledger, the config, the admin
-/// token and the webhook routes are the admin API's own.
+/// token and the webhook worker are the admin API's own.
 pub(crate) fn router(
     store: Arc<dyn Store>,
     config: Arc<Config>,
     token: Option<String>,
-    webhooks: Router,
+    webhook_waker: Option<oncely_webhooks::Waker>,
 ) -> Router {
-    let console = Console::new(store, config, token, webhooks);
+    let console = Console::new(store, config, token, webhook_waker);
     let guarded = Router::new()
         .route("/console/", get(pages::records::records))
         .route("/console/records/{id}", get(pages::record::record))

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use oncely_store::Store;
 
 use crate::config::Config;
@@ -47,25 +46,25 @@ pub(crate) struct Console {
     pub(super) config: Arc<Config>,
     /// The admin token; `None` closes the console, as it closes the admin API.
     token: Option<String>,
-    /// The webhook routes, called directly (a console request is authenticated here).
-    pub(super) webhooks: Router,
+    /// Wakes this process's webhook delivery worker (when it has one) on a redelivery.
+    pub(super) webhook_waker: Option<oncely_webhooks::Waker>,
     sessions: Arc<Mutex<HashMap<String, Session>>>,
 }
 
 impl Console {
-    /// A console over the admin API's ledger, config, token and webhook routes, with no
+    /// A console over the admin API's ledger, config, token and webhook worker, with no
     /// session open yet.
     pub(super) fn new(
         store: Arc<dyn Store>,
         config: Arc<Config>,
         token: Option<String>,
-        webhooks: Router,
+        webhook_waker: Option<oncely_webhooks::Waker>,
     ) -> Console {
         Console {
             store,
             config,
             token,
-            webhooks,
+            webhook_waker,
             sessions: Arc::default(),
         }
     }

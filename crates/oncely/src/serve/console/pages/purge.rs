@@ -7,7 +7,8 @@ use axum::{Extension, Form};
 
 use super::super::html::url_enc;
 use super::super::state::{Console, Viewer};
-use super::shared::{confirm_page, store_error, Confirmed, PageResult};
+use super::shared::{confirm_page, op_error, Confirmed, PageResult};
+use crate::operations::{self, Via};
 
 /// `GET /console/purge`: the confirmation.
 pub(crate) async fn purge_form(Extension(viewer): Extension<Viewer>) -> Response {
@@ -30,12 +31,14 @@ pub(crate) async fn purge(
     if c.confirmed != "1" {
         return Ok(purge_form(Extension(viewer)).await);
     }
-    let purged = crate::operations::purge(&*console.store, console.config.usage_retention)
-        .await
-        .map_err(store_error)?;
+    let purged = operations::purge(
+        &*console.store,
+        console.config.usage_retention,
+        Via::Console,
+    )
+    .await
+    .map_err(op_error)?;
     let n = purged.records;
-    tracing::info!(target: "oncely::console", action = "purge", purged = n,
-        history_rows = purged.history_rows, by = "console", "console action");
     Ok(Redirect::to(&format!(
         "/console/?done={}",
         url_enc(&format!(

@@ -2,19 +2,17 @@
 //! hand, as `oncely ledger resolve` and the admin API do: the form, the confirmation,
 //! then the resolution.
 
-use std::time::Duration;
-
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use oncely_core::{Record, Resolution, State as RecordState};
+use oncely_core::{Record, Resolution};
 use serde::Deserialize;
 
 use super::super::html::{csrf_field, esc, html, page, state_badge, url_enc, Section};
 use super::super::state::{Console, Viewer};
-use super::shared::{get_record, not_unknown, ok, store_error, PageResult};
-use crate::operations::Verdict;
+use super::shared::{ok, op_error, PageResult};
+use crate::operations::{self, OpError, Verdict, Via};
 
 /// What the resolve form posts (and the confirmation page posts again with `confirmed`).
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -86,10 +84,9 @@ pub(crate) async fn resolve_form(
     Extension(viewer): Extension<Viewer>,
     Path(id): Path<String>,
 ) -> PageResult {
-    let r = get_record(&console, &id).await?;
-    if r.state != RecordState::OutcomeUnknown {
-        return Err(not_unknown(&r));
-    }
+    let r = operations::unknown_record(&*console.store, &id, "resolve")
+        .await
+        .map_err(op_error)?;
     Ok(resolve_form_page(
         &viewer,
         &r,
@@ -98,25 +95,23 @@ pub(crate) async fn resolve_form(
     ))
 }
 
-/// The resolution a form describes ([`crate::operations::resolution`], as for the CLI
-/// and the admin API).
-fn resolution(f: &ResolveForm, window: Duration) -> Result<Resolution, String> {
-    let verdict = match f.verdict.as_str() {
+/// The verdict a form describes; its status and headers are checked by
+/// [`crate::operations`], as for the CLI and the admin API.
+fn verdict(f: &ResolveForm) -> Result<Verdict, String> {
+    Ok(match f.verdict.as_str() {
         "released" => Verdict::Released,
         "completed" => {
             let status: u16 = f
                 .status
                 .trim()
                 .parse()
-                .ok()
-                .filter(|s| (100..=599).contains(s))
-                .ok_or("completed needs a status from 100 to 599")?;
+                .map_err(|_| "completed needs a status from 100 to 599")?;
             let headers = f
                 .headers
                 .lines()
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
-                .map(crate::operations::header_line)
+                .map(operations::header_line)
                 .collect::<Result<Vec<_>, _>>()?;
             // A browser's textarea sends CRLF line ends: store what the operator typed.
             let body = f.body.replace("\r\n", "\n").into_bytes();
@@ -127,8 +122,7 @@ fn resolution(f: &ResolveForm, window: Duration) -> Result<Resolution, String> {
             }
         }
         _ => return Err("choose completed or released".into()),
-    };
-    crate::operations::resolution(verdict, window, "console")
+    })
 }
 
 /// `POST /console/records/ID/resolve`: without `confirmed`, the confirmation page; with
@@ -139,16 +133,28 @@ pub(crate) async fn resolve(
     Path(id): Path<String>,
     Form(f): Form<ResolveForm>,
 ) -> PageResult {
-    let r = get_record(&console, &id).await?;
-    if r.state != RecordState::OutcomeUnknown {
-        return Err(not_unknown(&r));
-    }
-    let window = crate::operations::window_for(Some(&console.config), &r.route);
-    let resolution = match resolution(&f, window) {
-        Ok(res) => res,
-        Err(e) => return Ok(resolve_form_page(&viewer, &r, &f, Some(&e))),
+    let config = Some(&*console.config);
+    let v = match verdict(&f) {
+        Ok(v) => v,
+        Err(e) => return invalid(&console, &viewer, &id, &f, e).await,
     };
     if f.confirmed != "1" {
+        let (r, resolution) = match operations::plan_resolution(
+            &*console.store,
+            config,
+            &id,
+            v,
+            Via::Console,
+        )
+        .await
+        {
+            Ok(planned) => planned,
+            Err(OpError::Invalid(e)) => return invalid(&console, &viewer, &id, &f, e).await,
+            Err(e) => return Err(op_error(e)),
+        };
+        let window = match &resolution {
+            Resolution::Released { window, .. } | Resolution::Completed { window, .. } => *window,
+        };
         let what = match &resolution {
             Resolution::Released { .. } => "<strong>released</strong>: the next identical request executes again".to_owned(),
             Resolution::Completed { response, .. } => format!(
@@ -189,24 +195,30 @@ This cannot be undone.</p>\
             &body,
         ));
     }
-    let after = console
-        .store
-        .resolve(&r.id, resolution)
-        .await
-        .map_err(store_error)?;
-    tracing::info!(
-        target: "oncely::console",
-        action = "resolve",
-        record = %after.id,
-        route = %after.route,
-        to = %after.state,
-        by = "console",
-        "console action"
-    );
+    let after = match operations::resolve(&*console.store, config, &id, v, Via::Console).await {
+        Ok(after) => after,
+        Err(OpError::Invalid(e)) => return invalid(&console, &viewer, &id, &f, e).await,
+        Err(e) => return Err(op_error(e)),
+    };
     Ok(Redirect::to(&format!(
         "/console/records/{}?done={}",
         url_enc(after.id.as_str()),
         url_enc(&format!("resolved as {}", after.state))
     ))
     .into_response())
+}
+
+/// The form again with what was wrong in it, for a record that is still
+/// `outcome_unknown` (else the page that says it is not).
+async fn invalid(
+    console: &Console,
+    viewer: &Viewer,
+    id: &str,
+    f: &ResolveForm,
+    error: String,
+) -> PageResult {
+    let r = operations::unknown_record(&*console.store, id, "resolve")
+        .await
+        .map_err(op_error)?;
+    Ok(resolve_form_page(viewer, &r, f, Some(&error)))
 }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::super::html::{csrf_field, error_page, esc, html, page, Section};
 use super::super::state::{Console, Viewer};
+use crate::operations::OpError;
 
 /// Repeat events read for one record's history or one principal's chart.
 pub(super) const EVENTS: usize = 10_000;
@@ -80,16 +81,32 @@ pub(crate) struct DoneQuery {
     pub(super) done: Option<String>,
 }
 
-/// The page for an action only an `outcome_unknown` record takes.
-pub(super) fn not_unknown(r: &Record) -> Response {
-    error_page(
-        StatusCode::CONFLICT,
-        "Nothing to resolve",
-        &format!(
-            "Record {} is {}, not outcome_unknown: only an outcome_unknown record is resolved.",
-            r.id, r.state
+/// An operator step that was not taken ([`crate::operations`]) as a page: 404, 409, 400,
+/// or 503.
+pub(super) fn op_error(e: OpError) -> Response {
+    let conflict = |title: &str, text: &str| error_page(StatusCode::CONFLICT, title, text);
+    match e {
+        OpError::NotFound(id) => store_error(StoreError::NotFound(RecordId(id))),
+        OpError::NotOutcomeUnknown { id, state, .. } => conflict(
+            "Nothing to resolve",
+            &format!(
+                "Record {id} is {state}, not outcome_unknown: only an outcome_unknown record is resolved."
+            ),
         ),
-    )
+        OpError::NotReconcilable(why) => conflict(
+            "Cannot reconcile",
+            &format!("{why}: resolve the record by hand."),
+        ),
+        OpError::Client(why) => error_page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Cannot reconcile",
+            &why,
+        ),
+        OpError::NoDelivery(why) => error_page(StatusCode::NOT_FOUND, "Not redelivered", &why),
+        OpError::NotDead(why) => conflict("Not redelivered", &why),
+        OpError::Invalid(why) => error_page(StatusCode::BAD_REQUEST, "Not possible", &why),
+        OpError::Store(e) => store_error(e),
+    }
 }
 
 /// A confirmation page: what will happen, and the one button that does it.

@@ -3,16 +3,14 @@
 
 use std::fmt::Write as _;
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::Request;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use tower::ServiceExt;
 
-use super::super::html::{error_page, esc, url_enc, Section};
+use super::super::html::{esc, url_enc, Section};
 use super::super::state::{Console, Viewer};
-use super::shared::{confirm_page, ok, store_error, Confirmed, DoneQuery, PageResult};
+use super::shared::{confirm_page, ok, op_error, store_error, Confirmed, DoneQuery, PageResult};
+use crate::operations::{self, Via};
 
 /// `GET /console/webhooks`: the dead-lettered deliveries.
 pub(crate) async fn dead_letters(
@@ -76,8 +74,8 @@ pub(crate) async fn redeliver_form(
     )
 }
 
-/// `POST /console/webhooks/ID/redeliver`: through the admin API's own route, which also
-/// wakes this process's delivery worker.
+/// `POST /console/webhooks/ID/redeliver`, as `oncely webhooks redeliver` and the admin API
+/// do; this process's delivery worker is woken to send it at once.
 pub(crate) async fn redeliver(
     State(console): State<Console>,
     Extension(viewer): Extension<Viewer>,
@@ -87,26 +85,14 @@ pub(crate) async fn redeliver(
     if c.confirmed != "1" {
         return Ok(redeliver_form(Extension(viewer), Path(id)).await);
     }
-    let req = Request::post(format!("/webhooks/dead/{}/redeliver", url_enc(&id)))
-        .body(Body::empty())
-        .expect("a valid request");
-    let res = console
-        .webhooks
-        .clone()
-        .oneshot(req)
-        .await
-        .unwrap_or_else(|e| match e {});
-    let status = res.status();
-    if !status.is_success() {
-        let detail = axum::body::to_bytes(res.into_body(), 64 * 1024)
-            .await
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v["detail"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| "the delivery cannot be redelivered".into());
-        return Err(error_page(status, "Not redelivered", &detail));
-    }
-    tracing::info!(target: "oncely::console", action = "redeliver", delivery = %id, by = "console", "console action");
+    operations::redeliver(
+        &*console.store,
+        console.webhook_waker.as_ref(),
+        &id,
+        Via::Console,
+    )
+    .await
+    .map_err(op_error)?;
     Ok(Redirect::to(&format!(
         "/console/webhooks?done={}",
         url_enc(&format!("{id} queued again"))
