@@ -1,18 +1,22 @@
-//! Which tools are read-only, learned from the upstream's own `tools/list` answers as
-//! they pass through the proxy (and refreshed with every later listing, so a tool whose
-//! annotation changes is treated by its latest listing).
+//! What oncely knows of the server's tools, learned from its own `tools/list` answers as
+//! they pass through (and refreshed with every later listing, so a tool whose annotation
+//! or schema changes is treated by its latest listing): which are read-only, and which
+//! parameters each mirrors into headers (`x-mcp-header`, [`crate::header_params`]).
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 
 use crate::config::ToolSelection;
+use crate::header_params::{declared, HeaderParam};
 
-/// The tools seen so far, by name: whether each is annotated `readOnlyHint: true`.
+/// The tools seen so far, by name: whether each is annotated `readOnlyHint: true`, and
+/// the parameters of those that mirror some into headers.
 #[derive(Debug, Default)]
 pub struct ToolCatalog {
     read_only: RwLock<HashMap<String, bool>>,
+    header_params: RwLock<HashMap<String, Arc<[HeaderParam]>>>,
 }
 
 impl ToolCatalog {
@@ -27,6 +31,10 @@ impl ToolCatalog {
             return 0;
         };
         let mut map = self.read_only.write().unwrap_or_else(|e| e.into_inner());
+        let mut params = self
+            .header_params
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         for tool in tools {
             if let Some(name) = tool.get("name").and_then(Value::as_str) {
                 let ro = tool
@@ -34,9 +42,32 @@ impl ToolCatalog {
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
                 map.insert(name.to_string(), ro);
+                let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
+                match declared(schema) {
+                    Ok(found) if !found.is_empty() => {
+                        params.insert(name.to_string(), found.into());
+                    }
+                    Ok(_) => {
+                        params.remove(name);
+                    }
+                    // A client excludes such a tool (2026-07-28); a call of it is left
+                    // to the server.
+                    Err(why) => {
+                        tracing::warn!(tool = name, %why,
+                            "the tool's x-mcp-header declarations are invalid: its Mcp-Param headers are not checked");
+                        params.remove(name);
+                    }
+                }
             }
         }
         tools.len()
+    }
+
+    /// The parameters tool `name` mirrors into `Mcp-Param-*` headers, as its latest
+    /// listing declared them (none when it declared none, or was never listed).
+    pub fn header_params(&self, name: &str) -> Option<Arc<[HeaderParam]>> {
+        let params = self.header_params.read().unwrap_or_else(|e| e.into_inner());
+        params.get(name).cloned()
     }
 
     /// Whether `name` is known to be read-only.
@@ -90,6 +121,26 @@ mod tests {
         assert!(!c.is_guarded(&ToolSelection::Named(vec![]), "render"));
         c.observe_list(&json!({"tools":[{"name":"balance","annotations":{"readOnlyHint":false}}]}));
         assert!(c.is_guarded(&all, "balance"), "the latest listing counts");
+    }
+
+    #[test]
+    fn header_params_follow_the_latest_listing() {
+        let c = ToolCatalog::new();
+        let marked = json!({"tools":[{"name":"q","inputSchema":{"type":"object",
+            "properties":{"region":{"type":"string","x-mcp-header":"Region"}}}}]});
+        c.observe_list(&marked);
+        let params = c.header_params("q").unwrap();
+        assert_eq!(params[0].header(), "Mcp-Param-Region");
+        assert!(c.header_params("other").is_none());
+        c.observe_list(&json!({"tools":[{"name":"q","inputSchema":{"type":"object"}}]}));
+        assert!(c.header_params("q").is_none(), "unmarked now");
+        c.observe_list(&marked);
+        c.observe_list(&json!({"tools":[{"name":"q","inputSchema":{"type":"object",
+            "properties":{"list":{"items":{"x-mcp-header":"Item"}}}}}]}));
+        assert!(
+            c.header_params("q").is_none(),
+            "an invalid declaration checks nothing"
+        );
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub mod catalog;
 pub mod config;
 pub mod core;
 pub mod endpoint;
+pub mod header_params;
 pub mod jsonrpc;
 pub mod principal;
 mod ring_jws;

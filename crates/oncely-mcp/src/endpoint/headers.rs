@@ -1,11 +1,13 @@
 //! What the HTTP transport reads of a request's headers: its protocol era
 //! (`MCP-Protocol-Version`) and, in the stateless era (2026-07-28), whether its routing
-//! headers match its body.
+//! headers (`Mcp-Method`, `Mcp-Name`) and a tool's parameter headers (`Mcp-Param-*`)
+//! match its body.
 
-use http::header::HeaderMap;
+use http::header::{HeaderMap, HeaderName};
 use serde_json::Value;
 
 use crate::core::{is_stateless, HANDSHAKE_VERSIONS};
+use crate::header_params::{carries, decode, HeaderParam};
 
 /// Where a request's `Mcp-Name` is in its body: a tool's name.
 pub(super) const NAME: (&str, &str) = ("/params/name", "tool name");
@@ -38,9 +40,19 @@ pub(super) fn header_mismatch(
         .and_then(Value::as_str)
         .unwrap_or("");
     let check = |header: &str, what: &str, want: &str| {
-        let got = header_str(headers, &header.to_ascii_lowercase());
+        // `Mcp-Name` may carry its value in the Base64 sentinel; `Mcp-Method` may not.
+        let got = headers
+            .get(header.to_ascii_lowercase())
+            .map(|v| match header {
+                "Mcp-Name" => decode(v.as_bytes()),
+                _ => v.to_str().ok().map(str::to_string),
+            });
         match got {
-            Some(got) if got == want => None,
+            Some(Some(got)) if got == want => None,
+            Some(None) => Some(format!(
+                "{header} header holds characters a header value may not carry, or a \
+                 sentinel that is not Base64"
+            )),
             Some(_) => Some(format!(
                 "{header} header does not match the body's {what} {want:?}"
             )),
@@ -63,6 +75,50 @@ pub(super) fn header_mismatch(
         if v != version {
             return Some("MCP-Protocol-Version header does not match _meta protocolVersion".into());
         }
+    }
+    None
+}
+
+/// For a `tools/call` of a tool whose schema marks parameters (`params`): each
+/// `Mcp-Param-{Name}` header must carry its argument (decoded, compared by the argument's
+/// type), a marked argument with a value needs its header, and a header needs its value
+/// ("Server Behavior for Custom Headers"). The first that does not, named.
+pub(super) fn param_mismatch(
+    headers: &HeaderMap,
+    message: &Value,
+    params: &[HeaderParam],
+) -> Option<String> {
+    let arguments = message.pointer("/params/arguments");
+    for param in params {
+        let header = param.header();
+        let Ok(name) = HeaderName::from_bytes(header.to_ascii_lowercase().as_bytes()) else {
+            continue;
+        };
+        let given: Vec<_> = headers.get_all(&name).iter().collect();
+        let value = param.value_in(arguments);
+        let argument = param.path.join(".");
+        let problem = match (given.as_slice(), value) {
+            ([], None) => continue,
+            ([], Some(value)) => format!(
+                "{header} header is missing: the tool mirrors argument {argument} into it \
+                 and the body's is {value}"
+            ),
+            ([_, _, ..], _) => format!("{header} header is given more than once"),
+            ([one], value) => match (decode(one.as_bytes()), value) {
+                (None, _) => format!(
+                    "{header} header holds characters a header value may not carry, or a \
+                     sentinel that is not Base64"
+                ),
+                (Some(_), None) => {
+                    format!("{header} header is given but the body has no argument {argument}")
+                }
+                (Some(text), Some(value)) if !carries(&text, value) => {
+                    format!("{header} header does not match the body's argument {argument} {value}")
+                }
+                (Some(_), Some(_)) => continue,
+            },
+        };
+        return Some(problem);
     }
     None
 }

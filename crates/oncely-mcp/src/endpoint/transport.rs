@@ -15,7 +15,7 @@ use oncely_tower::{Guard, RequestFacts, RequestHead};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::headers::{header_mismatch, header_str, is_modern, NAME, TASK_ID};
+use super::headers::{header_mismatch, header_str, is_modern, param_mismatch, NAME, TASK_ID};
 use super::response::{empty, json_response, problem, render};
 use super::upstream::HttpServer;
 use crate::body::McpBody;
@@ -61,7 +61,7 @@ where
     if parts.method != Method::POST {
         return pass_through(&core, &parts, bytes).await;
     }
-    if let Some(refusal) = routing_mismatch(&parts, &bytes) {
+    if let Some(refusal) = routing_mismatch(&core, &parts, &bytes) {
         return json_response(StatusCode::BAD_REQUEST, &refusal);
     }
     let parts = Arc::new(parts);
@@ -74,12 +74,13 @@ where
     render(core.handle(bytes, context).await)
 }
 
-/// The stateless era's check of a request's routing headers against its message: a
-/// `tools/call` (its `Mcp-Name` the tool) and a `tasks/*` request (its `Mcp-Name` the
-/// task) whose headers do not match are refused with -32001 (HTTP 400), before the core
-/// sees them. A cancellation the core takes, and a `tools/call` the core refuses as
-/// unreadable, are left to it.
-fn routing_mismatch(parts: &http::request::Parts, bytes: &[u8]) -> Option<Value> {
+/// The stateless era's check of a request's headers against its message: a `tools/call`
+/// (its `Mcp-Name` the tool, and the `Mcp-Param-*` headers of the parameters the tool's
+/// listed schema marks) and a `tasks/*` request (its `Mcp-Name` the task) whose headers
+/// do not match are refused with -32020 (HTTP 400), before the core sees them. A
+/// cancellation the core takes, and a `tools/call` the core refuses as unreadable, are
+/// left to it.
+fn routing_mismatch(core: &HttpCore, parts: &http::request::Parts, bytes: &[u8]) -> Option<Value> {
     let message = jsonrpc::parse(bytes).filter(Value::is_object)?;
     let request = jsonrpc::as_request(&message)?;
     let text = std::str::from_utf8(bytes).unwrap_or_default();
@@ -88,7 +89,16 @@ fn routing_mismatch(parts: &http::request::Parts, bytes: &[u8]) -> Option<Value>
         method if method.starts_with("tasks/") && is_modern(&parts.headers) => TASK_ID,
         _ => return None,
     };
-    let mismatch = header_mismatch(&parts.headers, &message, name)?;
+    let params = || {
+        let tool = message.pointer("/params/name").and_then(Value::as_str)?;
+        let params = core.catalog().header_params(tool)?;
+        param_mismatch(&parts.headers, &message, &params)
+    };
+    let mismatch = header_mismatch(&parts.headers, &message, name).or_else(|| {
+        (name == NAME && is_modern(&parts.headers))
+            .then(params)
+            .flatten()
+    })?;
     Some(jsonrpc::error_message(
         request.id,
         code::HEADER_MISMATCH,

@@ -25,6 +25,7 @@ mod inventory;
 mod jobs;
 mod mcp;
 mod mcp_numbers;
+mod mcp_param_headers;
 mod mcp_remote;
 mod mcp_stdio;
 mod mcp_stdio_wire;

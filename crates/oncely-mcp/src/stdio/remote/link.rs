@@ -201,6 +201,9 @@ impl RemoteLink {
         if initialize {
             self.session.learn_revision(&bytes);
         }
+        if request.method == "tools/list" {
+            self.session.learn_tools(&bytes);
+        }
         let text = std::str::from_utf8(&bytes).unwrap_or_default();
         Ok(Some(
             jsonrpc::with_id(text, &client_id)

@@ -1,7 +1,8 @@
 //! What a remote link keeps of its server between requests ([`Session`]): where it is and
 //! the headers every request carries ([`Remote`]), the `Mcp-Session-Id` the server gave,
-//! the negotiated revision and the client's `initialize` (to start a new session with);
-//! and the HTTP request a message becomes with them.
+//! the negotiated revision, the client's `initialize` (to start a new session with) and
+//! the parameters each tool mirrors into headers; and the HTTP request a message becomes
+//! with them.
 
 use std::sync::Mutex;
 
@@ -12,7 +13,9 @@ use oncely_tower::BoxBody;
 use serde_json::Value;
 
 use crate::body::full;
+use crate::catalog::ToolCatalog;
 use crate::core::is_stateless;
+use crate::header_params::{encode, mirrored};
 use crate::jsonrpc;
 
 /// The remote server: its URL and the headers every request to it carries.
@@ -44,6 +47,9 @@ pub(super) struct Session {
     /// The client's `initialize`, to start a new session with when the server forgot
     /// its one.
     initialize: Mutex<Option<String>>,
+    /// The server's tools as its `tools/list` answers named them: the parameters each
+    /// mirrors into `Mcp-Param-*` headers.
+    tools: ToolCatalog,
 }
 
 impl Session {
@@ -53,6 +59,15 @@ impl Session {
             id: Mutex::new(None),
             revision: Mutex::new(None),
             initialize: Mutex::new(None),
+            tools: ToolCatalog::new(),
+        }
+    }
+
+    /// Learns the tools a `tools/list` response names.
+    pub(super) fn learn_tools(&self, response: &[u8]) {
+        let value: Option<Value> = jsonrpc::parse(response);
+        if let Some(result) = value.as_ref().and_then(|v| v.get("result")) {
+            self.tools.observe_list(result);
         }
     }
 
@@ -88,7 +103,9 @@ impl Session {
     }
 
     /// The request to the server with `body`: the remote's headers, the session, the
-    /// revision and, in the stateless era, the routing headers `message` implies.
+    /// revision and, in the stateless era, the routing headers `message` implies
+    /// (`Mcp-Method`, `Mcp-Name`, and for a `tools/call` the `Mcp-Param-*` headers of the
+    /// arguments its tool's schema marks), each value encoded as the transport says.
     pub(super) fn request(
         &self,
         method: Method,
@@ -122,7 +139,18 @@ impl Session {
                 .iter()
                 .find_map(|p| m.pointer(p).and_then(Value::as_str));
             if let Some(name) = name {
-                put(&mut headers, "mcp-name", name);
+                put(&mut headers, "mcp-name", &encode(name));
+            }
+            let tool = (m.get("method").and_then(Value::as_str) == Some("tools/call"))
+                .then(|| m.pointer("/params/name").and_then(Value::as_str))
+                .flatten();
+            if let Some(params) = tool.and_then(|t| self.tools.header_params(t)) {
+                for (name, value) in mirrored(&params, m.pointer("/params/arguments")) {
+                    let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes());
+                    if let (Ok(name), Ok(value)) = (name, HeaderValue::from_str(&value)) {
+                        headers.insert(name, value);
+                    }
+                }
             }
         }
         oncely_http::headers::sent_whole(&mut headers, body.len());

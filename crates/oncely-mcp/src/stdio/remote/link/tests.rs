@@ -140,4 +140,38 @@ fn the_stateless_era_gets_the_routing_headers_of_its_message() {
     assert_eq!(headers["mcp-protocol-version"], "2026-07-28");
     assert_eq!(headers["mcp-method"], "tools/call");
     assert_eq!(headers["mcp-name"], "render");
+    assert!(!headers.keys().any(|k| k.as_str().starts_with("mcp-param-")));
+
+    // Once a listing marked its parameters, a call mirrors them, each value encoded; a
+    // name outside the header-safe set is in the Base64 sentinel.
+    let listing = json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [
+        {"name": "render", "inputSchema": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "size": {"type": "object", "properties": {
+                "width": {"type": "integer", "x-mcp-header": "Width"}}},
+            "draft": {"type": "boolean", "x-mcp-header": "Draft"}}}}]}});
+    link.session.learn_tools(listing.to_string().as_bytes());
+    let message = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "render", "arguments": {"region": "Köln", "size": {"width": 640}, "draft": null},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+    let req = link
+        .session
+        .request(Method::POST, Bytes::new(), Some(&message));
+    let headers = req.headers();
+    assert_eq!(headers["mcp-param-region"], "=?base64?S8O2bG4=?=");
+    assert_eq!(headers["mcp-param-width"], "640");
+    assert!(
+        headers.get("mcp-param-draft").is_none(),
+        "a null argument has no header"
+    );
+    let message = json!({"jsonrpc": "2.0", "id": 3, "method": "resources/read",
+        "params": {"uri": "file:///Köln.txt",
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+    let req = link
+        .session
+        .request(Method::POST, Bytes::new(), Some(&message));
+    assert_eq!(
+        req.headers()["mcp-name"],
+        "=?base64?ZmlsZTovLy9Lw7Zsbi50eHQ=?="
+    );
 }
