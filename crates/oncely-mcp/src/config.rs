@@ -15,9 +15,6 @@ use oncely_tower::{Concurrency, MakePrincipal, PrincipalSource, RoutePolicy, Uni
 
 use crate::McpError;
 
-/// The header the message interface names its principal in (a transport's own, never a
-/// client's: stdio has no headers).
-pub const PRINCIPAL_HEADER: &str = "x-oncely-principal";
 /// Parses an endpoint's `units`: `call` (one unit per call, [`UnitsRule::Fixed`]`(1)`) or
 /// `json:POINTER` into the call's `arguments` (a string counts its characters, a number
 /// its non-negative, truncated value, anything else 0). The one parser is
@@ -147,16 +144,14 @@ pub struct CallSettings {
 
 impl McpConfig {
     /// The endpoint of a stdio wrapper named `name` (the `stdio` module): its route is
-    /// `stdio:NAME`, its principal the message interface's
-    /// ([`PRINCIPAL_HEADER`]), and its upstream the
-    /// child process the wrapper runs (the URL is not used).
+    /// `stdio:NAME` and its upstream the child process or remote server the wrapper
+    /// speaks to (the URL is not used). Its principal is not read from messages: the
+    /// wrapper knows it (`core::KnownCaller`), so no source is configured.
     pub fn stdio(name: &str) -> McpConfig {
         let mut config =
             McpConfig::new("/", "http://127.0.0.1/").expect("a valid built-in endpoint");
         config.path = format!("stdio:{name}");
-        config.principal = Arc::new(PrincipalSource::Header(
-            http::header::HeaderName::from_static(PRINCIPAL_HEADER),
-        ));
+        config.principal = Arc::new(PrincipalSource::None);
         config
     }
 
