@@ -252,26 +252,26 @@ pub trait SpanSink: Send + Sync + 'static {
     fn submit(&self, span: SpanData);
 }
 
-/// Starts the spans of guarded requests: samples new traces at a ratio (a continued trace
-/// keeps its caller's sampled flag) and hands finished spans to its sink.
-pub struct Tracer {
-    sink: Arc<dyn SpanSink>,
-    /// A new trace is sampled when the last 8 bytes of its id, as a number, are below
-    /// this (`u64::MAX` samples all, 0 none).
+/// Decides whether a server span is recorded and exported (an OpenTelemetry sampler: the
+/// binary's is the SDK's, as `OTEL_TRACES_SAMPLER` names it). Called once per request,
+/// with the trace id (the caller's, or a new one) and the caller's span when the trace
+/// is continued; the request's children share its decision.
+pub trait Sample: Send + Sync + 'static {
+    /// Whether the span named `name` in trace `trace_id` is sampled.
+    fn sample(&self, trace_id: [u8; 16], parent: Option<&TraceParent>, name: &str) -> bool;
+}
+
+/// A parent-based ratio sampler: a continued trace keeps its caller's sampled flag; a new
+/// one is sampled when the last 8 bytes of its id, as a number, are below the threshold
+/// (`u64::MAX` samples all, 0 none).
+#[derive(Debug, Clone, Copy)]
+pub struct ParentOrRatio {
     threshold: u64,
 }
 
-impl std::fmt::Debug for Tracer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracer")
-            .field("threshold", &self.threshold)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Tracer {
-    /// A tracer that samples `ratio` (0 to 1) of new traces into `sink`.
-    pub fn new(sink: Arc<dyn SpanSink>, ratio: f64) -> Tracer {
+impl ParentOrRatio {
+    /// Samples `ratio` (0 to 1) of new traces.
+    pub fn new(ratio: f64) -> ParentOrRatio {
         let threshold = if ratio >= 1.0 {
             u64::MAX
         } else if ratio > 0.0 {
@@ -279,7 +279,45 @@ impl Tracer {
         } else {
             0
         };
-        Tracer { sink, threshold }
+        ParentOrRatio { threshold }
+    }
+}
+
+impl Sample for ParentOrRatio {
+    fn sample(&self, trace_id: [u8; 16], parent: Option<&TraceParent>, _: &str) -> bool {
+        match parent {
+            Some(p) => p.sampled,
+            None => {
+                let low = u64::from_be_bytes(trace_id[8..].try_into().expect("8 bytes"));
+                self.threshold == u64::MAX || low < self.threshold
+            }
+        }
+    }
+}
+
+/// Starts the spans of guarded requests, samples them with its [`Sample`], and hands
+/// finished spans to its sink.
+pub struct Tracer {
+    sink: Arc<dyn SpanSink>,
+    sampler: Arc<dyn Sample>,
+}
+
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer").finish_non_exhaustive()
+    }
+}
+
+impl Tracer {
+    /// A tracer that samples `ratio` (0 to 1) of new traces into `sink` (a continued
+    /// trace keeps its caller's sampled flag).
+    pub fn new(sink: Arc<dyn SpanSink>, ratio: f64) -> Tracer {
+        Tracer::with_sampler(sink, Arc::new(ParentOrRatio::new(ratio)))
+    }
+
+    /// A tracer that samples with `sampler` into `sink`.
+    pub fn with_sampler(sink: Arc<dyn SpanSink>, sampler: Arc<dyn Sample>) -> Tracer {
+        Tracer { sink, sampler }
     }
 
     /// The server span of a request with these headers: a child of the caller's span
@@ -289,20 +327,11 @@ impl Tracer {
         let parent = headers
             .get(TRACEPARENT)
             .and_then(|v| TraceParent::parse(v.as_bytes()));
-        let (trace_id, parent_id, sampled, trace_state) = match parent {
-            Some(p) => (
-                p.trace_id,
-                Some(p.parent_id),
-                p.sampled,
-                trace_state(headers),
-            ),
-            None => {
-                let trace_id = new_trace_id();
-                let low = u64::from_be_bytes(trace_id[8..].try_into().expect("8 bytes"));
-                let sampled = self.threshold == u64::MAX || low < self.threshold;
-                (trace_id, None, sampled, None)
-            }
+        let (trace_id, parent_id, trace_state) = match &parent {
+            Some(p) => (p.trace_id, Some(p.parent_id), trace_state(headers)),
+            None => (new_trace_id(), None, None),
         };
+        let sampled = self.sampler.sample(trace_id, parent.as_ref(), &name);
         Span {
             tracer: self.clone(),
             data: SpanData {

@@ -250,7 +250,10 @@ async fn run(cli: Cli) -> Outcome {
 }
 
 fn check_config(file: &std::path::Path) -> Outcome {
-    match crate::config::Config::load(file, &crate::config::Overrides::default()) {
+    // The OTEL_* variables are part of the configuration the file would run with.
+    let loaded = crate::config::Config::load(file, &crate::config::Overrides::default())
+        .and_then(|config| config.telemetry().map(|_| config));
+    match loaded {
         Ok(_) => {
             println!("{}: ok", file.display());
             Ok(())

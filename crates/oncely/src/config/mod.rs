@@ -20,13 +20,15 @@
 //! trusted for `https://` upstreams, besides the system roots; also the environment
 //! variable `ONCELY_EXTRA_CA_FILE`), and on `hmac-sha256` webhooks the keys
 //! `signature_header`, `signature_encoding`, `signature_prefix` and `timestamp_header`;
-//! the `[tracing]` section (OTLP traces, [`tracing`]).
+//! the `[tracing]` section (OpenTelemetry export, [`tracing`], merged with the `OTEL_*`
+//! variables by [`telemetry`]).
 
 mod mcp;
 mod mcp_stdio;
 mod pattern;
 mod read;
 mod routes;
+pub mod telemetry;
 pub mod tracing;
 mod upstream;
 mod values;
@@ -125,7 +127,8 @@ pub struct Config {
     pub errors: oncely_http::Dialect,
     /// Webhook endpoints.
     pub webhooks: Vec<WebhookEndpoint>,
-    /// OpenTelemetry traces over OTLP (`[tracing]`, an extension; off when absent).
+    /// What the file says of OpenTelemetry export (`[tracing]`); merged with the
+    /// environment by [`Config::telemetry`].
     pub tracing: Option<tracing::Tracing>,
     /// How long the usage history keeps an hour (default 400d, at least 1h).
     pub usage_retention: Duration,
@@ -221,6 +224,26 @@ fn endpoint_paths(table: &Table, p: &mut Mistakes) {
 }
 
 impl Config {
+    /// The OpenTelemetry export: `[tracing]` merged with the process's `OTEL_*`
+    /// variables (the file wins); `Ok(None)` when nothing is exported; else every
+    /// problem, each naming its variable or key.
+    pub fn telemetry(&self) -> Result<Option<telemetry::Telemetry>, ConfigError> {
+        telemetry::resolve(self.tracing.as_ref(), &telemetry::process_env).map_err(|problems| {
+            ConfigError::Invalid(
+                problems
+                    .into_iter()
+                    .map(|p| {
+                        let (at, message) = p.split_once(": ").unwrap_or(("environment", &p));
+                        Mistake {
+                            at: at.to_string(),
+                            message: message.to_string(),
+                        }
+                    })
+                    .collect(),
+            )
+        })
+    }
+
     /// Reads and resolves a config file.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
@@ -370,7 +393,7 @@ impl Config {
         let mcp_stdio = mcp_stdio::section(&table, &defaults, p);
         let webhooks = webhooks::section(&table, p);
 
-        let tracing = tracing::section(&table, p);
+        let tracing = tracing::section(&table, base, p);
 
         if !problems.0.is_empty() {
             return Err(ConfigError::Invalid(problems.0));

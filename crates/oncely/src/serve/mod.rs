@@ -87,6 +87,10 @@ pub(crate) async fn cli(args: ServeArgs) -> Outcome {
             ))
         }
     };
+    // A bad OTEL_* value is a bad config: exit 2 naming the variable.
+    config
+        .telemetry()
+        .map_err(|e| Failure::usage(format!("telemetry: {e}")))?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", config.listen)))?;
@@ -136,10 +140,7 @@ pub async fn run_reloading(
 ) -> anyhow::Result<()> {
     // Before the store: a missing or bad key refuses to start without touching it.
     let job_key = job_key::resolve(&config)?;
-    let otel_headers = match &config.tracing {
-        Some(t) => t.export_headers().map_err(anyhow::Error::msg)?,
-        None => Vec::new(),
-    };
+    let telemetry = config.telemetry().map_err(anyhow::Error::msg)?;
     let store = oncely_store::open(&config.store, config.store_options())
         .await
         .with_context(|| format!("store {}", oncely_store::redact_url(&config.store)))?;
@@ -152,21 +153,14 @@ pub async fn run_reloading(
     if let Some(key) = job_key {
         guard = guard.with_job_key(key);
     }
-    // `[tracing]`: spans of guarded requests, exported over OTLP by a task of their own.
-    let otel = match &config.tracing {
-        Some(t) => {
-            let client = upstream_client(config.upstream_ca.as_deref())?;
-            Some(otel::Exporter::start(
-                t,
-                otel_headers,
-                client,
-                guard.instance(),
-            ))
-        }
+    // OpenTelemetry (`[tracing]` and the OTEL_* variables): spans of guarded requests,
+    // and metrics, exported over OTLP by the SDK's own threads.
+    let otel = match &telemetry {
+        Some(t) => Some(otel::Exporter::start(t, guard.instance())?),
         None => None,
     };
-    if let Some(exporter) = &otel {
-        guard = guard.with_tracer(exporter.tracer());
+    if let Some(tracer) = otel.as_ref().and_then(otel::Exporter::tracer) {
+        guard = guard.with_tracer(tracer);
     }
     let guard = Arc::new(guard);
     let metrics = prometheus::handle();
