@@ -6,6 +6,8 @@
 #   /openapi.json is valid OpenAPI 3.1;
 # - sdk-venv: the real SDKs the sdk_clients tests drive through the gateway (the PyPI
 #   openai, anthropic and stripe packages, pinned);
+# - otlp-venv: the PyPI opentelemetry-proto and grpcio packages (pinned), which the OTLP
+#   receiver of the telemetry tests (tests/otlp/receiver.py) is built on;
 # - tests/sdk/node/node_modules: the npm openai, @anthropic-ai/sdk and stripe packages
 #   (pinned in tests/sdk/node/package.json and its lock file; needs Node.js and npm).
 #
@@ -50,6 +52,17 @@ if ! "$sdk_venv/bin/python" -c "$sdk_check" "${sdk_pins[@]}" 2>/dev/null; then
 fi
 "$sdk_venv/bin/python" -c "$sdk_check" "${sdk_pins[@]}"
 echo "oncely SDK test deps ready: $sdk_venv (${sdk_pins[*]})"
+
+# The telemetry tests' OTLP receiver: exactly these versions.
+otlp_venv="$target/otlp-venv"
+otlp_pins=(opentelemetry-proto==1.45.2 grpcio==1.85.3 protobuf==7.36.2)
+if ! "$otlp_venv/bin/python" -c "$sdk_check" "${otlp_pins[@]}" 2>/dev/null; then
+    mkdir -p "$target"
+    [ -x "$otlp_venv/bin/python" ] || "$py" -m venv "$otlp_venv"
+    "$otlp_venv/bin/pip" install --quiet --disable-pip-version-check "${otlp_pins[@]}"
+fi
+"$otlp_venv/bin/python" -c "$sdk_check" "${otlp_pins[@]}"
+echo "oncely OTLP receiver deps ready: $otlp_venv (${otlp_pins[*]})"
 
 node_dir="$here/sdk/node"
 if command -v npm >/dev/null 2>&1; then

@@ -260,18 +260,31 @@ pub async fn run_reloading(
             // `[[mcp]]` and `[[webhooks]]` paths are answered by their endpoints, before
             // the route table.
             async move {
+                let started = std::time::Instant::now();
                 let req = match req {
                     Ok(req) => req,
                     Err(refused) => return Ok(refused),
                 };
-                let req = match snapshot.mcp.answer(req).await {
-                    Ok(resp) => return Ok(resp),
-                    Err(req) => req,
+                // http.server.request.duration, when metrics go over OTLP.
+                let measure = otel::metrics::enabled()
+                    .then(|| (req.method().clone(), req.uri().path().to_string()));
+                let (answer, endpoint) = match snapshot.mcp.answer(req).await {
+                    Ok(resp) => (Ok(resp), true),
+                    Err(req) => match snapshot.hooks.answer(req).await {
+                        Ok(resp) => (Ok(resp), true),
+                        Err(req) => (snapshot.service.clone().oneshot(req).await, false),
+                    },
                 };
-                match snapshot.hooks.answer(req).await {
-                    Ok(resp) => Ok(resp),
-                    Err(req) => snapshot.service.clone().oneshot(req).await,
+                if let (Some((method, path)), Ok(resp)) = (&measure, &answer) {
+                    let route = if endpoint {
+                        Some(path.as_str())
+                    } else {
+                        snapshot.routes.route_path(method, path)
+                    };
+                    let took = started.elapsed().as_secs_f64();
+                    otel::metrics::request_finished(method, route, resp.status().as_u16(), took);
                 }
+                answer
             }
         });
         let hyper_service = TowerToHyperService::new(per_conn);

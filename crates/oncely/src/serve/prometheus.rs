@@ -42,7 +42,8 @@ pub fn handle() -> PrometheusHandle {
                 .expect("non-empty buckets")
                 .build_recorder();
             let handle = recorder.handle();
-            let _ = metrics::set_global_recorder(recorder);
+            // Mirrored over OTLP when metrics export is on (`otel::metrics`).
+            let _ = metrics::set_global_recorder(super::otel::metrics::Mirror::new(recorder));
             handle
         })
         .clone()

@@ -104,6 +104,12 @@ impl RouteTable {
         }
     }
 
+    /// The path pattern of the route `method` and `path` match, as the config writes it
+    /// (OpenTelemetry's `http.route`).
+    pub fn route_path(&self, method: &Method, path: &str) -> Option<&str> {
+        self.find(method, path).map(|e| e.route.path.as_str())
+    }
+
     fn find(&self, method: &Method, path: &str) -> Option<&Entry> {
         self.inner
             .entries

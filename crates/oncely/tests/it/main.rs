@@ -32,6 +32,8 @@ mod mcp_stdio_wire;
 mod mcp_tasks;
 mod mcp_upstream;
 mod openapi;
+mod otel_env;
+mod otlp;
 mod packaging;
 mod paused;
 mod pg_failover;

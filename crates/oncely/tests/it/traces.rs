@@ -1,141 +1,58 @@
-//! Traces through the real binary, against a real OTLP/HTTP receiver the test starts on
-//! 127.0.0.1:0 (`POST /v1/traces`, protobuf, decoded with opentelemetry-proto's types):
+//! Traces through the real binary, against a real OTLP receiver (`tests/otlp/receiver.py`,
+//! its OTLP/HTTP protobuf side):
 //! a span per guarded request with its decision, record, route, attempt and upstream
 //! status; the upstream's `traceparent` continues the caller's trace; no `[tracing]`
 //! section sends nothing; a dead or hanging collector costs requests nothing.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::routing::post;
-use bytes::Bytes;
 use http::HeaderMap;
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, Span};
-use prost::Message;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 
 use crate::common::{get, post as http_post, upstream, Answer, Gateway};
+use crate::otlp::{Got, Mode, Receiver};
 
 const ALICE: (&str, &str) = ("authorization", "Bearer sk_alice");
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
-/// A span as received, with its resource's service name.
-#[derive(Clone, Debug)]
-struct Got {
-    service: String,
-    span: Span,
-}
-
-impl Got {
-    fn attr(&self, key: &str) -> Option<Value> {
-        self.span
-            .attributes
-            .iter()
-            .find(|kv| kv.key == key)
-            .and_then(|kv| kv.value.clone())
-            .and_then(|v| v.value)
-    }
-
-    fn str(&self, key: &str) -> String {
-        match self.attr(key) {
-            Some(Value::StringValue(s)) => s,
-            other => panic!("{key} is {other:?} on {:?}", self.span.name),
-        }
-    }
-
-    fn int(&self, key: &str) -> i64 {
-        match self.attr(key) {
-            Some(Value::IntValue(i)) => i,
-            other => panic!("{key} is {other:?} on {:?}", self.span.name),
-        }
-    }
-}
-
-/// The receiver: every span it was sent, and how many export requests came.
-#[derive(Clone, Default)]
-struct Collector {
-    spans: Arc<Mutex<Vec<Got>>>,
-    requests: Arc<AtomicUsize>,
-    /// The headers of the last export request.
-    headers: Arc<Mutex<HeaderMap>>,
-}
+/// The receiver of the test: a real OTLP receiver ([`crate::otlp`]), its HTTP side.
+struct Collector(Receiver);
 
 impl Collector {
-    async fn start(&self) -> SocketAddr {
-        let app = axum::Router::new()
-            .route(
-                "/v1/traces",
-                post(
-                    |State(c): State<Collector>, headers: HeaderMap, body: Bytes| async move {
-                        c.requests.fetch_add(1, Ordering::SeqCst);
-                        assert_eq!(headers["content-type"], "application/x-protobuf");
-                        *c.headers.lock().unwrap() = headers.clone();
-                        let req = ExportTraceServiceRequest::decode(body)
-                            .expect("an OTLP ExportTraceServiceRequest");
-                        let mut spans = c.spans.lock().unwrap();
-                        for rs in req.resource_spans {
-                            let service = rs
-                                .resource
-                                .iter()
-                                .flat_map(|r| r.attributes.iter())
-                                .find(|kv| kv.key == "service.name")
-                                .and_then(|kv| kv.value.clone())
-                                .and_then(|v| v.value);
-                            let service = match service {
-                                Some(Value::StringValue(s)) => s,
-                                other => panic!("service.name is {other:?}"),
-                            };
-                            for ss in rs.scope_spans {
-                                for span in ss.spans {
-                                    spans.push(Got {
-                                        service: service.clone(),
-                                        span,
-                                    });
-                                }
-                            }
-                        }
-                        (
-                            [("content-type", "application/x-protobuf")],
-                            ExportTraceServiceResponse::default().encode_to_vec(),
-                        )
-                    },
-                ),
-            )
-            .with_state(self.clone());
-        upstream(app).await
+    fn new() -> Collector {
+        Collector(Receiver::start(Mode::Ok))
     }
 
-    /// Waits (up to 30 s, a guard against a hang, not a speed claim) until `n` spans
-    /// match `pick`, and returns them.
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.0.http))
+    }
+
+    fn spans(&self) -> Vec<Got> {
+        self.0.spans()
+    }
+
+    /// How many export requests came.
+    fn requests(&self) -> usize {
+        self.0.exports().len()
+    }
+
+    /// The headers of the last export request.
+    fn last_headers(&self) -> serde_json::Map<String, serde_json::Value> {
+        let exports = self.0.exports();
+        let last = exports.last().expect("an export");
+        assert_eq!(last.content_type, "application/x-protobuf");
+        last.headers.clone()
+    }
+
     async fn wait_for(&self, n: usize, pick: impl Fn(&Got) -> bool) -> Vec<Got> {
-        let start = Instant::now();
-        loop {
-            let got: Vec<Got> = self
-                .spans
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|g| pick(g))
-                .cloned()
-                .collect();
-            if got.len() >= n {
-                return got;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{n} spans never came; got {:#?}",
-                self.spans.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.0.wait_for(n, pick).await
     }
 }
 
@@ -241,8 +158,8 @@ fn parse(tp: &str) -> (String, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues_the_callers_trace()
 {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
+    let collector = Collector::new();
+    let otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -291,7 +208,7 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     let first = by_decision("fresh");
     let second = by_decision("replayed");
     for s in [&first, &second] {
-        assert_eq!(s.service, "edge-test");
+        assert_eq!(s.service(), "edge-test");
         assert_eq!(hex(&s.span.trace_id), CALLER_TRACE);
         assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
         assert_eq!(s.str("oncely.record"), record);
@@ -302,7 +219,7 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
         assert_eq!(s.span.trace_state, "vendor=abc");
     }
     assert_ne!(first.span.span_id, second.span.span_id);
-    let sent = collector.headers.lock().unwrap().clone();
+    let sent = collector.last_headers();
     assert_eq!(sent["x-team"], "edge");
     assert_eq!(sent["x-api-key"], "secret-1");
     assert_eq!(sent["x-tenant"], "t7");
@@ -325,8 +242,8 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_joined_spans() {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
+    let collector = Collector::new();
+    let otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -387,8 +304,8 @@ async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_join
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_or_missing_traceparent_starts_a_new_trace_and_is_never_passed_on() {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
+    let collector = Collector::new();
+    let otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -438,8 +355,8 @@ async fn a_malformed_or_missing_traceparent_starts_a_new_trace_and_is_never_pass
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_submission_is_a_span_and_its_run_continues_the_trace() {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
+    let collector = Collector::new();
+    let otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -489,8 +406,8 @@ async fn a_job_submission_is_a_span_and_its_run_continues_the_trace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_tracing_section_nothing_is_sent_and_traceparent_passes_as_it_came() {
-    let collector = Collector::default();
-    let _otlp = collector.start().await;
+    let collector = Collector::new();
+    let _otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -521,7 +438,7 @@ async fn without_a_tracing_section_nothing_is_sent_and_traceparent_passes_as_it_
     // Nothing is ever sent: the gateway has no exporter to send with. (A pause, not a
     // timing claim: long enough for several export rounds had there been any.)
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(collector.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(collector.requests(), 0);
 }
 
 /// A TCP listener that accepts connections and never answers.
@@ -640,8 +557,8 @@ fn mcp_server(seen: Seen) -> axum::Router {
 /// A gateway with one MCP endpoint (the server of [`mcp_server`]) on SQLite, exporting
 /// its spans to a fresh collector.
 async fn mcp_gateway() -> (Collector, Seen, Gateway, tempfile::TempDir) {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
+    let collector = Collector::new();
+    let otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(mcp_server(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -784,8 +701,8 @@ fn valid_tracestate(ts: &str) -> bool {
 /// spans exported afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_trace_headers_never_reach_the_upstream_invalid_nor_swell_the_spans() {
-    let collector = Collector::default();
-    let otlp = collector.start().await;
+    let collector = Collector::new();
+    let otlp = collector.addr();
     let seen = Seen::default();
     let up = upstream(render_service(seen.clone())).await;
     let dir = tempfile::tempdir().unwrap();
@@ -888,7 +805,7 @@ async fn hostile_trace_headers_never_reach_the_upstream_invalid_nor_swell_the_sp
                 && g.str("oncely.record") == record
         })
         .await;
-    for g in collector.spans.lock().unwrap().iter() {
+    for g in collector.spans().iter() {
         assert!(
             g.span.trace_state.len() <= 512 && valid_tracestate(&g.span.trace_state),
             "{}: exported tracestate {:?}",
@@ -920,7 +837,7 @@ async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
         .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
         .await;
     assert!(spans.iter().any(|g| g.str("oncely.mcp.tool") == "render"));
-    for g in collector.spans.lock().unwrap().iter() {
+    for g in collector.spans().iter() {
         let longest = g
             .span
             .attributes

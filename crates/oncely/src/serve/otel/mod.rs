@@ -71,6 +71,11 @@ impl Exporter {
         let _ = super::prometheus::handle();
         describe();
         let resource = resource(telemetry, instance);
+        // Metrics first: handles registered from now on are mirrored over OTLP.
+        let metrics = match &telemetry.metrics {
+            Some(export) => Some(metrics::MetricsExport::start(telemetry, export, &resource)?),
+            None => None,
+        };
         let (tracer, spans) = match &telemetry.traces {
             Some(export) => {
                 let spans = Arc::new(Spans::start(telemetry, export, &resource)?);
@@ -81,10 +86,6 @@ impl Exporter {
                 (Some(tracer), Some(spans))
             }
             None => (None, None),
-        };
-        let metrics = match &telemetry.metrics {
-            Some(export) => Some(metrics::MetricsExport::start(telemetry, export, &resource)?),
-            None => None,
         };
         Ok(Exporter {
             tracer,
