@@ -15,78 +15,19 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+
+pub mod attr;
+mod context;
+mod conventions;
+pub use attr::AttributeValue;
+pub use context::{trace_state, TraceParent};
+pub use conventions::{route_path, Connection, UpstreamAttributes};
 
 /// The W3C trace context header.
 pub const TRACEPARENT: &str = "traceparent";
 /// The W3C vendor trace state header.
 pub const TRACESTATE: &str = "tracestate";
-
-/// A valid W3C `traceparent`: the trace, the caller's span in it, whether it is sampled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TraceParent {
-    /// 16 bytes, not all zero.
-    pub trace_id: [u8; 16],
-    /// The span that sent the request: 8 bytes, not all zero.
-    pub parent_id: [u8; 8],
-    /// The `sampled` trace flag.
-    pub sampled: bool,
-}
-
-impl TraceParent {
-    /// Parses a `traceparent` value as the W3C Trace Context (level 1) says: version 2
-    /// lower-case hex digits (not `ff`; `00` has exactly four fields, a later version
-    /// may add fields after a `-`), trace id 32 and parent id 16 lower-case hex digits,
-    /// neither all zeros, flags 2 hex digits. `None` for anything else.
-    pub fn parse(value: &[u8]) -> Option<TraceParent> {
-        let value = trim(value);
-        if value.len() < 55 {
-            return None;
-        }
-        let version = &value[0..2];
-        if !lower_hex(version) || version == b"ff" {
-            return None;
-        }
-        if version == b"00" && value.len() != 55 {
-            return None;
-        }
-        if value.len() > 55 && value[55] != b'-' {
-            return None;
-        }
-        if value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
-            return None;
-        }
-        let (trace, parent, flags) = (&value[3..35], &value[36..52], &value[53..55]);
-        if !lower_hex(trace) || !lower_hex(parent) || !lower_hex(flags) {
-            return None;
-        }
-        let mut trace_id = [0u8; 16];
-        let mut parent_id = [0u8; 8];
-        hex::decode_to_slice(trace, &mut trace_id).ok()?;
-        hex::decode_to_slice(parent, &mut parent_id).ok()?;
-        if trace_id == [0; 16] || parent_id == [0; 8] {
-            return None;
-        }
-        let mut flag = [0u8; 1];
-        hex::decode_to_slice(flags, &mut flag).ok()?;
-        Some(TraceParent {
-            trace_id,
-            parent_id,
-            sampled: flag[0] & 1 == 1,
-        })
-    }
-
-    /// The header value, version `00`.
-    pub fn to_header(&self) -> HeaderValue {
-        let text = format!(
-            "00-{}-{}-{}",
-            hex::encode(self.trace_id),
-            hex::encode(self.parent_id),
-            if self.sampled { "01" } else { "00" }
-        );
-        HeaderValue::from_str(&text).expect("hex is a valid header value")
-    }
-}
 
 /// The most bytes of a span's name, a text attribute or an error message: a value from a
 /// caller (an MCP tool's name) must not make a span, and the batch it is exported in,
@@ -106,84 +47,6 @@ fn bounded(mut text: String) -> String {
     text
 }
 
-/// The most of a `tracestate` passed on: what the W3C asks every vendor to propagate.
-const TRACESTATE_MAX_LEN: usize = 512;
-/// The most list members a `tracestate` has.
-const TRACESTATE_MAX_MEMBERS: usize = 32;
-
-/// The caller's `tracestate` as the W3C list: several headers are one list; a list with
-/// a malformed member is dropped whole (never passed on invalid); a valid one keeps its
-/// first members up to 32 and 512 characters, so that a hostile one swells neither the
-/// upstream's request nor the exported spans.
-pub fn trace_state(headers: &HeaderMap) -> Option<String> {
-    let mut kept = String::new();
-    let mut count = 0;
-    let mut full = false;
-    for value in headers.get_all(TRACESTATE) {
-        let value = value.to_str().ok()?;
-        for member in value.split(',').map(|m| m.trim_matches([' ', '\t'])) {
-            if member.is_empty() {
-                continue;
-            }
-            if !tracestate_member(member) {
-                return None;
-            }
-            let len = kept.len() + usize::from(!kept.is_empty()) + member.len();
-            if full || count == TRACESTATE_MAX_MEMBERS || len > TRACESTATE_MAX_LEN {
-                full = true;
-                continue;
-            }
-            if !kept.is_empty() {
-                kept.push(',');
-            }
-            kept.push_str(member);
-            count += 1;
-        }
-    }
-    (!kept.is_empty()).then_some(kept)
-}
-
-/// One `key=value` list member: the key lower-case letters, digits and `_-*/` (with at
-/// most one `@`, for a tenant), starting with a letter or a digit, at most 256; the value
-/// 1 to 256 printable ASCII characters but `,` and `=`, not ending with a space.
-fn tracestate_member(member: &str) -> bool {
-    let Some((key, value)) = member.split_once('=') else {
-        return false;
-    };
-    let key_ok = (1..=256).contains(&key.len())
-        && key
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b))
-        && key.bytes().filter(|b| *b == b'@').count() <= 1;
-    let value_ok = (1..=256).contains(&value.len())
-        && !value.ends_with(' ')
-        && value
-            .bytes()
-            .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=');
-    key_ok && value_ok
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |i| i + 1);
-    &v[start..end]
-}
-
-fn lower_hex(v: &[u8]) -> bool {
-    v.iter()
-        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-}
-
 /// What a span is to its trace (OTLP's `SpanKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpanKind {
@@ -191,33 +54,6 @@ pub enum SpanKind {
     Server,
     /// A request the gateway sent.
     Client,
-}
-
-/// An attribute's value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttributeValue {
-    /// Text.
-    Str(String),
-    /// A whole number.
-    Int(i64),
-}
-
-impl From<&str> for AttributeValue {
-    fn from(v: &str) -> Self {
-        AttributeValue::Str(v.to_string())
-    }
-}
-
-impl From<String> for AttributeValue {
-    fn from(v: String) -> Self {
-        AttributeValue::Str(v)
-    }
-}
-
-impl From<i64> for AttributeValue {
-    fn from(v: i64) -> Self {
-        AttributeValue::Int(v)
-    }
 }
 
 /// A finished span, as a [`SpanSink`] receives it.
@@ -243,6 +79,9 @@ pub struct SpanData {
     pub attributes: Vec<(&'static str, AttributeValue)>,
     /// Why it failed, when it did (OTLP status `ERROR` with this message).
     pub error: Option<String>,
+    /// Spans it links to (trace id, span id): a replay's or a join's link to the span
+    /// that executed the original.
+    pub links: Vec<([u8; 16], [u8; 8])>,
 }
 
 /// Where finished spans go. `submit` must return at once: a sink that cannot keep a span
@@ -345,6 +184,7 @@ impl Tracer {
                 end: SystemTime::UNIX_EPOCH,
                 attributes: Vec::new(),
                 error: None,
+                links: Vec::new(),
             },
             sampled,
         }
@@ -368,6 +208,7 @@ impl Tracer {
                 end: SystemTime::UNIX_EPOCH,
                 attributes: Vec::new(),
                 error: None,
+                links: Vec::new(),
             },
             sampled: parent.sampled,
         })
@@ -419,6 +260,7 @@ impl SpanParent {
                 end: SystemTime::UNIX_EPOCH,
                 attributes: Vec::new(),
                 error: None,
+                links: Vec::new(),
             },
             sampled: self.sampled,
         }
@@ -427,10 +269,25 @@ impl SpanParent {
     /// The client span of an upstream call under this one, set as the `traceparent` (and
     /// `tracestate`) of the request to the upstream.
     pub fn upstream_call(&self, headers: &mut HeaderMap, method: &http::Method) -> ClientSpan {
-        let mut span = self.child(format!("upstream {method}"), SpanKind::Client);
-        span.set(attr::HTTP_METHOD, method.as_str());
+        let (name, known) = conventions::method_name(method);
+        let mut span = self.child(name.to_string(), SpanKind::Client);
+        span.set(attr::HTTP_METHOD, name);
+        if !known {
+            span.set(attr::HTTP_METHOD_ORIGINAL, method.as_str());
+        }
         span.propagate(headers);
         ClientSpan::new(span)
+    }
+
+    /// [`SpanParent::upstream_call`] of a whole request: its `url.full`, `server.address`
+    /// and `server.port` when its URI is absolute, and its [`UpstreamAttributes`] in its
+    /// extensions, for the sender that sets the URI later.
+    pub fn upstream_request(&self, parts: &mut http::request::Parts) -> ClientSpan {
+        let span = self.upstream_call(&mut parts.headers, &parts.method);
+        let more = span.attributes();
+        more.target(&parts.uri);
+        parts.extensions.insert(more);
+        span
     }
 }
 
@@ -505,6 +362,36 @@ impl Span {
         }
     }
 
+    /// Renames the span (an MCP request's span once its method and target are read).
+    pub fn rename(&mut self, name: String) {
+        self.data.name = bounded(name);
+    }
+
+    /// Links the span to another (a replay's to the span that executed the original).
+    pub fn link(&mut self, trace_id: [u8; 16], span_id: [u8; 8]) {
+        if trace_id != [0; 16] && span_id != [0; 8] && self.data.links.len() < 8 {
+            self.data.links.push((trace_id, span_id));
+        }
+    }
+
+    /// This span's trace id and span id.
+    pub fn ids(&self) -> ([u8; 16], [u8; 8]) {
+        (self.data.trace_id, self.data.span_id)
+    }
+
+    /// Continues `parent`'s trace instead (trace context a message carries, such as an
+    /// MCP request's `params._meta.traceparent`, ahead of the HTTP header's), sampled
+    /// again by the tracer's sampler; `trace_state` is kept only with it.
+    pub fn continue_from(&mut self, parent: TraceParent, trace_state: Option<String>) {
+        self.data.trace_id = parent.trace_id;
+        self.data.parent_span_id = Some(parent.parent_id);
+        self.data.trace_state = trace_state;
+        self.sampled = self
+            .tracer
+            .sampler
+            .sample(parent.trace_id, Some(&parent), &self.data.name);
+    }
+
     /// Marks the span failed.
     pub fn fail(&mut self, why: impl Into<String>) {
         self.data.error = Some(bounded(why.into()));
@@ -525,70 +412,129 @@ impl Span {
 }
 
 /// The span of an upstream call: ended with its answer, or, when dropped unanswered
-/// (the call timed out, or was cut off), ended as failed.
+/// (the call timed out, or was cut off), ended as failed. What the sender learns later
+/// (the upstream's URL, resends) arrives through its [`UpstreamAttributes`].
 #[derive(Debug)]
-pub struct ClientSpan(Option<Span>);
+pub struct ClientSpan(Option<Span>, UpstreamAttributes);
 
 impl ClientSpan {
     /// Watches `span`.
     pub fn new(span: Span) -> ClientSpan {
-        ClientSpan(Some(span))
+        ClientSpan(Some(span), UpstreamAttributes::default())
     }
 
-    /// Ends it with the upstream's status (a 5xx marks it failed).
-    pub fn answered(mut self, status: u16) {
+    /// What the sender adds to the span (put in the request's extensions).
+    pub fn attributes(&self) -> UpstreamAttributes {
+        self.1.clone()
+    }
+
+    fn finish(&mut self, f: impl FnOnce(&mut Span)) {
         if let Some(mut span) = self.0.take() {
-            span.set(attr::HTTP_STATUS, i64::from(status));
-            if status >= 500 {
-                span.fail(format!("upstream answered {status}"));
+            for (k, v) in self.1.take() {
+                span.set(k, v);
             }
+            f(&mut span);
             span.end();
         }
+    }
+
+    /// Ends it with the upstream's status (a 5xx marks it failed, `error.type` the
+    /// status).
+    pub fn answered(mut self, status: u16) {
+        self.finish(|span| {
+            span.set(attr::HTTP_STATUS, i64::from(status));
+            if status >= 500 {
+                span.set(attr::ERROR_TYPE, status.to_string());
+                span.fail(format!("upstream answered {status}"));
+            }
+        });
     }
 
     /// Ends it failed.
     pub fn failed(mut self, why: impl Into<String>) {
-        if let Some(mut span) = self.0.take() {
+        let why = why.into();
+        self.finish(|span| {
+            span.set(attr::ERROR_TYPE, "upstream_unreachable");
             span.fail(why);
-            span.end();
-        }
+        });
     }
 }
 
 impl Drop for ClientSpan {
     fn drop(&mut self) {
-        if let Some(mut span) = self.0.take() {
+        self.finish(|span| {
+            span.set(attr::ERROR_TYPE, "timeout");
             span.fail("no answer: the call timed out or was cut off");
-            span.end();
-        }
+        });
     }
 }
 
-/// The attribute keys of oncely's spans, one set for the HTTP layer, the MCP proxy and
-/// the job worker.
-pub mod attr {
-    /// The ledger record's id.
-    pub const RECORD: &str = "oncely.record";
-    /// The route's name.
-    pub const ROUTE: &str = "oncely.route";
-    /// The `Oncely-Status` value (fresh, replayed, joined, bypassed, or the problem code).
-    pub const DECISION: &str = "oncely.decision";
-    /// The record's attempt.
-    pub const ATTEMPT: &str = "oncely.attempt";
-    /// The principal's keyed hash.
-    pub const PRINCIPAL: &str = "oncely.principal";
-    /// The upstream's status (for a replay, the stored one).
-    pub const UPSTREAM_STATUS: &str = "oncely.upstream_status";
-    /// The caller's workflow id.
-    pub const WORKFLOW_ID: &str = "oncely.workflow_id";
-    /// The MCP tool called.
-    pub const TOOL: &str = "oncely.mcp.tool";
-    /// HTTP method (semantic conventions).
-    pub const HTTP_METHOD: &str = "http.request.method";
-    /// HTTP status of the answer (semantic conventions).
-    pub const HTTP_STATUS: &str = "http.response.status_code";
-    /// The route pattern (semantic conventions).
-    pub const HTTP_ROUTE: &str = "http.route";
+/// Names a server span `{method} {http.route}` and sets the request's attributes:
+/// `http.request.method`, `url.path`, `url.scheme`, `http.route`, `server.address` and
+/// `server.port` (from `Host`, or the URI's authority over HTTP/2), `client.address`,
+/// `user_agent.original`, `network.protocol.version`.
+pub fn http_server_request(
+    span: &mut Span,
+    method: &Method,
+    uri: &Uri,
+    version: Version,
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
+    route: Option<&str>,
+) {
+    let (name, known) = conventions::method_name(method);
+    let display = if known { name } else { "HTTP" };
+    span.rename(match route {
+        Some(route) => format!("{display} {route}"),
+        None => display.to_string(),
+    });
+    span.set(attr::HTTP_METHOD, name);
+    if !known {
+        span.set(attr::HTTP_METHOD_ORIGINAL, method.as_str());
+    }
+    span.set(attr::URL_PATH, uri.path());
+    let connection = extensions.get::<Connection>();
+    let https = connection.map_or(uri.scheme_str() == Some("https"), |c| c.https);
+    span.set(attr::URL_SCHEME, if https { "https" } else { "http" });
+    if let Some(route) = route {
+        span.set(attr::HTTP_ROUTE, route);
+    }
+    let authority = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| uri.authority().map(|a| a.as_str().to_string()));
+    if let Some(authority) = authority {
+        if let Ok(a) = authority.parse::<http::uri::Authority>() {
+            span.set(attr::SERVER_ADDRESS, a.host().trim_matches(['[', ']']));
+            let port = a.port_u16().unwrap_or(if https { 443 } else { 80 });
+            span.set(attr::SERVER_PORT, i64::from(port));
+        }
+    }
+    if let Some(c) = connection {
+        span.set(attr::CLIENT_ADDRESS, c.peer.ip().to_string());
+    }
+    if let Some(agent) = headers
+        .get(http::header::USER_AGENT)
+        .and_then(|h| h.to_str().ok())
+    {
+        span.set(attr::USER_AGENT, agent);
+    }
+    span.set(
+        attr::PROTOCOL_VERSION,
+        conventions::protocol_version(version),
+    );
+}
+
+/// The answer's `http.response.status_code`, and for a 5xx `error.type` (`code`, when
+/// the gateway answered with a problem of its own, else the status) and the span failed.
+pub fn http_server_response(span: &mut Span, status: u16, code: Option<&str>) {
+    span.set(attr::HTTP_STATUS, i64::from(status));
+    if status >= 500 {
+        let why = code.map_or_else(|| status.to_string(), str::to_string);
+        span.set(attr::ERROR_TYPE, why.clone());
+        span.fail(why);
+    }
 }
 
 #[cfg(test)]

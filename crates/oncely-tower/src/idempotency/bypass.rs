@@ -19,13 +19,15 @@ impl BypassLog {
     pub(crate) fn finish(self, upstream_status: u16) {
         if let Some(mut span) = self.span {
             use crate::trace::attr;
-            span.set(attr::ROUTE, self.route.as_str());
             span.set(attr::DECISION, "bypassed");
             if let Some(principal) = &self.principal {
                 span.set(attr::PRINCIPAL, principal.as_str());
             }
+            if let Some(workflow) = &self.workflow_id {
+                span.set(attr::WORKFLOW_ID, workflow.as_str());
+            }
             span.set(attr::UPSTREAM_STATUS, i64::from(upstream_status));
-            span.set(attr::HTTP_STATUS, i64::from(upstream_status));
+            crate::trace::http_server_response(&mut span, upstream_status, None);
             span.end();
         }
         crate::log::log_request(&crate::log::RequestLog {

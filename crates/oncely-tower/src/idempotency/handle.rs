@@ -107,6 +107,14 @@ where
         Ok(k) => k,
         Err(p) => return refuse(p, &mut log),
     };
+    if let Some(span) = &mut log.span {
+        let source = if client_key.is_some() {
+            "header"
+        } else {
+            "fingerprint"
+        };
+        span.set(attr::KEY_SOURCE, source);
+    }
     // Hop-by-hop headers go now, before the downstream key is set: a caller's
     // `Connection: idempotency-key` must not remove the key the upstream gets.
     crate::headers::strip_hop_by_hop(&mut parts.headers);
@@ -167,8 +175,7 @@ where
             HeaderName::from_static(IDEMPOTENCY_KEY),
             HeaderValue::from_str(downstream.as_str()).expect("a downstream key is visible ASCII"),
         );
-        let span =
-            upstream_span.map(|parent| parent.upstream_call(&mut parts.headers, &parts.method));
+        let span = upstream_span.map(|parent| parent.upstream_request(&mut parts));
         // The owner holds the route's slot and times the call: the inner service does
         // neither.
         parts.extensions.insert(crate::upstream::OwnerSend);
@@ -188,7 +195,6 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     let Some(mut span) = log.span.take() else {
         return;
     };
-    span.set(attr::ROUTE, log.route);
     span.set(attr::DECISION, log.status);
     if let Some(record) = &log.record {
         span.set(attr::RECORD, record.as_str());
@@ -205,10 +211,9 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     if let Some(workflow) = log.workflow_id {
         span.set(attr::WORKFLOW_ID, workflow);
     }
-    span.set(attr::HTTP_STATUS, i64::from(status.as_u16()));
-    if status.is_server_error() {
-        span.fail(log.status);
-    }
+    // A 5xx of the gateway's own names its problem code as error.type.
+    let own = !matches!(log.status, "fresh" | "replayed" | "joined" | "bypassed");
+    crate::trace::http_server_response(&mut span, status.as_u16(), own.then_some(log.status));
     span.end();
 }
 

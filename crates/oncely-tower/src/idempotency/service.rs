@@ -91,12 +91,24 @@ where
             return ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)))
                 .in_dialect(errors);
         }
-        let facts = RequestFacts::read(
+        let mut facts = RequestFacts::read(
             &self.guard,
             &policy.name,
             &RequestHead::of(&req),
             &*policy.principal,
         );
+        if let Some(span) = &mut facts.span {
+            crate::trace::http_server_request(
+                span,
+                req.method(),
+                req.uri(),
+                req.version(),
+                req.headers(),
+                req.extensions(),
+                Some(crate::trace::route_path(&policy.name)),
+            );
+            span.set(crate::trace::attr::CLASS, policy.class.as_str());
+        }
         match super::handle::Decision::of(&policy, &facts, &req) {
             super::handle::Decision::Bypass { principal } => {
                 let RequestFacts {

@@ -296,14 +296,20 @@ where
     // The submission left its span as the stored `traceparent`: the run continues it.
     let span = guard
         .tracer()
-        .and_then(|t| t.start_client_under(req.headers(), format!("upstream {}", req.method())))
+        .and_then(|t| t.start_client_under(req.headers(), req.method().to_string()))
         .map(|mut span| {
             span.set(crate::trace::attr::HTTP_METHOD, req.method().as_str());
             span.set(crate::trace::attr::RECORD, record.id.as_str());
-            span.set(crate::trace::attr::ROUTE, record.route.as_str());
+            span.set(
+                crate::trace::attr::HTTP_ROUTE,
+                crate::trace::route_path(&record.route),
+            );
             span.set(crate::trace::attr::ATTEMPT, i64::from(record.attempt));
             span.propagate(req.headers_mut());
-            crate::trace::ClientSpan::new(span)
+            let span = crate::trace::ClientSpan::new(span);
+            // The proxy names the upstream's URL on it.
+            req.extensions_mut().insert(span.attributes());
+            span
         });
     let upstream = crate::guard::to_engine(crate::upstream::traced(
         crate::upstream::call_upstream(inner, req, policy.units.clone()),

@@ -252,6 +252,11 @@ pub async fn run_reloading(
         let current = current.clone();
         let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
+            req.extensions_mut()
+                .insert(oncely_tower::trace::Connection {
+                    peer: addr,
+                    https: info.https,
+                });
             // This request's routes and endpoints, to its end: a reload changes the
             // requests that start after it.
             let snapshot = current.load();

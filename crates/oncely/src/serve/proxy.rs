@@ -178,6 +178,13 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             }
             parts.uri = upstream_uri(&upstream, &parts.uri)
                 .map_err(|e| UpstreamError::BeforeSend(format!("bad upstream URI: {e}")))?;
+            // The client span's url.full, server.address, server.port.
+            if let Some(span) = parts
+                .extensions
+                .get::<oncely_tower::trace::UpstreamAttributes>()
+            {
+                span.target(&parts.uri);
+            }
             parts.version = Version::HTTP_11;
             let permit = match slots {
                 Some(sem) => {

@@ -141,6 +141,12 @@ pub async fn send(
         }
         // An answer that will not be passed on frees its connection now.
         drop(result);
+        if let Some(span) = parts
+            .extensions
+            .get::<oncely_tower::trace::UpstreamAttributes>()
+        {
+            span.set(oncely_tower::trace::attr::RESEND_COUNT, i64::from(retry));
+        }
         tracing::info!(
             route = %policy.route,
             attempt = retry + 1,

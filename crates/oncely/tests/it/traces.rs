@@ -175,6 +175,7 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     let with_trace = [
         ("traceparent", caller.as_str()),
         ("tracestate", "vendor=abc"),
+        ("user-agent", "agent-test/1.0"),
     ];
 
     let fresh = render(&gw, r#"{"text":"one"}"#, &with_trace).await;
@@ -201,7 +202,7 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     let by_decision = |d: &str| {
         servers
             .iter()
-            .find(|g| g.str("oncely.decision") == d)
+            .find(|g| g.str("oncely.status") == d)
             .unwrap_or_else(|| panic!("no {d} span in {servers:#?}"))
             .clone()
     };
@@ -212,7 +213,7 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
         assert_eq!(hex(&s.span.trace_id), CALLER_TRACE);
         assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
         assert_eq!(s.str("oncely.record"), record);
-        assert_eq!(s.str("oncely.route"), "POST /v1/render");
+        assert_eq!(s.str("http.route"), "/v1/render");
         assert_eq!(s.int("oncely.attempt"), 1);
         assert_eq!(s.int("http.response.status_code"), 201);
         assert_eq!(s.str("oncely.principal").len(), 64, "the keyed hash");
@@ -225,6 +226,21 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     assert_eq!(sent["x-tenant"], "t7");
     assert_eq!(first.int("oncely.upstream_status"), 201);
     assert_eq!(first.span.name, "POST /v1/render");
+    // The stable HTTP server conventions, and oncely's own.
+    for s in [&first, &second] {
+        assert_eq!(s.str("http.request.method"), "POST");
+        assert_eq!(s.str("url.path"), "/v1/render");
+        assert_eq!(s.str("url.scheme"), "http");
+        assert_eq!(s.str("server.address"), "127.0.0.1");
+        assert_eq!(s.int("server.port"), i64::from(gw.addr.port()));
+        assert_eq!(s.str("client.address"), "127.0.0.1");
+        assert_eq!(s.str("user_agent.original"), "agent-test/1.0");
+        assert_eq!(s.str("network.protocol.version"), "1.1");
+        assert_eq!(s.str("oncely.class"), "write");
+        assert_eq!(s.str("oncely.key_source"), "fingerprint");
+        assert!(s.attr("error.type").is_none());
+    }
+    assert_eq!(second.str("oncely.status"), "replayed");
 
     // The upstream call is a client span under the fresh request's, and it is the
     // parent the upstream was told.
@@ -237,6 +253,11 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
     assert_eq!(client.span.parent_span_id, first.span.span_id);
     assert_eq!(hex(&client.span.span_id), parent);
     assert_eq!(client.int("http.response.status_code"), 201);
+    assert_eq!(client.span.name, "POST");
+    assert_eq!(client.str("http.request.method"), "POST");
+    assert_eq!(client.str("url.full"), format!("http://{up}/v1/render"));
+    assert_eq!(client.str("server.address"), "127.0.0.1");
+    assert_eq!(client.int("server.port"), i64::from(up.port()));
     assert!(client.span.end_time_unix_nano >= client.span.start_time_unix_nano);
 }
 
@@ -273,7 +294,7 @@ async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_join
     let servers = collector
         .wait_for(8, |g| g.span.kind == SpanKind::Server as i32)
         .await;
-    let mut decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.decision")).collect();
+    let mut decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.status")).collect();
     let mut want = statuses.clone();
     decisions.sort();
     want.sort();
@@ -292,7 +313,7 @@ async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_join
     // One upstream call, one client span, under the fresh request's span.
     let fresh = servers
         .iter()
-        .find(|s| s.str("oncely.decision") == "fresh")
+        .find(|s| s.str("oncely.status") == "fresh")
         .unwrap();
     let clients = collector
         .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
@@ -349,7 +370,7 @@ async fn a_malformed_or_missing_traceparent_starts_a_new_trace_and_is_never_pass
     for s in &servers {
         assert!(s.span.parent_span_id.is_empty(), "a root span");
         assert!(traces.contains(&hex(&s.span.trace_id)));
-        assert_eq!(s.str("oncely.decision"), "fresh");
+        assert_eq!(s.str("oncely.status"), "fresh");
     }
 }
 
@@ -387,8 +408,8 @@ async fn a_job_submission_is_a_span_and_its_run_continues_the_trace() {
         .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
         .await
         .remove(0);
-    assert_eq!(server.str("oncely.route"), "POST /v1/job");
-    assert_eq!(server.str("oncely.decision"), "fresh");
+    assert_eq!(server.str("http.route"), "/v1/job");
+    assert_eq!(server.str("oncely.status"), "fresh");
     assert_eq!(server.str("oncely.record"), record);
     assert_eq!(hex(&server.span.parent_span_id), CALLER_SPAN);
     // The worker's upstream call: under the submission's span, the parent the upstream
@@ -604,18 +625,18 @@ async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the
     let servers = collector
         .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
         .await;
-    let decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.decision")).collect();
+    let decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.status")).collect();
     assert!(decisions.contains(&"fresh".to_string()), "{decisions:?}");
     assert!(decisions.contains(&"replayed".to_string()), "{decisions:?}");
     for s in &servers {
-        assert_eq!(s.str("oncely.mcp.tool"), "render");
+        assert_eq!(s.str("gen_ai.tool.name"), "render");
         assert_eq!(s.str("oncely.record"), records[0]);
         assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
         assert_eq!(s.int("oncely.attempt"), 1);
     }
     let fresh = servers
         .iter()
-        .find(|s| s.str("oncely.decision") == "fresh")
+        .find(|s| s.str("oncely.status") == "fresh")
         .unwrap();
     assert_eq!(fresh.int("oncely.upstream_status"), 200);
     let client = collector
@@ -836,7 +857,7 @@ async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
     let spans = collector
         .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
         .await;
-    assert!(spans.iter().any(|g| g.str("oncely.mcp.tool") == "render"));
+    assert!(spans.iter().any(|g| g.str("gen_ai.tool.name") == "render"));
     for g in collector.spans().iter() {
         let longest = g
             .span
