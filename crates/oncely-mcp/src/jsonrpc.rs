@@ -274,6 +274,12 @@ fn with_member(members: &[(String, &str)], name: &str, value: &str) -> String {
 /// server with all their digits; `None` when `message` is not a JSON object with object
 /// `params`.
 pub fn forwarded_call(message: &str, key: &str) -> Option<String> {
+    forwarded_call_with(message, key, &[])
+}
+
+/// [`forwarded_call`] with more `_meta` members (name, value as text): the client span's
+/// `traceparent` and `tracestate`.
+pub fn forwarded_call_with(message: &str, key: &str, more: &[(&str, &str)]) -> Option<String> {
     let outer = members(message)?;
     let mut params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
     params.retain(|(k, _)| k != TASK_PARAM);
@@ -284,7 +290,11 @@ pub fn forwarded_call(message: &str, key: &str) -> Option<String> {
         .and_then(|(_, m)| members(m))
         .unwrap_or_default();
     let key = Value::String(key.to_string()).to_string();
-    let meta = with_member(&meta, IDEMPOTENCY_KEY_META, &key);
+    let mut meta = with_member(&meta, IDEMPOTENCY_KEY_META, &key);
+    for (name, value) in more {
+        let value = Value::String(value.to_string()).to_string();
+        meta = with_member(&members(&meta).unwrap_or_default(), name, &value);
+    }
     let params = with_member(&params, "_meta", &meta);
     Some(with_member(&outer, "params", &params))
 }

@@ -20,9 +20,11 @@ use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 pub mod attr;
 mod context;
 mod conventions;
+mod sample;
 pub use attr::AttributeValue;
 pub use context::{trace_state, TraceParent};
 pub use conventions::{route_path, Connection, UpstreamAttributes};
+pub use sample::{ParentOrRatio, Sample};
 
 /// The W3C trace context header.
 pub const TRACEPARENT: &str = "traceparent";
@@ -89,49 +91,6 @@ pub struct SpanData {
 pub trait SpanSink: Send + Sync + 'static {
     /// Takes one finished, sampled span.
     fn submit(&self, span: SpanData);
-}
-
-/// Decides whether a server span is recorded and exported (an OpenTelemetry sampler: the
-/// binary's is the SDK's, as `OTEL_TRACES_SAMPLER` names it). Called once per request,
-/// with the trace id (the caller's, or a new one) and the caller's span when the trace
-/// is continued; the request's children share its decision.
-pub trait Sample: Send + Sync + 'static {
-    /// Whether the span named `name` in trace `trace_id` is sampled.
-    fn sample(&self, trace_id: [u8; 16], parent: Option<&TraceParent>, name: &str) -> bool;
-}
-
-/// A parent-based ratio sampler: a continued trace keeps its caller's sampled flag; a new
-/// one is sampled when the last 8 bytes of its id, as a number, are below the threshold
-/// (`u64::MAX` samples all, 0 none).
-#[derive(Debug, Clone, Copy)]
-pub struct ParentOrRatio {
-    threshold: u64,
-}
-
-impl ParentOrRatio {
-    /// Samples `ratio` (0 to 1) of new traces.
-    pub fn new(ratio: f64) -> ParentOrRatio {
-        let threshold = if ratio >= 1.0 {
-            u64::MAX
-        } else if ratio > 0.0 {
-            (ratio * u64::MAX as f64) as u64
-        } else {
-            0
-        };
-        ParentOrRatio { threshold }
-    }
-}
-
-impl Sample for ParentOrRatio {
-    fn sample(&self, trace_id: [u8; 16], parent: Option<&TraceParent>, _: &str) -> bool {
-        match parent {
-            Some(p) => p.sampled,
-            None => {
-                let low = u64::from_be_bytes(trace_id[8..].try_into().expect("8 bytes"));
-                self.threshold == u64::MAX || low < self.threshold
-            }
-        }
-    }
 }
 
 /// Starts the spans of guarded requests, samples them with its [`Sample`], and hands
@@ -241,9 +200,31 @@ pub struct SpanParent {
     span_id: [u8; 8],
     trace_state: Option<String>,
     sampled: bool,
+    /// The id its next child gets, when it was named ahead (see
+    /// [`SpanParent::with_next_child`]).
+    next_child: Option<[u8; 8]>,
 }
 
 impl SpanParent {
+    /// This parent with its next child's span id chosen now, and the `traceparent` that
+    /// names that child: for a message that must carry its client span's trace context
+    /// before the span starts (an MCP call's `params._meta`).
+    pub fn with_next_child(mut self) -> (SpanParent, TraceParent) {
+        let id = new_span_id();
+        self.next_child = Some(id);
+        let tp = TraceParent {
+            trace_id: self.trace_id,
+            parent_id: id,
+            sampled: self.sampled,
+        };
+        (self, tp)
+    }
+
+    /// The `tracestate` its children pass on.
+    pub fn trace_state(&self) -> Option<&str> {
+        self.trace_state.as_deref()
+    }
+
     /// A child span, starting now.
     pub fn child(&self, name: String, kind: SpanKind) -> Span {
         let name = bounded(name);
@@ -251,7 +232,7 @@ impl SpanParent {
             tracer: self.tracer.clone(),
             data: SpanData {
                 trace_id: self.trace_id,
-                span_id: new_span_id(),
+                span_id: self.next_child.unwrap_or_else(new_span_id),
                 parent_span_id: Some(self.span_id),
                 trace_state: self.trace_state.clone(),
                 name,
@@ -314,6 +295,7 @@ impl Span {
             span_id: self.data.span_id,
             trace_state: self.data.trace_state.clone(),
             sampled: self.sampled,
+            next_child: None,
         }
     }
 
@@ -450,6 +432,11 @@ impl ClientSpan {
         });
     }
 
+    /// Ends it as answered, over a transport without statuses (stdio).
+    pub fn ended(mut self) {
+        self.finish(|_| {});
+    }
+
     /// Ends it failed.
     pub fn failed(mut self, why: impl Into<String>) {
         let why = why.into();
@@ -535,6 +522,66 @@ pub fn http_server_response(span: &mut Span, status: u16, code: Option<&str>) {
         span.set(attr::ERROR_TYPE, why.clone());
         span.fail(why);
     }
+}
+
+/// What an MCP request's server span is named and carries (the GenAI semantic
+/// conventions' `mcp` model).
+#[derive(Debug, Clone, Copy)]
+pub struct McpRequest<'a> {
+    /// `mcp.method.name`, e.g. `tools/call`.
+    pub method: &'a str,
+    /// The target the span is named after (the tool's name for `tools/call`).
+    pub target: Option<&'a str>,
+    /// The JSON-RPC request id, as JSON writes it (a string's quotes removed).
+    pub id: Option<&'a serde_json::Value>,
+    /// `mcp.protocol.version`, when the transport knows it.
+    pub revision: Option<&'a str>,
+    /// `mcp.session.id`, for revisions that have sessions.
+    pub session: Option<&'a str>,
+    /// `network.transport`: `tcp` over HTTP, `pipe` over stdio.
+    pub transport: &'a str,
+    /// The request's `params._meta`: its `traceparent` (with `tracestate`) is continued,
+    /// ahead of the HTTP header's.
+    pub meta: Option<&'a serde_json::Value>,
+}
+
+/// Names an MCP request's server span `{mcp.method.name} {target}` and sets its MCP
+/// attributes (for `tools/call` also `gen_ai.tool.name` and `gen_ai.operation.name`
+/// `execute_tool`); continues the trace context of `params._meta`.
+pub fn mcp_server_request(span: &mut Span, request: &McpRequest<'_>) {
+    if let Some(meta) = request.meta {
+        let text = |key: &str| meta.get(key).and_then(serde_json::Value::as_str);
+        if let Some(parent) = text(TRACEPARENT).and_then(|tp| TraceParent::parse(tp.as_bytes())) {
+            let mut headers = HeaderMap::new();
+            if let Some(state) = text(TRACESTATE).and_then(|s| HeaderValue::from_str(s).ok()) {
+                headers.insert(TRACESTATE, state);
+            }
+            span.continue_from(parent, trace_state(&headers));
+        }
+    }
+    span.rename(match request.target {
+        Some(target) => format!("{} {target}", request.method),
+        None => request.method.to_string(),
+    });
+    span.set(attr::MCP_METHOD, request.method);
+    if request.method == "tools/call" {
+        if let Some(tool) = request.target {
+            span.set(attr::TOOL, tool);
+        }
+        span.set(attr::GENAI_OPERATION, "execute_tool");
+    }
+    match request.id {
+        Some(serde_json::Value::String(s)) => span.set(attr::JSONRPC_ID, s.as_str()),
+        Some(other) => span.set(attr::JSONRPC_ID, other.to_string()),
+        None => {}
+    }
+    if let Some(revision) = request.revision {
+        span.set(attr::MCP_PROTOCOL_VERSION, revision);
+    }
+    if let Some(session) = request.session {
+        span.set(attr::MCP_SESSION, session);
+    }
+    span.set(attr::NETWORK_TRANSPORT, request.transport);
 }
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ impl<S: Server> Core<S> {
                 if let Some(mut span) = call.span.lock().expect("call span lock").take() {
                     span.set(attr::ROUTE, call.guarded.route.as_str());
                     span.set(attr::DECISION, "store_unavailable");
+                    span.set(attr::ERROR_TYPE, "store_unavailable");
                     span.fail("the ledger cannot be reached");
                     span.end();
                 }
@@ -289,6 +290,19 @@ fn observe<S: Server>(
         }
         if let Some(workflow) = &call.guarded.workflow_id {
             span.set(attr::WORKFLOW_ID, workflow.as_str());
+        }
+        // A result with isError (the tool's own, or one oncely writes) is a tool_error.
+        let is_error = |b: &[u8]| {
+            serde_json::from_slice::<Value>(b)
+                .ok()
+                .and_then(|v| v.get("isError")?.as_bool())
+                == Some(true)
+        };
+        let stored = record.response.as_ref().and_then(|r| r.body.as_deref());
+        if matches!(status, "in_flight" | "outcome_unknown" | "too_large")
+            || stored.is_some_and(is_error)
+        {
+            span.set(attr::ERROR_TYPE, "tool_error");
         }
         span.end();
     }

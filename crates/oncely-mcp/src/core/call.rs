@@ -65,7 +65,23 @@ pub(super) fn read_call<O>(
     // once it is past 64 bits or has many digits.
     let fingerprint = read.fingerprint(&principal, &core.config.path);
     let span = facts.span.map(|mut span| {
-        span.set(attr::TOOL, tool);
+        // The MCP conventions; the session only where the protocol has one (Streamable
+        // HTTP before 2026-07-28), not oncely's own id of a stdio host.
+        let mcp = oncely_tower::trace::McpRequest {
+            method: "tools/call",
+            target: Some(tool),
+            id: Some(request.id),
+            revision: context.caller.revision(),
+            session: context
+                .session
+                .as_deref()
+                .filter(|_| !modern && context.caller.transport() == "tcp"),
+            transport: context.caller.transport(),
+            meta: request.params.and_then(|p| p.get("_meta")),
+        };
+        oncely_tower::trace::mcp_server_request(&mut span, &mcp);
+        span.set(attr::CLASS, policy.class.as_str());
+        span.set(attr::KEY_SOURCE, "fingerprint");
         span
     });
     Some(Call {

@@ -13,19 +13,41 @@ pub trait Caller: Send + Sync {
     /// The facts of a call on the route named `route` (principal, workflow id, span),
     /// whose principal `config` says how to read.
     fn facts(&self, guard: &Guard, config: &McpConfig, route: &str) -> RequestFacts;
+
+    /// `network.transport` of its messages: `tcp` (HTTP) unless said otherwise.
+    fn transport(&self) -> &'static str {
+        "tcp"
+    }
+
+    /// The protocol revision of its messages, when the transport knows it.
+    fn revision(&self) -> Option<&str> {
+        None
+    }
 }
 
-/// A caller whose transport knows who it is (stdio: the wrapper's principal).
+/// A caller whose transport knows who it is (stdio: the wrapper's principal), and the
+/// revision its session negotiated.
 #[derive(Debug, Clone)]
-pub struct KnownCaller(pub String);
+pub struct KnownCaller(pub String, pub Option<String>);
 
 impl Caller for KnownCaller {
-    fn facts(&self, guard: &Guard, _config: &McpConfig, _route: &str) -> RequestFacts {
+    fn facts(&self, guard: &Guard, _config: &McpConfig, route: &str) -> RequestFacts {
         RequestFacts {
             principal: Some(guard.principal_hash(self.0.as_bytes())),
             workflow_id: None,
-            span: None,
+            // No headers: a span's trace context comes from `params._meta`.
+            span: guard
+                .tracer()
+                .map(|t| t.start_request(&http::HeaderMap::new(), route.to_string())),
         }
+    }
+
+    fn transport(&self) -> &'static str {
+        "pipe"
+    }
+
+    fn revision(&self) -> Option<&str> {
+        self.1.as_deref()
     }
 }
 

@@ -195,8 +195,17 @@ impl<S: Server> Core<S> {
     {
         let me = self.clone();
         move |downstream: DownstreamKey, claimed: &Record| {
-            // The derived downstream key reaches the server, so that it can deduplicate too.
-            let bytes = forwarded_call(&bytes, downstream.as_str());
+            // The derived downstream key reaches the server, so that it can deduplicate too;
+            // and the client span's trace context, in `_meta` as in the HTTP header.
+            let (parent, trace) = match parent {
+                Some(p) => {
+                    let (p, tp) = p.with_next_child();
+                    let state = p.trace_state().map(str::to_string);
+                    (Some(p), Some((tp, state)))
+                }
+                None => (None, None),
+            };
+            let bytes = forwarded_call(&bytes, downstream.as_str(), trace.as_ref());
             let (attempt, history) = (claimed.attempt, History::of(claimed));
             let sent = me.server.send(Outgoing {
                 bytes,
@@ -321,10 +330,22 @@ fn classifier(
 /// The guarded call's request body as forwarded ([`jsonrpc::forwarded_call`]: the
 /// downstream key in `_meta`, no `task`); the body as it came when it is not a JSON-RPC
 /// request with object params. The arguments reach the server as the caller wrote them.
-fn forwarded_call(body: &Bytes, key: &str) -> Bytes {
+fn forwarded_call(
+    body: &Bytes,
+    key: &str,
+    trace: Option<&(oncely_tower::trace::TraceParent, Option<String>)>,
+) -> Bytes {
+    let header = trace.map(|(tp, _)| tp.to_header());
+    let mut more = Vec::new();
+    if let Some(tp) = header.as_ref().and_then(|h| h.to_str().ok()) {
+        more.push((oncely_tower::trace::TRACEPARENT, tp));
+    }
+    if let Some(state) = trace.and_then(|(_, s)| s.as_deref()) {
+        more.push((oncely_tower::trace::TRACESTATE, state));
+    }
     std::str::from_utf8(body)
         .ok()
-        .and_then(|text| jsonrpc::forwarded_call(text, key))
+        .and_then(|text| jsonrpc::forwarded_call_with(text, key, &more))
         .map(Bytes::from)
         .unwrap_or_else(|| body.clone())
 }

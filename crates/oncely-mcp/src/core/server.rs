@@ -140,6 +140,11 @@ impl<M: MessageServer> Server for Messages<M> {
     ) -> BoxFuture<'static, Result<ServerAnswer<()>, UpstreamError>> {
         let server = self.0.clone();
         let (bytes, owner) = (message.bytes, message.owner);
+        // The client span of a guarded call (its id is the one `_meta.traceparent` names).
+        let span = message.span.map(|p| {
+            let span = p.child("tools/call".into(), oncely_tower::trace::SpanKind::Client);
+            oncely_tower::trace::ClientSpan::new(span)
+        });
         Box::pin(async move {
             let text = std::str::from_utf8(&bytes)
                 .map_err(|_| UpstreamError::BeforeSend("the message is not UTF-8".into()))?;
@@ -161,6 +166,9 @@ impl<M: MessageServer> Server for Messages<M> {
                 }
                 None => server.send_one(text.to_string(), owner).await?,
             };
+            if let Some(span) = span {
+                span.ended();
+            }
             Ok(match answer {
                 Some(body) => ServerAnswer::json((), Framing::Json, body.into()),
                 None => ServerAnswer::nothing(()),

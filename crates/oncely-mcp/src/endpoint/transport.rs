@@ -38,6 +38,10 @@ impl Caller for HttpCaller {
         let head = RequestHead::of_parts(&self.0);
         RequestFacts::read(guard, route, &head, &*config.principal)
     }
+
+    fn revision(&self) -> Option<&str> {
+        header_str(&self.0.headers, "mcp-protocol-version")
+    }
 }
 
 /// Answers one request.

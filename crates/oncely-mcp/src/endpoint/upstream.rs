@@ -85,9 +85,11 @@ impl Server for HttpServer {
             // neither.
             req.extensions_mut().insert(OwnerSend);
         }
-        let span = message
-            .span
-            .map(|p| p.upstream_call(req.headers_mut(), &parts.method));
+        let span = message.span.map(|p| {
+            let span = p.upstream_call(req.headers_mut(), &parts.method);
+            span.attributes().target(req.uri());
+            span
+        });
         let sent = self.call(req);
         Box::pin(async move {
             let resp = match sent.await {

@@ -239,7 +239,10 @@ impl Session {
         Context {
             session: Some(self.id.clone()),
             modern: named.or(self.revision.as_deref()).is_some_and(is_stateless),
-            caller: Arc::new(KnownCaller(self.principal.clone())),
+            caller: Arc::new(KnownCaller(
+                self.principal.clone(),
+                named.or(self.revision.as_deref()).map(str::to_string),
+            )),
             origin: (),
         }
     }

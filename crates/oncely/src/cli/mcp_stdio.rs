@@ -254,7 +254,22 @@ async fn worker(args: McpArgs) -> Outcome {
         .map_or(crate::config::DEFAULT_MAX_INFLIGHT, |c| {
             c.max_inflight_bytes
         });
-    let guard = Arc::new(Guard::new(store, principal_key).with_max_inflight_bytes(max_inflight));
+    let mut guard = Guard::new(store, principal_key).with_max_inflight_bytes(max_inflight);
+    // OpenTelemetry as `serve` has it: the file's `[tracing]` over the OTEL_* variables;
+    // a bad value exits 2 naming it.
+    let telemetry = crate::config::telemetry_of(config.as_ref().and_then(|c| c.tracing.as_ref()))
+        .map_err(|e| Failure::usage(format!("telemetry: {e}")))?;
+    let otel = match &telemetry {
+        Some(t) => Some(
+            crate::serve::otel::Exporter::start(t, guard.instance())
+                .map_err(|e| Failure::usage(format!("telemetry: {e:#}")))?,
+        ),
+        None => None,
+    };
+    if let Some(tracer) = otel.as_ref().and_then(crate::serve::otel::Exporter::tracer) {
+        guard = guard.with_tracer(tracer);
+    }
+    let guard = Arc::new(guard);
 
     let name = match (args.name.clone().or(stdio.name.clone()), &server) {
         (Some(name), _) => name,
@@ -271,7 +286,7 @@ async fn worker(args: McpArgs) -> Outcome {
     let command = match server {
         Server::Command(command) => command,
         Server::Remote(remote) => {
-            oncely_mcp::stdio::run_remote(
+            let outcome = oncely_mcp::stdio::run_remote(
                 mcp,
                 guard,
                 remote,
@@ -281,8 +296,11 @@ async fn worker(args: McpArgs) -> Outcome {
                 crate::serve::shutdown_signal(),
             )
             .await
-            .map_err(Failure::usage)?;
-            return Ok(());
+            .map_err(Failure::usage);
+            if let Some(otel) = otel {
+                otel.stop().await;
+            }
+            return outcome;
         }
     };
     let wrapped = Wrapped { command, principal };
@@ -294,8 +312,11 @@ async fn worker(args: McpArgs) -> Outcome {
         tokio::io::stdout(),
         crate::serve::shutdown_signal(),
     )
-    .await
-    .map_err(|e| match e {
+    .await;
+    if let Some(otel) = otel {
+        otel.stop().await;
+    }
+    let status = status.map_err(|e| match e {
         StdioError::Spawn { .. } | StdioError::NoCommand => Failure::usage(e),
         other => Failure {
             code: 1,

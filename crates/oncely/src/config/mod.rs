@@ -223,25 +223,33 @@ fn endpoint_paths(table: &Table, p: &mut Mistakes) {
     }
 }
 
+/// The OpenTelemetry export of `file` (a `[tracing]` table, or none) merged with the
+/// process's `OTEL_*` variables; every problem a [`Mistake`] at its variable or key.
+pub fn telemetry_of(
+    file: Option<&tracing::Tracing>,
+) -> Result<Option<telemetry::Telemetry>, ConfigError> {
+    telemetry::resolve(file, &telemetry::process_env).map_err(|problems| {
+        ConfigError::Invalid(
+            problems
+                .into_iter()
+                .map(|p| {
+                    let (at, message) = p.split_once(": ").unwrap_or(("environment", &p));
+                    Mistake {
+                        at: at.to_string(),
+                        message: message.to_string(),
+                    }
+                })
+                .collect(),
+        )
+    })
+}
+
 impl Config {
     /// The OpenTelemetry export: `[tracing]` merged with the process's `OTEL_*`
     /// variables (the file wins); `Ok(None)` when nothing is exported; else every
     /// problem, each naming its variable or key.
     pub fn telemetry(&self) -> Result<Option<telemetry::Telemetry>, ConfigError> {
-        telemetry::resolve(self.tracing.as_ref(), &telemetry::process_env).map_err(|problems| {
-            ConfigError::Invalid(
-                problems
-                    .into_iter()
-                    .map(|p| {
-                        let (at, message) = p.split_once(": ").unwrap_or(("environment", &p));
-                        Mistake {
-                            at: at.to_string(),
-                            message: message.to_string(),
-                        }
-                    })
-                    .collect(),
-            )
-        })
+        telemetry_of(self.tracing.as_ref())
     }
 
     /// Reads and resolves a config file.

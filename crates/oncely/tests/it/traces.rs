@@ -878,3 +878,209 @@ async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
         );
     }
 }
+
+/// The trace a tools/call carries in `params._meta` (another than its header's).
+const META_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const META_SPAN: &str = "b7ad6b7169203331";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_s_meta_traceparent_is_continued_and_the_server_gets_the_client_span_in_meta_and_header(
+) {
+    let (collector, seen, gw, _dir) = mcp_gateway().await;
+    let header_tp = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let meta_tp = format!("00-{META_TRACE}-{META_SPAN}-01");
+    let headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("traceparent", header_tp.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("mcp-session-id", "session-7"),
+    ];
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
+        "params": {"name": "render", "arguments": {"text": "meta"},
+            "_meta": {"traceparent": meta_tp, "tracestate": "mcpvendor=x"}}});
+    let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let server = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
+        .await
+        .remove(0);
+    // _meta's trace, ahead of the header's.
+    assert_eq!(hex(&server.span.trace_id), META_TRACE);
+    assert_eq!(hex(&server.span.parent_span_id), META_SPAN);
+    assert_eq!(server.span.trace_state, "mcpvendor=x");
+    assert_eq!(server.span.name, "tools/call render");
+    assert_eq!(server.str("mcp.method.name"), "tools/call");
+    assert_eq!(server.str("gen_ai.tool.name"), "render");
+    assert_eq!(server.str("gen_ai.operation.name"), "execute_tool");
+    assert_eq!(server.str("jsonrpc.request.id"), "call-1");
+    assert_eq!(server.str("mcp.protocol.version"), "2025-06-18");
+    assert_eq!(server.str("mcp.session.id"), "session-7");
+    assert_eq!(server.str("network.transport"), "tcp");
+    assert_eq!(server.str("oncely.status"), "fresh");
+    assert_eq!(server.str("oncely.class"), "write");
+    assert_eq!(server.str("oncely.key_source"), "fingerprint");
+    assert_eq!(server.str("oncely.principal").len(), 64);
+    assert!(server.attr("error.type").is_none());
+    // The server got the client span in the header and in params._meta, the same.
+    let calls = seen.calls();
+    let forwarded: serde_json::Value = serde_json::from_str(&calls[0]["body"]).unwrap();
+    let in_meta = forwarded["params"]["_meta"]["traceparent"]
+        .as_str()
+        .unwrap();
+    assert_eq!(in_meta, calls[0]["traceparent"]);
+    assert_eq!(forwarded["params"]["_meta"]["tracestate"], "mcpvendor=x");
+    let (trace, parent, _) = parse(in_meta);
+    assert_eq!(trace, META_TRACE);
+    let client = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(hex(&client.span.span_id), parent);
+    assert_eq!(client.span.parent_span_id, server.span.span_id);
+    assert!(client.str("url.full").ends_with("/mcp"));
+    // A stateless-era call names no session.
+    let modern = serde_json::json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "render", "arguments": {"text": "modern"},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+    let modern_headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "render"),
+    ];
+    let a = http_post(&gw.url("/mcp"), &modern.to_string(), &modern_headers).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let spans = collector
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let m = spans
+        .iter()
+        .find(|g| g.str("jsonrpc.request.id") == "9")
+        .unwrap();
+    assert!(m.attr("mcp.session.id").is_none());
+    assert_eq!(m.str("mcp.protocol.version"), "2026-07-28");
+}
+
+/// A stdio MCP server (plain Python, no SDK): answers `initialize`, `tools/list` (one
+/// tool, `render`) and `tools/call` with a text result holding the call's `params._meta`
+/// as JSON, so that the test sees what was forwarded.
+const STDIO_SERVER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    if m["method"] == "initialize":
+        r = {"protocolVersion": m["params"]["protocolVersion"], "capabilities": {"tools": {}},
+             "serverInfo": {"name": "meta-echo", "version": "1"}}
+    elif m["method"] == "tools/list":
+        r = {"tools": [{"name": "render", "inputSchema": {"type": "object"}}]}
+    elif m["method"] == "tools/call":
+        r = {"content": [{"type": "text", "text": json.dumps(m["params"].get("_meta", {}))}]}
+    else:
+        r = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}) + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oncely_mcp_over_stdio_has_mcp_spans_continues_meta_and_forwards_the_client_span() {
+    use std::io::{BufRead, BufReader, Write};
+    let rx = Receiver::start(Mode::Ok);
+    let dir = tempfile::tempdir().unwrap();
+    let server = dir.path().join("server.py");
+    std::fs::write(&server, STDIO_SERVER).unwrap();
+    let store = format!("sqlite://{}", dir.path().join("mcp.db").display());
+    let endpoint = rx.http_url();
+    let mut child = crate::common::oncely()
+        .args([
+            "mcp",
+            "--store",
+            &store,
+            "--",
+            "python3",
+            server.to_str().unwrap(),
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_METRICS_EXPORTER", "none")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut ask = |m: serde_json::Value| -> serde_json::Value {
+        writeln!(stdin, "{m}").unwrap();
+        stdin.flush().unwrap();
+        if m.get("id").is_none() {
+            return serde_json::Value::Null;
+        }
+        loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "stdout ended");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == m["id"] && v.get("method").is_none() {
+                return v;
+            }
+        }
+    };
+    ask(
+        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params":
+        {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+    );
+    ask(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let meta_tp = format!("00-{META_TRACE}-{META_SPAN}-01");
+    let call = |id: i64| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params":
+            {"name": "render", "arguments": {"text": "piped"}, "_meta": {"traceparent": meta_tp}}})
+    };
+    let first = ask(call(1));
+    let second = ask(call(2));
+    assert_eq!(
+        second["result"]["_meta"]["dev.oncely/replay"]["status"], "replayed",
+        "{second}"
+    );
+    let echoed: serde_json::Value =
+        serde_json::from_str(first["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    let forwarded = echoed["traceparent"]
+        .as_str()
+        .expect("a traceparent in _meta");
+    let (trace, parent, _) = parse(forwarded);
+    assert_eq!(trace, META_TRACE);
+
+    let servers = rx
+        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    for s in &servers {
+        assert_eq!(s.span.name, "tools/call render");
+        assert_eq!(hex(&s.span.trace_id), META_TRACE);
+        assert_eq!(hex(&s.span.parent_span_id), META_SPAN);
+        assert_eq!(s.str("network.transport"), "pipe");
+        assert_eq!(s.str("mcp.protocol.version"), "2025-11-25");
+        assert_eq!(s.str("mcp.method.name"), "tools/call");
+        assert_eq!(s.str("gen_ai.tool.name"), "render");
+        assert!(s.attr("jsonrpc.request.id").is_some());
+        assert!(
+            s.attr("mcp.session.id").is_none(),
+            "stdio has no MCP session id"
+        );
+    }
+    let fresh = servers
+        .iter()
+        .find(|s| s.str("oncely.status") == "fresh")
+        .unwrap();
+    let client = rx
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(hex(&client.span.span_id), parent);
+    assert_eq!(client.span.parent_span_id, fresh.span.span_id);
+    drop(stdin);
+    let _ = child.wait();
+}
