@@ -159,6 +159,9 @@ pub struct Record {
     pub provider_request_id: Option<String>,
     /// Why the last attempt failed, or why the record changed state.
     pub last_error: Option<String>,
+    /// The span that executed it (`TRACEID-SPANID`, hex, when traces were on): a
+    /// replay's or a join's span links to it, on any instance.
+    pub trace: Option<String>,
 }
 
 impl Record {
@@ -249,6 +252,8 @@ pub struct Completion {
     pub replay_until: Option<Timestamp>,
     /// The upstream's request id.
     pub provider_request_id: Option<String>,
+    /// The span that executed it (`TRACEID-SPANID`, hex), when traces are on.
+    pub trace: Option<String>,
 }
 
 /// An operator's or reconciler's verdict on an `outcome_unknown` record.
@@ -362,6 +367,7 @@ impl Record {
             repeat_units: 0,
             provider_request_id: None,
             last_error: None,
+            trace: None,
         }
     }
 
@@ -448,6 +454,7 @@ impl Record {
         self.response = Some(c.response);
         self.units = c.units;
         self.provider_request_id = c.provider_request_id.or(self.provider_request_id.take());
+        self.trace = c.trace.or(self.trace.take());
         self.updated_at = now;
         self.last_error = None;
         Ok(())
@@ -629,6 +636,7 @@ mod tests {
             window: WINDOW,
             replay_until: None,
             provider_request_id: Some("req_1".into()),
+            trace: None,
         }
     }
 

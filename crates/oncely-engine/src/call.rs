@@ -151,6 +151,9 @@ pub struct GuardedCall {
     /// never sent, so its record is released and the caller is told the upstream is
     /// busy; once a slot is taken, the upstream gets its whole `timeout`.
     pub slots: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    /// The span of the request that executes it (`TRACEID-SPANID`, hex), kept with its
+    /// completion so that replays and joins link to it (traces on).
+    pub trace: Option<String>,
 }
 
 impl std::ops::Deref for GuardedCall {

@@ -460,6 +460,7 @@ mod tests {
             units: 3,
             answer_before_record: false,
             slots: None,
+            trace: None,
         }
     }
 

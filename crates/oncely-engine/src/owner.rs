@@ -305,6 +305,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                         window: call.window,
                         replay_until,
                         provider_request_id,
+                        trace: call.trace.clone(),
                     };
                     let written = async {
                         let written = write("complete", &fence, || {

@@ -120,6 +120,7 @@ pub fn completion(body: &str, units: u64) -> Completion {
         window: WINDOW,
         replay_until: None,
         provider_request_id: Some("req_123".into()),
+        trace: None,
     }
 }
 

@@ -301,6 +301,7 @@ mod tests {
             window: Duration::from_secs(10),
             replay_until: None,
             provider_request_id: None,
+            trace: None,
         };
         r.complete(&r.fence().unwrap(), done, Timestamp(at))
             .unwrap();

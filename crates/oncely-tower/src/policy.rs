@@ -166,6 +166,7 @@ impl RoutePolicy {
             units,
             answer_before_record: self.answer_before_record,
             slots: self.concurrency.as_ref().map(|c| c.slots.clone()),
+            trace: None,
         }
     }
 }

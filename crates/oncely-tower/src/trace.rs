@@ -19,10 +19,12 @@ use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 
 pub mod attr;
 mod context;
+mod data;
 mod conventions;
 mod sample;
 pub use attr::AttributeValue;
 pub use context::{trace_state, TraceParent};
+pub use data::{SpanData, SpanKind};
 pub use conventions::{route_path, Connection, UpstreamAttributes};
 pub use sample::{ParentOrRatio, Sample};
 
@@ -47,43 +49,6 @@ fn bounded(mut text: String) -> String {
         text.push('…');
     }
     text
-}
-
-/// What a span is to its trace (OTLP's `SpanKind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpanKind {
-    /// A request the gateway received.
-    Server,
-    /// A request the gateway sent.
-    Client,
-}
-
-/// A finished span, as a [`SpanSink`] receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpanData {
-    /// The trace.
-    pub trace_id: [u8; 16],
-    /// This span.
-    pub span_id: [u8; 8],
-    /// The span it runs under, if any (the caller's, for a continued trace).
-    pub parent_span_id: Option<[u8; 8]>,
-    /// The `tracestate` it continued, if any.
-    pub trace_state: Option<String>,
-    /// The span's name.
-    pub name: String,
-    /// Server or client.
-    pub kind: SpanKind,
-    /// When it started.
-    pub start: SystemTime,
-    /// When it ended.
-    pub end: SystemTime,
-    /// Its attributes, in the order they were set.
-    pub attributes: Vec<(&'static str, AttributeValue)>,
-    /// Why it failed, when it did (OTLP status `ERROR` with this message).
-    pub error: Option<String>,
-    /// Spans it links to (trace id, span id): a replay's or a join's link to the span
-    /// that executed the original.
-    pub links: Vec<([u8; 16], [u8; 8])>,
 }
 
 /// Where finished spans go. `submit` must return at once: a sink that cannot keep a span
@@ -359,6 +324,28 @@ impl Span {
     /// This span's trace id and span id.
     pub fn ids(&self) -> ([u8; 16], [u8; 8]) {
         (self.data.trace_id, self.data.span_id)
+    }
+
+    /// `TRACEID-SPANID` (hex) of this span, as a record keeps the span that executed it.
+    pub fn trace_id_text(&self) -> String {
+        format!(
+            "{}-{}",
+            hex::encode(self.data.trace_id),
+            hex::encode(self.data.span_id)
+        )
+    }
+
+    /// Links to the span a record's `TRACEID-SPANID` names (nothing for none, or for
+    /// text that is not one).
+    pub fn link_to(&mut self, text: Option<&str>) {
+        let Some((trace, span)) = text.and_then(|t| t.split_once('-')) else {
+            return;
+        };
+        let (mut t, mut s) = ([0u8; 16], [0u8; 8]);
+        if hex::decode_to_slice(trace, &mut t).is_ok() && hex::decode_to_slice(span, &mut s).is_ok()
+        {
+            self.link(t, s);
+        }
     }
 
     /// Continues `parent`'s trace instead (trace context a message carries, such as an

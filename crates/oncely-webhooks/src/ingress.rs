@@ -284,6 +284,7 @@ impl Ingress {
             window: self.config.dedupe_window,
             replay_until: None,
             provider_request_id: None,
+            trace: None,
         };
         // A resend of a known event is answered from a read (SQLite: the replay cache or
         // a read connection), without waiting for the writer.

@@ -180,6 +180,9 @@ fn replay<S: Server>(
     call: &Call,
     started: Instant,
 ) -> Reply<S::Head> {
+    if let Some(span) = call.span.lock().expect("call span lock").as_mut() {
+        span.link_to(record.trace.as_deref());
+    }
     let stored = record
         .response
         .as_ref()

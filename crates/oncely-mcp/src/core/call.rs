@@ -84,13 +84,16 @@ pub(super) fn read_call<O>(
         span.set(attr::KEY_SOURCE, "fingerprint");
         span
     });
+    let mut guarded = policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units);
+    // The record keeps the span that executes it: replays and joins link to it.
+    guarded.trace = span.as_ref().map(Span::trace_id_text);
     Some(Call {
         span: Mutex::new(span),
         id: request.id.clone(),
         tool: tool.to_string(),
         modern,
         tasks: modern && tasks::declares_tasks(request.params),
-        guarded: policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units),
+        guarded,
     })
 }
 

@@ -429,6 +429,7 @@ async fn execute_completions(
                     &response.body,
                     &(job.completion.units as i64),
                     &job.completion.provider_request_id,
+                    &job.completion.trace,
                 ],
             )
             .await
@@ -457,6 +458,8 @@ async fn execute_completions(
             .iter()
             .map(|j| j.completion.provider_request_id.as_deref())
             .collect();
+        let traces: Vec<Option<&str>> =
+            jobs.iter().map(|j| j.completion.trace.as_deref()).collect();
         client
             .query(
                 &stmt,
@@ -472,6 +475,7 @@ async fn execute_completions(
                     &bodies,
                     &units,
                     &request_ids,
+                    &traces,
                 ],
             )
             .await
@@ -493,7 +497,7 @@ async fn execute_completions(
     Ok(done)
 }
 
-/// The fenced completion of many records in one plain statement; `$2..$11` are arrays.
+/// The fenced completion of many records in one plain statement; `$2..$12` are arrays.
 /// The state is tested as `(...) IS TRUE`, which no index answers: the rows are found by
 /// id through the primary key, never by a scan of `records_open`'s processing entries
 /// (which the planner thinks few, and which hold every completion since the last vacuum).
@@ -504,10 +508,11 @@ static SQL_COMPLETE_BATCH: std::sync::LazyLock<String> = std::sync::LazyLock::ne
              response_status = i.status, response_headers = i.headers,
              response_body = i.body, units = i.units,
              provider_request_id = COALESCE(i.prid, r.provider_request_id),
-             updated_at = {AT}, last_error = NULL
+             updated_at = {AT}, last_error = NULL, trace = COALESCE(i.trace, r.trace)
          FROM unnest($2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[],
-                     $7::integer[], $8::text[], $9::bytea[], $10::bigint[], $11::text[])
-             AS i(id, owner, attempt, win, until, status, headers, body, units, prid)
+                     $7::integer[], $8::text[], $9::bytea[], $10::bigint[], $11::text[],
+                     $12::text[])
+             AS i(id, owner, attempt, win, until, status, headers, body, units, prid, trace)
          WHERE r.id = i.id AND r.owner = i.owner AND r.attempt = i.attempt
            AND (r.state = 'processing') IS TRUE
          RETURNING {r},

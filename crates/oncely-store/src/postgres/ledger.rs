@@ -115,6 +115,7 @@ impl PgStore {
                 &response.body,
                 &units,
                 &completion.provider_request_id,
+                &completion.trace,
             ],
             move |r, now| r.complete(fence, check_completion, now),
         )
@@ -161,6 +162,7 @@ impl PgStore {
                 &units,
                 &record.provider_request_id,
                 &record.last_error,
+                &record.trace,
             ],
         )
         .await

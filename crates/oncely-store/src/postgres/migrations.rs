@@ -203,6 +203,11 @@ DROP INDEX IF EXISTS records_principal;
 CREATE INDEX IF NOT EXISTS records_open ON records (state, id) WHERE state <> 'completed';
 "#,
     },
+    Migration {
+        version: 9,
+        name: "the span that executed a record (trace links)",
+        sql: "ALTER TABLE records ADD COLUMN IF NOT EXISTS trace text;",
+    },
 ];
 
 /// Migration 7: the usage history, repeat events that count several repeats, and the

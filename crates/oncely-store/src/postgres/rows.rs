@@ -36,6 +36,7 @@ pub(super) const COLUMNS: &[&str] = &[
     "provider_request_id",
     "last_error",
     "waiting",
+    "trace",
 ];
 
 /// `prefix.col, prefix.col, ...`
@@ -136,6 +137,7 @@ pub(super) fn record_from_row(row: &Row) -> Result<Record> {
         repeat_units: unsigned(row, "repeat_units")?,
         provider_request_id: row.try_get("provider_request_id").map_err(corrupt)?,
         last_error: row.try_get("last_error").map_err(corrupt)?,
+        trace: row.try_get("trace").map_err(corrupt)?,
     })
 }
 

@@ -140,7 +140,7 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
                  completed_at = NULL, expires_at = NULL, response_status = NULL,
                  response_headers = NULL, response_body = NULL, units = 0, repeats = 0,
                  repeat_units = 0, workflow_id = $10, provider_request_id = NULL,
-                 last_error = NULL, waiting = 0
+                 last_error = NULL, waiting = 0, trace = NULL
              FROM t, (SELECT id, state, principal, route, completed_at, units FROM records
                       WHERE id = $2) o
              WHERE r.id = $2 AND o.id = $2 AND ((r.state = 'completed'
@@ -154,13 +154,14 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
         r = cols("r"),
         fold = fold_renewed_sql(),
     ),
-    // $5 window ms, $6 replay_until, $7 status, $8 headers, $9 body, $10 units, $11 req id
+    // $5 window ms, $6 replay_until, $7 status, $8 headers, $9 body, $10 units, $11 req id,
+    // $12 the executing span
     complete: fenced_update(
         "state = 'completed', lease_until = NULL, completed_at = t.now,
          expires_at = LEAST(t.now + $5, COALESCE($6, 9223372036854775807)),
          response_status = $7, response_headers = $8, response_body = $9, units = $10,
          provider_request_id = COALESCE($11, r.provider_request_id), updated_at = t.now,
-         last_error = NULL",
+         last_error = NULL, trace = COALESCE($12, r.trace)",
         true,
     ),
     release: fenced_update(
@@ -183,7 +184,7 @@ pub(super) static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
              UPDATE records SET state = $2, owner = $3, attempt = $4, lease_until = $5,
                  updated_at = $6, completed_at = $7, expires_at = $8, response_status = $9,
                  response_headers = $10, response_body = $11, units = $12,
-                 provider_request_id = $13, last_error = $14
+                 provider_request_id = $13, last_error = $14, trace = $15
              WHERE id = $1
              RETURNING id, state, waiting)
          SELECT CASE WHEN u.waiting > 0 AND u.state <> 'processing'

@@ -12,7 +12,8 @@ use crate::{ListFilter, Result, StoreError};
 /// The columns of a record, in the order [`from_row`] reads them.
 pub(super) const COLUMNS: &str = "id, scope, key, fingerprint, class, route, principal, state, \
      owner, attempt, lease_until, created_at, updated_at, completed_at, expires_at, status, \
-     headers, body, units, repeats, repeat_units, workflow_id, provider_request_id, last_error";
+     headers, body, units, repeats, repeat_units, workflow_id, provider_request_id, last_error, \
+     trace";
 
 /// A column that holds text the record types did not accept.
 fn corrupt(column: usize, what: String) -> rusqlite::Error {
@@ -72,6 +73,7 @@ pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
         repeat_units: row.get::<_, i64>(20)? as u64,
         provider_request_id: row.get(22)?,
         last_error: row.get(23)?,
+        trace: row.get(24)?,
     })
 }
 
@@ -104,7 +106,7 @@ pub(super) fn by_key(conn: &Connection, scope: &Scope, key: &str) -> Result<Opti
 }
 
 /// The record's values, in [`COLUMNS`] order.
-fn values(r: &Record) -> Result<[Value; 24]> {
+fn values(r: &Record) -> Result<[Value; 25]> {
     let (status, headers, body) = match &r.response {
         None => (Value::Null, Value::Null, Value::Null),
         Some(resp) => (
@@ -144,6 +146,7 @@ fn values(r: &Record) -> Result<[Value; 24]> {
         text(&r.workflow_id),
         text(&r.provider_request_id),
         text(&r.last_error),
+        text(&r.trace),
     ])
 }
 
@@ -154,9 +157,9 @@ fn insert_values(r: &Record) -> Result<impl Iterator<Item = Value>> {
     Ok(values(r)?.into_iter().chain(std::iter::once(claim)))
 }
 
-/// `INSERT INTO records (COLUMNS, claim) VALUES (?1, ..., ?25)` with `tail` after it.
+/// `INSERT INTO records (COLUMNS, claim) VALUES (?1, ..., ?26)` with `tail` after it.
 fn insert_sql(tail: &str) -> String {
-    let placeholders = (1..=25).map(|i| format!("?{i}")).collect::<Vec<_>>();
+    let placeholders = (1..=26).map(|i| format!("?{i}")).collect::<Vec<_>>();
     format!(
         "INSERT INTO records ({COLUMNS}, claim) VALUES ({}){tail}",
         placeholders.join(", ")
@@ -201,7 +204,7 @@ pub(super) fn replace(conn: &Connection, old_id: &RecordId, r: &Record) -> Resul
 /// The columns a transition of one record may change: everything but its identity
 /// (`id`, `scope`, `key`, `fingerprint`, `class`, `route`, `principal`, `created_at`,
 /// and the claim hash of scope and key), so the unique index on those is left alone.
-const MUTABLE: [(&str, usize); 16] = [
+const MUTABLE: [(&str, usize); 17] = [
     ("state", 7),
     ("owner", 8),
     ("attempt", 9),
@@ -218,6 +221,7 @@ const MUTABLE: [(&str, usize); 16] = [
     ("workflow_id", 21),
     ("provider_request_id", 22),
     ("last_error", 23),
+    ("trace", 24),
 ];
 
 /// Writes back what a transition changed in `r` (same id, same identity).

@@ -86,6 +86,11 @@ CREATE TABLE secrets (
         name: "a ledger for the write path (keyed by id, one claim index, fewer indexes)",
         sql: WRITE_PATH_SQL,
     },
+    Migration {
+        version: 7,
+        name: "the span that executed a record (trace links)",
+        sql: "ALTER TABLE records ADD COLUMN trace TEXT;",
+    },
 ];
 
 /// Migration 2: the task queue.

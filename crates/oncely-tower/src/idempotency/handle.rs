@@ -146,13 +146,15 @@ where
         .units
         .request_units(&RequestHead::of_parts(&parts), &bytes);
     let key = client_key.map(|k| k.as_str().to_string());
-    let call = policy.guarded_call(
+    let mut call = policy.guarded_call(
         principal.clone(),
         key,
         fingerprint,
         workflow.clone(),
         request_units,
     );
+    // The record keeps the span that executes it: replays and joins link to it.
+    call.trace = log.span.as_ref().map(Span::trace_id_text);
 
     let units = policy.units.clone();
     // What a replay or a join may be sent in.
@@ -188,6 +190,13 @@ where
         None => guard.execute(call, run).await,
     };
     respond(execution, policy.class, &accept, &mut log)
+}
+
+/// Links the request's span (if any) to the span that executed `record`'s original.
+fn link_original(log: &mut RequestLog<'_>, record: &Record) {
+    if let Some(span) = &mut log.span {
+        span.link_to(record.trace.as_deref());
+    }
 }
 
 /// Ends the request's span (if any) with what the log line says.
@@ -238,8 +247,14 @@ fn respond(
             log.provider_request_id = provider_request_id(res.headers());
             finish(res, "fresh", &record, false, log)
         }
-        Execution::Replayed(record) => replay(record, "replayed", accept, log),
-        Execution::Joined(record) => replay(record, "joined", accept, log),
+        Execution::Replayed(record) => {
+            link_original(log, &record);
+            replay(record, "replayed", accept, log)
+        }
+        Execution::Joined(record) => {
+            link_original(log, &record);
+            replay(record, "joined", accept, log)
+        }
         Execution::InFlight {
             record,
             retry_after,

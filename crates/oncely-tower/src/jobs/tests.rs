@@ -155,6 +155,7 @@ fn completion(body: &'static str) -> Completion {
         window: WINDOW,
         replay_until: None,
         provider_request_id: None,
+        trace: None,
     }
 }
 

@@ -136,6 +136,7 @@ async fn seed(path: &Path) -> (Record, Record, Record) {
                 window: Duration::from_secs(3600),
                 replay_until: None,
                 provider_request_id: Some("req_1".into()),
+                trace: None,
             },
         )
         .await

@@ -270,6 +270,7 @@ async fn completed(path: &Path, route: &str, key: &str, took: Duration) {
                 window: Duration::from_secs(3600),
                 replay_until: None,
                 provider_request_id: None,
+                trace: None,
             },
         )
         .await

@@ -48,6 +48,7 @@ mod retries;
 mod sdk_clients;
 mod secrets;
 mod statements;
+mod trace_links;
 mod traces;
 mod usage_history;
 mod usage_races;

@@ -241,6 +241,11 @@ async fn a_fresh_request_and_its_replay_are_two_spans_and_the_upstream_continues
         assert!(s.attr("error.type").is_none());
     }
     assert_eq!(second.str("oncely.status"), "replayed");
+    // The replay links to the span that executed the original.
+    assert_eq!(second.span.links.len(), 1);
+    assert_eq!(second.span.links[0].trace_id, first.span.trace_id);
+    assert_eq!(second.span.links[0].span_id, first.span.span_id);
+    assert!(first.span.links.is_empty());
 
     // The upstream call is a client span under the fresh request's, and it is the
     // parent the upstream was told.
@@ -321,6 +326,11 @@ async fn concurrent_duplicates_are_one_fresh_span_with_an_upstream_call_and_join
     assert_eq!(clients.len(), 1);
     assert_eq!(clients[0].span.parent_span_id, fresh.span.span_id);
     assert_eq!(clients[0].span.trace_id, fresh.span.trace_id);
+    // Every joined (or replayed) span links to the fresh one.
+    for s in servers.iter().filter(|s| s.str("oncely.status") != "fresh") {
+        assert_eq!(s.span.links.len(), 1, "{:?}", s.span);
+        assert_eq!(s.span.links[0].span_id, fresh.span.span_id);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -639,6 +649,12 @@ async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the
         .find(|s| s.str("oncely.status") == "fresh")
         .unwrap();
     assert_eq!(fresh.int("oncely.upstream_status"), 200);
+    let replayed = servers
+        .iter()
+        .find(|s| s.str("oncely.status") == "replayed")
+        .unwrap();
+    assert_eq!(replayed.span.links.len(), 1);
+    assert_eq!(replayed.span.links[0].span_id, fresh.span.span_id);
     let client = collector
         .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
         .await

@@ -300,7 +300,23 @@ fn sdk_span(s: SpanData, scope: &InstrumentationScope) -> opentelemetry_sdk::tra
             .collect(),
         dropped_attributes_count: 0,
         events: Default::default(),
-        links: Default::default(),
+        links: {
+            let mut links = opentelemetry_sdk::trace::SpanLinks::default();
+            links.links = s
+                .links
+                .into_iter()
+                .map(|(trace, span)| {
+                    opentelemetry::trace::Link::with_context(SpanContext::new(
+                        TraceId::from_bytes(trace),
+                        SpanId::from_bytes(span),
+                        TraceFlags::SAMPLED,
+                        true,
+                        TraceState::default(),
+                    ))
+                })
+                .collect();
+            links
+        },
         status: match s.error {
             Some(message) => Status::error(message),
             None => Status::Unset,
