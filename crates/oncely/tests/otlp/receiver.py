@@ -12,7 +12,7 @@ or JSON bodies, gzip or not) on 127.0.0.1, and appends one JSON line per export 
 so that the Rust tests decode every export with one set of types, whatever it came as.
 When both ports are bound it writes {"grpc": PORT, "http": PORT} to READY.
 
-    python receiver.py --out OUT --ready READY [--mode ok|refuse|hang]
+    python receiver.py --out OUT --ready READY [--mode ok|refuse|hang] [--forever]
 
 --mode refuse answers every export with an error (HTTP 503, gRPC UNAVAILABLE); --mode
 hang never answers (a collector that accepts and stalls).
@@ -160,6 +160,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--ready", required=True)
     parser.add_argument("--mode", choices=["ok", "refuse", "hang"], default="ok")
+    parser.add_argument("--forever", action="store_true", help="run until killed, not until stdin closes")
     ARGS = parser.parse_args()
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -178,6 +179,8 @@ def main():
 
     os.replace(ARGS.ready + ".tmp", ARGS.ready)
     # Until the test kills it (or its standard input closes).
+    if ARGS.forever:
+        threading.Event().wait()
     sys.stdin.read()
     os._exit(0)
 
