@@ -19,13 +19,13 @@ use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 
 pub mod attr;
 mod context;
-mod data;
 mod conventions;
+mod data;
 mod sample;
 pub use attr::AttributeValue;
 pub use context::{trace_state, TraceParent};
-pub use data::{SpanData, SpanKind};
 pub use conventions::{route_path, Connection, UpstreamAttributes};
+pub use data::{SpanData, SpanKind};
 pub use sample::{ParentOrRatio, Sample};
 
 /// The W3C trace context header.

@@ -264,6 +264,13 @@ impl Ingress {
         {
             task_headers.insert(0, ("content-type".to_string(), ct.to_string()));
         }
+        // The trace context the request came with (the gateway's span of it, when traces
+        // are on): the delivery is in the trace of the request that received the event.
+        for name in ["traceparent", "tracestate"] {
+            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                task_headers.push((name.to_string(), v.to_string()));
+            }
+        }
         let task = NewTask {
             kind: TASK_KIND.into(),
             target: self.config.deliver_to.clone(),

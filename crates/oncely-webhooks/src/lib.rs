@@ -72,4 +72,4 @@ pub use scheme::{Encoding, HmacConfig, Scheme};
 pub use secret::{Secret, Secrets};
 pub use sign::sign;
 pub use verify::{verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
-pub use worker::{DeliveryWorker, WorkerOptions};
+pub use worker::{DeliveryEnd, DeliverySpans, DeliveryWorker, WorkerOptions};

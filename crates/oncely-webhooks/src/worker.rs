@@ -37,6 +37,19 @@ use crate::queue::{Waker, TASK_KIND};
 /// The longest retry delay ceiling.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
+/// The trace of each delivery attempt (the gateway's are OpenTelemetry client spans in
+/// the trace of the request that received the event). [`DeliverySpans::start`] is called
+/// as an attempt is sent, with its headers (holding the trace context stored with the
+/// delivery, which it may replace with its own span's); the closure it returns gets the
+/// handler's status, or why no answer came. Dropped uncalled, the attempt timed out.
+pub trait DeliverySpans: Send + Sync + std::fmt::Debug {
+    /// Starts the span of one attempt to `target`.
+    fn start(&self, headers: &mut http::HeaderMap, target: &str) -> DeliveryEnd;
+}
+
+/// How a delivery attempt's span ends: with the status, or why no answer came.
+pub type DeliveryEnd = Box<dyn FnOnce(Result<u16, &str>) + Send>;
+
 /// How the worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -52,6 +65,8 @@ pub struct WorkerOptions {
     pub poll_interval: Duration,
     /// How long [`DeliveryWorker::stop`] waits for deliveries in flight.
     pub drain_timeout: Duration,
+    /// The spans of deliveries, when traces are on.
+    pub spans: Option<Arc<dyn DeliverySpans>>,
 }
 
 impl Default for WorkerOptions {
@@ -62,6 +77,7 @@ impl Default for WorkerOptions {
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(30),
+            spans: None,
         }
     }
 }
@@ -315,12 +331,25 @@ impl Run {
                 request.headers_mut().append(n, v);
             }
         }
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| format!("cannot reach the handler: {}", error_chain(&e)))?;
+        let end = self
+            .options
+            .spans
+            .as_ref()
+            .map(|s| s.start(request.headers_mut(), &task.target));
+        let response = match self.client.request(request).await {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!("cannot reach the handler: {}", error_chain(&e));
+                if let Some(end) = end {
+                    end(Err(&why));
+                }
+                return Err(why);
+            }
+        };
         let status = response.status().as_u16();
+        if let Some(end) = end {
+            end(Ok(status));
+        }
         // Read (and drop) the answer so the connection can be reused.
         let _ = response.into_body().collect().await;
         Ok(status)

@@ -41,4 +41,3 @@ pub struct SpanData {
     /// that executed the original.
     pub links: Vec<([u8; 16], [u8; 8])>,
 }
-

@@ -332,6 +332,7 @@ pub(crate) fn worker(store: Arc<dyn Store>, name: &str, lease: Duration) -> Deli
             lease,
             poll_interval: Duration::from_millis(50),
             drain_timeout: Duration::from_secs(5),
+            spans: None,
         },
     )
 }

@@ -242,7 +242,7 @@ impl Live {
     ) -> anyhow::Result<Live> {
         let routes = RouteTable::new(&config);
         let mcp = McpEndpoints::new(&config, &guard, &client)?;
-        let webhooks = Webhooks::start(&config, &store)?;
+        let webhooks = Webhooks::start(&config, &store, guard.tracer().cloned())?;
         super::prometheus::describe(routes.names());
         let jobs = start_jobs(&guard, &client, &routes);
         let snapshot = Snapshot::new(routes, mcp, webhooks.endpoints(), &guard, &client);

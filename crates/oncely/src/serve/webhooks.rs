@@ -2,6 +2,11 @@
 //! [`oncely_webhooks::WebhookEndpoint`] (verify, claim the event id once, queue the
 //! delivery durably, answer), all fed to one [`DeliveryWorker`] per process. Requests
 //! whose path is a webhook path are answered before the HTTP route table.
+//!
+//! With traces on, a webhook request is a server span, whose `traceparent` is stored with
+//! its delivery; each delivery attempt is a client span under it ([`Deliveries`]), so the
+//! delivery is in the trace of the request that received the event, whenever and on
+//! whichever instance it runs.
 
 use std::sync::Arc;
 
@@ -10,6 +15,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use oncely_http::problem::{Problem, ProblemCode};
 use oncely_store::Store;
+use oncely_tower::trace::{attr, ClientSpan, Tracer};
 use oncely_tower::BoxBody;
 use oncely_webhooks::worker::{DeliveryWorker, WorkerOptions};
 use oncely_webhooks::{Secrets, Verifier, WebhookConfig, WebhookEndpoint};
@@ -21,20 +27,30 @@ use crate::config::{Config, WebhookEndpoint as WebhookEntry};
 pub struct Webhooks {
     endpoints: Arc<Vec<WebhookEndpoint>>,
     worker: Option<DeliveryWorker>,
+    tracer: Option<Arc<Tracer>>,
 }
 
 impl Webhooks {
     /// One endpoint per `[[webhooks]]` entry, and a delivery worker when there is any.
     /// A secret variable that is unset or malformed stops the server with a clear error.
-    pub fn start(config: &Config, store: &Arc<dyn Store>) -> anyhow::Result<Webhooks> {
+    /// With `tracer`, requests and deliveries are spans.
+    pub fn start(
+        config: &Config,
+        store: &Arc<dyn Store>,
+        tracer: Option<Arc<Tracer>>,
+    ) -> anyhow::Result<Webhooks> {
         if config.webhooks.is_empty() {
-            return Ok(Webhooks::default());
+            return Ok(Webhooks {
+                tracer,
+                ..Webhooks::default()
+            });
         }
-        let worker = start_worker(config, store);
+        let worker = start_worker(config, store, tracer.as_ref());
         let endpoints = build(config, store, &worker)?;
         Ok(Webhooks {
             endpoints: Arc::new(endpoints),
             worker: Some(worker),
+            tracer,
         })
     }
 
@@ -53,7 +69,7 @@ impl Webhooks {
             resolve(config, entry).with_context(|| format!("webhooks[{i}]"))?;
         }
         if self.worker.is_none() {
-            self.worker = Some(start_worker(config, store));
+            self.worker = Some(start_worker(config, store, self.tracer.as_ref()));
         }
         let worker = self.worker.as_ref().expect("a worker");
         self.endpoints = Arc::new(build(config, store, worker)?);
@@ -62,7 +78,7 @@ impl Webhooks {
 
     /// What the request handlers need (cheap to clone).
     pub fn endpoints(&self) -> WebhookPaths {
-        WebhookPaths(self.endpoints.clone())
+        WebhookPaths(self.endpoints.clone(), self.tracer.clone())
     }
 
     /// The admin routes (`GET /webhooks/dead`, `POST /webhooks/dead/{id}/redeliver`),
@@ -86,7 +102,7 @@ impl Webhooks {
 
 /// The webhook endpoints by path.
 #[derive(Debug, Clone, Default)]
-pub struct WebhookPaths(Arc<Vec<WebhookEndpoint>>);
+pub struct WebhookPaths(Arc<Vec<WebhookEndpoint>>, Option<Arc<Tracer>>);
 
 impl WebhookPaths {
     /// Answers `req` when its path is a webhook endpoint's; hands it back otherwise.
@@ -100,7 +116,37 @@ impl WebhookPaths {
         if req.method() != http::Method::POST {
             return Ok(method_not_allowed());
         }
+        let mut req = req;
+        // The request's span; its `traceparent` (replacing the sender's) is stored with
+        // the delivery.
+        let span = self.1.as_ref().map(|tracer| {
+            let mut span = tracer.start_request(req.headers(), String::new());
+            let path = endpoint.path().to_string();
+            oncely_tower::trace::http_server_request(
+                &mut span,
+                req.method(),
+                req.uri(),
+                req.version(),
+                req.headers(),
+                req.extensions(),
+                Some(&path),
+            );
+            span.propagate(req.headers_mut());
+            span
+        });
         let response = endpoint.handle(req.map(axum::body::Body::new)).await;
+        if let Some(mut span) = span {
+            let status = response.status().as_u16();
+            if let Some(s) = response
+                .headers()
+                .get("oncely-status")
+                .and_then(|v| v.to_str().ok())
+            {
+                span.set(attr::DECISION, s.to_string());
+            }
+            oncely_tower::trace::http_server_response(&mut span, status, None);
+            span.end();
+        }
         Ok(response.map(oncely_tower::body::boxed))
     }
 }
@@ -116,12 +162,44 @@ fn method_not_allowed() -> Response<BoxBody> {
 /// The one worker that delivers for every endpoint: the shortest lease serves them all
 /// (a shorter lease only means more frequent renewals), and `https://` targets are
 /// verified like upstreams (system roots, `upstream_ca`, `$ONCELY_EXTRA_CA_FILE`).
-fn start_worker(config: &Config, store: &Arc<dyn Store>) -> DeliveryWorker {
-    let mut options = WorkerOptions::default();
+fn start_worker(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    tracer: Option<&Arc<Tracer>>,
+) -> DeliveryWorker {
+    let mut options = WorkerOptions {
+        spans: tracer
+            .map(|t| Arc::new(Deliveries(t.clone())) as Arc<dyn oncely_webhooks::DeliverySpans>),
+        ..WorkerOptions::default()
+    };
     if let Some(lease) = config.webhooks.iter().map(|w| w.lease).min() {
         options.lease = lease;
     }
     DeliveryWorker::start_trusting(store.clone(), options, config.upstream_ca.as_deref())
+}
+
+/// Delivery attempts as client spans under the span of the request that received the
+/// event (the `traceparent` stored with the delivery); an attempt without one (a
+/// delivery queued before traces were on) has none.
+#[derive(Debug)]
+struct Deliveries(Arc<Tracer>);
+
+impl oncely_webhooks::DeliverySpans for Deliveries {
+    fn start(&self, headers: &mut http::HeaderMap, target: &str) -> oncely_webhooks::DeliveryEnd {
+        let Some(mut span) = self.0.start_client_under(headers, "POST".into()) else {
+            return Box::new(|_| {});
+        };
+        span.set(attr::HTTP_METHOD, "POST");
+        span.propagate(headers);
+        let span = ClientSpan::new(span);
+        if let Ok(uri) = target.parse::<http::Uri>() {
+            span.attributes().target(&uri);
+        }
+        Box::new(move |result| match result {
+            Ok(status) => span.answered(status),
+            Err(why) => span.failed(why),
+        })
+    }
 }
 
 fn build(

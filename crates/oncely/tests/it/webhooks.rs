@@ -355,3 +355,77 @@ deliver_to = "http://{target}/internal/events"
     assert_eq!(keys.len(), 4, "the replays were not delivered: {keys:?}");
     assert!(!keys.iter().any(|k| k == "delivery-2-forged"), "{keys:?}");
 }
+
+/// With traces on, a webhook request is a server span and its delivery a client span in
+/// the same trace; the handler gets a `traceparent` naming the delivery's span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_is_a_span_in_the_trace_of_the_request_that_received_it() {
+    use crate::otlp::{Mode, Receiver};
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = seen.clone();
+    let target = upstream(Router::new().route(
+        "/internal/events",
+        post(move |headers: HeaderMap| {
+            let kept = kept.clone();
+            async move {
+                let tp = headers
+                    .get("traceparent")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_default();
+                kept.lock().unwrap().push(tp);
+                StatusCode::OK
+            }
+        }),
+    ))
+    .await;
+    let rx = Receiver::start(Mode::Ok);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), target);
+    let endpoint = rx.http_url();
+    let gw = Gateway::start(
+        &["--config", cfg.to_str().unwrap()],
+        &[
+            ("TEST_WEBHOOK_SECRET", SECRET),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+    );
+    let body = r#"{"type":"invoice.paid","id":"evt_traced"}"#;
+    let mut headers = signed("evt_traced", body, now());
+    let sender = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    headers.push(("traceparent".into(), sender.into()));
+    let a = deliver(&gw, &headers, body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    eventually("the event is delivered", || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    let server = rx
+        .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
+        .await
+        .remove(0);
+    let client = rx
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(server.span.name, "POST /hooks/events");
+    assert_eq!(server.str("http.route"), "/hooks/events");
+    assert_eq!(server.int("http.response.status_code"), 200);
+    // The sender's trace continued, and the delivery in it, under the request's span.
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    assert_eq!(
+        hex(&server.span.trace_id),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(client.span.trace_id, server.span.trace_id);
+    assert_eq!(client.span.parent_span_id, server.span.span_id);
+    assert_eq!(client.int("http.response.status_code"), 200);
+    assert!(client.str("url.full").ends_with("/internal/events"));
+    let delivered = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        delivered.split('-').nth(2).unwrap(),
+        hex(&client.span.span_id)
+    );
+}
