@@ -43,6 +43,8 @@ pin_project_lite::pin_project! {
             bypassed: Option<BypassLog>,
             // A route that forwards every time (`read`, `key = "none"`): `fresh`.
             fresh: bool,
+            // The server span of an unguarded request (traces on), ended with its answer.
+            span: Option<crate::trace::Span>,
         },
         Guarded {
             fut: BoxFuture<'static, Response<BoxBody>>,
@@ -57,6 +59,7 @@ impl<F> ResponseFuture<F> {
                 fut,
                 bypassed,
                 fresh: false,
+                span: None,
             },
             errors: Dialect::Problem,
         }
@@ -71,6 +74,7 @@ impl<F> ResponseFuture<F> {
                 fut,
                 bypassed: None,
                 fresh: true,
+                span: None,
             },
             errors: Dialect::Problem,
         }
@@ -81,6 +85,14 @@ impl<F> ResponseFuture<F> {
             kind: Kind::Guarded { fut },
             errors: Dialect::Problem,
         }
+    }
+
+    /// Ends `span` (an unguarded request's) with the answer.
+    pub(crate) fn with_span(mut self, new: Option<crate::trace::Span>) -> Self {
+        if let Kind::Forward { span, .. } = &mut self.kind {
+            *span = new;
+        }
+        self
     }
 
     /// Says the errors of the gateway's own in `errors` (the route's `errors`).
@@ -107,6 +119,7 @@ where
                 fut,
                 bypassed,
                 fresh,
+                span,
             } => {
                 let result = ready!(fut.poll(cx));
                 let mut res = match result {
@@ -128,6 +141,13 @@ where
                 } else if *fresh {
                     res.headers_mut()
                         .insert(ONCELY_STATUS, HeaderValue::from_static("fresh"));
+                }
+                if let Some(mut span) = span.take() {
+                    if *fresh {
+                        span.set(crate::trace::attr::DECISION, "fresh");
+                    }
+                    crate::trace::http_server_response(&mut span, res.status().as_u16(), None);
+                    span.end();
                 }
                 res
             }

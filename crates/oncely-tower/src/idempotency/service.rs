@@ -80,7 +80,10 @@ where
             }));
         }
         let Some(policy) = self.policies.policy(req.method(), req.uri().path()) else {
+            let mut req = req;
+            let span = unguarded_span(&self.guard, &mut req, None);
             return ResponseFuture::forward(self.inner.clone().oneshot(req.map(boxed)), None)
+                .with_span(span)
                 .in_dialect(self.policies.default_errors());
         };
         let errors = policy.errors;
@@ -88,7 +91,9 @@ where
         // The route is matched once: the inner service finds it here.
         req.extensions_mut().insert(policy.clone());
         if !policy.deduplicates() {
+            let span = unguarded_span(&self.guard, &mut req, Some(&policy));
             return ResponseFuture::executed(self.inner.clone().oneshot(req.map(boxed)))
+                .with_span(span)
                 .in_dialect(errors);
         }
         let mut facts = RequestFacts::read(
@@ -141,4 +146,30 @@ where
             }
         }
     }
+}
+
+/// The server span of a request the guard forwards without a record (no route, or a
+/// route that forwards every time), traces on: the HTTP conventions, and the upstream
+/// gets its `traceparent`.
+fn unguarded_span<B>(
+    guard: &crate::guard::Guard,
+    req: &mut Request<B>,
+    policy: Option<&crate::policy::RoutePolicy>,
+) -> Option<crate::trace::Span> {
+    let tracer = guard.tracer()?;
+    let mut span = tracer.start_request(req.headers(), String::new());
+    crate::trace::http_server_request(
+        &mut span,
+        req.method(),
+        req.uri(),
+        req.version(),
+        req.headers(),
+        req.extensions(),
+        policy.map(|p| crate::trace::route_path(&p.name)),
+    );
+    if let Some(p) = policy {
+        span.set(crate::trace::attr::CLASS, p.class.as_str());
+    }
+    span.propagate(req.headers_mut());
+    Some(span)
 }

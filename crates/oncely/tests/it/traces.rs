@@ -1100,3 +1100,45 @@ async fn oncely_mcp_over_stdio_has_mcp_spans_continues_meta_and_forwards_the_cli
     drop(stdin);
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_guarded_route_takes_is_a_server_span_too() {
+    let collector = Collector::new();
+    let otlp = collector.addr();
+    let seen = Seen::default();
+    let up = upstream(render_service(seen.clone()).route(
+        "/health",
+        axum::routing::get(|headers: HeaderMap| async move {
+            headers
+                .get("traceparent")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default()
+        }),
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &[
+            "--config",
+            &config(dir.path(), up, &tracing_section(otlp, "")),
+        ],
+        &[],
+    );
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let a = get(&gw.url("/health"), &[("traceparent", caller.as_str())]).await;
+    assert_eq!(a.status, 200);
+    let (trace, parent, _) = parse(&a.text());
+    assert_eq!(trace, CALLER_TRACE);
+    let server = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
+        .await
+        .remove(0);
+    assert_eq!(server.span.name, "GET", "no route: the method alone");
+    assert_eq!(hex(&server.span.parent_span_id), CALLER_SPAN);
+    assert_eq!(hex(&server.span.span_id), parent);
+    assert_eq!(server.str("http.request.method"), "GET");
+    assert_eq!(server.str("url.path"), "/health");
+    assert_eq!(server.int("http.response.status_code"), 200);
+    assert!(server.attr("http.route").is_none());
+    assert!(server.attr("oncely.record").is_none());
+}
