@@ -152,8 +152,15 @@ async fn env_alone_exports_over_each_protocol_with_headers_gzip_and_the_resource
                 assert_eq!(e.content_encoding, "");
             }
         }
-        // Metrics go to the same collector.
-        rx.wait_for_metric("http.server.request.duration").await;
+        // Metrics go to the same collector: the server's request duration, and the
+        // instruments of /metrics under their OpenTelemetry names.
+        let duration = rx.wait_for_metric("http.server.request.duration").await;
+        assert_eq!(duration.unit, "s");
+        let requests = rx.wait_for_metric("oncely.requests").await;
+        let text = format!("{requests:?}");
+        for needle in ["\"http.route\"", "\"oncely.status\"", "\"fresh\""] {
+            assert!(text.contains(needle), "{needle} not in {text}");
+        }
         assert_no_secret(&rx);
     }
 }
