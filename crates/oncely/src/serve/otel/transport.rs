@@ -122,13 +122,15 @@ pub(super) fn otlp_protocol(p: Protocol) -> opentelemetry_otlp::Protocol {
     }
 }
 
-/// The gRPC channel's TLS, when the export names a CA or a client identity (an
-/// `https://` endpoint without them gets the crate's default: the system's roots).
+/// The gRPC channel's TLS for an `https://` endpoint, or one with a CA or a client
+/// identity: the system's roots (tonic's native roots), the export's CA besides them,
+/// and its client identity.
 pub(super) fn grpc_tls(
     export: &Export,
 ) -> anyhow::Result<Option<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig>> {
     use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
-    if export.certificate.is_none() && export.client_identity.is_none() {
+    let https = export.endpoint.starts_with("https://");
+    if !https && export.certificate.is_none() && export.client_identity.is_none() {
         return Ok(None);
     }
     let mut tls = ClientTlsConfig::new().with_enabled_roots();
