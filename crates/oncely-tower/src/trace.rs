@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+use http::{HeaderMap, HeaderValue};
 
 pub mod attr;
 mod context;
@@ -447,15 +447,9 @@ impl Drop for ClientSpan {
 /// `http.request.method`, `url.path`, `url.scheme`, `http.route`, `server.address` and
 /// `server.port` (from `Host`, or the URI's authority over HTTP/2), `client.address`,
 /// `user_agent.original`, `network.protocol.version`.
-pub fn http_server_request(
-    span: &mut Span,
-    method: &Method,
-    uri: &Uri,
-    version: Version,
-    headers: &HeaderMap,
-    extensions: &http::Extensions,
-    route: Option<&str>,
-) {
+pub fn http_server_request<B>(span: &mut Span, req: &http::Request<B>, route: Option<&str>) {
+    let (method, uri, version) = (req.method(), req.uri(), req.version());
+    let (headers, extensions) = (req.headers(), req.extensions());
     let (name, known) = conventions::method_name(method);
     let display = if known { name } else { "HTTP" };
     span.rename(match route {

@@ -105,11 +105,7 @@ where
         if let Some(span) = &mut facts.span {
             crate::trace::http_server_request(
                 span,
-                req.method(),
-                req.uri(),
-                req.version(),
-                req.headers(),
-                req.extensions(),
+                &req,
                 Some(crate::trace::route_path(&policy.name)),
             );
             span.set(crate::trace::attr::CLASS, policy.class.as_str());
@@ -160,11 +156,7 @@ fn unguarded_span<B>(
     let mut span = tracer.start_request(req.headers(), String::new());
     crate::trace::http_server_request(
         &mut span,
-        req.method(),
-        req.uri(),
-        req.version(),
-        req.headers(),
-        req.extensions(),
+        req,
         policy.map(|p| crate::trace::route_path(&p.name)),
     );
     if let Some(p) = policy {

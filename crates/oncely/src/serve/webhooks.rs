@@ -122,15 +122,7 @@ impl WebhookPaths {
         let span = self.1.as_ref().map(|tracer| {
             let mut span = tracer.start_request(req.headers(), String::new());
             let path = endpoint.path().to_string();
-            oncely_tower::trace::http_server_request(
-                &mut span,
-                req.method(),
-                req.uri(),
-                req.version(),
-                req.headers(),
-                req.extensions(),
-                Some(&path),
-            );
+            oncely_tower::trace::http_server_request(&mut span, &req, Some(&path));
             span.propagate(req.headers_mut());
             span
         });

@@ -21,7 +21,6 @@ use opentelemetry::metrics::{self as otel, Meter};
 use opentelemetry::KeyValue;
 
 use anyhow::Context as _;
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
 
@@ -42,34 +41,9 @@ impl MetricsExport {
     ) -> anyhow::Result<MetricsExport> {
         let builder = opentelemetry_otlp::MetricExporter::builder();
         let exporter = match export.protocol {
-            Protocol::Grpc => {
-                let mut b = builder
-                    .with_tonic()
-                    .with_endpoint(export.endpoint.clone())
-                    .with_timeout(export.timeout)
-                    .with_interceptor(super::transport::Metadata::of(export)?);
-                if export.gzip {
-                    b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-                }
-                if let Some(tls) = super::transport::grpc_tls(export)? {
-                    b = b.with_tls_config(tls);
-                }
-                b.build()
-            }
+            Protocol::Grpc => super::transport::grpc_builder(builder.with_tonic(), export)?.build(),
             Protocol::HttpProtobuf | Protocol::HttpJson => {
-                let mut b = builder
-                    .with_http()
-                    .with_endpoint(export.endpoint.clone())
-                    .with_timeout(export.timeout)
-                    .with_protocol(super::transport::otlp_protocol(export.protocol))
-                    .with_http_client(super::transport::ExportClient::new(
-                        export,
-                        tokio::runtime::Handle::current(),
-                    )?);
-                if export.gzip {
-                    b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-                }
-                b.build()
+                super::transport::http_builder(builder.with_http(), export)?.build()
             }
         }
         .context("the OTLP metric exporter")?;

@@ -35,7 +35,6 @@ use opentelemetry::trace::{
     SpanContext, SpanId, Status, TraceContextExt as _, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SamplingDecision, ShouldSample as _, SpanExporter,
@@ -330,34 +329,9 @@ fn sdk_span(s: SpanData, scope: &InstrumentationScope) -> opentelemetry_sdk::tra
 fn span_exporter(export: &Export) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
     let builder = opentelemetry_otlp::SpanExporter::builder();
     let built = match export.protocol {
-        Protocol::Grpc => {
-            let mut b = builder
-                .with_tonic()
-                .with_endpoint(export.endpoint.clone())
-                .with_timeout(export.timeout)
-                .with_interceptor(transport::Metadata::of(export)?);
-            if export.gzip {
-                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-            }
-            if let Some(tls) = transport::grpc_tls(export)? {
-                b = b.with_tls_config(tls);
-            }
-            b.build()
-        }
+        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export)?.build(),
         Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let mut b = builder
-                .with_http()
-                .with_endpoint(export.endpoint.clone())
-                .with_timeout(export.timeout)
-                .with_protocol(transport::otlp_protocol(export.protocol))
-                .with_http_client(transport::ExportClient::new(
-                    export,
-                    tokio::runtime::Handle::current(),
-                )?);
-            if export.gzip {
-                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-            }
-            b.build()
+            transport::http_builder(builder.with_http(), export)?.build()
         }
     };
     built.context("the OTLP span exporter")

@@ -20,6 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry_http::{HttpClient, HttpError};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 
 use crate::config::telemetry::Export;
 use crate::config::tracing::Protocol;
@@ -112,6 +113,45 @@ fn private_key(path: &Path) -> anyhow::Result<rustls::pki_types::PrivateKeyDer<'
     rustls_pemfile::private_key(&mut pem.as_slice())
         .with_context(|| format!("{} is not PEM", path.display()))?
         .with_context(|| format!("{} holds no private key", path.display()))
+}
+
+/// A gRPC exporter's builder (spans' or metrics') configured with `export`: its endpoint,
+/// timeout, metadata, compression and TLS.
+pub(super) fn grpc_builder<B: WithExportConfig + WithTonicConfig>(
+    builder: B,
+    export: &Export,
+) -> anyhow::Result<B> {
+    let mut b = builder
+        .with_endpoint(export.endpoint.clone())
+        .with_timeout(export.timeout)
+        .with_interceptor(Metadata::of(export)?);
+    if export.gzip {
+        b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+    }
+    if let Some(tls) = grpc_tls(export)? {
+        b = b.with_tls_config(tls);
+    }
+    Ok(b)
+}
+
+/// An OTLP/HTTP exporter's builder (spans' or metrics') configured with `export`: its
+/// URL, timeout, encoding, compression and the client ([`ExportClient`]) on `runtime`.
+pub(super) fn http_builder<B: WithExportConfig + WithHttpConfig>(
+    builder: B,
+    export: &Export,
+) -> anyhow::Result<B> {
+    let mut b = builder
+        .with_endpoint(export.endpoint.clone())
+        .with_timeout(export.timeout)
+        .with_protocol(otlp_protocol(export.protocol))
+        .with_http_client(ExportClient::new(
+            export,
+            tokio::runtime::Handle::current(),
+        )?);
+    if export.gzip {
+        b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+    }
+    Ok(b)
 }
 
 pub(super) fn otlp_protocol(p: Protocol) -> opentelemetry_otlp::Protocol {
