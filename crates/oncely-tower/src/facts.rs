@@ -37,15 +37,28 @@ impl RequestFacts {
         principal: &dyn MakePrincipal,
     ) -> RequestFacts {
         RequestFacts {
-            principal: principal
-                .make_principal(head)
-                .map(|raw| guard.principal_hash(&raw)),
-            workflow_id: workflow_id(head.headers),
             span: guard.tracer().map(|tracer| {
                 let mut span = tracer.start_request(head.headers, route.to_string());
                 span.set(attr::HTTP_METHOD, head.method.as_str());
                 span
             }),
+            ..RequestFacts::unspanned(guard, head, principal)
+        }
+    }
+
+    /// [`RequestFacts::read`] without the span, for a transport that starts its own (an
+    /// MCP message's).
+    pub fn unspanned(
+        guard: &Guard,
+        head: &RequestHead<'_>,
+        principal: &dyn MakePrincipal,
+    ) -> RequestFacts {
+        RequestFacts {
+            principal: principal
+                .make_principal(head)
+                .map(|raw| guard.principal_hash(&raw)),
+            workflow_id: workflow_id(head.headers),
+            span: None,
         }
     }
 }

@@ -9,7 +9,9 @@ use serde_json::Value;
 
 use super::call::{read_call, unreadable_call};
 use super::edit::AnswerEdit;
-use super::{messages_in, read_whole, Context, Core, Reply, Server};
+use super::message_span::{self, MessageSpan};
+use super::server::{messages_in, read_whole};
+use super::{Context, Core, Reply, Server};
 use crate::jsonrpc;
 use crate::jsonrpc::code;
 
@@ -30,6 +32,8 @@ impl<S: Server> Core<S> {
         let mut calls = Vec::new();
         let mut refused = Vec::new();
         let mut dropped = false;
+        // The spans of the requests sent on as the smaller batch (traces on).
+        let mut rest_spans = Vec::new();
         // Each item as it was written: what is sent, and what a guarded call's
         // arguments are fingerprinted from (a parsed `Value` rounds long numbers).
         let texts = std::str::from_utf8(&bytes)
@@ -50,12 +54,14 @@ impl<S: Server> Core<S> {
                 dropped = true;
                 continue;
             }
+            let mut span = MessageSpan::start(&self, &context, &item);
             let call = jsonrpc::as_request(&item).filter(|r| r.method == "tools/call");
-            match call.and_then(|_| read_call(&self, &context, &item, &text)) {
+            match call.and_then(|_| read_call(&self, &context, &item, &text, &mut span)) {
                 Some(call) => calls.push((text, call)),
                 None => {
                     rest.push(item);
                     rest_texts.push(text);
+                    rest_spans.extend(span);
                 }
             }
         }
@@ -71,14 +77,18 @@ impl<S: Server> Core<S> {
                 return Reply::Accepted;
             }
             let bytes = if dropped { rest_bytes } else { bytes };
-            return self.forward(bytes, &context, edits).await;
+            let parent = rest_spans.first().map(MessageSpan::parent);
+            let reply = self.forward(bytes, &context, edits, parent).await;
+            return message_span::finish(rest_spans, reply);
         }
         let expects_answer = rest.iter().any(|m| jsonrpc::as_request(m).is_some());
         let forwarded = async {
             if rest.is_empty() {
                 return Vec::new();
             }
-            let reply = self.forward(rest_bytes, &context, edits).await;
+            let parent = rest_spans.first().map(MessageSpan::parent);
+            let reply = self.forward(rest_bytes, &context, edits, parent).await;
+            let reply = message_span::finish(rest_spans, reply);
             let ids: Vec<Value> = rest
                 .iter()
                 .filter_map(|m| jsonrpc::as_request(m).map(|r| r.id.clone()))

@@ -10,6 +10,7 @@ use oncely_tower::GuardedCall;
 use serde_json::Value;
 
 use super::context::Context;
+use super::message_span::MessageSpan;
 use super::shared::Shared;
 use crate::jsonrpc::code;
 use crate::jsonrpc::{self, ToolCall};
@@ -36,12 +37,14 @@ pub(super) struct Call {
 }
 
 /// Reads a guarded call, or `None` when it is forwarded as it is.
-/// `text` is `message` as it was written; `context` what its transport knows of it.
+/// `text` is `message` as it was written; `context` what its transport knows of it;
+/// `span` the message's span, which a guarded call takes (and the engine ends).
 pub(super) fn read_call<O>(
     core: &Shared,
     context: &Context<O>,
     message: &Value,
     text: &str,
+    span: &mut Option<MessageSpan>,
 ) -> Option<Call> {
     let modern = context.modern;
     let request = jsonrpc::as_request(message)?;
@@ -54,9 +57,7 @@ pub(super) fn read_call<O>(
     // The principal's keyed hash is the gateway's (`Guard::principal_hash`), so one
     // account is one principal on HTTP routes and MCP endpoints alike; a call that
     // names none is forwarded as it is.
-    let facts = context
-        .caller
-        .facts(&core.guard, &core.config, &policy.name);
+    let facts = context.caller.facts(&core.guard, &core.config);
     let principal = facts.principal?;
     // The units rule sees the call's arguments as the body (`{}` when absent).
     let arguments = read.arguments.unwrap_or("{}");
@@ -64,22 +65,9 @@ pub(super) fn read_call<O>(
     // The texts as written, not as `message` holds them: a parsed number is a double
     // once it is past 64 bits or has many digits.
     let fingerprint = read.fingerprint(&principal, &core.config.path);
-    let span = facts.span.map(|mut span| {
-        // The MCP conventions; the session only where the protocol has one (Streamable
-        // HTTP before 2026-07-28), not oncely's own id of a stdio host.
-        let mcp = oncely_tower::trace::McpRequest {
-            method: "tools/call",
-            target: Some(tool),
-            id: Some(request.id),
-            revision: context.caller.revision(),
-            session: context
-                .session
-                .as_deref()
-                .filter(|_| !modern && context.caller.transport() == "tcp"),
-            transport: context.caller.transport(),
-            meta: request.params.and_then(|p| p.get("_meta")),
-        };
-        oncely_tower::trace::mcp_server_request(&mut span, &mcp);
+    // The message's span (with the MCP conventions) is the call's.
+    let span = span.take().map(|span| {
+        let mut span = span.into_span();
         span.set(attr::CLASS, policy.class.as_str());
         span.set(attr::KEY_SOURCE, "fingerprint");
         span

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use oncely_tower::trace::Span;
 use oncely_tower::{Guard, RequestFacts};
 
 use crate::config::McpConfig;
@@ -10,9 +11,13 @@ use crate::config::McpConfig;
 /// Who sent a message, as its transport can tell: the core asks only when it needs to
 /// (a guarded call, a task of oncely's).
 pub trait Caller: Send + Sync {
-    /// The facts of a call on the route named `route` (principal, workflow id, span),
-    /// whose principal `config` says how to read.
-    fn facts(&self, guard: &Guard, config: &McpConfig, route: &str) -> RequestFacts;
+    /// The facts of a call (principal, workflow id; no span: [`Caller::span`] starts
+    /// that), whose principal `config` says how to read.
+    fn facts(&self, guard: &Guard, config: &McpConfig) -> RequestFacts;
+
+    /// The server span of a message it sent, when traces are on: continuing the trace
+    /// context its transport carried (HTTP: `traceparent`), named by the core.
+    fn span(&self, guard: &Guard) -> Option<Span>;
 
     /// `network.transport` of its messages: `tcp` (HTTP) unless said otherwise.
     fn transport(&self) -> &'static str {
@@ -31,15 +36,19 @@ pub trait Caller: Send + Sync {
 pub struct KnownCaller(pub String, pub Option<String>);
 
 impl Caller for KnownCaller {
-    fn facts(&self, guard: &Guard, _config: &McpConfig, route: &str) -> RequestFacts {
+    fn facts(&self, guard: &Guard, _config: &McpConfig) -> RequestFacts {
         RequestFacts {
             principal: Some(guard.principal_hash(self.0.as_bytes())),
             workflow_id: None,
-            // No headers: a span's trace context comes from `params._meta`.
-            span: guard
-                .tracer()
-                .map(|t| t.start_request(&http::HeaderMap::new(), route.to_string())),
+            span: None,
         }
+    }
+
+    fn span(&self, guard: &Guard) -> Option<Span> {
+        // No headers: a message's trace context comes from its `params._meta`.
+        guard
+            .tracer()
+            .map(|t| t.start_request(&http::HeaderMap::new(), String::new()))
     }
 
     fn transport(&self) -> &'static str {

@@ -18,9 +18,10 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::call::Call;
+use super::server::{messages_in, read_whole};
 use super::server::{BodyStream, Framing, Outgoing, ServerAnswer};
 use super::sessions::Tracked;
-use super::{messages_in, read_whole, Context, Core, Mark, Reply, Server};
+use super::{Context, Core, Mark, Reply, Server};
 use crate::jsonrpc::code;
 use crate::jsonrpc::{self, Outcome};
 use crate::tasks::{self, History};

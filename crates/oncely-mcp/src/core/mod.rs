@@ -42,8 +42,10 @@
 //!
 //! # Layout
 //!
-//! - `server`: the [`Server`] trait, its answer, and [`Messages`] (a server answering each
-//!   message with one response, as the stdio child and the remote link do).
+//! - `server`: the [`Server`] trait, its answer (and how its body is read), and
+//!   [`Messages`] (a server answering each message with one response, as the stdio child
+//!   and the remote link do). `reply`: the [`Reply`] a message gets, and its [`Mark`].
+//! - `message_span`: the server span of every message (traces on), ended with its answer.
 //! - `call` reads a guarded call, `guarded` runs it through the engine, `answer` maps an
 //!   execution to a [`Reply`], `results` writes oncely's results and tasks as JSON,
 //!   `task_requests` answers the tasks extension, `batch` splits a batch, [`edit`] edits
@@ -56,6 +58,8 @@ mod call;
 mod context;
 pub mod edit;
 mod guarded;
+mod message_span;
+mod reply;
 mod results;
 pub(crate) mod server;
 mod sessions;
@@ -65,9 +69,6 @@ mod task_requests;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::StreamExt;
-use oncely_core::Record;
 use oncely_http::problem::ProblemCode;
 use oncely_tower::Guard;
 use serde_json::{json, Value};
@@ -77,19 +78,22 @@ use crate::catalog::ToolCatalog;
 use crate::config::McpConfig;
 use crate::jsonrpc;
 use crate::jsonrpc::code;
-use crate::sse;
 use call::read_call;
 pub(crate) use call::unreadable_call;
 use edit::AnswerEdit;
+use message_span::MessageSpan;
+use oncely_tower::trace::SpanParent;
 use sessions::Sessions;
 use shared::Shared;
 use task_requests::TaskAnswer;
 
 pub use context::{Caller, Context, KnownCaller};
+pub use reply::{Mark, Reply};
 
+use server::read_limited;
 pub use server::{
-    BodyStream, Framing, LedgerFacts, MessageServer, Messages, Outgoing, Refusal, Server,
-    ServerAnswer,
+    messages_in, BodyStream, Framing, LedgerFacts, MessageServer, Messages, Outgoing, Refusal,
+    Server, ServerAnswer,
 };
 
 /// Protocol revisions that use the initialize handshake and sessions; any later one is
@@ -100,171 +104,6 @@ pub const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-1
 /// the initialize handshake.
 pub fn is_stateless(revision: &str) -> bool {
     !HANDSHAKE_VERSIONS.contains(&revision)
-}
-
-/// How oncely marks an answer it gives for a guarded call (HTTP: `Oncely-Status`,
-/// `Oncely-Record`, `Idempotent-Replayed`, `Retry-After`).
-#[derive(Debug, Clone, Default)]
-pub struct Mark {
-    /// `fresh`, `replayed`, `joined`, `in_flight`; `None` marks only the record.
-    pub status: Option<&'static str>,
-    /// The record's id.
-    pub record: String,
-    /// The answer is a stored one.
-    pub replayed: bool,
-    /// When to ask again, in seconds.
-    pub retry_after: Option<u64>,
-}
-
-impl Mark {
-    fn of(status: Option<&'static str>, record: &Record) -> Mark {
-        Mark {
-            status,
-            record: record.id.as_str().to_string(),
-            ..Mark::default()
-        }
-    }
-}
-
-/// What a message is answered with.
-pub enum Reply<H> {
-    /// A message oncely writes itself (a result, a replay, a JSON-RPC error, or a batch
-    /// as one array), with its mark.
-    Message(Value, Option<Mark>),
-    /// A protocol error oncely refuses the message with (HTTP answers it with 400).
-    Refused(Value),
-    /// Nothing to answer: the message was taken (HTTP: 202).
-    Accepted,
-    /// The client cancelled its request: it gets no answer.
-    Cancelled,
-    /// The server's answer, passed on as it streams: edited on the way by `edit`, marked
-    /// with `mark`, and ended early when `cancel` resolves (the client cancelled).
-    Server {
-        /// The answer.
-        answer: ServerAnswer<H>,
-        /// Edits the answers oncely reads on the way (`tools/list`, `server/discover`).
-        edit: Option<edit::EditFn>,
-        /// oncely's mark (a guarded call's fresh answer).
-        mark: Option<Mark>,
-        /// Resolves when the client cancels its request.
-        cancel: Option<BoxFuture<'static, ()>>,
-    },
-    /// oncely could not answer (HTTP: a problem+json; a message transport: a JSON-RPC
-    /// error to the request `id`).
-    Failed {
-        /// The request it answers, if it is one.
-        id: Option<Value>,
-        /// Which failure.
-        code: ProblemCode,
-        /// What happened.
-        detail: String,
-    },
-}
-
-impl<H> Reply<H> {
-    fn failed(id: Option<&Value>, code: ProblemCode, detail: &str) -> Reply<H> {
-        Reply::Failed {
-            id: id.cloned(),
-            code,
-            detail: detail.to_string(),
-        }
-    }
-
-    /// The reply as the messages a message transport writes (a stdio host), in order:
-    /// the server's answer read whole (edited, and nothing once its client cancelled), a
-    /// failure as the JSON-RPC error of its request. `batch` says the message was a
-    /// batch: its answers are one batch.
-    pub async fn into_messages(self, batch: bool) -> Vec<Value> {
-        let messages = match self {
-            Reply::Message(message, _) | Reply::Refused(message) => vec![message],
-            Reply::Accepted | Reply::Cancelled => Vec::new(),
-            Reply::Failed { id, code, detail } => {
-                let Some(id) = id else { return Vec::new() };
-                let error = json!({"code": code::INTERNAL_ERROR,
-                    "message": format!("{detail} ({})", code.as_str()),
-                    "data": {"oncely": code.as_str(), "status": code.status().as_u16()}});
-                vec![jsonrpc::error_value(&id, error)]
-            }
-            Reply::Server {
-                answer,
-                edit,
-                cancel,
-                ..
-            } => {
-                let whole = read_whole(answer.body);
-                let bytes = match cancel {
-                    Some(cancel) => tokio::select! {
-                        bytes = whole => bytes,
-                        () = cancel => return Vec::new(),
-                    },
-                    None => whole.await,
-                };
-                let bytes = match bytes {
-                    Ok(bytes) => bytes,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the answer broke off");
-                        return Vec::new();
-                    }
-                };
-                let mut messages = messages_in(answer.framing, &bytes);
-                if let Some(mut edit) = edit {
-                    for message in &mut messages {
-                        edit(message);
-                    }
-                }
-                messages
-            }
-        };
-        if batch && messages.len() > 1 {
-            return vec![Value::Array(messages)];
-        }
-        messages
-    }
-}
-
-/// A whole body.
-async fn read_whole(mut body: BodyStream) -> Result<Vec<u8>, crate::BoxError> {
-    let mut out = Vec::new();
-    while let Some(chunk) = body.next().await {
-        out.extend_from_slice(&chunk?);
-    }
-    Ok(out)
-}
-
-/// A whole body of at most `limit` bytes; `None` when it is larger or breaks off.
-async fn read_limited(mut body: BodyStream, limit: usize) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.ok()?;
-        if out.len() + chunk.len() > limit {
-            return None;
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Some(out)
-}
-
-/// The JSON-RPC messages of a whole answer body: one message, a batch, or an event stream.
-pub fn messages_in(framing: Framing, body: &[u8]) -> Vec<Value> {
-    match framing {
-        Framing::Nothing => Vec::new(),
-        Framing::EventStream => {
-            let mut parser = sse::Parser::new(body.len() + 1);
-            let mut events = parser.feed(body);
-            events.extend(parser.feed(b"\n\n"));
-            events
-                .iter()
-                .filter_map(|e| jsonrpc::parse(e.data.as_bytes()))
-                .collect()
-        }
-        // `jsonrpc::parse`: an answer with a number serde_json refuses (`1e400`) is still
-        // one (that number read as its canonical text), not an answer without a response.
-        Framing::Json => match jsonrpc::parse(body) {
-            Some(Value::Array(items)) => items,
-            Some(v) => vec![v],
-            None => Vec::new(),
-        },
-    }
 }
 
 /// One endpoint's core: its config, the engine, the server, the tool catalog and the
@@ -324,60 +163,92 @@ impl<S: Server> Core<S> {
         self.sessions.owned_calls_done(session, deadline).await
     }
 
-    /// Answers one message (or batch), `bytes` as it was written.
+    /// Answers one message (or batch), `bytes` as it was written. A message is a server
+    /// span when traces are on ([`MessageSpan`]): a guarded call's, ended by the engine,
+    /// or any other's, ended with its answer.
     pub async fn handle(
         self: &Arc<Self>,
         bytes: Bytes,
         context: Context<S::Origin>,
     ) -> Reply<S::Head> {
-        let mut edits = Vec::new();
-        match jsonrpc::parse(&bytes) {
-            Some(message @ Value::Object(_)) => {
-                if let Some(target) = jsonrpc::cancelled_request_id(&message) {
-                    if self
-                        .sessions
-                        .is_guarded_in_flight(&context.session, &target)
-                    {
-                        tracing::info!(route = %self.config.path, request_id = %target,
-                            "dropped a cancellation of a guarded tools/call: the call runs to its end");
-                        return Reply::Accepted;
-                    }
-                }
-                let text = std::str::from_utf8(&bytes).unwrap_or_default();
-                if let Some(refusal) = unreadable_call(&message, text) {
-                    return Reply::Refused(refusal);
-                }
-                if let Some(request) = jsonrpc::as_request(&message) {
-                    match request.method {
-                        "tools/call" => {
-                            if let Some(call) = read_call(self, &context, &message, text) {
-                                return self.clone().guard(bytes, call, &context).await;
-                            }
-                        }
-                        "tools/list" => edits.push((request.id.clone(), AnswerEdit::ToolsList)),
-                        "server/discover" => {
-                            edits.push((request.id.clone(), AnswerEdit::Discover));
-                        }
-                        method if method.starts_with("tasks/") && context.modern => {
-                            return self.task_request(bytes, &message, &context).await;
-                        }
-                        _ => {}
-                    }
-                }
-            }
+        let message = match jsonrpc::parse(&bytes) {
+            Some(message @ Value::Object(_)) => message,
             Some(Value::Array(items)) => return self.clone().batch(bytes, items, context).await,
-            _ => {}
+            _ => return self.forward(bytes, &context, Vec::new(), None).await,
+        };
+        let mut span = MessageSpan::start(self, &context, &message);
+        if let Some(call) = self.guarded_call(&context, &message, &bytes, &mut span) {
+            return self.clone().guard(bytes, call, &context).await;
         }
-        self.forward(bytes, &context, edits).await
+        let reply = self.message(bytes, &message, &context, span.as_ref()).await;
+        message_span::finish(span.into_iter().collect(), reply)
+    }
+
+    /// The guarded call `message` is, when it is one (it takes the message's span).
+    fn guarded_call(
+        &self,
+        context: &Context<S::Origin>,
+        message: &Value,
+        bytes: &[u8],
+        span: &mut Option<MessageSpan>,
+    ) -> Option<call::Call> {
+        let request = jsonrpc::as_request(message)?;
+        if request.method != "tools/call" {
+            return None;
+        }
+        let text = std::str::from_utf8(bytes).unwrap_or_default();
+        if unreadable_call(message, text).is_some() {
+            return None;
+        }
+        read_call(self, context, message, text, span)
+    }
+
+    /// Answers one message that is not a guarded call.
+    async fn message(
+        self: &Arc<Self>,
+        bytes: Bytes,
+        message: &Value,
+        context: &Context<S::Origin>,
+        span: Option<&MessageSpan>,
+    ) -> Reply<S::Head> {
+        if let Some(target) = jsonrpc::cancelled_request_id(message) {
+            if self
+                .sessions
+                .is_guarded_in_flight(&context.session, &target)
+            {
+                tracing::info!(route = %self.config.path, request_id = %target,
+                    "dropped a cancellation of a guarded tools/call: the call runs to its end");
+                return Reply::Accepted;
+            }
+        }
+        let text = std::str::from_utf8(&bytes).unwrap_or_default();
+        if let Some(refusal) = unreadable_call(message, text) {
+            return Reply::Refused(refusal);
+        }
+        let mut edits = Vec::new();
+        if let Some(request) = jsonrpc::as_request(message) {
+            match request.method {
+                "tools/list" => edits.push((request.id.clone(), AnswerEdit::ToolsList)),
+                "server/discover" => edits.push((request.id.clone(), AnswerEdit::Discover)),
+                method if method.starts_with("tasks/") && context.modern => {
+                    return self.task_request(bytes, message, context, span).await;
+                }
+                _ => {}
+            }
+        }
+        self.forward(bytes, context, edits, span.map(MessageSpan::parent))
+            .await
     }
 
     /// Sends the message on unchanged; the answers to the requests `edits` names are
-    /// edited on the way (see [`AnswerEdit`]).
+    /// edited on the way (see [`AnswerEdit`]). `span` is the span its upstream call is a
+    /// child of.
     pub(crate) async fn forward(
         self: &Arc<Self>,
         bytes: Bytes,
         context: &Context<S::Origin>,
         edits: Vec<(Value, AnswerEdit)>,
+        span: Option<SpanParent>,
     ) -> Reply<S::Head> {
         let id = jsonrpc::parse(&bytes)
             .as_ref()
@@ -387,7 +258,7 @@ impl<S: Server> Core<S> {
             bytes,
             origin: &context.origin,
             owner: false,
-            span: None,
+            span,
         });
         match sent.await {
             Ok(answer) => {
@@ -419,22 +290,19 @@ impl<S: Server> Core<S> {
         bytes: Bytes,
         message: &Value,
         context: &Context<S::Origin>,
+        span: Option<&MessageSpan>,
     ) -> Reply<S::Head> {
+        let parent = span.map(MessageSpan::parent);
         let Some(request) = jsonrpc::as_request(message) else {
-            return self.forward(bytes, context, Vec::new()).await;
+            return self.forward(bytes, context, Vec::new(), parent).await;
         };
-        let principal = || {
-            context
-                .caller
-                .facts(&self.guard, &self.config, &self.config.path)
-                .principal
-        };
+        let principal = || context.caller.facts(&self.guard, &self.config).principal;
         match task_requests::answer(self, &request, principal).await {
             TaskAnswer::Answered(message) => Reply::Message(message, None),
             TaskAnswer::Refused(message) => Reply::Refused(message),
             TaskAnswer::Forward => {
                 let id = request.id.clone();
-                self.forward_task_request(bytes, context, id).await
+                self.forward_task_request(bytes, context, id, parent).await
             }
         }
     }
@@ -448,8 +316,9 @@ impl<S: Server> Core<S> {
         bytes: Bytes,
         context: &Context<S::Origin>,
         id: Value,
+        span: Option<SpanParent>,
     ) -> Reply<S::Head> {
-        let answer = match self.forward(bytes, context, Vec::new()).await {
+        let answer = match self.forward(bytes, context, Vec::new(), span).await {
             Reply::Server { answer, .. } => answer,
             other => return other,
         };

@@ -7,10 +7,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use oncely_tower::trace::SpanParent;
 use oncely_tower::UpstreamError;
 
+use serde_json::Value;
+
 use crate::jsonrpc;
+use crate::sse;
 
 /// A stream of an answer's bytes, as the engine streams and records it.
 pub use oncely_engine::BodyStream;
@@ -140,9 +144,11 @@ impl<M: MessageServer> Server for Messages<M> {
     ) -> BoxFuture<'static, Result<ServerAnswer<()>, UpstreamError>> {
         let server = self.0.clone();
         let (bytes, owner) = (message.bytes, message.owner);
-        // The client span of a guarded call (its id is the one `_meta.traceparent` names).
+        // The client span, named by the message's method (a guarded call's id is the one
+        // its `_meta.traceparent` names).
         let span = message.span.map(|p| {
-            let span = p.child("tools/call".into(), oncely_tower::trace::SpanKind::Client);
+            let name = method_of(&bytes).unwrap_or_else(|| "batch".into());
+            let span = p.child(name, oncely_tower::trace::SpanKind::Client);
             oncely_tower::trace::ClientSpan::new(span)
         });
         Box::pin(async move {
@@ -174,5 +180,61 @@ impl<M: MessageServer> Server for Messages<M> {
                 None => ServerAnswer::nothing(()),
             })
         })
+    }
+}
+
+/// The `method` of one JSON-RPC message, read without the rest of it.
+fn method_of(bytes: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    let m: Method<'_> = serde_json::from_slice(bytes).ok()?;
+    m.method.map(|m| m.into_owned())
+}
+
+/// A whole body.
+pub(super) async fn read_whole(mut body: BodyStream) -> Result<Vec<u8>, crate::BoxError> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.next().await {
+        out.extend_from_slice(&chunk?);
+    }
+    Ok(out)
+}
+
+/// A whole body of at most `limit` bytes; `None` when it is larger or breaks off.
+pub(super) async fn read_limited(mut body: BodyStream, limit: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.ok()?;
+        if out.len() + chunk.len() > limit {
+            return None;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Some(out)
+}
+
+/// The JSON-RPC messages of a whole answer body: one message, a batch, or an event stream.
+pub fn messages_in(framing: Framing, body: &[u8]) -> Vec<Value> {
+    match framing {
+        Framing::Nothing => Vec::new(),
+        Framing::EventStream => {
+            let mut parser = sse::Parser::new(body.len() + 1);
+            let mut events = parser.feed(body);
+            events.extend(parser.feed(b"\n\n"));
+            events
+                .iter()
+                .filter_map(|e| jsonrpc::parse(e.data.as_bytes()))
+                .collect()
+        }
+        // `jsonrpc::parse`: an answer with a number serde_json refuses (`1e400`) is still
+        // one (that number read as its canonical text), not an answer without a response.
+        Framing::Json => match jsonrpc::parse(body) {
+            Some(Value::Array(items)) => items,
+            Some(v) => vec![v],
+            None => Vec::new(),
+        },
     }
 }

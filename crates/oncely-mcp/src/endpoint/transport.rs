@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
+use oncely_tower::trace::Span;
 use oncely_tower::{Guard, RequestFacts, RequestHead};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -34,9 +35,15 @@ pub(super) type HttpCore = Core<HttpServer>;
 struct HttpCaller(Arc<http::request::Parts>);
 
 impl Caller for HttpCaller {
-    fn facts(&self, guard: &Guard, config: &McpConfig, route: &str) -> RequestFacts {
+    fn facts(&self, guard: &Guard, config: &McpConfig) -> RequestFacts {
         let head = RequestHead::of_parts(&self.0);
-        RequestFacts::read(guard, route, &head, &*config.principal)
+        RequestFacts::unspanned(guard, &head, &*config.principal)
+    }
+
+    fn span(&self, guard: &Guard) -> Option<Span> {
+        guard
+            .tracer()
+            .map(|t| t.start_request(&self.0.headers, String::new()))
     }
 
     fn revision(&self) -> Option<&str> {

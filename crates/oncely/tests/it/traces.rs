@@ -1071,10 +1071,22 @@ async fn oncely_mcp_over_stdio_has_mcp_spans_continues_meta_and_forwards_the_cli
     assert_eq!(trace, META_TRACE);
 
     let servers = rx
-        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
+        .wait_for(2, |g| {
+            g.span.kind == SpanKind::Server as i32 && g.span.name == "tools/call render"
+        })
         .await;
+    // The handshake is spans too, under the MCP conventions.
+    let init = rx
+        .wait_for(1, |g| {
+            g.span.name == "initialize" && g.span.kind == SpanKind::Server as i32
+        })
+        .await
+        .remove(0);
+    assert_eq!(init.str("mcp.method.name"), "initialize");
+    assert_eq!(init.str("jsonrpc.request.id"), "0");
+    assert_eq!(init.str("network.transport"), "pipe");
+    assert!(init.attr("error.type").is_none());
     for s in &servers {
-        assert_eq!(s.span.name, "tools/call render");
         assert_eq!(hex(&s.span.trace_id), META_TRACE);
         assert_eq!(hex(&s.span.parent_span_id), META_SPAN);
         assert_eq!(s.str("network.transport"), "pipe");
@@ -1092,9 +1104,12 @@ async fn oncely_mcp_over_stdio_has_mcp_spans_continues_meta_and_forwards_the_cli
         .find(|s| s.str("oncely.status") == "fresh")
         .unwrap();
     let client = rx
-        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .wait_for(1, |g| {
+            g.span.kind == SpanKind::Client as i32 && g.span.parent_span_id == fresh.span.span_id
+        })
         .await
         .remove(0);
+    assert_eq!(client.span.name, "tools/call");
     assert_eq!(hex(&client.span.span_id), parent);
     assert_eq!(client.span.parent_span_id, fresh.span.span_id);
     drop(stdin);
@@ -1141,4 +1156,210 @@ async fn a_request_no_guarded_route_takes_is_a_server_span_too() {
     assert_eq!(server.int("http.response.status_code"), 200);
     assert!(server.attr("http.route").is_none());
     assert!(server.attr("oncely.record").is_none());
+}
+
+/// An MCP server answering as real servers do: `initialize` and `tools/list` in JSON, a
+/// notification with 202, `prompts/get` with a JSON-RPC error, the unguarded `lookup`
+/// tool with an `isError` result, and `ping` as an event stream. Each request's
+/// `traceparent` is noted with its method.
+fn every_method_server(seen: Seen) -> axum::Router {
+    use axum::response::IntoResponse;
+    axum::Router::new()
+        .route(
+            "/mcp",
+            post(
+                |State(seen): State<Seen>, headers: HeaderMap, body: String| async move {
+                    let m: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let method = m["method"].as_str().unwrap_or_default().to_string();
+                    let mut h = HashMap::new();
+                    if let Some(v) = headers.get("traceparent") {
+                        h.insert("traceparent".into(), v.to_str().unwrap().to_string());
+                    }
+                    h.insert("method".into(), method.clone());
+                    seen.0.lock().unwrap().push(h);
+                    let answer = |v: serde_json::Value| {
+                        serde_json::json!({"jsonrpc": "2.0", "id": m["id"], "result": v})
+                    };
+                    match method.as_str() {
+                        "initialize" => axum::Json(answer(serde_json::json!({
+                            "protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                            "serverInfo": {"name": "every", "version": "1"}})))
+                        .into_response(),
+                        "tools/list" => axum::Json(answer(serde_json::json!({"tools": [
+                            {"name": "render", "inputSchema": {"type": "object"}},
+                            {"name": "lookup", "inputSchema": {"type": "object"}}]})))
+                        .into_response(),
+                        "prompts/get" => axum::Json(serde_json::json!({"jsonrpc": "2.0",
+                            "id": m["id"], "error": {"code": -32602, "message": "no such prompt"}}))
+                        .into_response(),
+                        "tools/call" => axum::Json(answer(serde_json::json!({"isError": true,
+                            "content": [{"type": "text", "text": "not found"}]})))
+                        .into_response(),
+                        "ping" => (
+                            [("content-type", "text/event-stream")],
+                            format!(
+                                "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"level\":\"info\",\"data\":\"x\"}}}}\n\nevent: message\ndata: {}\n\n",
+                                answer(serde_json::json!({}))
+                            ),
+                        )
+                            .into_response(),
+                        _ => http::StatusCode::ACCEPTED.into_response(),
+                    }
+                },
+            ),
+        )
+        .with_state(seen)
+}
+
+/// Every MCP message, not only a guarded call, is a server span named by its method (and
+/// target), with the MCP attributes, ended with its answer: a JSON-RPC error's code and an
+/// `isError` result are its `error.type`, a streamed answer is read on the way and passes
+/// unchanged, and the server gets a `traceparent` naming the message's client span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mcp_message_is_a_server_span_ended_with_its_answer() {
+    let collector = Collector::new();
+    let otlp = collector.addr();
+    let seen = Seen::default();
+    let up = upstream(every_method_server(seen.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\ntools = [\"render\"]\n{tracing}",
+            db = dir.path().join("ledger.db").display(),
+            tracing = tracing_section(otlp, ""),
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let headers = [
+        ALICE,
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("traceparent", caller.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("mcp-session-id", "sess-1"),
+    ];
+    let send = |m: serde_json::Value| {
+        let url = gw.url("/mcp");
+        async move { http_post(&url, &m.to_string(), &headers).await }
+    };
+    let a = send(
+        serde_json::json!({"jsonrpc": "2.0", "id": "init", "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let a =
+        send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    assert_eq!(a.status, 202);
+    let a = send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+    assert!(a.text().contains("lookup"), "{}", a.text());
+    let a = send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "prompts/get",
+        "params": {"name": "summary"}}),
+    )
+    .await;
+    assert!(a.text().contains("-32602"), "{}", a.text());
+    let a = send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "lookup", "arguments": {}}}),
+    )
+    .await;
+    assert!(a.text().contains("not found"), "{}", a.text());
+    assert!(
+        a.headers.get("oncely-status").is_none(),
+        "lookup is not guarded"
+    );
+    let a = send(serde_json::json!({"jsonrpc": "2.0", "id": 5, "method": "ping"})).await;
+    assert!(
+        a.text().contains("notifications/message") && a.text().contains("\"id\":5"),
+        "the event stream passes whole: {}",
+        a.text()
+    );
+
+    let servers = collector
+        .wait_for(6, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let by_name = |name: &str| {
+        servers
+            .iter()
+            .find(|s| s.span.name == name)
+            .unwrap_or_else(|| {
+                let names: Vec<&str> = servers.iter().map(|s| s.span.name.as_str()).collect();
+                panic!("no span {name:?} in {names:?}")
+            })
+    };
+    for (name, method, id) in [
+        ("initialize", "initialize", Some("init")),
+        (
+            "notifications/initialized",
+            "notifications/initialized",
+            None,
+        ),
+        ("tools/list", "tools/list", Some("2")),
+        ("prompts/get summary", "prompts/get", Some("3")),
+        ("tools/call lookup", "tools/call", Some("4")),
+        ("ping", "ping", Some("5")),
+    ] {
+        let s = by_name(name);
+        assert_eq!(s.str("mcp.method.name"), method, "{name}");
+        assert_eq!(s.str("network.transport"), "tcp", "{name}");
+        assert_eq!(s.str("mcp.protocol.version"), "2025-06-18", "{name}");
+        assert_eq!(s.str("mcp.session.id"), "sess-1", "{name}");
+        assert_eq!(hex(&s.span.trace_id), CALLER_TRACE, "{name}");
+        assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN, "{name}");
+        match id {
+            Some(id) => assert_eq!(s.str("jsonrpc.request.id"), id, "{name}"),
+            None => assert!(s.attr("jsonrpc.request.id").is_none(), "{name}"),
+        }
+        assert!(s.attr("oncely.record").is_none(), "{name}: no record");
+    }
+    for quiet in [
+        "initialize",
+        "tools/list",
+        "ping",
+        "notifications/initialized",
+    ] {
+        assert!(by_name(quiet).attr("error.type").is_none(), "{quiet}");
+    }
+    let prompt = by_name("prompts/get summary");
+    assert_eq!(prompt.str("error.type"), "-32602");
+    assert_eq!(prompt.str("rpc.response.status_code"), "-32602");
+    assert_eq!(prompt.str("gen_ai.prompt.name"), "summary");
+    assert_eq!(
+        prompt.span.status.as_ref().unwrap().message,
+        "no such prompt"
+    );
+    let lookup = by_name("tools/call lookup");
+    assert_eq!(lookup.str("error.type"), "tool_error");
+    assert_eq!(lookup.str("gen_ai.tool.name"), "lookup");
+    assert_eq!(lookup.str("gen_ai.operation.name"), "execute_tool");
+    assert!(by_name("tools/list")
+        .attr("gen_ai.operation.name")
+        .is_none());
+
+    // Each message sent on carries the traceparent of its client span, a child of the
+    // message's server span.
+    let calls = seen.calls();
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    let clients = collector
+        .wait_for(6, |g| g.span.kind == SpanKind::Client as i32)
+        .await;
+    for call in &calls {
+        let (trace, parent, _) = parse(&call["traceparent"]);
+        assert_eq!(trace, CALLER_TRACE);
+        let client = clients
+            .iter()
+            .find(|c| hex(&c.span.span_id) == parent)
+            .unwrap_or_else(|| panic!("no client span for {}", call["method"]));
+        let server = servers
+            .iter()
+            .find(|s| s.span.span_id == client.span.parent_span_id)
+            .expect("the client span's parent is a message's server span");
+        assert_eq!(server.str("mcp.method.name"), call["method"]);
+    }
 }
