@@ -246,17 +246,12 @@ pub async fn run_reloading(
         };
         let _ = stream.set_nodelay(true);
         let info = ClientInfo {
-            addr,
+            peer: addr,
             https: tls.is_some(),
         };
         let current = current.clone();
         let per_conn = tower::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info);
-            req.extensions_mut()
-                .insert(oncely_tower::trace::Connection {
-                    peer: addr,
-                    https: info.https,
-                });
             // This request's routes and endpoints, to its end: a reload changes the
             // requests that start after it.
             let snapshot = current.load();
@@ -273,12 +268,24 @@ pub async fn run_reloading(
                 // http.server.request.duration, when metrics go over OTLP.
                 let measure = otel::metrics::enabled()
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
-                let (answer, endpoint) = match snapshot.mcp.answer(req).await {
-                    Ok(resp) => (Ok(resp), true),
-                    Err(req) => match snapshot.hooks.answer(req).await {
-                        Ok(resp) => (Ok(resp), true),
-                        Err(req) => (snapshot.service.clone().oneshot(req).await, false),
-                    },
+                // An endpoint's answer is boxed, and only when the path is its: the
+                // futures of the MCP and webhook endpoints are large, and a route's
+                // request must not carry (and move) them.
+                let path = req.uri().path();
+                let endpoint = snapshot.mcp.find(path).is_some() || snapshot.hooks.serves(path);
+                let answer = if endpoint {
+                    let answered = Box::pin(async {
+                        match snapshot.mcp.answer(req).await {
+                            Ok(resp) => Ok(resp),
+                            Err(req) => snapshot.hooks.answer(req).await,
+                        }
+                    });
+                    match answered.await {
+                        Ok(resp) => Ok(resp),
+                        Err(req) => snapshot.service.clone().oneshot(req).await,
+                    }
+                } else {
+                    snapshot.service.clone().oneshot(req).await
                 };
                 if let (Some((method, path)), Ok(resp)) = (&measure, &answer) {
                     let route = if endpoint {

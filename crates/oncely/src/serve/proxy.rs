@@ -17,7 +17,6 @@
 //! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests).
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -50,14 +49,9 @@ pub struct Target {
     pub retry: Option<std::sync::Arc<RetryPolicy>>,
 }
 
-/// Who the client is, put on each request by the connection that received it.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientInfo {
-    /// The client's address.
-    pub addr: SocketAddr,
-    /// Whether it came over TLS.
-    pub https: bool,
-}
+/// Who the client is, put on each request by the connection that received it (read by
+/// the forwarding headers and the spans alike).
+pub use oncely_tower::trace::Connection as ClientInfo;
 
 /// Removes hop-by-hop headers (the one policy, in `oncely_http::headers`).
 pub use oncely_http::headers::strip_hop_by_hop;
@@ -65,7 +59,7 @@ pub use oncely_http::headers::strip_hop_by_hop;
 /// Adds `X-Forwarded-For` (appended to any the client sent), `X-Forwarded-Proto`,
 /// `X-Forwarded-Host` and `Forwarded` (RFC 7239, appended).
 pub fn add_forwarding(headers: &mut HeaderMap, client: &ClientInfo, host: Option<&HeaderValue>) {
-    let ip = client.addr.ip();
+    let ip = client.peer.ip();
     let proto = if client.https { "https" } else { "http" };
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
@@ -265,7 +259,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         let info = ClientInfo {
-            addr: "127.0.0.1:5555".parse().unwrap(),
+            peer: "127.0.0.1:5555".parse().unwrap(),
             https: true,
         };
         add_forwarding(
@@ -282,7 +276,7 @@ mod tests {
         );
         let mut h = HeaderMap::new();
         let v6 = ClientInfo {
-            addr: "[::1]:1".parse().unwrap(),
+            peer: "[::1]:1".parse().unwrap(),
             https: false,
         };
         add_forwarding(&mut h, &v6, None);

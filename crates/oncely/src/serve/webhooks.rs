@@ -105,6 +105,11 @@ impl Webhooks {
 pub struct WebhookPaths(Arc<Vec<WebhookEndpoint>>, Option<Arc<Tracer>>);
 
 impl WebhookPaths {
+    /// Whether `path` is a webhook endpoint's.
+    pub fn serves(&self, path: &str) -> bool {
+        self.0.iter().any(|e| e.path() == path)
+    }
+
     /// Answers `req` when its path is a webhook endpoint's; hands it back otherwise.
     pub async fn answer(
         &self,
