@@ -20,6 +20,7 @@
 //! Metrics over OTLP ([`metrics`]) mirror the instruments of `/metrics`.
 
 pub mod metrics;
+mod protobuf;
 mod transport;
 
 use std::borrow::Cow;
@@ -44,6 +45,7 @@ use opentelemetry_sdk::Resource;
 
 use crate::config::telemetry::{Export, Telemetry};
 use crate::config::tracing::{Protocol, Sampler};
+use protobuf::ProtobufSpans;
 
 /// How long the last export on shutdown may take.
 const FINAL_EXPORT: Duration = Duration::from_secs(2);
@@ -325,16 +327,52 @@ fn sdk_span(s: SpanData, scope: &InstrumentationScope) -> opentelemetry_sdk::tra
 }
 
 /// The OTLP span exporter of `export`'s protocol, configured with every resolved value
-/// (a value given to the builder wins over the crate's own reading of the variables).
-fn span_exporter(export: &Export) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
+/// (a value given to the builder wins over the crate's own reading of the variables):
+/// the crate's for gRPC and HTTP/JSON, [`protobuf`]'s for HTTP/protobuf.
+fn span_exporter(export: &Export) -> anyhow::Result<Exporters> {
     let builder = opentelemetry_otlp::SpanExporter::builder();
     let built = match export.protocol {
-        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export)?.build(),
-        Protocol::HttpProtobuf | Protocol::HttpJson => {
-            transport::http_builder(builder.with_http(), export)?.build()
+        Protocol::HttpProtobuf => {
+            return Ok(Exporters::Protobuf(Box::new(ProtobufSpans::new(export)?)))
         }
+        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export)?.build(),
+        Protocol::HttpJson => transport::http_builder(builder.with_http(), export)?.build(),
     };
-    built.context("the OTLP span exporter")
+    Ok(Exporters::Crate(Box::new(
+        built.context("the OTLP span exporter")?,
+    )))
+}
+
+/// The span exporter of one protocol.
+#[derive(Debug)]
+enum Exporters {
+    /// `opentelemetry-otlp`'s (gRPC, HTTP/JSON).
+    Crate(Box<opentelemetry_otlp::SpanExporter>),
+    /// oncely's OTLP/HTTP protobuf encoder.
+    Protobuf(Box<ProtobufSpans>),
+}
+
+impl SpanExporter for Exporters {
+    async fn export(&self, batch: Vec<opentelemetry_sdk::trace::SpanData>) -> OTelSdkResult {
+        match self {
+            Exporters::Crate(e) => e.export(batch).await,
+            Exporters::Protobuf(e) => e.export(batch).await,
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        match self {
+            Exporters::Crate(e) => e.shutdown_with_timeout(timeout),
+            Exporters::Protobuf(e) => e.shutdown_with_timeout(timeout),
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        match self {
+            Exporters::Crate(e) => e.set_resource(resource),
+            Exporters::Protobuf(e) => e.set_resource(resource),
+        }
+    }
 }
 
 /// An exporter that counts what the collector took and what it did not, and frees the
