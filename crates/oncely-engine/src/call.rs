@@ -151,9 +151,32 @@ pub struct GuardedCall {
     /// never sent, so its record is released and the caller is told the upstream is
     /// busy; once a slot is taken, the upstream gets its whole `timeout`.
     pub slots: Option<std::sync::Arc<tokio::sync::Semaphore>>,
-    /// The span of the request that executes it (`TRACEID-SPANID`, hex), kept with its
-    /// completion so that replays and joins link to it (traces on).
-    pub trace: Option<String>,
+    /// The span of the request that executes it, kept with its completion (as
+    /// `TRACEID-SPANID`, hex) so that replays and joins link to it (traces on).
+    pub trace: Option<SpanRef>,
+}
+
+/// A span's trace id and span id: written as `TRACEID-SPANID` (hex) only when a
+/// completion keeps it, not for each request that might.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanRef {
+    /// The trace id.
+    pub trace_id: [u8; 16],
+    /// The span id.
+    pub span_id: [u8; 8],
+}
+
+impl std::fmt::Display for SpanRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.trace_id {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("-")?;
+        for b in self.span_id {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
 }
 
 impl std::ops::Deref for GuardedCall {

@@ -41,7 +41,7 @@ mod tasks;
 mod waits;
 
 pub use call::{
-    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, UpstreamAnswer,
+    Classified, Classifier, Execution, FreshAnswer, GuardedCall, Head, SpanRef, UpstreamAnswer,
     UpstreamError, UpstreamFailure, UpstreamFuture,
 };
 pub use claim::{Claimed, Claimer, Claiming, Verdict};

@@ -305,7 +305,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
                         window: call.window,
                         replay_until,
                         provider_request_id,
-                        trace: call.trace.clone(),
+                        trace: call.trace.map(|t| t.to_string()),
                     };
                     let written = async {
                         let written = write("complete", &fence, || {

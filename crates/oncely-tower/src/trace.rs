@@ -18,20 +18,18 @@ use std::time::SystemTime;
 use http::{HeaderMap, HeaderValue};
 
 pub mod attr;
+mod client;
 mod context;
 mod conventions;
 mod data;
 mod sample;
 pub use attr::AttributeValue;
-pub use context::{trace_state, TraceParent};
-pub use conventions::{route_path, Connection, UpstreamAttributes};
+pub use client::ClientSpan;
+use context::{new_span_id, new_trace_id};
+pub use context::{trace_state, TraceParent, TRACEPARENT, TRACESTATE};
+pub use conventions::{route_path, AttemptEnd, Connection, UpstreamAttributes};
 pub use data::{SpanData, SpanKind};
 pub use sample::{ParentOrRatio, Sample};
-
-/// The W3C trace context header.
-pub const TRACEPARENT: &str = "traceparent";
-/// The W3C vendor trace state header.
-pub const TRACESTATE: &str = "tracestate";
 
 /// The most bytes of a span's name, a text attribute or an error message: a value from a
 /// caller (an MCP tool's name) must not make a span, and the batch it is exported in,
@@ -136,24 +134,6 @@ impl Tracer {
             },
             sampled: parent.sampled,
         })
-    }
-}
-
-fn new_trace_id() -> [u8; 16] {
-    loop {
-        let id: [u8; 16] = rand::random();
-        if id != [0; 16] {
-            return id;
-        }
-    }
-}
-
-fn new_span_id() -> [u8; 8] {
-    loop {
-        let id: [u8; 8] = rand::random();
-        if id != [0; 8] {
-            return id;
-        }
     }
 }
 
@@ -326,13 +306,12 @@ impl Span {
         (self.data.trace_id, self.data.span_id)
     }
 
-    /// `TRACEID-SPANID` (hex) of this span, as a record keeps the span that executed it.
-    pub fn trace_id_text(&self) -> String {
-        format!(
-            "{}-{}",
-            hex::encode(self.data.trace_id),
-            hex::encode(self.data.span_id)
-        )
+    /// This span, as a record keeps the span that executed it.
+    pub fn span_ref(&self) -> oncely_engine::SpanRef {
+        oncely_engine::SpanRef {
+            trace_id: self.data.trace_id,
+            span_id: self.data.span_id,
+        }
     }
 
     /// Links to the span a record's `TRACEID-SPANID` names (nothing for none, or for
@@ -368,78 +347,21 @@ impl Span {
 
     /// Ends the span now and hands it to the sink when it is sampled.
     pub fn end(self) {
+        self.end_at(SystemTime::now());
+    }
+
+    /// Ends the span at `at` (an upstream attempt that ended before its span is handed
+    /// on).
+    fn end_at(self, at: SystemTime) {
         let Span {
             tracer,
             mut data,
             sampled,
         } = self;
         if sampled {
-            data.end = SystemTime::now();
+            data.end = at;
             tracer.sink.submit(data);
         }
-    }
-}
-
-/// The span of an upstream call: ended with its answer, or, when dropped unanswered
-/// (the call timed out, or was cut off), ended as failed. What the sender learns later
-/// (the upstream's URL, resends) arrives through its [`UpstreamAttributes`].
-#[derive(Debug)]
-pub struct ClientSpan(Option<Span>, UpstreamAttributes);
-
-impl ClientSpan {
-    /// Watches `span`.
-    pub fn new(span: Span) -> ClientSpan {
-        ClientSpan(Some(span), UpstreamAttributes::default())
-    }
-
-    /// What the sender adds to the span (put in the request's extensions).
-    pub fn attributes(&self) -> UpstreamAttributes {
-        self.1.clone()
-    }
-
-    fn finish(&mut self, f: impl FnOnce(&mut Span)) {
-        if let Some(mut span) = self.0.take() {
-            for (k, v) in self.1.take() {
-                span.set(k, v);
-            }
-            f(&mut span);
-            span.end();
-        }
-    }
-
-    /// Ends it with the upstream's status (a 5xx marks it failed, `error.type` the
-    /// status).
-    pub fn answered(mut self, status: u16) {
-        self.finish(|span| {
-            span.set(attr::HTTP_STATUS, i64::from(status));
-            if status >= 500 {
-                span.set(attr::ERROR_TYPE, status.to_string());
-                span.fail(format!("upstream answered {status}"));
-            }
-        });
-    }
-
-    /// Ends it as answered, over a transport without statuses (stdio).
-    pub fn ended(mut self) {
-        self.finish(|_| {});
-    }
-
-    /// Ends it failed.
-    pub fn failed(mut self, why: impl Into<String>) {
-        let why = why.into();
-        self.finish(|span| {
-            span.set(attr::ERROR_TYPE, "upstream_unreachable");
-            span.fail(why);
-        });
-    }
-}
-
-impl Drop for ClientSpan {
-    fn drop(&mut self) {
-        self.finish(|span| {
-            span.set(attr::ERROR_TYPE, "timeout");
-            span.fail("no answer: the call timed out or was cut off");
-        });
     }
 }
 
@@ -580,6 +502,29 @@ mod tests {
     }
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_record_s_span_text_links_back_to_the_span() {
+        let sink = Arc::new(Collect::default());
+        let tracer = Arc::new(Tracer::new(sink.clone(), 1.0));
+        let first = tracer.start_request(&HeaderMap::new(), "POST /x".into());
+        let text = first.span_ref().to_string();
+        assert_eq!(text.len(), 32 + 1 + 16);
+        assert_eq!(
+            text,
+            format!(
+                "{}-{}",
+                hex::encode(first.ids().0),
+                hex::encode(first.ids().1)
+            )
+        );
+        let mut repeat = tracer.start_request(&HeaderMap::new(), "POST /x".into());
+        repeat.link_to(Some(&text));
+        repeat.link_to(Some("not-a-span"));
+        repeat.end();
+        let spans = sink.0.lock().unwrap().clone();
+        assert_eq!(spans[0].links, vec![first.ids()]);
+    }
 
     #[test]
     fn traceparent_is_parsed_as_the_w3c_says() {

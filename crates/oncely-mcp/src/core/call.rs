@@ -74,7 +74,7 @@ pub(super) fn read_call<O>(
     });
     let mut guarded = policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units);
     // The record keeps the span that executes it: replays and joins link to it.
-    guarded.trace = span.as_ref().map(Span::trace_id_text);
+    guarded.trace = span.as_ref().map(Span::span_ref);
     Some(Call {
         span: Mutex::new(span),
         id: request.id.clone(),

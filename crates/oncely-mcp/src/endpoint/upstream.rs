@@ -87,7 +87,10 @@ impl Server for HttpServer {
         }
         let span = message.span.map(|p| {
             let span = p.upstream_call(req.headers_mut(), &parts.method);
-            span.attributes().target(req.uri());
+            // The sender fills in the upstream's URL and the resends (a route's retries).
+            let attributes = span.attributes();
+            attributes.target(req.uri());
+            req.extensions_mut().insert(attributes);
             span
         });
         let sent = self.call(req);

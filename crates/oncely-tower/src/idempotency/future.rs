@@ -43,8 +43,9 @@ pin_project_lite::pin_project! {
             bypassed: Option<BypassLog>,
             // A route that forwards every time (`read`, `key = "none"`): `fresh`.
             fresh: bool,
-            // The server span of an unguarded request (traces on), ended with its answer.
-            span: Option<crate::trace::Span>,
+            // The server span of an unguarded request and its upstream call's client span
+            // (traces on), ended with its answer.
+            span: Option<(crate::trace::Span, crate::trace::ClientSpan)>,
         },
         Guarded {
             fut: BoxFuture<'static, Response<BoxBody>>,
@@ -87,8 +88,11 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    /// Ends `span` (an unguarded request's) with the answer.
-    pub(crate) fn with_span(mut self, new: Option<crate::trace::Span>) -> Self {
+    /// Ends `span` (an unguarded request's, with its upstream call's) with the answer.
+    pub(crate) fn with_span(
+        mut self,
+        new: Option<(crate::trace::Span, crate::trace::ClientSpan)>,
+    ) -> Self {
         if let Kind::Forward { span, .. } = &mut self.kind {
             *span = new;
         }
@@ -122,10 +126,19 @@ where
                 span,
             } => {
                 let result = ready!(fut.poll(cx));
+                let (server, client) = span.take().unzip();
                 let mut res = match result {
-                    Ok(res) => res.map(boxed),
+                    Ok(res) => {
+                        if let Some(client) = client {
+                            client.answered(res.status().as_u16());
+                        }
+                        res.map(boxed)
+                    }
                     Err(e) => {
                         let e: BoxError = e.into();
+                        if let Some(client) = client {
+                            client.failed(e.to_string());
+                        }
                         tracing::warn!(error = %e, "upstream failed on an unguarded request");
                         Problem::new(
                             ProblemCode::UpstreamUnreachable,
@@ -142,7 +155,7 @@ where
                     res.headers_mut()
                         .insert(ONCELY_STATUS, HeaderValue::from_static("fresh"));
                 }
-                if let Some(mut span) = span.take() {
+                if let Some(mut span) = server {
                     if *fresh {
                         span.set(crate::trace::attr::DECISION, "fresh");
                     }

@@ -154,7 +154,7 @@ where
         request_units,
     );
     // The record keeps the span that executes it: replays and joins link to it.
-    call.trace = log.span.as_ref().map(Span::trace_id_text);
+    call.trace = log.span.as_ref().map(Span::span_ref);
 
     let units = policy.units.clone();
     // What a replay or a join may be sent in.

@@ -144,14 +144,14 @@ where
     }
 }
 
-/// The server span of a request the guard forwards without a record (no route, or a
-/// route that forwards every time), traces on: the HTTP conventions, and the upstream
-/// gets its `traceparent`.
+/// The spans of a request the guard forwards without a record (no route, or a route
+/// that forwards every time), traces on: its server span (the HTTP conventions), and the
+/// client span of its upstream call under it, whose `traceparent` the upstream gets.
 fn unguarded_span<B>(
     guard: &crate::guard::Guard,
     req: &mut Request<B>,
     policy: Option<&crate::policy::RoutePolicy>,
-) -> Option<crate::trace::Span> {
+) -> Option<(crate::trace::Span, crate::trace::ClientSpan)> {
     let tracer = guard.tracer()?;
     let mut span = tracer.start_request(req.headers(), String::new());
     crate::trace::http_server_request(
@@ -162,6 +162,11 @@ fn unguarded_span<B>(
     if let Some(p) = policy {
         span.set(crate::trace::attr::CLASS, p.class.as_str());
     }
-    span.propagate(req.headers_mut());
-    Some(span)
+    let method = req.method().clone();
+    let client = span.as_parent().upstream_call(req.headers_mut(), &method);
+    // The sender fills in the upstream's URL and the resends.
+    let more = client.attributes();
+    more.target(req.uri());
+    req.extensions_mut().insert(more);
+    Some((span, client))
 }

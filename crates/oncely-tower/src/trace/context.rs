@@ -4,7 +4,10 @@
 
 use http::{HeaderMap, HeaderValue};
 
-use super::TRACESTATE;
+/// The W3C trace context header.
+pub const TRACEPARENT: &str = "traceparent";
+/// The W3C vendor trace state header.
+pub const TRACESTATE: &str = "tracestate";
 
 /// A valid W3C `traceparent`: the trace, the caller's span in it, whether it is sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,4 +151,24 @@ fn trim(v: &[u8]) -> &[u8] {
 fn lower_hex(v: &[u8]) -> bool {
     v.iter()
         .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+}
+
+/// A new trace id (never all zero).
+pub(super) fn new_trace_id() -> [u8; 16] {
+    loop {
+        let id: [u8; 16] = rand::random();
+        if id != [0; 16] {
+            return id;
+        }
+    }
+}
+
+/// A new span id (never all zero).
+pub(super) fn new_span_id() -> [u8; 8] {
+    loop {
+        let id: [u8; 8] = rand::random();
+        if id != [0; 8] {
+            return id;
+        }
+    }
 }

@@ -6,10 +6,12 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use http::{Method, Uri, Version};
 
 use super::attr::{self, AttributeValue};
+use super::context::{new_span_id, TraceParent};
 
 /// What the server knows of a request's connection, put in its extensions: the peer
 /// (`client.address`) and whether it came over TLS (`url.scheme`).
@@ -56,22 +58,89 @@ pub(super) fn protocol_version(v: Version) -> &'static str {
     }
 }
 
-/// Attributes of an upstream call that its sender adds after the span started: the
-/// upstream's URL once it is chosen ([`UpstreamAttributes::target`]), resends. Shared with
-/// the client span, which sets them when it ends; found in the request's
-/// extensions.
+/// What the sender of an upstream call adds to its client span after the span started:
+/// the upstream's URL once it is chosen ([`UpstreamAttributes::target`]), and each resend
+/// ([`UpstreamAttributes::resend`]), which is a client span of its own. Shared with the
+/// client span, which sets them when it ends; found in the request's extensions.
 #[derive(Debug, Clone, Default)]
-pub struct UpstreamAttributes(Arc<Mutex<Vec<(&'static str, AttributeValue)>>>);
+pub struct UpstreamAttributes(Arc<Mutex<Recorded>>);
+
+#[derive(Debug, Default)]
+struct Recorded {
+    attributes: Vec<(&'static str, AttributeValue)>,
+    /// Every attempt but the one in flight has its end; the first is the client span.
+    attempts: Vec<Attempt>,
+    /// The client span's trace and sampled flag, for the resends' `traceparent`.
+    context: Option<([u8; 16], bool)>,
+}
+
+/// One attempt of an upstream call (see [`UpstreamAttributes::resend`]).
+#[derive(Debug, Clone)]
+pub(super) struct Attempt {
+    /// Its span's id; `None` for the first, which is the client span itself.
+    pub(super) span_id: Option<[u8; 8]>,
+    /// When it was sent (the first: when the client span started).
+    pub(super) start: SystemTime,
+    /// When and how it ended, once a resend followed it.
+    pub(super) end: Option<(SystemTime, AttemptEnd)>,
+}
+
+/// How an attempt that was sent again ended.
+#[derive(Debug, Clone)]
+pub enum AttemptEnd {
+    /// The upstream answered with this status.
+    Status(u16),
+    /// No answer: why.
+    Failed(String),
+}
 
 impl UpstreamAttributes {
+    pub(super) fn with_context(trace_id: [u8; 16], sampled: bool) -> UpstreamAttributes {
+        let a = UpstreamAttributes::default();
+        a.lock().context = Some((trace_id, sampled));
+        a
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        self.0.lock().expect("not poisoned")
+    }
+
     /// Sets (or replaces) an attribute.
     pub fn set(&self, key: &'static str, value: impl Into<AttributeValue>) {
         let value = value.into();
-        let mut list = self.0.lock().expect("not poisoned");
-        match list.iter_mut().find(|(k, _)| *k == key) {
+        let mut recorded = self.lock();
+        match recorded.attributes.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
-            None => list.push((key, value)),
+            None => recorded.attributes.push((key, value)),
         }
+    }
+
+    /// The call is sent again now, after an attempt that ended at `ended` as `previous`:
+    /// the resend is a client span of its own (a sibling of the first, with
+    /// `http.request.resend_count`), and the `traceparent` it carries names it (`None`
+    /// without traces).
+    pub fn resend(&self, previous: AttemptEnd, ended: SystemTime) -> Option<TraceParent> {
+        let now = SystemTime::now();
+        let mut recorded = self.lock();
+        match recorded.attempts.last_mut() {
+            Some(last) => last.end = Some((ended, previous)),
+            None => recorded.attempts.push(Attempt {
+                span_id: None,
+                start: now,
+                end: Some((ended, previous)),
+            }),
+        }
+        let id = new_span_id();
+        recorded.attempts.push(Attempt {
+            span_id: Some(id),
+            start: now,
+            end: None,
+        });
+        recorded.context.map(|(trace_id, sampled)| TraceParent {
+            trace_id,
+            parent_id: id,
+            sampled,
+        })
     }
 
     /// `url.full` (no credentials, each query value `REDACTED`), `server.address` and
@@ -105,8 +174,14 @@ impl UpstreamAttributes {
         self.set(attr::SERVER_PORT, i64::from(port));
     }
 
-    pub(super) fn take(&self) -> Vec<(&'static str, AttributeValue)> {
-        std::mem::take(&mut *self.0.lock().expect("not poisoned"))
+    /// What was recorded: the attributes, and the attempts before the last (empty when
+    /// the call was sent once).
+    pub(super) fn take(&self) -> (Vec<(&'static str, AttributeValue)>, Vec<Attempt>) {
+        let mut recorded = self.lock();
+        (
+            std::mem::take(&mut recorded.attributes),
+            std::mem::take(&mut recorded.attempts),
+        )
     }
 }
 
@@ -122,7 +197,7 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        let got = a.take();
+        let (got, _) = a.take();
         let full = got.iter().find(|(k, _)| *k == attr::URL_FULL).unwrap();
         assert_eq!(
             full.1,
@@ -130,7 +205,7 @@ mod tests {
         );
         assert!(got.contains(&(attr::SERVER_PORT, AttributeValue::Int(443))));
         a.target(&"/relative".parse().unwrap());
-        assert!(a.take().is_empty());
+        assert!(a.take().0.is_empty());
     }
 
     #[test]

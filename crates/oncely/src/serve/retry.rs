@@ -26,6 +26,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use oncely_core::{backoff, Class};
+use oncely_tower::trace::{AttemptEnd, UpstreamAttributes, TRACEPARENT};
 use oncely_tower::{BoxBody, UpstreamError};
 use tokio::time::Instant;
 
@@ -114,7 +115,7 @@ pub const REASONS: [&str; 5] = ["connect", "reset", "status_502", "status_503", 
 pub async fn send(
     client: &UpstreamClient,
     policy: &RetryPolicy,
-    parts: Parts,
+    mut parts: Parts,
     body: BoxBody,
 ) -> Result<Response<BoxBody>, UpstreamError> {
     let deadline = Instant::now() + policy.timeout;
@@ -139,14 +140,15 @@ pub async fn send(
         if Instant::now() + delay > last_start {
             return result;
         }
+        let ended = (
+            std::time::SystemTime::now(),
+            match &result {
+                Ok(res) => AttemptEnd::Status(res.status().as_u16()),
+                Err(e) => AttemptEnd::Failed(e.to_string()),
+            },
+        );
         // An answer that will not be passed on frees its connection now.
         drop(result);
-        if let Some(span) = parts
-            .extensions
-            .get::<oncely_tower::trace::UpstreamAttributes>()
-        {
-            span.set(oncely_tower::trace::attr::RESEND_COUNT, i64::from(retry));
-        }
         tracing::info!(
             route = %policy.route,
             attempt = retry + 1,
@@ -161,6 +163,11 @@ pub async fn send(
         )
         .increment(1);
         tokio::time::sleep(delay).await;
+        // The resend is a client span of its own, and its traceparent names it.
+        let span = parts.extensions.get::<UpstreamAttributes>().cloned();
+        if let Some(tp) = span.and_then(|s| s.resend(ended.1, ended.0)) {
+            parts.headers.insert(TRACEPARENT, tp.to_header());
+        }
     }
 }
 

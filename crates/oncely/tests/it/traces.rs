@@ -1150,7 +1150,21 @@ async fn a_request_no_guarded_route_takes_is_a_server_span_too() {
         .remove(0);
     assert_eq!(server.span.name, "GET", "no route: the method alone");
     assert_eq!(hex(&server.span.parent_span_id), CALLER_SPAN);
-    assert_eq!(hex(&server.span.span_id), parent);
+    // The upstream call is a client span under it, and the upstream's traceparent names
+    // that client span.
+    let client = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Client as i32)
+        .await
+        .remove(0);
+    assert_eq!(client.span.parent_span_id, server.span.span_id);
+    assert_eq!(hex(&client.span.span_id), parent);
+    assert_eq!(client.str("http.request.method"), "GET");
+    assert_eq!(client.int("http.response.status_code"), 200);
+    assert!(
+        client.str("url.full").ends_with("/health"),
+        "{}",
+        client.str("url.full")
+    );
     assert_eq!(server.str("http.request.method"), "GET");
     assert_eq!(server.str("url.path"), "/health");
     assert_eq!(server.int("http.response.status_code"), 200);
@@ -1361,5 +1375,101 @@ async fn every_mcp_message_is_a_server_span_ended_with_its_answer() {
             .find(|s| s.span.span_id == client.span.parent_span_id)
             .expect("the client span's parent is a message's server span");
         assert_eq!(server.str("mcp.method.name"), call["method"]);
+    }
+}
+
+/// A route's resends are client spans of their own (the HTTP conventions): each attempt
+/// is a sibling under the server span, with its status, `http.request.resend_count` on
+/// each resend, and the `traceparent` the upstream got with that attempt names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_resend_of_a_route_is_a_client_span_with_its_resend_count() {
+    let collector = Collector::new();
+    let otlp = collector.addr();
+    let hits: Arc<Mutex<Vec<String>>> = Arc::default();
+    let up = upstream(
+        axum::Router::new()
+            .route(
+                "/v1/flaky",
+                axum::routing::get(
+                    |State(hits): State<Arc<Mutex<Vec<String>>>>, headers: HeaderMap| async move {
+                        let tp = headers["traceparent"].to_str().unwrap().to_string();
+                        let n = {
+                            let mut hits = hits.lock().unwrap();
+                            hits.push(tp);
+                            hits.len()
+                        };
+                        let status = if n < 3 { 503 } else { 200 };
+                        (
+                            http::StatusCode::from_u16(status).unwrap(),
+                            format!("attempt {n}"),
+                        )
+                    },
+                ),
+            )
+            .with_state(hits.clone()),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\nupstream = \"http://{up}\"\n[[routes]]\nmethod = \"GET\"\npath = \"/v1/flaky\"\nclass = \"read\"\nretries = 2\nretry_backoff = \"10ms\"\n{tracing}",
+            db = dir.path().join("ledger.db").display(),
+            tracing = tracing_section(otlp, ""),
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let a = get(&gw.url("/v1/flaky"), &[]).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.text(), "attempt 3");
+    let hits = hits.lock().unwrap().clone();
+    assert_eq!(hits.len(), 3, "two resends");
+
+    let server = collector
+        .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
+        .await
+        .remove(0);
+    assert_eq!(server.int("http.response.status_code"), 200);
+    let mut clients = collector
+        .wait_for(3, |g| g.span.kind == SpanKind::Client as i32)
+        .await;
+    assert_eq!(clients.len(), 3);
+    clients.sort_by_key(|c| c.span.start_time_unix_nano);
+    let mut ids = std::collections::HashSet::new();
+    for (n, (client, sent)) in clients.iter().zip(&hits).enumerate() {
+        assert_eq!(
+            client.span.parent_span_id, server.span.span_id,
+            "attempt {n}"
+        );
+        assert_eq!(client.span.trace_id, server.span.trace_id);
+        let (_, parent, _) = parse(sent);
+        assert_eq!(
+            hex(&client.span.span_id),
+            parent,
+            "attempt {n} names its span"
+        );
+        assert!(
+            ids.insert(client.span.span_id.clone()),
+            "one span an attempt"
+        );
+        assert!(client.span.end_time_unix_nano >= client.span.start_time_unix_nano);
+        match n {
+            0 => assert!(client.attr("http.request.resend_count").is_none()),
+            n => assert_eq!(client.int("http.request.resend_count"), n as i64),
+        }
+        let want = if n < 2 { 503 } else { 200 };
+        assert_eq!(client.int("http.response.status_code"), want, "attempt {n}");
+        if want == 503 {
+            assert_eq!(client.str("error.type"), "503");
+        } else {
+            assert!(client.attr("error.type").is_none());
+        }
+        assert!(client.str("url.full").ends_with("/v1/flaky"));
+    }
+    // Attempts follow one another: each starts after the one before it ended.
+    for w in clients.windows(2) {
+        assert!(w[1].span.start_time_unix_nano >= w[0].span.end_time_unix_nano);
     }
 }
