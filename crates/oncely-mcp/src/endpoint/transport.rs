@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use oncely_tower::trace::Span;
+use oncely_tower::trace::{Span, SpanKind, SpanParent};
 use oncely_tower::{Guard, RequestFacts, RequestHead};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -30,9 +30,9 @@ use oncely_http::problem::ProblemCode;
 /// The core of an HTTP endpoint.
 pub(super) type HttpCore = Core<HttpServer>;
 
-/// The caller of an HTTP request: its head, where its principal, workflow id and trace
-/// context are read.
-struct HttpCaller(Arc<http::request::Parts>);
+/// The caller of an HTTP request: its head, where its principal and workflow id are
+/// read, and the request's HTTP server span, under which each message is a span.
+struct HttpCaller(Arc<http::request::Parts>, Option<SpanParent>);
 
 impl Caller for HttpCaller {
     fn facts(&self, guard: &Guard, config: &McpConfig) -> RequestFacts {
@@ -40,10 +40,10 @@ impl Caller for HttpCaller {
         RequestFacts::unspanned(guard, &head, &*config.principal)
     }
 
-    fn span(&self, guard: &Guard) -> Option<Span> {
-        guard
-            .tracer()
-            .map(|t| t.start_request(&self.0.headers, String::new()))
+    fn span(&self, _guard: &Guard) -> Option<Span> {
+        self.1
+            .as_ref()
+            .map(|http| http.child(String::new(), SpanKind::Server))
     }
 
     fn revision(&self) -> Option<&str> {
@@ -51,8 +51,33 @@ impl Caller for HttpCaller {
     }
 }
 
-/// Answers one request.
+/// Answers one request. It is an HTTP server span (traces on: `{method} {path}`, the
+/// HTTP conventions, ended with the answer's head), and each message it carries an MCP
+/// server span under it, as the MCP conventions draw Streamable HTTP.
 pub(super) async fn handle<B>(core: Arc<HttpCore>, req: Request<B>) -> Response<McpBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let span = core.guard.tracer().map(|t| {
+        let mut span = t.start_request(req.headers(), String::new());
+        oncely_tower::trace::http_server_request(&mut span, &req, Some(&core.config().path));
+        span
+    });
+    let resp = answer(core, req, span.as_ref().map(Span::as_parent)).await;
+    if let Some(mut span) = span {
+        oncely_tower::trace::http_server_response(&mut span, resp.status().as_u16(), None);
+        span.end();
+    }
+    resp
+}
+
+/// [`handle`] under the request's span `span`.
+async fn answer<B>(
+    core: Arc<HttpCore>,
+    req: Request<B>,
+    span: Option<SpanParent>,
+) -> Response<McpBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -70,7 +95,7 @@ where
         }
     }
     if parts.method != Method::POST {
-        return pass_through(&core, &parts, bytes).await;
+        return pass_through(&core, &parts, bytes, span.as_ref()).await;
     }
     if let Some(refusal) = routing_mismatch(&core, &parts, &bytes) {
         return json_response(StatusCode::BAD_REQUEST, &refusal);
@@ -79,7 +104,7 @@ where
     let context = Context {
         session,
         modern: is_modern(&parts.headers),
-        caller: Arc::new(HttpCaller(parts.clone())),
+        caller: Arc::new(HttpCaller(parts.clone(), span)),
         origin: parts,
     };
     render(core.handle(bytes, context).await)
@@ -118,16 +143,33 @@ fn routing_mismatch(core: &HttpCore, parts: &http::request::Parts, bytes: &[u8])
 }
 
 /// A request that carries no message (a `GET` stream, a `DELETE`): sent on as it came,
-/// its answer streamed back.
+/// its answer streamed back; under `span`, its upstream call a client span.
 async fn pass_through(
     core: &HttpCore,
     parts: &http::request::Parts,
     bytes: Bytes,
+    span: Option<&SpanParent>,
 ) -> Response<McpBody> {
     let server = core.server();
-    match server.call(server.request(parts, bytes)).await {
-        Ok(resp) => resp,
+    let mut req = server.request(parts, bytes);
+    let client = span.map(|p| {
+        let client = p.upstream_call(req.headers_mut(), &parts.method);
+        let attributes = client.attributes();
+        attributes.target(req.uri());
+        req.extensions_mut().insert(attributes);
+        client
+    });
+    match server.call(req).await {
+        Ok(resp) => {
+            if let Some(client) = client {
+                client.answered(resp.status().as_u16());
+            }
+            resp
+        }
         Err(e) => {
+            if let Some(client) = client {
+                client.failed(e.to_string());
+            }
             tracing::warn!(route = %core.config().path, error = %e, "upstream unreachable");
             problem(
                 ProblemCode::UpstreamUnreachable,
@@ -152,7 +194,7 @@ fn end_session_later(
     tokio::spawn(async move {
         let deadline = Instant::now() + core.config().timeout + Duration::from_secs(5);
         core.owned_calls_done(&session, deadline).await;
-        let resp = pass_through(&core, &parts, bytes).await;
+        let resp = pass_through(&core, &parts, bytes, None).await;
         tracing::info!(route = %core.config().path, session = %session,
             status = resp.status().as_u16(), "held session end forwarded");
     });

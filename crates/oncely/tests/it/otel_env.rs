@@ -374,3 +374,63 @@ fn a_bad_variable_exits_2_naming_it_in_serve_and_check_config() {
         assert!(err.contains(var), "serve {var}: {err}");
     }
 }
+
+/// The file's `compression = "none"` wins over `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` for
+/// the spans (OTLP/HTTP protobuf: oncely's own exporter), and the metrics exporter, which
+/// the OpenTelemetry crate configures from the variable itself, is said to stay gzip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_s_compression_none_wins_over_the_variable_and_what_cannot_follow_is_said() {
+    let (up, _) = render().await;
+    let rx = Receiver::start(Mode::Ok);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\nupstream = \"http://{up}\"\n[tracing]\notlp_endpoint = \"{endpoint}\"\ncompression = \"none\"\nschedule_delay = \"100ms\"\n",
+            db = dir.path().join("ledger.db").display(),
+            endpoint = rx.http_url(),
+        ),
+    )
+    .unwrap();
+    let endpoint = rx.http_url();
+    let gw = Gateway::start(
+        &["--config", cfg.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                &format!("{endpoint}/v1/metrics"),
+            ),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ],
+    );
+    call(&gw, "{\"compression\":\"none\"}", None).await;
+    rx.wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
+        .await;
+    let traces: Vec<_> = rx
+        .exports()
+        .into_iter()
+        .filter(|e| e.signal == "traces")
+        .collect();
+    assert!(!traces.is_empty());
+    for e in &traces {
+        assert_eq!(e.content_encoding, "", "spans are not compressed");
+    }
+    rx.wait_for_metric("http.server.request.duration").await;
+    let metrics = rx
+        .exports()
+        .into_iter()
+        .find(|e| e.signal == "metrics")
+        .unwrap();
+    assert_eq!(
+        metrics.content_encoding, "gzip",
+        "the crate read the variable"
+    );
+    let lines = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        lines.contains("cannot override OTEL_EXPORTER_OTLP_COMPRESSION=gzip")
+            && lines.contains("metrics"),
+        "{lines}"
+    );
+}

@@ -137,6 +137,29 @@ async fn render(gw: &Gateway, body: &str, extra: &[(&str, &str)]) -> Answer {
     http_post(&gw.url("/v1/render"), body, &headers).await
 }
 
+/// An MCP message's server span (not the HTTP request's that carries it).
+fn is_mcp(g: &Got) -> bool {
+    g.span.kind == SpanKind::Server as i32 && g.attr("mcp.method.name").is_some()
+}
+
+/// The HTTP server span `span` runs under: `POST /mcp` with the HTTP conventions, a child
+/// of the caller's span.
+async fn assert_under_http_span(collector: &Collector, span: &Got) {
+    let parent = span.span.parent_span_id.clone();
+    let http = collector
+        .wait_for(1, |g| g.span.span_id == parent)
+        .await
+        .remove(0);
+    assert_eq!(http.span.kind, SpanKind::Server as i32);
+    assert_eq!(http.span.name, "POST /mcp");
+    assert_eq!(http.str("http.route"), "/mcp");
+    assert_eq!(http.str("http.request.method"), "POST");
+    assert!(http.attr("http.response.status_code").is_some());
+    assert!(http.attr("mcp.method.name").is_none());
+    assert_eq!(hex(&http.span.parent_span_id), CALLER_SPAN);
+    assert_eq!(http.span.trace_id, span.span.trace_id);
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -632,16 +655,14 @@ async fn an_mcp_tools_call_and_its_replay_are_spans_and_the_server_continues_the
     let (trace, parent, _) = parse(&calls[0]["traceparent"]);
     assert_eq!(trace, CALLER_TRACE);
 
-    let servers = collector
-        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
-        .await;
+    let servers = collector.wait_for(2, is_mcp).await;
     let decisions: Vec<String> = servers.iter().map(|s| s.str("oncely.status")).collect();
     assert!(decisions.contains(&"fresh".to_string()), "{decisions:?}");
     assert!(decisions.contains(&"replayed".to_string()), "{decisions:?}");
     for s in &servers {
         assert_eq!(s.str("gen_ai.tool.name"), "render");
         assert_eq!(s.str("oncely.record"), records[0]);
-        assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN);
+        assert_under_http_span(&collector, s).await;
         assert_eq!(s.int("oncely.attempt"), 1);
     }
     let fresh = servers
@@ -870,9 +891,7 @@ async fn a_huge_mcp_tool_name_does_not_swell_the_exported_spans() {
         let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
         assert_eq!(a.status, 200, "{}", a.text());
     }
-    let spans = collector
-        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
-        .await;
+    let spans = collector.wait_for(2, is_mcp).await;
     assert!(spans.iter().any(|g| g.str("gen_ai.tool.name") == "render"));
     for g in collector.spans().iter() {
         let longest = g
@@ -918,10 +937,7 @@ async fn an_mcp_call_s_meta_traceparent_is_continued_and_the_server_gets_the_cli
             "_meta": {"traceparent": meta_tp, "tracestate": "mcpvendor=x"}}});
     let a = http_post(&gw.url("/mcp"), &body.to_string(), &headers).await;
     assert_eq!(a.status, 200, "{}", a.text());
-    let server = collector
-        .wait_for(1, |g| g.span.kind == SpanKind::Server as i32)
-        .await
-        .remove(0);
+    let server = collector.wait_for(1, is_mcp).await.remove(0);
     // _meta's trace, ahead of the header's.
     assert_eq!(hex(&server.span.trace_id), META_TRACE);
     assert_eq!(hex(&server.span.parent_span_id), META_SPAN);
@@ -970,9 +986,7 @@ async fn an_mcp_call_s_meta_traceparent_is_continued_and_the_server_gets_the_cli
     ];
     let a = http_post(&gw.url("/mcp"), &modern.to_string(), &modern_headers).await;
     assert_eq!(a.status, 200, "{}", a.text());
-    let spans = collector
-        .wait_for(2, |g| g.span.kind == SpanKind::Server as i32)
-        .await;
+    let spans = collector.wait_for(2, is_mcp).await;
     let m = spans
         .iter()
         .find(|g| g.str("jsonrpc.request.id") == "9")
@@ -1295,9 +1309,7 @@ async fn every_mcp_message_is_a_server_span_ended_with_its_answer() {
         a.text()
     );
 
-    let servers = collector
-        .wait_for(6, |g| g.span.kind == SpanKind::Server as i32)
-        .await;
+    let servers = collector.wait_for(6, is_mcp).await;
     let by_name = |name: &str| {
         servers
             .iter()
@@ -1325,7 +1337,7 @@ async fn every_mcp_message_is_a_server_span_ended_with_its_answer() {
         assert_eq!(s.str("mcp.protocol.version"), "2025-06-18", "{name}");
         assert_eq!(s.str("mcp.session.id"), "sess-1", "{name}");
         assert_eq!(hex(&s.span.trace_id), CALLER_TRACE, "{name}");
-        assert_eq!(hex(&s.span.parent_span_id), CALLER_SPAN, "{name}");
+        assert_under_http_span(&collector, s).await;
         match id {
             Some(id) => assert_eq!(s.str("jsonrpc.request.id"), id, "{name}"),
             None => assert!(s.attr("jsonrpc.request.id").is_none(), "{name}"),

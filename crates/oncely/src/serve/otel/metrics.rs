@@ -41,9 +41,11 @@ impl MetricsExport {
     ) -> anyhow::Result<MetricsExport> {
         let builder = opentelemetry_otlp::MetricExporter::builder();
         let exporter = match export.protocol {
-            Protocol::Grpc => super::transport::grpc_builder(builder.with_tonic(), export)?.build(),
+            Protocol::Grpc => {
+                super::transport::grpc_builder(builder.with_tonic(), export, "METRICS")?.build()
+            }
             Protocol::HttpProtobuf | Protocol::HttpJson => {
-                super::transport::http_builder(builder.with_http(), export)?.build()
+                super::transport::http_builder(builder.with_http(), export, "METRICS")?.build()
             }
         }
         .context("the OTLP metric exporter")?;

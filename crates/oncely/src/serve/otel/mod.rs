@@ -335,8 +335,10 @@ fn span_exporter(export: &Export) -> anyhow::Result<Exporters> {
         Protocol::HttpProtobuf => {
             return Ok(Exporters::Protobuf(Box::new(ProtobufSpans::new(export)?)))
         }
-        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export)?.build(),
-        Protocol::HttpJson => transport::http_builder(builder.with_http(), export)?.build(),
+        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export, "TRACES")?.build(),
+        Protocol::HttpJson => {
+            transport::http_builder(builder.with_http(), export, "TRACES")?.build()
+        }
     };
     Ok(Exporters::Crate(Box::new(
         built.context("the OTLP span exporter")?,

@@ -120,7 +120,9 @@ fn private_key(path: &Path) -> anyhow::Result<rustls::pki_types::PrivateKeyDer<'
 pub(super) fn grpc_builder<B: WithExportConfig + WithTonicConfig>(
     builder: B,
     export: &Export,
+    signal: &str,
 ) -> anyhow::Result<B> {
+    warn_of_env_gzip(export, signal);
     let mut b = builder
         .with_endpoint(export.endpoint.clone())
         .with_timeout(export.timeout)
@@ -139,7 +141,9 @@ pub(super) fn grpc_builder<B: WithExportConfig + WithTonicConfig>(
 pub(super) fn http_builder<B: WithExportConfig + WithHttpConfig>(
     builder: B,
     export: &Export,
+    signal: &str,
 ) -> anyhow::Result<B> {
+    warn_of_env_gzip(export, signal);
     let mut b = builder
         .with_endpoint(export.endpoint.clone())
         .with_timeout(export.timeout)
@@ -152,6 +156,30 @@ pub(super) fn http_builder<B: WithExportConfig + WithHttpConfig>(
         b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
     }
     Ok(b)
+}
+
+/// Says so when the file turned compression off (`compression = "none"`) and a variable
+/// turns it on: the crate's exporters (gRPC, HTTP/JSON, and every metrics export) read
+/// `OTEL_EXPORTER_OTLP_[SIGNAL_]COMPRESSION` themselves and cannot be told "none", so
+/// theirs stays gzip. (The OTLP/HTTP protobuf span exporter is oncely's and does as the
+/// file says.) `signal` is `TRACES` or `METRICS`.
+fn warn_of_env_gzip(export: &Export, signal: &str) {
+    if export.gzip {
+        return;
+    }
+    let gzips = |var: &str| std::env::var(var).is_ok_and(|v| v.trim() == "gzip");
+    let own = format!("OTEL_EXPORTER_OTLP_{signal}_COMPRESSION");
+    let var = [own.as_str(), "OTEL_EXPORTER_OTLP_COMPRESSION"]
+        .into_iter()
+        .find(|v| gzips(v));
+    if let Some(var) = var {
+        tracing::warn!(
+            variable = var,
+            signal = %signal.to_ascii_lowercase(),
+            "the file's compression = \"none\" cannot override {var}=gzip for this \
+             exporter (the OpenTelemetry crate reads it itself): its exports stay gzip"
+        );
+    }
 }
 
 pub(super) fn otlp_protocol(p: Protocol) -> opentelemetry_otlp::Protocol {
