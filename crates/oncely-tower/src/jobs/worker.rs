@@ -288,7 +288,7 @@ where
         },
         &job.body,
     );
-    let call = policy.call(record.identity.clone(), units);
+    let mut call = policy.call(record.identity.clone(), units);
     let mut req = job.upstream_request(&key);
     // The inner service finds the route, and that the owner holds its slot and times it.
     req.extensions_mut().insert(policy.clone());
@@ -311,6 +311,8 @@ where
             req.extensions_mut().insert(span.attributes());
             span
         });
+    // The record keeps the run's span: a repeat of the job links to its execution.
+    call.trace = span.as_ref().and_then(crate::trace::ClientSpan::span_ref);
     let upstream = crate::guard::to_engine(crate::upstream::traced(
         crate::upstream::call_upstream(inner, req, policy.units.clone()),
         span,

@@ -25,6 +25,11 @@ impl ClientSpan {
         ClientSpan(Some(span), attributes)
     }
 
+    /// Its first attempt's span, as a record keeps the span that executed it.
+    pub fn span_ref(&self) -> Option<oncely_engine::SpanRef> {
+        self.0.as_ref().map(Span::span_ref)
+    }
+
     /// What the sender adds to the span (put in the request's extensions).
     pub fn attributes(&self) -> UpstreamAttributes {
         self.1.clone()

@@ -456,6 +456,27 @@ async fn a_job_submission_is_a_span_and_its_run_continues_the_trace() {
     assert_eq!(hex(&run.span.span_id), parent);
     assert_eq!(run.str("oncely.record"), record);
     assert_eq!(run.int("http.response.status_code"), 201);
+
+    // The same job again is answered from its record, and its span links to the run
+    // that executed it.
+    let again = http_post(&gw.url("/v1/job"), r#"{"text":"job"}"#, &[ALICE]).await;
+    assert_eq!(
+        again.header("oncely-status"),
+        "replayed",
+        "{}",
+        again.text()
+    );
+    assert_eq!(again.header("oncely-record"), record);
+    assert_eq!(seen.calls().len(), 1, "the job ran once");
+    let replay = collector
+        .wait_for(1, |g| {
+            g.span.kind == SpanKind::Server as i32 && g.str("oncely.status") == "replayed"
+        })
+        .await
+        .remove(0);
+    assert_eq!(replay.span.links.len(), 1, "{:?}", replay.span.links);
+    assert_eq!(replay.span.links[0].span_id, run.span.span_id);
+    assert_eq!(replay.span.links[0].trace_id, run.span.trace_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
