@@ -11,7 +11,6 @@ use oncely_tower::trace::{attr, McpRequest, Span, SpanParent};
 use serde_json::Value;
 
 use super::context::Context;
-use super::edit::EDIT_LIMIT;
 use super::server::{BodyStream, Framing};
 use super::shared::Shared;
 use super::Reply;
@@ -177,14 +176,20 @@ pub(super) fn finish<H>(mut spans: Vec<MessageSpan>, reply: Reply<H>) -> Reply<H
     }
 }
 
+/// The most of an answer a span keeps to read its response from (a JSON body, or one
+/// event): an error or an `isError` result is small; a larger answer ends its span
+/// without reading it, and costs no copy of it.
+const WATCH_LIMIT: usize = 64 << 10;
+
 /// `body` passed on as it is, read on the way: each span ends once the response to its
 /// request has passed, and the rest when the body ends (or is dropped). A JSON body over
-/// [`EDIT_LIMIT`] is not read.
+/// [`WATCH_LIMIT`] is not read.
 fn watch(spans: Vec<MessageSpan>, body: BodyStream, framing: Framing) -> BodyStream {
     let mut watcher = Watcher {
         spans,
-        sse: (framing == Framing::EventStream).then(|| sse::Parser::new(EDIT_LIMIT)),
+        sse: (framing == Framing::EventStream).then(|| sse::Parser::new(WATCH_LIMIT)),
         held: Vec::new(),
+        overflowed: false,
     };
     Box::pin(body.map(move |chunk| {
         if let Ok(bytes) = &chunk {
@@ -199,11 +204,13 @@ struct Watcher {
     spans: Vec<MessageSpan>,
     sse: Option<sse::Parser>,
     held: Vec<u8>,
+    /// The JSON body outgrew [`WATCH_LIMIT`]: its spans end with it, unread.
+    overflowed: bool,
 }
 
 impl Watcher {
     fn feed(&mut self, bytes: &[u8]) {
-        if self.spans.is_empty() {
+        if self.spans.is_empty() || self.overflowed {
             return;
         }
         match &mut self.sse {
@@ -211,11 +218,9 @@ impl Watcher {
                 let events = parser.feed(bytes);
                 self.events(&events);
             }
-            None if self.held.len() + bytes.len() > EDIT_LIMIT => {
+            None if self.held.len() + bytes.len() > WATCH_LIMIT => {
                 self.held = Vec::new();
-                for span in self.spans.drain(..) {
-                    span.answered(&[]);
-                }
+                self.overflowed = true;
             }
             None => self.held.extend_from_slice(bytes),
         }
@@ -257,5 +262,102 @@ impl Drop for Watcher {
         for span in self.spans.drain(..) {
             span.answered(&messages);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncely_tower::trace::{AttributeValue, SpanData, SpanSink, Tracer};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<SpanData>>);
+
+    impl SpanSink for Collect {
+        fn submit(&self, span: SpanData) {
+            self.0.lock().unwrap().push(span);
+        }
+    }
+
+    fn span(sink: &Arc<Collect>, id: i64) -> MessageSpan {
+        let tracer = Arc::new(Tracer::new(sink.clone(), 1.0));
+        MessageSpan {
+            span: tracer.start_request(&http::HeaderMap::new(), "tools/call x".into()),
+            id: Some(Value::from(id)),
+        }
+    }
+
+    /// Streams `chunks` through a watch of one span for request 7, and returns what it
+    /// passed on and the span's `error.type`, once the body is dropped.
+    async fn through(framing: Framing, chunks: Vec<&'static [u8]>) -> (Vec<u8>, Option<String>) {
+        let sink = Arc::new(Collect::default());
+        let body: BodyStream = Box::pin(futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, crate::BoxError>(bytes::Bytes::from_static(c))),
+        ));
+        let mut watched = watch(vec![span(&sink, 7)], body, framing);
+        let mut passed = Vec::new();
+        while let Some(chunk) = watched.next().await {
+            passed.extend_from_slice(&chunk.unwrap());
+        }
+        drop(watched);
+        let spans = sink.0.lock().unwrap().clone();
+        assert_eq!(spans.len(), 1, "the span ends once");
+        let error = spans[0]
+            .attributes
+            .iter()
+            .find(|(k, _)| *k == attr::ERROR_TYPE)
+            .map(|(_, v)| match v {
+                AttributeValue::Str(s) => s.clone(),
+                AttributeValue::Int(i) => i.to_string(),
+            });
+        (passed, error)
+    }
+
+    #[tokio::test]
+    async fn an_answer_passes_whole_and_its_response_ends_the_span() {
+        let (passed, error) = through(
+            Framing::Json,
+            vec![
+                b"{\"jsonrpc\":\"2.0\",\"id\":7,",
+                b"\"error\":{\"code\":-32601,\"message\":\"no\"}}",
+            ],
+        )
+        .await;
+        assert_eq!(
+            passed,
+            b"{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32601,\"message\":\"no\"}}"
+        );
+        assert_eq!(error.as_deref(), Some("-32601"));
+
+        let sse: &'static [u8] = b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"isError\":true}}\n\n";
+        let (passed, error) = through(Framing::EventStream, vec![&sse[..40], &sse[40..]]).await;
+        assert_eq!(passed, sse, "the stream passes unchanged");
+        assert_eq!(error.as_deref(), Some("tool_error"));
+
+        // Another request's response does not end it; nothing but the body's end does.
+        let (_, error) = through(
+            Framing::Json,
+            vec![b"{\"jsonrpc\":\"2.0\",\"id\":8,\"error\":{\"code\":1,\"message\":\"x\"}}"],
+        )
+        .await;
+        assert_eq!(error, None);
+    }
+
+    #[tokio::test]
+    async fn a_large_answer_passes_unread_and_uncopied() {
+        static BIG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let big = BIG.get_or_init(|| {
+            let mut v =
+                b"{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-1,\"message\":\"".to_vec();
+            v.extend(std::iter::repeat_n(b'x', WATCH_LIMIT));
+            v.extend_from_slice(b"\"}}");
+            v
+        });
+        let (passed, error) = through(Framing::Json, vec![&big[..100], &big[100..]]).await;
+        assert_eq!(&passed, big);
+        assert_eq!(error, None, "over the limit it is not read");
     }
 }
