@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use crate::guard::Guard;
 use crate::problem::{Problem, ProblemCode};
 use crate::sources::{workflow_id, MakePrincipal, RequestHead};
-use crate::trace::{attr, Span};
+use crate::trace::Span;
 use crate::BoxError;
 
 /// What is known of a request before the ledger is asked anything.
@@ -28,20 +28,17 @@ pub struct RequestFacts {
 }
 
 impl RequestFacts {
-    /// The facts of the request `head` on the route named `route`, whose principal
-    /// `principal` reads.
+    /// The facts of the request `head`, whose principal `principal` reads.
     pub fn read(
         guard: &Guard,
-        route: &str,
         head: &RequestHead<'_>,
         principal: &dyn MakePrincipal,
     ) -> RequestFacts {
         RequestFacts {
-            span: guard.tracer().map(|tracer| {
-                let mut span = tracer.start_request(head.headers, route.to_string());
-                span.set(attr::HTTP_METHOD, head.method.as_str());
-                span
-            }),
+            // Named, and given its HTTP attributes, by the guard (`http_server_request`).
+            span: guard
+                .tracer()
+                .map(|tracer| tracer.start_request(head.headers, String::new())),
             ..RequestFacts::unspanned(guard, head, principal)
         }
     }

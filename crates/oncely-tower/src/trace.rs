@@ -197,7 +197,7 @@ impl SpanParent {
     pub fn upstream_call(&self, headers: &mut HeaderMap, method: &http::Method) -> ClientSpan {
         let (name, known) = conventions::method_name(method);
         let mut span = self.child(name.to_string(), SpanKind::Client);
-        span.set(attr::HTTP_METHOD, name);
+        span.fixed(attr::HTTP_METHOD, name);
         if !known {
             span.set(attr::HTTP_METHOD_ORIGINAL, method.as_str());
         }
@@ -277,10 +277,16 @@ impl Span {
         }
     }
 
+    /// Sets an attribute to text of the program's own, without copying it.
+    pub fn fixed(&mut self, key: &'static str, value: &'static str) {
+        self.set(key, AttributeValue::Fixed(value));
+    }
+
     /// Sets an attribute (replacing one of the same key).
     pub fn set(&mut self, key: &'static str, value: impl Into<AttributeValue>) {
         let value = match value.into() {
             AttributeValue::Str(s) => AttributeValue::Str(bounded(s)),
+            // The program's own text is short.
             other => other,
         };
         match self.data.attributes.iter_mut().find(|(k, _)| *k == key) {
@@ -375,34 +381,37 @@ pub fn http_server_request<B>(span: &mut Span, req: &http::Request<B>, route: Op
     let (name, known) = conventions::method_name(method);
     let display = if known { name } else { "HTTP" };
     span.rename(match route {
-        Some(route) => format!("{display} {route}"),
+        Some(route) => {
+            let mut name = String::with_capacity(display.len() + 1 + route.len());
+            name.push_str(display);
+            name.push(' ');
+            name.push_str(route);
+            name
+        }
         None => display.to_string(),
     });
-    span.set(attr::HTTP_METHOD, name);
+    span.fixed(attr::HTTP_METHOD, name);
     if !known {
         span.set(attr::HTTP_METHOD_ORIGINAL, method.as_str());
     }
     span.set(attr::URL_PATH, uri.path());
     let connection = extensions.get::<Connection>();
     let https = connection.map_or(uri.scheme_str() == Some("https"), |c| c.https);
-    span.set(attr::URL_SCHEME, if https { "https" } else { "http" });
+    span.fixed(attr::URL_SCHEME, if https { "https" } else { "http" });
     if let Some(route) = route {
         span.set(attr::HTTP_ROUTE, route);
     }
     let authority = headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| uri.authority().map(|a| a.as_str().to_string()));
-    if let Some(authority) = authority {
-        if let Ok(a) = authority.parse::<http::uri::Authority>() {
-            span.set(attr::SERVER_ADDRESS, a.host().trim_matches(['[', ']']));
-            let port = a.port_u16().unwrap_or(if https { 443 } else { 80 });
-            span.set(attr::SERVER_PORT, i64::from(port));
-        }
+        .or_else(|| uri.authority().map(|a| a.as_str()));
+    if let Some((host, port)) = authority.and_then(conventions::host_and_port) {
+        span.set(attr::SERVER_ADDRESS, host);
+        let port = port.unwrap_or(if https { 443 } else { 80 });
+        span.set(attr::SERVER_PORT, i64::from(port));
     }
     if let Some(c) = connection {
-        span.set(attr::CLIENT_ADDRESS, c.peer.ip().to_string());
+        span.set(attr::CLIENT_ADDRESS, conventions::ip_text(c.peer.ip()));
     }
     if let Some(agent) = headers
         .get(http::header::USER_AGENT)
@@ -410,7 +419,7 @@ pub fn http_server_request<B>(span: &mut Span, req: &http::Request<B>, route: Op
     {
         span.set(attr::USER_AGENT, agent);
     }
-    span.set(
+    span.fixed(
         attr::PROTOCOL_VERSION,
         conventions::protocol_version(version),
     );
@@ -442,7 +451,7 @@ pub struct McpRequest<'a> {
     /// `mcp.session.id`, for revisions that have sessions.
     pub session: Option<&'a str>,
     /// `network.transport`: `tcp` over HTTP, `pipe` over stdio.
-    pub transport: &'a str,
+    pub transport: &'static str,
     /// The request's `params._meta`: its `traceparent` (with `tracestate`) is continued,
     /// ahead of the HTTP header's.
     pub meta: Option<&'a serde_json::Value>,
@@ -471,7 +480,7 @@ pub fn mcp_server_request(span: &mut Span, request: &McpRequest<'_>) {
         if let Some(tool) = request.target {
             span.set(attr::TOOL, tool);
         }
-        span.set(attr::GENAI_OPERATION, "execute_tool");
+        span.fixed(attr::GENAI_OPERATION, "execute_tool");
     }
     match request.id {
         Some(serde_json::Value::String(s)) => span.set(attr::JSONRPC_ID, s.as_str()),
@@ -484,7 +493,7 @@ pub fn mcp_server_request(span: &mut Span, request: &McpRequest<'_>) {
     if let Some(session) = request.session {
         span.set(attr::MCP_SESSION, session);
     }
-    span.set(attr::NETWORK_TRANSPORT, request.transport);
+    span.fixed(attr::NETWORK_TRANSPORT, request.transport);
 }
 
 #[cfg(test)]

@@ -268,7 +268,7 @@ impl Drop for Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oncely_tower::trace::{AttributeValue, SpanData, SpanSink, Tracer};
+    use oncely_tower::trace::{SpanData, SpanSink, Tracer};
     use std::sync::{Arc, Mutex};
 
     #[derive(Default)]
@@ -309,9 +309,9 @@ mod tests {
             .attributes
             .iter()
             .find(|(k, _)| *k == attr::ERROR_TYPE)
-            .map(|(_, v)| match v {
-                AttributeValue::Str(s) => s.clone(),
-                AttributeValue::Int(i) => i.to_string(),
+            .map(|(_, v)| match v.text() {
+                Some(s) => s.to_string(),
+                None => format!("{v:?}"),
             });
         (passed, error)
     }

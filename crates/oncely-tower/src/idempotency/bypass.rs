@@ -19,7 +19,7 @@ impl BypassLog {
     pub(crate) fn finish(self, upstream_status: u16) {
         if let Some(mut span) = self.span {
             use crate::trace::attr;
-            span.set(attr::DECISION, "bypassed");
+            span.fixed(attr::DECISION, "bypassed");
             if let Some(principal) = &self.principal {
                 span.set(attr::PRINCIPAL, principal.as_str());
             }

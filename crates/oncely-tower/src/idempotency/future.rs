@@ -157,7 +157,7 @@ where
                 }
                 if let Some(mut span) = server {
                     if *fresh {
-                        span.set(crate::trace::attr::DECISION, "fresh");
+                        span.fixed(crate::trace::attr::DECISION, "fresh");
                     }
                     crate::trace::http_server_response(&mut span, res.status().as_u16(), None);
                     span.end();

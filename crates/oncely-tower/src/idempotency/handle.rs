@@ -113,7 +113,7 @@ where
         } else {
             "fingerprint"
         };
-        span.set(attr::KEY_SOURCE, source);
+        span.fixed(attr::KEY_SOURCE, source);
     }
     // Hop-by-hop headers go now, before the downstream key is set: a caller's
     // `Connection: idempotency-key` must not remove the key the upstream gets.
@@ -204,7 +204,7 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     let Some(mut span) = log.span.take() else {
         return;
     };
-    span.set(attr::DECISION, log.status);
+    span.fixed(attr::DECISION, log.status);
     if let Some(record) = &log.record {
         span.set(attr::RECORD, record.as_str());
     }

@@ -96,19 +96,14 @@ where
                 .with_span(span)
                 .in_dialect(errors);
         }
-        let mut facts = RequestFacts::read(
-            &self.guard,
-            &policy.name,
-            &RequestHead::of(&req),
-            &*policy.principal,
-        );
+        let mut facts = RequestFacts::read(&self.guard, &RequestHead::of(&req), &*policy.principal);
         if let Some(span) = &mut facts.span {
             crate::trace::http_server_request(
                 span,
                 &req,
                 Some(crate::trace::route_path(&policy.name)),
             );
-            span.set(crate::trace::attr::CLASS, policy.class.as_str());
+            span.fixed(crate::trace::attr::CLASS, policy.class.as_str());
         }
         match super::handle::Decision::of(&policy, &facts, &req) {
             super::handle::Decision::Bypass { principal } => {
@@ -160,7 +155,7 @@ fn unguarded_span<B>(
         policy.map(|p| crate::trace::route_path(&p.name)),
     );
     if let Some(p) = policy {
-        span.set(crate::trace::attr::CLASS, p.class.as_str());
+        span.fixed(crate::trace::attr::CLASS, p.class.as_str());
     }
     let method = req.method().clone();
     let client = span.as_parent().upstream_call(req.headers_mut(), &method);

@@ -65,12 +65,35 @@ pub const HTTP_STATUS: &str = "http.response.status_code";
 pub const HTTP_ROUTE: &str = "http.route";
 
 /// An attribute's value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Eq)]
 pub enum AttributeValue {
     /// Text.
     Str(String),
+    /// Text that is the program's own (`"fresh"`, `"https"`): kept without a copy.
+    Fixed(&'static str),
     /// A whole number.
     Int(i64),
+}
+
+impl AttributeValue {
+    /// The text, for a text value.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            AttributeValue::Str(s) => Some(s),
+            AttributeValue::Fixed(s) => Some(s),
+            AttributeValue::Int(_) => None,
+        }
+    }
+}
+
+/// Text equals text whether kept or fixed.
+impl PartialEq for AttributeValue {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (AttributeValue::Int(a), AttributeValue::Int(b)) => a == b,
+            (a, b) => a.text().is_some() && a.text() == b.text(),
+        }
+    }
 }
 
 impl From<&str> for AttributeValue {

@@ -24,18 +24,70 @@ pub struct Connection {
 }
 
 /// The method as the conventions name it: one HTTP defines, else `_OTHER` (`false`).
-pub(super) fn method_name(method: &Method) -> (&str, bool) {
-    match *method {
-        Method::GET
-        | Method::HEAD
-        | Method::POST
-        | Method::PUT
-        | Method::DELETE
-        | Method::CONNECT
-        | Method::OPTIONS
-        | Method::TRACE
-        | Method::PATCH => (method.as_str(), true),
-        _ => ("_OTHER", false),
+pub(super) fn method_name(method: &Method) -> (&'static str, bool) {
+    let name = match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => return ("_OTHER", false),
+    };
+    (name, true)
+}
+
+/// The host (without an IPv6 literal's brackets) and port of a `Host` value or an
+/// authority (`example.com:8443`, `[::1]:80`, `example.com`); `None` for one that is
+/// not a host with an optional numeric port.
+pub(super) fn host_and_port(authority: &str) -> Option<(&str, Option<u16>)> {
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (host, rest) = v6.split_once(']')?;
+            match rest {
+                "" => (host, None),
+                _ => (host, Some(rest.strip_prefix(':')?)),
+            }
+        }
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let valid = |b: u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:".contains(&b);
+    if host.is_empty() || !host.bytes().all(valid) {
+        return None;
+    }
+    match port {
+        None => Some((host, None)),
+        Some(p) => Some((host, Some(p.parse().ok()?))),
+    }
+}
+
+/// An IP address as text (IPv4 written directly: the standard formatter is slow).
+pub(super) fn ip_text(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let mut out = String::with_capacity(15);
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push((b'0' + octet / 100) as char);
+                }
+                if octet >= 10 {
+                    out.push((b'0' + octet / 10 % 10) as char);
+                }
+                out.push((b'0' + octet % 10) as char);
+            }
+            out
+        }
+        v6 => v6.to_string(),
     }
 }
 
@@ -206,6 +258,36 @@ mod tests {
         assert!(got.contains(&(attr::SERVER_PORT, AttributeValue::Int(443))));
         a.target(&"/relative".parse().unwrap());
         assert!(a.take().0.is_empty());
+    }
+
+    #[test]
+    fn hosts_ports_and_addresses_are_read_as_the_uri_grammar_says() {
+        assert_eq!(
+            host_and_port("api.example:8443"),
+            Some(("api.example", Some(8443)))
+        );
+        assert_eq!(host_and_port("api.example"), Some(("api.example", None)));
+        assert_eq!(host_and_port("[::1]:80"), Some(("::1", Some(80))));
+        assert_eq!(host_and_port("[2001:db8::1]"), Some(("2001:db8::1", None)));
+        assert_eq!(
+            host_and_port("u:p@h.example:1"),
+            Some(("h.example", Some(1)))
+        );
+        for bad in [
+            "", ":80", "h:port", "h:99999", "[::1", "[::1]x", "a b", "h/x",
+        ] {
+            assert_eq!(host_and_port(bad), None, "{bad:?}");
+        }
+        for ip in [
+            "127.0.0.1",
+            "10.20.30.40",
+            "0.0.0.0",
+            "255.255.255.255",
+            "1.100.9.10",
+        ] {
+            assert_eq!(ip_text(ip.parse().unwrap()), ip);
+        }
+        assert_eq!(ip_text("::1".parse().unwrap()), "::1");
     }
 
     #[test]

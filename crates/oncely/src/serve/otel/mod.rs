@@ -296,6 +296,7 @@ fn sdk_span(s: SpanData, scope: &InstrumentationScope) -> opentelemetry_sdk::tra
             .into_iter()
             .map(|(k, v)| match v {
                 AttributeValue::Str(text) => KeyValue::new(k, text),
+                AttributeValue::Fixed(text) => KeyValue::new(k, text),
                 AttributeValue::Int(i) => KeyValue::new(k, i),
             })
             .collect(),
