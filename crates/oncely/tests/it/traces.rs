@@ -632,23 +632,33 @@ fn mcp_server(seen: Seen) -> axum::Router {
 /// A gateway with one MCP endpoint (the server of [`mcp_server`]) on SQLite, exporting
 /// its spans to a fresh collector.
 async fn mcp_gateway() -> (Collector, Seen, Gateway, tempfile::TempDir) {
+    let seen = Seen::default();
+    let (collector, gw, dir) = mcp_gateway_of(mcp_server(seen.clone()), "").await;
+    (collector, seen, gw, dir)
+}
+
+/// A gateway with one MCP endpoint at `/mcp` in front of `server`, the endpoint's table
+/// ending with `extra`, exporting its spans to a fresh collector.
+async fn mcp_gateway_of(
+    server: axum::Router,
+    extra: &str,
+) -> (Collector, Gateway, tempfile::TempDir) {
     let collector = Collector::new();
     let otlp = collector.addr();
-    let seen = Seen::default();
-    let up = upstream(mcp_server(seen.clone())).await;
+    let up = upstream(server).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("oncely.toml");
     std::fs::write(
         &cfg,
         format!(
-            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{tracing}",
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{extra}\n{tracing}",
             db = dir.path().join("ledger.db").display(),
             tracing = tracing_section(otlp, ""),
         ),
     )
     .unwrap();
     let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
-    (collector, seen, gw, dir)
+    (collector, gw, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1266,22 +1276,9 @@ fn every_method_server(seen: Seen) -> axum::Router {
 /// unchanged, and the server gets a `traceparent` naming the message's client span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mcp_message_is_a_server_span_ended_with_its_answer() {
-    let collector = Collector::new();
-    let otlp = collector.addr();
     let seen = Seen::default();
-    let up = upstream(every_method_server(seen.clone())).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("oncely.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\ntools = [\"render\"]\n{tracing}",
-            db = dir.path().join("ledger.db").display(),
-            tracing = tracing_section(otlp, ""),
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let (collector, gw, _dir) =
+        mcp_gateway_of(every_method_server(seen.clone()), "tools = [\"render\"]").await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let headers = [
         ALICE,
