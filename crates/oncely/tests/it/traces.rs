@@ -644,21 +644,28 @@ async fn mcp_gateway_of(
     extra: &str,
 ) -> (Collector, Gateway, tempfile::TempDir) {
     let collector = Collector::new();
-    let otlp = collector.addr();
     let up = upstream(server).await;
+    let config = format!("[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{extra}");
+    let (gw, dir) = gateway_of(&config, &collector);
+    (collector, gw, dir)
+}
+
+/// `oncely serve` of a config file holding `config`, on a fresh SQLite ledger, exporting
+/// its spans to `collector`.
+fn gateway_of(config: &str, collector: &Collector) -> (Gateway, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("oncely.toml");
     std::fs::write(
         &cfg,
         format!(
-            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"http://{up}/mcp\"\n{extra}\n{tracing}",
+            "store = \"sqlite://{db}\"\n{config}\n{tracing}",
             db = dir.path().join("ledger.db").display(),
-            tracing = tracing_section(otlp, ""),
+            tracing = tracing_section(collector.addr(), ""),
         ),
     )
     .unwrap();
     let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
-    (collector, gw, dir)
+    (gw, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1414,7 +1421,6 @@ async fn every_mcp_message_is_a_server_span_ended_with_its_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_resend_of_a_route_is_a_client_span_with_its_resend_count() {
     let collector = Collector::new();
-    let otlp = collector.addr();
     let hits: Arc<Mutex<Vec<String>>> = Arc::default();
     let up = upstream(
         axum::Router::new()
@@ -1439,18 +1445,10 @@ async fn each_resend_of_a_route_is_a_client_span_with_its_resend_count() {
             .with_state(hits.clone()),
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("oncely.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store = \"sqlite://{db}\"\nupstream = \"http://{up}\"\n[[routes]]\nmethod = \"GET\"\npath = \"/v1/flaky\"\nclass = \"read\"\nretries = 2\nretry_backoff = \"10ms\"\n{tracing}",
-            db = dir.path().join("ledger.db").display(),
-            tracing = tracing_section(otlp, ""),
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let (gw, _dir) = gateway_of(
+        &format!("upstream = \"http://{up}\"\n[[routes]]\nmethod = \"GET\"\npath = \"/v1/flaky\"\nclass = \"read\"\nretries = 2\nretry_backoff = \"10ms\""),
+        &collector,
+    );
     let a = get(&gw.url("/v1/flaky"), &[]).await;
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.text(), "attempt 3");
