@@ -53,7 +53,7 @@ use tower::ServiceExt;
 use crate::config::{Config, Overrides};
 use crate::outcome::{Failure, Outcome};
 use args::ServeArgs;
-use proxy::{upstream_client, ClientInfo};
+use proxy::{upstream_client, Connection};
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
@@ -245,7 +245,7 @@ pub async fn run_reloading(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let info = ClientInfo {
+        let info = Connection {
             peer: addr,
             https: tls.is_some(),
         };

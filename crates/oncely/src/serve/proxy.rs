@@ -51,14 +51,14 @@ pub struct Target {
 
 /// Who the client is, put on each request by the connection that received it (read by
 /// the forwarding headers and the spans alike).
-pub use oncely_tower::trace::Connection as ClientInfo;
+pub use oncely_tower::trace::Connection;
 
 /// Removes hop-by-hop headers (the one policy, in `oncely_http::headers`).
 pub use oncely_http::headers::strip_hop_by_hop;
 
 /// Adds `X-Forwarded-For` (appended to any the client sent), `X-Forwarded-Proto`,
 /// `X-Forwarded-Host` and `Forwarded` (RFC 7239, appended).
-pub fn add_forwarding(headers: &mut HeaderMap, client: &ClientInfo, host: Option<&HeaderValue>) {
+pub fn add_forwarding(headers: &mut HeaderMap, client: &Connection, host: Option<&HeaderValue>) {
     let ip = client.peer.ip();
     let proto = if client.https { "https" } else { "http" };
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
@@ -167,7 +167,7 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             // No hop-by-hop header, no Host (the client sets it from the upstream's
             // authority), then the forwarding headers.
             oncely_http::headers::forwardable_request(&mut parts.headers);
-            if let Some(info) = parts.extensions.get::<ClientInfo>().copied() {
+            if let Some(info) = parts.extensions.get::<Connection>().copied() {
                 add_forwarding(&mut parts.headers, &info, host.as_ref());
             }
             parts.uri = upstream_uri(&upstream, &parts.uri)
@@ -258,7 +258,7 @@ mod tests {
     fn forwarding_headers_are_added_and_appended() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        let info = ClientInfo {
+        let info = Connection {
             peer: "127.0.0.1:5555".parse().unwrap(),
             https: true,
         };
@@ -275,7 +275,7 @@ mod tests {
             "for=127.0.0.1;proto=https;host=api.example:8080"
         );
         let mut h = HeaderMap::new();
-        let v6 = ClientInfo {
+        let v6 = Connection {
             peer: "[::1]:1".parse().unwrap(),
             https: false,
         };
