@@ -78,7 +78,7 @@ impl<S: Server> Core<S> {
             }
             let bytes = if dropped { rest_bytes } else { bytes };
             let parent = rest_spans.first().map(MessageSpan::parent);
-            let reply = self.forward(bytes, &context, edits, parent).await;
+            let reply = self.forward(bytes, &context, None, edits, parent).await;
             return message_span::finish(rest_spans, reply);
         }
         let expects_answer = rest.iter().any(|m| jsonrpc::as_request(m).is_some());
@@ -87,7 +87,9 @@ impl<S: Server> Core<S> {
                 return Vec::new();
             }
             let parent = rest_spans.first().map(MessageSpan::parent);
-            let reply = self.forward(rest_bytes, &context, edits, parent).await;
+            let reply = self
+                .forward(rest_bytes, &context, None, edits, parent)
+                .await;
             let reply = message_span::finish(rest_spans, reply);
             let ids: Vec<Value> = rest
                 .iter()

@@ -174,36 +174,26 @@ impl<S: Server> Core<S> {
         let message = match jsonrpc::parse(&bytes) {
             Some(message @ Value::Object(_)) => message,
             Some(Value::Array(items)) => return self.clone().batch(bytes, items, context).await,
-            _ => return self.forward(bytes, &context, Vec::new(), None).await,
+            _ => return self.forward(bytes, &context, None, Vec::new(), None).await,
         };
         let mut span = MessageSpan::start(self, &context, &message);
-        if let Some(call) = self.guarded_call(&context, &message, &bytes, &mut span) {
+        let text = std::str::from_utf8(&bytes).unwrap_or_default();
+        // A `tools/call` that cannot be read as one call to guard is refused, so that no
+        // spelling of a call passes unguarded.
+        if let Some(refusal) = unreadable_call(&message, text) {
+            return message_span::finish(span.into_iter().collect(), Reply::Refused(refusal));
+        }
+        let call = jsonrpc::as_request(&message)
+            .filter(|r| r.method == "tools/call")
+            .and_then(|_| read_call(self, &context, &message, text, &mut span));
+        if let Some(call) = call {
             return self.clone().guard(bytes, call, &context).await;
         }
         let reply = self.message(bytes, &message, &context, span.as_ref()).await;
         message_span::finish(span.into_iter().collect(), reply)
     }
 
-    /// The guarded call `message` is, when it is one (it takes the message's span).
-    fn guarded_call(
-        &self,
-        context: &Context<S::Origin>,
-        message: &Value,
-        bytes: &[u8],
-        span: &mut Option<MessageSpan>,
-    ) -> Option<call::Call> {
-        let request = jsonrpc::as_request(message)?;
-        if request.method != "tools/call" {
-            return None;
-        }
-        let text = std::str::from_utf8(bytes).unwrap_or_default();
-        if unreadable_call(message, text).is_some() {
-            return None;
-        }
-        read_call(self, context, message, text, span)
-    }
-
-    /// Answers one message that is not a guarded call.
+    /// Answers one message that is not a guarded call (nor one refused as unreadable).
     async fn message(
         self: &Arc<Self>,
         bytes: Bytes,
@@ -221,12 +211,9 @@ impl<S: Server> Core<S> {
                 return Reply::Accepted;
             }
         }
-        let text = std::str::from_utf8(&bytes).unwrap_or_default();
-        if let Some(refusal) = unreadable_call(message, text) {
-            return Reply::Refused(refusal);
-        }
         let mut edits = Vec::new();
-        if let Some(request) = jsonrpc::as_request(message) {
+        let request = jsonrpc::as_request(message);
+        if let Some(request) = &request {
             match request.method {
                 "tools/list" => edits.push((request.id.clone(), AnswerEdit::ToolsList)),
                 "server/discover" => edits.push((request.id.clone(), AnswerEdit::Discover)),
@@ -236,24 +223,22 @@ impl<S: Server> Core<S> {
                 _ => {}
             }
         }
-        self.forward(bytes, context, edits, span.map(MessageSpan::parent))
+        let id = request.map(|r| r.id);
+        self.forward(bytes, context, id, edits, span.map(MessageSpan::parent))
             .await
     }
 
     /// Sends the message on unchanged; the answers to the requests `edits` names are
-    /// edited on the way (see [`AnswerEdit`]). `span` is the span its upstream call is a
-    /// child of.
+    /// edited on the way (see [`AnswerEdit`]). `id` is the request's (a failure answers
+    /// it), `span` the span its upstream call is a child of.
     pub(crate) async fn forward(
         self: &Arc<Self>,
         bytes: Bytes,
         context: &Context<S::Origin>,
+        id: Option<&Value>,
         edits: Vec<(Value, AnswerEdit)>,
         span: Option<SpanParent>,
     ) -> Reply<S::Head> {
-        let id = jsonrpc::parse(&bytes)
-            .as_ref()
-            .and_then(jsonrpc::as_request)
-            .map(|r| r.id.clone());
         let sent = self.server.send(Outgoing {
             bytes,
             origin: &context.origin,
@@ -274,7 +259,7 @@ impl<S: Server> Core<S> {
             Err(e) => {
                 tracing::warn!(route = %self.config.path, error = %e, "upstream unreachable");
                 Reply::failed(
-                    id.as_ref(),
+                    id,
                     ProblemCode::UpstreamUnreachable,
                     "the MCP server could not be reached",
                 )
@@ -294,7 +279,7 @@ impl<S: Server> Core<S> {
     ) -> Reply<S::Head> {
         let parent = span.map(MessageSpan::parent);
         let Some(request) = jsonrpc::as_request(message) else {
-            return self.forward(bytes, context, Vec::new(), parent).await;
+            return self.forward(bytes, context, None, Vec::new(), parent).await;
         };
         let principal = || context.caller.facts(&self.guard, &self.config).principal;
         match task_requests::answer(self, &request, principal).await {
@@ -318,7 +303,10 @@ impl<S: Server> Core<S> {
         id: Value,
         span: Option<SpanParent>,
     ) -> Reply<S::Head> {
-        let answer = match self.forward(bytes, context, Vec::new(), span).await {
+        let answer = match self
+            .forward(bytes, context, Some(&id), Vec::new(), span)
+            .await
+        {
             Reply::Server { answer, .. } => answer,
             other => return other,
         };
