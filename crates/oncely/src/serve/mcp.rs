@@ -8,11 +8,9 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use http::{Request, Response};
-use hyper::body::Incoming;
 use oncely_mcp::principal::JwtVerifier;
 use oncely_mcp::{CallSettings, JwtKey, McpConfig, McpEndpoint, McpPrincipal, McpUpstream};
-use oncely_tower::{BoxBody, Guard};
+use oncely_tower::Guard;
 
 use super::proxy::{Proxy, Target, UpstreamClient};
 use super::retry::RetryPolicy;
@@ -100,17 +98,6 @@ impl McpEndpoints {
     /// The endpoint serving `path`, if any.
     pub fn find(&self, path: &str) -> Option<&McpEndpoint> {
         self.endpoints.iter().find(|e| e.path() == path)
-    }
-
-    /// Answers `req` when its path is an MCP endpoint's; hands it back otherwise.
-    pub async fn answer(
-        &self,
-        req: Request<Incoming>,
-    ) -> Result<Response<BoxBody>, Request<Incoming>> {
-        match self.find(req.uri().path()) {
-            Some(endpoint) => Ok(endpoint.handle(req).await),
-            None => Err(req),
-        }
     }
 }
 

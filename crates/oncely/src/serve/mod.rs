@@ -272,20 +272,15 @@ pub async fn run_reloading(
                 // futures of the MCP and webhook endpoints are large, and a route's
                 // request must not carry (and move) them.
                 let path = req.uri().path();
-                let endpoint = snapshot.mcp.find(path).is_some() || snapshot.hooks.serves(path);
-                let answer = if endpoint {
-                    let answered = Box::pin(async {
-                        match snapshot.mcp.answer(req).await {
-                            Ok(resp) => Ok(resp),
-                            Err(req) => snapshot.hooks.answer(req).await,
-                        }
-                    });
-                    match answered.await {
+                let mcp = snapshot.mcp.find(path);
+                let endpoint = mcp.is_some() || snapshot.hooks.serves(path);
+                let answer = match mcp {
+                    Some(mcp) => Ok(Box::pin(mcp.handle(req)).await),
+                    None if endpoint => match Box::pin(snapshot.hooks.answer(req)).await {
                         Ok(resp) => Ok(resp),
                         Err(req) => snapshot.service.clone().oneshot(req).await,
-                    }
-                } else {
-                    snapshot.service.clone().oneshot(req).await
+                    },
+                    None => snapshot.service.clone().oneshot(req).await,
                 };
                 if let (Some((method, path)), Ok(resp)) = (&measure, &answer) {
                     let route = if endpoint {
