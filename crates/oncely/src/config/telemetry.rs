@@ -32,6 +32,10 @@ pub struct Export {
     pub headers: Vec<(String, String)>,
     /// Bodies gzip-compressed.
     pub gzip: bool,
+    /// The variable asking for gzip that the file's `compression = "none"` overrode
+    /// (`OTEL_EXPORTER_OTLP_COMPRESSION`): an exporter that reads it itself cannot follow
+    /// the file, and says so.
+    pub overridden_gzip: Option<String>,
     /// One export's limit.
     pub timeout: Duration,
     /// The collector's CA certificate (PEM), trusted besides the system's roots.
@@ -334,6 +338,10 @@ fn export(f: &Tracing, s: Signal, env: Env<'_>, p: &mut Vec<String>) -> Export {
         set(&mut headers, k, v.clone());
     }
 
+    let overridden_gzip = match (f.gzip, pick("COMPRESSION")) {
+        (Some(false), Some((var, v))) if v.trim() == "gzip" => Some(var),
+        _ => None,
+    };
     let gzip = match f.gzip {
         Some(g) => g,
         None => match pick("COMPRESSION") {
@@ -378,6 +386,7 @@ fn export(f: &Tracing, s: Signal, env: Env<'_>, p: &mut Vec<String>) -> Export {
         endpoint,
         headers,
         gzip,
+        overridden_gzip,
         timeout,
         certificate,
         client_identity,

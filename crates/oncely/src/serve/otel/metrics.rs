@@ -42,10 +42,10 @@ impl MetricsExport {
         let builder = opentelemetry_otlp::MetricExporter::builder();
         let exporter = match export.protocol {
             Protocol::Grpc => {
-                super::transport::grpc_builder(builder.with_tonic(), export, "METRICS")?.build()
+                super::transport::grpc_builder(builder.with_tonic(), export, "metrics")?.build()
             }
             Protocol::HttpProtobuf | Protocol::HttpJson => {
-                super::transport::http_builder(builder.with_http(), export, "METRICS")?.build()
+                super::transport::http_builder(builder.with_http(), export, "metrics")?.build()
             }
         }
         .context("the OTLP metric exporter")?;

@@ -336,9 +336,9 @@ fn span_exporter(export: &Export) -> anyhow::Result<Exporters> {
         Protocol::HttpProtobuf => {
             return Ok(Exporters::Protobuf(Box::new(ProtobufSpans::new(export)?)))
         }
-        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export, "TRACES")?.build(),
+        Protocol::Grpc => transport::grpc_builder(builder.with_tonic(), export, "traces")?.build(),
         Protocol::HttpJson => {
-            transport::http_builder(builder.with_http(), export, "TRACES")?.build()
+            transport::http_builder(builder.with_http(), export, "traces")?.build()
         }
     };
     Ok(Exporters::Crate(Box::new(

@@ -158,24 +158,16 @@ pub(super) fn http_builder<B: WithExportConfig + WithHttpConfig>(
     Ok(b)
 }
 
-/// Says so when the file turned compression off (`compression = "none"`) and a variable
-/// turns it on: the crate's exporters (gRPC, HTTP/JSON, and every metrics export) read
-/// `OTEL_EXPORTER_OTLP_[SIGNAL_]COMPRESSION` themselves and cannot be told "none", so
-/// theirs stays gzip. (The OTLP/HTTP protobuf span exporter is oncely's and does as the
-/// file says.) `signal` is `TRACES` or `METRICS`.
+/// Says so when the file turned compression off (`compression = "none"`) over a variable
+/// that turns it on: the crate's exporters (gRPC, HTTP/JSON, and every metrics export)
+/// read `OTEL_EXPORTER_OTLP_[SIGNAL_]COMPRESSION` themselves and cannot be told "none",
+/// so theirs stays gzip. (The OTLP/HTTP protobuf span exporter is oncely's and does as
+/// the file says.)
 fn warn_of_env_gzip(export: &Export, signal: &str) {
-    if export.gzip {
-        return;
-    }
-    let gzips = |var: &str| std::env::var(var).is_ok_and(|v| v.trim() == "gzip");
-    let own = format!("OTEL_EXPORTER_OTLP_{signal}_COMPRESSION");
-    let var = [own.as_str(), "OTEL_EXPORTER_OTLP_COMPRESSION"]
-        .into_iter()
-        .find(|v| gzips(v));
-    if let Some(var) = var {
+    if let Some(var) = &export.overridden_gzip {
         tracing::warn!(
-            variable = var,
-            signal = %signal.to_ascii_lowercase(),
+            variable = %var,
+            signal = %signal,
             "the file's compression = \"none\" cannot override {var}=gzip for this \
              exporter (the OpenTelemetry crate reads it itself): its exports stay gzip"
         );
