@@ -26,6 +26,11 @@ use opentelemetry_sdk::Resource;
 use super::transport::ExportClient;
 use crate::config::telemetry::Export;
 
+/// The pause before the first resend of a batch the collector could not take yet, doubled
+/// each time up to [`MAX_PAUSE`] (a `Retry-After` wins), within the export's timeout.
+const FIRST_RESEND: Duration = Duration::from_millis(100);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
 /// The span exporter of OTLP/HTTP protobuf.
 #[derive(Debug)]
 pub(super) struct ProtobufSpans {
@@ -70,7 +75,7 @@ impl SpanExporter for ProtobufSpans {
         }
         let body = Bytes::from(body);
         let started = Instant::now();
-        let mut delay = Duration::from_millis(100);
+        let mut resends = 0;
         loop {
             let answer = self.client.send_bytes(self.request(&body)).await;
             let why = match answer {
@@ -84,10 +89,12 @@ impl SpanExporter for ProtobufSpans {
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
                     let left = self.timeout.saturating_sub(started.elapsed());
-                    let wait = retry_after.unwrap_or(delay);
+                    let wait = retry_after.unwrap_or_else(|| {
+                        oncely_core::backoff::exponential(FIRST_RESEND, resends, MAX_PAUSE)
+                    });
                     if matches!(status, 429 | 502 | 503 | 504) && wait < left {
                         tokio::time::sleep(wait).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        resends += 1;
                         continue;
                     }
                     format!("the collector answered {status}")
@@ -453,6 +460,80 @@ mod tests {
         };
         assert_eq!(got, want);
         assert_eq!(got.resource_spans[0].scope_spans.len(), 2);
+    }
+
+    /// A collector on 127.0.0.1 that answers the first `busy` exports with `status` (and
+    /// `Retry-After: 0`), then 200; it counts the exports and keeps the last body.
+    async fn collector(
+        busy: usize,
+        status: u16,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let kept = kept.clone();
+                async move {
+                    let n = {
+                        let mut kept = kept.lock().unwrap();
+                        kept.push(body.to_vec());
+                        kept.len()
+                    };
+                    let code = if n <= busy { status } else { 200 };
+                    (
+                        http::StatusCode::from_u16(code).unwrap(),
+                        [(http::header::RETRY_AFTER, "0")],
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}/v1/traces"), seen)
+    }
+
+    fn exporter(endpoint: String) -> ProtobufSpans {
+        ProtobufSpans::new(&Export {
+            protocol: crate::config::tracing::Protocol::HttpProtobuf,
+            endpoint,
+            headers: Vec::new(),
+            gzip: false,
+            overridden_gzip: None,
+            timeout: Duration::from_secs(5),
+            certificate: None,
+            client_identity: None,
+        })
+        .unwrap()
+    }
+
+    /// A collector that is busy (429, 503) gets the batch again, the same bytes; one that
+    /// refuses it (400) does not, and the export fails (the spans are counted dropped).
+    #[tokio::test]
+    async fn a_busy_collector_gets_the_batch_again_and_a_refusing_one_does_not() {
+        let scope = InstrumentationScope::builder("oncely").build();
+        for status in [429, 503] {
+            let (url, seen) = collector(2, status).await;
+            let result = exporter(url)
+                .export(vec![span("x", false, Status::Unset, &scope)])
+                .await;
+            assert!(result.is_ok(), "{status}: {result:?}");
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 3, "{status}: two resends");
+            assert!(
+                seen.iter().all(|b| b == &seen[0]),
+                "the same batch each time"
+            );
+            let decoded = ExportTraceServiceRequest::decode(&seen[0][..]).unwrap();
+            assert_eq!(decoded.resource_spans[0].scope_spans[0].spans[0].name, "x");
+        }
+        let (url, seen) = collector(1, 400).await;
+        let result = exporter(url)
+            .export(vec![span("x", false, Status::Unset, &scope)])
+            .await;
+        assert!(result.is_err());
+        assert_eq!(seen.lock().unwrap().len(), 1, "a refusal is not sent again");
     }
 
     #[test]
