@@ -45,23 +45,25 @@ want = dict(p.split("==") for p in sys.argv[1:])
 have = {n: version(n) for n in want}
 sys.exit(0 if have == want else 1)
 '
-if ! "$sdk_venv/bin/python" -c "$sdk_check" "${sdk_pins[@]}" 2>/dev/null; then
-    mkdir -p "$target"
-    [ -x "$sdk_venv/bin/python" ] || "$py" -m venv "$sdk_venv"
-    "$sdk_venv/bin/pip" install --quiet --disable-pip-version-check "${sdk_pins[@]}"
-fi
-"$sdk_venv/bin/python" -c "$sdk_check" "${sdk_pins[@]}"
+# pinned_venv DIR PIN...: a venv at DIR holding exactly these versions (made, or its
+# packages installed, only when it does not).
+pinned_venv() {
+    local dir=$1
+    shift
+    if ! "$dir/bin/python" -c "$sdk_check" "$@" 2>/dev/null; then
+        mkdir -p "$target"
+        [ -x "$dir/bin/python" ] || "$py" -m venv "$dir"
+        "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+    fi
+    "$dir/bin/python" -c "$sdk_check" "$@"
+}
+pinned_venv "$sdk_venv" "${sdk_pins[@]}"
 echo "oncely SDK test deps ready: $sdk_venv (${sdk_pins[*]})"
 
 # The telemetry tests' OTLP receiver: exactly these versions.
 otlp_venv="$target/otlp-venv"
 otlp_pins=(opentelemetry-proto==1.45.2 grpcio==1.85.3 protobuf==7.36.2)
-if ! "$otlp_venv/bin/python" -c "$sdk_check" "${otlp_pins[@]}" 2>/dev/null; then
-    mkdir -p "$target"
-    [ -x "$otlp_venv/bin/python" ] || "$py" -m venv "$otlp_venv"
-    "$otlp_venv/bin/pip" install --quiet --disable-pip-version-check "${otlp_pins[@]}"
-fi
-"$otlp_venv/bin/python" -c "$sdk_check" "${otlp_pins[@]}"
+pinned_venv "$otlp_venv" "${otlp_pins[@]}"
 echo "oncely OTLP receiver deps ready: $otlp_venv (${otlp_pins[*]})"
 
 node_dir="$here/sdk/node"
