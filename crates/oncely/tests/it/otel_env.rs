@@ -434,3 +434,68 @@ async fn the_file_s_compression_none_wins_over_the_variable_and_what_cannot_foll
         "{lines}"
     );
 }
+
+/// `oncely_trace_spans_dropped_total{reason=...}` from `/metrics` text.
+fn dropped_count(text: &str, reason: &str) -> f64 {
+    let line = format!("oncely_trace_spans_dropped_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find(|l| l.starts_with(&line))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A collector that answers OTLP/HTTP protobuf exports with 503 (busy): each batch is sent
+/// again with backoff within the export timeout, then dropped and counted, and the
+/// exporter goes on with the next batch (its pauses run where a timer exists: the batch
+/// processor's own thread has none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_http_collector_gets_each_batch_again_then_it_is_dropped_and_export_goes_on() {
+    let (up, _) = render().await;
+    let rx = Receiver::start(Mode::Refuse);
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = rx.http_url();
+    let gw = gateway(
+        up,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+    );
+    let traces = |rx: &Receiver| rx.exports().iter().filter(|e| e.signal == "traces").count();
+    let mut dropped = 0.0;
+    for round in 1..=2 {
+        call(&gw, &format!("{{\"round\":{round}}}"), None).await;
+        let start = Instant::now();
+        loop {
+            let text = get(&gw.admin_url("/metrics"), &[]).await.text();
+            let now = dropped_count(&text, "export_failed");
+            if now > dropped {
+                dropped = now;
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "round {round}: the refused batch was never counted dropped \
+                 ({} exports seen):\n{text}",
+                traces(&rx)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            exported_count(&get(&gw.admin_url("/metrics"), &[]).await.text()),
+            0.0
+        );
+    }
+    // Both batches were sent more than once (resends), and the second came at all.
+    assert!(traces(&rx) >= 4, "{} trace exports", traces(&rx));
+    let names: std::collections::HashSet<Vec<u8>> = rx
+        .exports()
+        .iter()
+        .filter(|e| e.signal == "traces")
+        .map(|e| e.raw.clone())
+        .collect();
+    assert_eq!(names.len(), 2, "two batches, each sent again unchanged");
+}

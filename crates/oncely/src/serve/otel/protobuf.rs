@@ -93,7 +93,7 @@ impl SpanExporter for ProtobufSpans {
                         oncely_core::backoff::exponential(FIRST_RESEND, resends, MAX_PAUSE)
                     });
                     if matches!(status, 429 | 502 | 503 | 504) && wait < left {
-                        tokio::time::sleep(wait).await;
+                        self.client.pause(wait).await;
                         resends += 1;
                         continue;
                     }
@@ -508,16 +508,24 @@ mod tests {
         .unwrap()
     }
 
+    /// Exports `batch` as the batch processor does: on a thread of its own, outside the
+    /// runtime (no timer, no reactor).
+    fn export_off_runtime(exporter: ProtobufSpans, batch: Vec<SpanData>) -> OTelSdkResult {
+        std::thread::spawn(move || futures::executor::block_on(exporter.export(batch)))
+            .join()
+            .expect("the export does not panic")
+    }
+
     /// A collector that is busy (429, 503) gets the batch again, the same bytes; one that
     /// refuses it (400) does not, and the export fails (the spans are counted dropped).
-    #[tokio::test]
+    /// Exported from outside the runtime, as the batch processor's thread does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_busy_collector_gets_the_batch_again_and_a_refusing_one_does_not() {
         let scope = InstrumentationScope::builder("oncely").build();
+        let batch = || vec![span("x", false, Status::Unset, &scope)];
         for status in [429, 503] {
             let (url, seen) = collector(2, status).await;
-            let result = exporter(url)
-                .export(vec![span("x", false, Status::Unset, &scope)])
-                .await;
+            let result = export_off_runtime(exporter(url), batch());
             assert!(result.is_ok(), "{status}: {result:?}");
             let seen = seen.lock().unwrap();
             assert_eq!(seen.len(), 3, "{status}: two resends");
@@ -529,10 +537,7 @@ mod tests {
             assert_eq!(decoded.resource_spans[0].scope_spans[0].spans[0].name, "x");
         }
         let (url, seen) = collector(1, 400).await;
-        let result = exporter(url)
-            .export(vec![span("x", false, Status::Unset, &scope)])
-            .await;
-        assert!(result.is_err());
+        assert!(export_off_runtime(exporter(url), batch()).is_err());
         assert_eq!(seen.lock().unwrap().len(), 1, "a refusal is not sent again");
     }
 

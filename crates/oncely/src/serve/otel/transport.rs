@@ -81,6 +81,18 @@ impl ExportClient {
     }
 }
 
+impl ExportClient {
+    /// Waits `pause` on the gateway's runtime: an export runs on the batch processor's
+    /// thread, which has no timer of its own.
+    pub(super) async fn pause(&self, pause: Duration) {
+        // The timer is made on the runtime too: making one needs its context.
+        let _ = self
+            .handle
+            .spawn(async move { tokio::time::sleep(pause).await })
+            .await;
+    }
+}
+
 /// The collector's TLS: the system's roots and `certificate`, and the client identity.
 pub(super) fn tls_config(export: &Export) -> anyhow::Result<rustls::ClientConfig> {
     let options = oncely_http::client::ClientOptions {
