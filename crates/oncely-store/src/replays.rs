@@ -20,6 +20,12 @@
 //! - at most [`Limits::max_records`] records with bodies of at most
 //!   [`Limits::max_body`] are kept; a full cache starts over.
 //!
+//! A larger record is read from the store each time, but its body is shared: while one
+//! replay of it still holds its body, a read of the same record (and attempt) gets that
+//! copy instead of keeping its own ([`ReplayCache::offer`]), so any number of callers
+//! replaying an 8 MB answer at once hold one copy of it, plus the reads in progress. The
+//! copy goes once the last of them is done with it: nothing keeps it for later.
+//!
 //! A record enters when a read of the store meets it, not when it completes: most
 //! completions are never replayed, and caching each one cost CPU on every fresh request
 //! (about 4 us on SQLite, plus a drop of the whole cache each time it filled).
@@ -33,9 +39,10 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use oncely_core::{Record, RecordId, Scope, Timestamp};
 
 /// Records with bodies larger than this are read from the store each time.
@@ -120,6 +127,9 @@ impl Entries {
 pub(crate) struct ReplayCache {
     limits: Limits,
     entries: Mutex<Entries>,
+    /// The body of each replayable record too large to keep, while a replay holds it:
+    /// by record, with the attempt it is the answer of.
+    large: Mutex<HashMap<RecordId, (u32, Weak<Bytes>)>>,
     /// Bumped by every invalidation, under the `entries` lock.
     epoch: AtomicU64,
 }
@@ -156,6 +166,7 @@ impl ReplayCache {
         ReplayCache {
             limits,
             entries: Mutex::new(Entries::default()),
+            large: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
         }
     }
@@ -198,15 +209,20 @@ impl ReplayCache {
 
     /// Keeps `record`, read at the store's time `read_at` (with the store clock's
     /// `offset` then, in ms), if it is small and replayable (a margin before its expiry)
-    /// then, and nothing was invalidated since `epoch`.
-    pub(crate) fn offer(&self, epoch: u64, record: &Record, read_at: Timestamp, offset: i64) {
+    /// then, and nothing was invalidated since `epoch`. A replayable record too large to
+    /// keep gets the copy of its body that a replay of it still holds, if any.
+    pub(crate) fn offer(&self, epoch: u64, record: &mut Record, read_at: Timestamp, offset: i64) {
         let small = record.response.as_ref().is_some_and(|r| {
             r.body
                 .as_ref()
                 .is_none_or(|b| b.len() <= self.limits.max_body)
         });
         let until = Timestamp(read_at.0.saturating_add(millis(self.limits.margin)));
-        if !small || !record.is_replayable(until) {
+        if !record.is_replayable(until) {
+            return;
+        }
+        if !small {
+            self.share_body(record);
             return;
         }
         let slot = slot(&record.scope, &record.key);
@@ -229,6 +245,45 @@ impl ReplayCache {
                 at: Instant::now(),
             },
         );
+    }
+
+    /// Gives `record`, when it is replayable at the store's time `now` and its body too
+    /// large to keep, the copy of its body a replay still holds (or makes its body that
+    /// copy). A store calls it where it reads records one at a time (SQLite's writer), so
+    /// that a batch of claims of one record holds one copy, not one each.
+    pub(crate) fn share(&self, record: &mut Record, now: Timestamp) {
+        let large = record
+            .response
+            .as_ref()
+            .and_then(|r| r.body.as_ref())
+            .is_some_and(|b| b.len() > self.limits.max_body);
+        let until = Timestamp(now.0.saturating_add(millis(self.limits.margin)));
+        if large && record.is_replayable(until) {
+            self.share_body(record);
+        }
+    }
+
+    /// Gives `record` (replayable, its body too large to keep) the copy of its body a
+    /// replay still holds, or makes its body that copy.
+    fn share_body(&self, record: &mut Record) {
+        let Some(body) = record.response.as_mut().and_then(|r| r.body.as_mut()) else {
+            return;
+        };
+        let mut large = self.large.lock().expect("replay bodies lock");
+        if let Some((attempt, held)) = large.get(&record.id) {
+            let held = held.upgrade();
+            if let Some(held) = held.filter(|h| *attempt == record.attempt && h.len() == body.len())
+            {
+                *body = Bytes::from_owner(SharedBody(held));
+                return;
+            }
+        }
+        if large.len() >= self.limits.max_records {
+            large.retain(|_, (_, held)| held.strong_count() > 0);
+        }
+        let shared = Arc::new(std::mem::take(body));
+        large.insert(record.id.clone(), (record.attempt, Arc::downgrade(&shared)));
+        *body = Bytes::from_owner(SharedBody(shared));
     }
 
     /// Forgets one record (its counters changed).
@@ -265,6 +320,15 @@ impl ReplayCache {
             "one slot per entry"
         );
         entries.by_slot.len()
+    }
+}
+
+/// A body shared by the replays that hold it (see [`ReplayCache::share_body`]).
+struct SharedBody(Arc<Bytes>);
+
+impl AsRef<[u8]> for SharedBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -321,7 +385,56 @@ mod tests {
     }
 
     fn offer(cache: &ReplayCache, r: &Record, read_at: i64) {
-        cache.offer(cache.epoch(), r, Timestamp(read_at), 0);
+        cache.offer(cache.epoch(), &mut r.clone(), Timestamp(read_at), 0);
+    }
+
+    #[test]
+    fn reads_of_a_large_record_share_one_body_while_one_is_held() {
+        let cache = cache();
+        let r = completed("big", MAX_BODY + 1, 0);
+        let body_ptr = |r: &Record| r.response.as_ref().unwrap().body.as_ref().unwrap().as_ptr();
+        let (mut a, mut b) = (r.clone(), completed("big", MAX_BODY + 1, 0));
+        let mut shared_later = completed("big", MAX_BODY + 1, 0);
+        cache.offer(cache.epoch(), &mut a, Timestamp(1), 0);
+        cache.offer(cache.epoch(), &mut b, Timestamp(1), 0);
+        assert_eq!(
+            body_ptr(&a),
+            body_ptr(&b),
+            "the second read shares the first's body"
+        );
+        assert!(
+            cache.get(&r.scope, &r.key, Now::Is(Timestamp(1))).is_none(),
+            "not kept"
+        );
+        cache.share(&mut shared_later, Timestamp(1));
+        assert_eq!(
+            body_ptr(&shared_later),
+            body_ptr(&a),
+            "share() shares as offer() does"
+        );
+        drop(shared_later);
+        let mut later = completed("big", MAX_BODY + 1, 0);
+        later.attempt += 1;
+        cache.offer(cache.epoch(), &mut later, Timestamp(1), 0);
+        assert_ne!(
+            body_ptr(&later),
+            body_ptr(&a),
+            "another attempt's answer is its own"
+        );
+        drop((a, b, later));
+        let mut c = completed("big", MAX_BODY + 1, 0);
+        let own = body_ptr(&c);
+        cache.offer(cache.epoch(), &mut c, Timestamp(1), 0);
+        assert_eq!(
+            body_ptr(&c),
+            own,
+            "nothing held it: the new read's body is the copy"
+        );
+        // An expired record shares nothing.
+        let mut old = completed("big", MAX_BODY + 1, 0);
+        let own = body_ptr(&old);
+        cache.offer(cache.epoch(), &mut old, Timestamp(60_000), 0);
+        assert_eq!(body_ptr(&old), own);
     }
 
     #[test]
@@ -374,7 +487,7 @@ mod tests {
         let r = completed("a", 10, 0);
         // Read at 9 s with the clock 5 s ahead: 1 s of the window is left, and only a
         // move of the offset since the read counts (forward or back).
-        cache.offer(cache.epoch(), &r, Timestamp(9_000), 5_000);
+        cache.offer(cache.epoch(), &mut r.clone(), Timestamp(9_000), 5_000);
         let same = Now::SinceRead { offset: 5_000 };
         assert_eq!(cache.get(&r.scope, "a", same), Some(r.clone()));
         let back = Now::SinceRead { offset: 0 };
@@ -441,7 +554,7 @@ mod tests {
         let b = completed("b", 10, 0);
         let before = cache.epoch();
         cache.forget(&a.id);
-        cache.offer(before, &a, Timestamp(1), 0);
+        cache.offer(before, &mut a.clone(), Timestamp(1), 0);
         assert!(cache.is_empty(), "read before the invalidation");
         offer(&cache, &a, 1);
         offer(&cache, &b, 1);
@@ -453,7 +566,7 @@ mod tests {
         let before = cache.epoch();
         cache.clear();
         assert!(cache.is_empty());
-        cache.offer(before, &b, Timestamp(1), 0);
+        cache.offer(before, &mut b.clone(), Timestamp(1), 0);
         assert!(cache.is_empty(), "read before the clear");
     }
 }

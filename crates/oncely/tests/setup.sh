@@ -5,7 +5,8 @@
 # - docs-venv: the PyPI openapi-spec-validator, which checks that the admin API's
 #   /openapi.json is valid OpenAPI 3.1;
 # - sdk-venv: the real SDKs the sdk_clients tests drive through the gateway (the PyPI
-#   openai, anthropic and stripe packages, pinned);
+#   openai, anthropic and stripe packages, pinned), and httpx (pinned), whose thread pool
+#   of clients the joiners_memory tests send 200 duplicates with;
 # - otlp-venv: the PyPI opentelemetry-proto and grpcio packages (pinned), which the OTLP
 #   receiver of the telemetry tests (tests/otlp/receiver.py) is built on;
 # - tests/sdk/node/node_modules: the npm openai, @anthropic-ai/sdk and stripe packages
@@ -37,7 +38,7 @@ fi
 
 # The SDK tests: exactly these versions (docs/clients.md says which versions were checked).
 sdk_venv="$target/sdk-venv"
-sdk_pins=(openai==3.60.0 anthropic==2.16.0 stripe==16.1.0)
+sdk_pins=(openai==3.60.0 anthropic==2.16.0 stripe==16.1.0 httpx==0.29.0)
 sdk_check='
 import sys
 from importlib.metadata import version

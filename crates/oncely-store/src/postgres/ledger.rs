@@ -192,7 +192,7 @@ impl Ledger for PgStore {
         // A purge or another claimant can move the row between our statements; each
         // round either decides or sees a newer row, so a few rounds always suffice.
         for _ in 0..8 {
-            let (record, now) = match step {
+            let (mut record, now) = match step {
                 Claimed::Inserted(record) => return Ok(self.owned(record)),
                 Claimed::Held(record, now) => (record, Timestamp(now)),
                 // The holder committed after the statement's snapshot: read it now.
@@ -212,7 +212,7 @@ impl Ledger for PgStore {
             };
             let decided = match decide_claim(Some(&record), spec, now) {
                 ClaimDecision::Insert | ClaimDecision::Existing => {
-                    replays.offer(epoch, &record, now, offset);
+                    replays.offer(epoch, &mut record, now, offset);
                     let seen = watch::as_observed(record, now, self.monotonic());
                     return Ok(Claim::Existing(seen));
                 }

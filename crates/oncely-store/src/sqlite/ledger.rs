@@ -15,13 +15,13 @@ use super::error::sql_error;
 use super::writer::Applied;
 use super::{repeats, rows, usage, SqliteStore};
 use crate::plan::plan_claims;
-use crate::replays::Now;
+use crate::replays::{Now, ReplayCache};
 use crate::watch;
 use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
 
 impl SqliteStore {
     /// Offers a record read since `epoch` to the replay cache.
-    fn offer(&self, epoch: u64, record: &Record) {
+    fn offer(&self, epoch: u64, record: &mut Record) {
         let offset = self.clock.offset().as_millis().min(i64::MAX as u128) as i64;
         self.cache.offer(epoch, record, self.clock.now(), offset);
     }
@@ -59,6 +59,7 @@ fn claim_in(
     spec: &ClaimSpec,
     now: Timestamp,
     mono: Duration,
+    cache: &ReplayCache,
 ) -> Result<Applied<Claim>> {
     // Most claims are of a new key: try the insert first (what the plan says for no
     // row), and read the row only when one already holds the key. The single writer
@@ -68,11 +69,14 @@ fn claim_in(
         watch::record_remaining(&record, mono);
         return Ok((Claim::Owned(record), None));
     }
-    let Some(existing) = rows::by_key(conn, &spec.scope, &spec.key)? else {
+    let Some(mut existing) = rows::by_key(conn, &spec.scope, &spec.key)? else {
         return Err(StoreError::Unavailable(
             "the insert of a claim met a row that is gone".into(),
         ));
     };
+    // A large answer read here is shared with the replays that hold it before the next
+    // claim of the batch reads it again: a batch of its replays holds one copy.
+    cache.share(&mut existing, now);
     let plan = plan_claims(std::slice::from_ref(spec), None, now, |_, _| {
         Ok(Some(existing.clone()))
     })?;
@@ -117,11 +121,12 @@ impl Ledger for SqliteStore {
         let epoch = self.cache.epoch();
         let spec = spec.clone();
         let clock = self.clock.clone();
-        let claim = self
+        let cache = self.cache.clone();
+        let mut claim = self
             .writer
-            .run(move |conn, now| claim_in(conn, &spec, now, clock.monotonic()))
+            .run(move |conn, now| claim_in(conn, &spec, now, clock.monotonic(), &cache))
             .await?;
-        if let Claim::Existing(r) = &claim {
+        if let Claim::Existing(r) = &mut claim {
             self.offer(epoch, r);
         }
         Ok(claim)
@@ -217,10 +222,10 @@ impl Ledger for SqliteStore {
         }
         let epoch = self.cache.epoch();
         let (scope, key) = (scope.clone(), key.to_string());
-        let found = self
+        let mut found = self
             .read(move |conn| rows::by_key(conn, &scope, &key))
             .await?;
-        if let Some(r) = &found {
+        if let Some(r) = &mut found {
             self.offer(epoch, r);
         }
         Ok(found)

@@ -1,0 +1,152 @@
+//! 200 duplicates of one large answer hold one copy of it, as users send them: a thread
+//! pool of real `httpx` clients (the PyPI package, in `target/sdk-venv`), each its own
+//! HTTP/1.1 connection, with the same `Idempotency-Key` and httpx's own
+//! `Accept-Encoding: gzip, deflate`, reading at a Python thread's pace. Most of them come
+//! after the original completed and are replays of it; the rest join it. Every replay of
+//! a record whose body is too large for the replay cache reads the record again, and each
+//! read used to keep its own copy while its caller read it (and a batch of claims one
+//! copy per claim): 200 copies of 8 MiB. On a ledger of each kind, in every run.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::Gateway;
+
+const JOINERS: usize = 200;
+const SIZE: usize = 8 << 20;
+
+/// The clients: one first request, then `JOINERS` at once on a thread pool, each its own
+/// `httpx.Client`; prints each answer's `Oncely-Status` and length as JSON.
+const CLIENTS: &str = r#"
+import concurrent.futures, json, sys, time, httpx
+url, n = sys.argv[1], int(sys.argv[2])
+def one(_):
+    with httpx.Client(timeout=120) as c:
+        r = c.post(url, content=b'{"render": 1}',
+                   headers={"authorization": "Bearer sk_alice", "idempotency-key": "render-1"})
+        assert r.request.headers["accept-encoding"] == "gzip, deflate"
+        return [r.status_code, r.headers.get("oncely-status"), len(r.content)]
+with concurrent.futures.ThreadPoolExecutor(n + 1) as pool:
+    first = pool.submit(one, None)
+    time.sleep(0.5)
+    rest = list(pool.map(one, range(n)))
+print(json.dumps([first.result()] + rest))
+"#;
+
+/// The Python of `target/sdk-venv`, which has `httpx` (crates/oncely/tests/setup.sh).
+fn python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let py = target.join("sdk-venv/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run crates/oncely/tests/setup.sh",
+        py.display()
+    );
+    py
+}
+
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024
+}
+
+/// An upstream that answers 8 MiB after 2 s, counting its executions.
+async fn slow_big_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let router = axum::Router::new().route(
+        "/v1/render",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                (
+                    [("content-type", "application/octet-stream")],
+                    vec![b'y'; SIZE],
+                )
+            }
+        }),
+    );
+    (crate::common::upstream(router).await, calls)
+}
+
+async fn two_hundred_httpx_duplicates_hold_one_copy(store: &str) {
+    crate::process::raise_fd_limit();
+    let (up, calls) = slow_big_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"{store}\"\nupstream = \"http://{up}\"\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/render\"\nclass = \"write\"\nwait = \"60s\"\n"
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let before = peak_rss_mib(gw.pid());
+    let url = gw.url("/v1/render");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .args(["-c", CLIENTS, &url, &JOINERS.to_string()])
+            .output()
+            .expect("python runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "the clients failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<(u16, String, usize)> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answers.len(), JOINERS + 1);
+    assert_eq!(answers[0], (200, "fresh".to_string(), SIZE));
+    for (status, oncely, len) in &answers[1..] {
+        assert_eq!((*status, *len), (200, SIZE));
+        assert!(oncely == "joined" || oncely == "replayed", "{oncely}");
+    }
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "executed once"
+    );
+    let peak = peak_rss_mib(gw.pid());
+    let kind = store.split(':').next().unwrap_or_default();
+    eprintln!("{kind}: peak RSS {peak} MiB (at start {before} MiB) for {JOINERS} httpx duplicates of 8 MiB");
+    // One copy per duplicate would be 1600 MiB. What stays is the shared copy and the
+    // reads in flight at once (SQLite's writer reads one at a time; PostgreSQL's claim
+    // statements in flight each carry the row they read, and its decoded copy).
+    assert!(
+        peak < before + 320,
+        "peak RSS {peak} MiB (at start {before} MiB)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_httpx_duplicates_of_an_8_mb_answer_hold_one_copy_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    two_hundred_httpx_duplicates_hold_one_copy(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_httpx_duplicates_of_an_8_mb_answer_hold_one_copy_on_postgres() {
+    let base = oncely_store_conformance::testing::shared_pg_url();
+    let store = oncely_store_conformance::testing::fresh_pg_schema(&base).await;
+    two_hundred_httpx_duplicates_hold_one_copy(&store).await;
+}
