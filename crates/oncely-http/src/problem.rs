@@ -302,6 +302,13 @@ impl Problem {
         self
     }
 
+    /// The code of the gateway's own error that `res` answers with (the problem
+    /// [`Problem::render_in`] put in its extensions), or `None` for any other answer (an
+    /// upstream's, whatever its headers say).
+    pub fn code_of<B>(res: &Response<B>) -> Option<&'static str> {
+        res.extensions().get::<Problem>().map(|p| p.code.as_str())
+    }
+
     /// The problem document (RFC 9457 members plus `code`, `record`, `original_at`,
     /// `retry_after`).
     pub fn to_json(&self) -> serde_json::Value {

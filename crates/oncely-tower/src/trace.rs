@@ -425,13 +425,19 @@ pub fn http_server_request<B>(span: &mut Span, req: &http::Request<B>, route: Op
     );
 }
 
-/// The answer's `http.response.status_code`, and for a 5xx `error.type` (`code`, when
-/// the gateway answered with a problem of its own, else the status) and the span failed.
+/// The answer's `http.response.status_code` and `error.type`: for an error of the
+/// gateway's own (`code`, its problem code) that code, whatever the status, else the
+/// status of a 5xx. A 5xx fails the span (a 4xx does not, as the HTTP conventions have it
+/// for a server).
 pub fn http_server_response(span: &mut Span, status: u16, code: Option<&str>) {
     span.set(attr::HTTP_STATUS, i64::from(status));
+    let why = match code {
+        Some(code) => code.to_string(),
+        None if status >= 500 => status.to_string(),
+        None => return,
+    };
+    span.set(attr::ERROR_TYPE, why.clone());
     if status >= 500 {
-        let why = code.map_or_else(|| status.to_string(), str::to_string);
-        span.set(attr::ERROR_TYPE, why.clone());
         span.fail(why);
     }
 }

@@ -10,12 +10,13 @@ use oncely_core::{Record, State};
 use oncely_engine::{Execution, UpstreamFailure};
 use oncely_http::problem::ProblemCode;
 use oncely_http::request_log::{Counted, RequestLine};
-use oncely_tower::trace::attr;
+use oncely_tower::trace::{attr, Span};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::call::Call;
 use super::guarded::{Executed, ServerHead};
+use super::message_span::{self, MessageSpan};
 use super::results::{error_result, for_revision, outcome_unknown_result, task, too_large_result};
 use super::{Core, Mark, Reply, Server, ServerAnswer};
 use crate::jsonrpc::code;
@@ -33,16 +34,8 @@ impl<S: Server> Core<S> {
         let inner = self;
         match execution {
             Execution::Fresh(fresh) => {
-                observe(
-                    inner,
-                    call,
-                    &fresh.record,
-                    "fresh",
-                    Some(fresh.status),
-                    started,
-                );
                 let ServerHead { head, framing } = fresh.head;
-                Reply::Server {
+                let reply = Reply::Server {
                     answer: ServerAnswer {
                         head,
                         framing,
@@ -53,7 +46,8 @@ impl<S: Server> Core<S> {
                     edit: None,
                     mark: Some(Mark::of(Some("fresh"), &fresh.record)),
                     cancel: None,
-                }
+                };
+                observe_fresh(inner, call, &fresh.record, fresh.status, started, reply)
             }
             Execution::Replayed(record) => replay(inner, &record, "replayed", call, started),
             Execution::Joined(record) => replay(inner, &record, "joined", call, started),
@@ -86,40 +80,39 @@ impl<S: Server> Core<S> {
                 )
             }
             Execution::UpstreamFailed { record, failure } => {
-                observe(inner, call, &record, "fresh", None, started);
                 if record.state == State::OutcomeUnknown {
                     tracing::warn!(route = %call.guarded.route, record = %record.id, failure = ?failure,
                     "action failed ambiguously: outcome_unknown");
+                    observe(inner, call, &record, "outcome_unknown", None, started);
                     return outcome_unknown(call, &record, true);
                 }
-                match failure {
+                let (code, detail) = match failure {
                     UpstreamFailure::Unreachable(e) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream unreachable");
-                        Reply::failed(
-                            Some(&call.id),
+                        (
                             ProblemCode::UpstreamUnreachable,
                             "the MCP server could not be reached",
                         )
                     }
                     UpstreamFailure::Lost(e) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");
-                        Reply::failed(
-                            Some(&call.id),
+                        (
                             ProblemCode::UpstreamFailed,
                             "the MCP server's answer broke off",
                         )
                     }
-                    UpstreamFailure::Timeout => Reply::failed(
-                        Some(&call.id),
+                    UpstreamFailure::Timeout => (
                         ProblemCode::UpstreamTimeout,
                         "the MCP server did not answer within timeout",
                     ),
-                    UpstreamFailure::Busy => Reply::failed(
-                        Some(&call.id),
+                    UpstreamFailure::Busy => (
                         ProblemCode::UpstreamBusy,
                         "the MCP server's every slot stayed taken; the call was not sent",
                     ),
-                }
+                };
+                // An error of the gateway's own: the span and the line say its code.
+                observe(inner, call, &record, code.as_str(), None, started);
+                Reply::failed(Some(&call.id), code, detail)
             }
             // The key is the fingerprint, so a key is never reused with another one; and
             // anything a later engine adds is answered as an internal error, not forwarded.
@@ -160,16 +153,16 @@ impl<S: Server> Core<S> {
         )
     }
 
-    /// Records what became of `call` (see [`observe`]).
-    pub(super) fn observe(
+    /// Records a fresh answer to `call` (see [`observe_fresh`]).
+    pub(super) fn observe_fresh(
         &self,
         call: &Call,
         record: &Record,
-        status: &'static str,
-        upstream_status: Option<u16>,
+        upstream_status: u16,
         started: Instant,
-    ) {
-        observe(self, call, record, status, upstream_status, started)
+        reply: Reply<S::Head>,
+    ) -> Reply<S::Head> {
+        observe_fresh(self, call, record, upstream_status, started, reply)
     }
 }
 
@@ -281,19 +274,7 @@ fn observe<S: Server>(
     upstream_status: Option<u16>,
     started: Instant,
 ) {
-    let span = call.span.lock().expect("call span lock").take();
-    if let Some(mut span) = span {
-        span.set(attr::ROUTE, call.guarded.route.as_str());
-        span.set(attr::DECISION, status);
-        span.set(attr::RECORD, record.id.as_str());
-        span.set(attr::ATTEMPT, i64::from(record.attempt));
-        span.set(attr::PRINCIPAL, call.guarded.principal.as_str());
-        if let Some(upstream) = upstream_status {
-            span.set(attr::UPSTREAM_STATUS, i64::from(upstream));
-        }
-        if let Some(workflow) = &call.guarded.workflow_id {
-            span.set(attr::WORKFLOW_ID, workflow.as_str());
-        }
+    if let Some(mut span) = described(call, record, status, upstream_status) {
         // A result with isError (the tool's own, or one oncely writes) is a tool_error.
         let is_error = |b: &[u8]| {
             serde_json::from_slice::<Value>(b)
@@ -302,13 +283,74 @@ fn observe<S: Server>(
                 == Some(true)
         };
         let stored = record.response.as_ref().and_then(|r| r.body.as_deref());
-        if matches!(status, "in_flight" | "outcome_unknown" | "too_large")
-            || stored.is_some_and(is_error)
-        {
-            span.set(attr::ERROR_TYPE, "tool_error");
+        match status {
+            "fresh" | "replayed" | "joined" if !stored.is_some_and(is_error) => {}
+            "fresh" | "replayed" | "joined" | "in_flight" | "outcome_unknown" | "too_large" => {
+                span.set(attr::ERROR_TYPE, "tool_error");
+                span.fail("tool_error");
+            }
+            // An error of the gateway's own is its problem code.
+            own => {
+                span.set(attr::ERROR_TYPE, own);
+                span.fail(own);
+            }
         }
         span.end();
     }
+    line(inner, call, record, status, upstream_status, started);
+}
+
+/// Records a fresh answer passed on from the server: its line now, and its span once the
+/// call's response has passed (`tool_error` for a result with `isError`, the code of a
+/// JSON-RPC error), read on the way as every message's.
+fn observe_fresh<S: Server>(
+    inner: &Core<S>,
+    call: &Call,
+    record: &Record,
+    upstream_status: u16,
+    started: Instant,
+    reply: Reply<S::Head>,
+) -> Reply<S::Head> {
+    let span = described(call, record, "fresh", Some(upstream_status));
+    line(inner, call, record, "fresh", Some(upstream_status), started);
+    let spans = span
+        .map(|span| MessageSpan::of(span, call.id.clone()))
+        .into_iter()
+        .collect();
+    message_span::finish(spans, reply)
+}
+
+/// The call's span (traces on, not ended yet) with what became of it.
+fn described(
+    call: &Call,
+    record: &Record,
+    status: &'static str,
+    upstream_status: Option<u16>,
+) -> Option<Span> {
+    let mut span = call.span.lock().expect("call span lock").take()?;
+    span.set(attr::ROUTE, call.guarded.route.as_str());
+    span.set(attr::DECISION, status);
+    span.set(attr::RECORD, record.id.as_str());
+    span.set(attr::ATTEMPT, i64::from(record.attempt));
+    span.set(attr::PRINCIPAL, call.guarded.principal.as_str());
+    if let Some(upstream) = upstream_status {
+        span.set(attr::UPSTREAM_STATUS, i64::from(upstream));
+    }
+    if let Some(workflow) = &call.guarded.workflow_id {
+        span.set(attr::WORKFLOW_ID, workflow.as_str());
+    }
+    Some(span)
+}
+
+/// The call's request line, and the metrics it counts.
+fn line<S: Server>(
+    inner: &Core<S>,
+    call: &Call,
+    record: &Record,
+    status: &'static str,
+    upstream_status: Option<u16>,
+    started: Instant,
+) {
     // Labels are bounded: a tool no listing or config named counts as `other`.
     let tool = inner.catalog.metric_label(&inner.config.tools, &call.tool);
     RequestLine {

@@ -157,14 +157,14 @@ impl<S: Server> Core<S> {
                 let body: BodyStream = Box::pin(fresh.body);
                 match tokio::time::timeout_at(deadline, read_whole(body)).await {
                     Ok(Ok(bytes)) => {
-                        self.observe(&call, &fresh.record, "fresh", Some(fresh.status), started);
                         let ServerHead { head, framing } = fresh.head;
-                        Reply::Server {
+                        let reply = Reply::Server {
                             answer: ServerAnswer::json(head, framing, bytes.into()),
                             edit: None,
                             mark: Some(Mark::of(Some("fresh"), &fresh.record)),
                             cancel: None,
-                        }
+                        };
+                        self.observe_fresh(&call, &fresh.record, fresh.status, started, reply)
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(route = %call.guarded.route, error = %e, "upstream failed");

@@ -66,6 +66,11 @@ impl MessageSpan {
         })
     }
 
+    /// The span of a guarded call (`span`), to be ended with the response to `id`.
+    pub(super) fn of(span: Span, id: Value) -> MessageSpan {
+        MessageSpan { span, id: Some(id) }
+    }
+
     /// The span itself (a guarded call's, which the engine ends).
     pub(super) fn into_span(self) -> Span {
         self.span

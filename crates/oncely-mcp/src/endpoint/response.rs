@@ -85,9 +85,13 @@ pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<McpBo
     resp
 }
 
-/// A problem+json answer (the one renderer, `oncely_http::problem`).
+/// A problem+json answer (the one renderer, `oncely_http::problem`), its code in
+/// `Oncely-Status` as every error of the gateway's own.
 pub(super) fn problem(code: ProblemCode, detail: &str) -> Response<McpBody> {
-    Problem::new(code, detail).into_response()
+    let mut resp = Problem::new(code, detail).into_response();
+    resp.headers_mut()
+        .insert(ONCELY_STATUS, HeaderValue::from_static(code.as_str()));
+    resp
 }
 
 /// The answer to a request its client cancelled: an event stream without the response.

@@ -66,7 +66,8 @@ where
     });
     let resp = answer(core, req, span.as_ref().map(Span::as_parent)).await;
     if let Some(mut span) = span {
-        oncely_tower::trace::http_server_response(&mut span, resp.status().as_u16(), None);
+        let own = oncely_http::problem::Problem::code_of(&resp);
+        oncely_tower::trace::http_server_response(&mut span, resp.status().as_u16(), own);
         span.end();
     }
     resp

@@ -16,28 +16,33 @@ pub(crate) struct BypassLog {
 }
 
 impl BypassLog {
-    pub(crate) fn finish(self, upstream_status: u16) {
+    /// Writes the line and ends the span of the answer's `status_code`; `own` is
+    /// the code of the gateway's own error when it answered with one instead.
+    pub(crate) fn finish(self, status_code: u16, own: Option<&'static str>) {
+        let status = own.unwrap_or("bypassed");
         if let Some(mut span) = self.span {
             use crate::trace::attr;
-            span.fixed(attr::DECISION, "bypassed");
+            span.fixed(attr::DECISION, status);
             if let Some(principal) = &self.principal {
                 span.set(attr::PRINCIPAL, principal.as_str());
             }
             if let Some(workflow) = &self.workflow_id {
                 span.set(attr::WORKFLOW_ID, workflow.as_str());
             }
-            span.set(attr::UPSTREAM_STATUS, i64::from(upstream_status));
-            crate::trace::http_server_response(&mut span, upstream_status, None);
+            if own.is_none() {
+                span.set(attr::UPSTREAM_STATUS, i64::from(status_code));
+            }
+            crate::trace::http_server_response(&mut span, status_code, own);
             span.end();
         }
         crate::log::log_request(&crate::log::RequestLog {
             record: None,
             route: &self.route,
             principal: self.principal.as_deref(),
-            status: "bypassed",
+            status,
             attempt: None,
             workflow_id: self.workflow_id.as_deref(),
-            upstream_status: Some(upstream_status),
+            upstream_status: own.is_none().then_some(status_code),
             provider_request_id: None,
             started: self.started,
             span: None,

@@ -147,19 +147,24 @@ where
                         .into_response()
                     }
                 };
+                // An error of the gateway's own (the upstream unreachable, no slot, its
+                // timeout) is its code, in `Oncely-Status` as on the span.
+                let own = Problem::code_of(&res);
                 if let Some(log) = bypassed.take() {
+                    let status = own.unwrap_or("bypassed");
                     res.headers_mut()
-                        .insert(ONCELY_STATUS, HeaderValue::from_static("bypassed"));
-                    log.finish(res.status().as_u16());
+                        .insert(ONCELY_STATUS, HeaderValue::from_static(status));
+                    log.finish(res.status().as_u16(), own);
                 } else if *fresh {
+                    let status = own.unwrap_or("fresh");
                     res.headers_mut()
-                        .insert(ONCELY_STATUS, HeaderValue::from_static("fresh"));
+                        .insert(ONCELY_STATUS, HeaderValue::from_static(status));
                 }
                 if let Some(mut span) = server {
                     if *fresh {
-                        span.fixed(crate::trace::attr::DECISION, "fresh");
+                        span.fixed(crate::trace::attr::DECISION, own.unwrap_or("fresh"));
                     }
-                    crate::trace::http_server_response(&mut span, res.status().as_u16(), None);
+                    crate::trace::http_server_response(&mut span, res.status().as_u16(), own);
                     span.end();
                 }
                 res

@@ -220,7 +220,7 @@ fn end_span(log: &mut RequestLog<'_>, status: StatusCode) {
     if let Some(workflow) = log.workflow_id {
         span.set(attr::WORKFLOW_ID, workflow);
     }
-    // A 5xx of the gateway's own names its problem code as error.type.
+    // An error of the gateway's own names its problem code as error.type.
     let own = !matches!(log.status, "fresh" | "replayed" | "joined" | "bypassed");
     crate::trace::http_server_response(&mut span, status.as_u16(), own.then_some(log.status));
     span.end();
@@ -371,8 +371,10 @@ fn respond(
             if failure == UpstreamFailure::Busy {
                 problem = problem.with_retry_after(1);
             }
+            // The request was this record's execution, but its answer is the gateway's
+            // own error: `Oncely-Status` (and the span, and the line) say its code.
             let res = problem.into_response();
-            finish(res, "fresh", &record, false, log)
+            finish(res, code.as_str(), &record, false, log)
         }
     }
 }

@@ -141,7 +141,8 @@ impl WebhookPaths {
             {
                 span.set(attr::DECISION, s.to_string());
             }
-            oncely_tower::trace::http_server_response(&mut span, status, None);
+            let own = oncely_tower::Problem::code_of(&response);
+            oncely_tower::trace::http_server_response(&mut span, status, own);
             span.end();
         }
         Ok(response.map(oncely_tower::body::boxed))
