@@ -16,6 +16,8 @@ use crate::header_params::{declared, HeaderParam};
 #[derive(Debug, Default)]
 pub struct ToolCatalog {
     read_only: RwLock<HashMap<String, bool>>,
+    /// The tools named in the selection and annotated read-only that were logged.
+    overruled: std::sync::Mutex<std::collections::HashSet<String>>,
     header_params: RwLock<HashMap<String, Arc<[HeaderParam]>>>,
 }
 
@@ -61,6 +63,27 @@ impl ToolCatalog {
             }
         }
         tools.len()
+    }
+
+    /// Logs, once per tool, each tool that `selection` names exactly and the server's
+    /// listing annotates `readOnlyHint: true`: guarded all the same, because the operator
+    /// named it (an annotation is an untrusted hint). Returns those tools.
+    pub fn note_overruled_hints(&self, selection: &ToolSelection) -> Vec<String> {
+        let map = self.read_only.read().unwrap_or_else(|e| e.into_inner());
+        let mut logged = self.overruled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut found: Vec<String> = map
+            .iter()
+            .filter(|(name, ro)| **ro && selection.names(name))
+            .map(|(name, _)| name.clone())
+            .collect();
+        found.sort();
+        for name in &found {
+            if logged.insert(name.clone()) {
+                tracing::warn!(tool = %name,
+                    "the server marks this tool readOnlyHint, but tools names it: it is guarded as named");
+            }
+        }
+        found
     }
 
     /// The parameters tool `name` mirrors into `Mcp-Param-*` headers, as its latest
@@ -115,9 +138,17 @@ mod tests {
         assert!(!c.is_guarded(&all, "balance"));
         let named = ToolSelection::Named(vec!["balance".into(), "render".into()]);
         assert!(
-            !c.is_guarded(&named, "balance"),
-            "read-only wins over a name"
+            c.is_guarded(&named, "balance"),
+            "the operator's name wins over the server's hint"
         );
+        assert_eq!(c.note_overruled_hints(&named), vec!["balance".to_string()]);
+        assert!(c.note_overruled_hints(&all).is_empty());
+        let pattern = ToolSelection::Named(vec!["bal*".into(), "ren*".into()]);
+        assert!(
+            !c.is_guarded(&pattern, "balance"),
+            "a pattern still skips read-only tools"
+        );
+        assert!(c.is_guarded(&pattern, "render"));
         assert!(!c.is_guarded(&ToolSelection::Named(vec![]), "render"));
         c.observe_list(&json!({"tools":[{"name":"balance","annotations":{"readOnlyHint":false}}]}));
         assert!(c.is_guarded(&all, "balance"), "the latest listing counts");

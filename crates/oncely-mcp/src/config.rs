@@ -58,7 +58,9 @@ pub enum ToolSelection {
     /// costs nothing; a second paid execution does).
     AllButReadOnly,
     /// These tools, by name or pattern (`*` matches any run of characters, as in
-    /// `actions`; still never one annotated read-only).
+    /// `actions`). A tool named exactly is guarded whatever the server's annotations say
+    /// (they are untrusted hints, and the operator named it); one that only a pattern
+    /// matches is not when the server annotates it `readOnlyHint: true`.
     Named(Vec<String>),
 }
 
@@ -67,11 +69,18 @@ impl ToolSelection {
     /// upstream annotates it `readOnlyHint: true`: the one rule the endpoint follows and
     /// `oncely inventory` reports.
     pub fn guards(&self, tool: &str, read_only: bool) -> bool {
-        let selected = match self {
-            ToolSelection::AllButReadOnly => true,
-            ToolSelection::Named(names) => any_matches(names, tool),
-        };
-        selected && !read_only
+        match self {
+            ToolSelection::AllButReadOnly => !read_only,
+            ToolSelection::Named(names) => {
+                self.names(tool) || (!read_only && any_matches(names, tool))
+            }
+        }
+    }
+
+    /// Whether the selection names `tool` exactly (not by a pattern): then the operator's
+    /// name wins over the server's `readOnlyHint`.
+    pub fn names(&self, tool: &str) -> bool {
+        matches!(self, ToolSelection::Named(names) if names.iter().any(|n| n == tool))
     }
 }
 

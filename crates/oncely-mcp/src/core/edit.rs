@@ -43,6 +43,7 @@ pub(crate) fn editor(core: Arc<Shared>, edits: Vec<(Value, AnswerEdit)>) -> Edit
         match answer {
             AnswerEdit::ToolsList => {
                 core.catalog.observe_list(result);
+                core.catalog.note_overruled_hints(&core.config.tools);
                 forbid_tasks(&core, result)
             }
             AnswerEdit::Discover => advertise_tasks(result),

@@ -55,6 +55,7 @@ use crate::{BoxError, McpError};
 use transport::HttpCore;
 use upstream::HttpServer;
 
+pub(crate) use upstream::send;
 pub use upstream::McpUpstream;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams

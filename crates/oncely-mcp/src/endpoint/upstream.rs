@@ -132,12 +132,117 @@ impl Server for HttpServer {
     }
 }
 
-/// `req` sent through `upstream`. A boxed future, not an `async` block holding the
-/// service's: rustc cannot prove that one `Send` for every lifetime of the boxed error
-/// type (rust-lang/rust#64552).
+/// `req` sent through `upstream`. A server that no longer knows the session `req` names
+/// is answered as the transport says it must be, `404`, whatever form it said it in
+/// ([`forgotten_session`]): a client (and the remote link of `oncely mcp --url`) starts a
+/// new session on it. A boxed future: rustc cannot prove an `async` block holding the
+/// service's `Send` for every lifetime of the boxed error type (rust-lang/rust#64552).
 pub(crate) fn send(
     upstream: McpUpstream,
     req: Request<BoxBody>,
 ) -> BoxFuture<'static, Result<Response<BoxBody>, BoxError>> {
-    Box::pin(upstream.oneshot(req))
+    use futures::{FutureExt, TryFutureExt};
+    let in_session = req.headers().contains_key("mcp-session-id");
+    let sent: BoxFuture<'static, Result<Response<BoxBody>, BoxError>> =
+        Box::pin(upstream.oneshot(req));
+    if !in_session {
+        return sent;
+    }
+    Box::pin(sent.and_then(|resp| {
+        if resp.status() == http::StatusCode::BAD_REQUEST {
+            forgotten_session(resp).map(Ok).boxed()
+        } else {
+            futures::future::ready(Ok(resp)).boxed()
+        }
+    }))
+}
+
+/// Most bytes of a `400` read to learn whether it says the session is unknown.
+const REFUSAL_LIMIT: usize = 64 << 10;
+
+/// A `400` to a request in a session, as `404` when it says that the session is not one
+/// the server knows. The Streamable HTTP transport answers a session the server ended
+/// (or forgot, as a restarted server does) with `404`, but servers built on the
+/// TypeScript SDK's examples, the reference server among them, answer `400` "Bad Request:
+/// No valid session ID provided". Any other `400` passes as it came.
+async fn forgotten_session(resp: Response<BoxBody>) -> Response<BoxBody> {
+    let (mut head, body) = resp.into_parts();
+    let bytes = match read_refusal(body).await {
+        Ok(bytes) => bytes,
+        // Too large (or broken) to be a refusal of the session: a 400 all the same.
+        Err(_) => {
+            head.headers.remove(http::header::CONTENT_LENGTH);
+            return Response::from_parts(head, full(Bytes::new()));
+        }
+    };
+    if says_session_unknown(&bytes) {
+        tracing::info!("the MCP server no longer knows the session (it answered 400): 404");
+        head.status = http::StatusCode::NOT_FOUND;
+    }
+    Response::from_parts(head, full(bytes))
+}
+
+/// A refusal's body, up to [`REFUSAL_LIMIT`] (its error as text: a boxed future whose
+/// output holds no boxed error, for the `Send` proof of the `async fn` that awaits it).
+fn read_refusal(body: BoxBody) -> BoxFuture<'static, Result<Bytes, String>> {
+    use futures::TryFutureExt;
+    use http_body_util::BodyExt;
+    Box::pin(
+        http_body_util::Limited::new(body, REFUSAL_LIMIT)
+            .collect()
+            .map_ok(|c| c.to_bytes())
+            .map_err(|e| e.to_string()),
+    )
+}
+
+/// Whether a refusal's body says the request's session is not one the server knows: a
+/// JSON-RPC error (or text) that names the session id as missing, invalid, unknown or
+/// expired.
+fn says_session_unknown(body: &[u8]) -> bool {
+    let text = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) => v
+            .pointer("/error/message")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_ascii_lowercase(),
+        Err(_) => String::from_utf8_lossy(body).to_ascii_lowercase(),
+    };
+    let text = text.replace(['-', '_'], " ");
+    let names_id = text.contains("session id") || text.contains("sessionid");
+    let refused = [
+        "no valid",
+        "invalid",
+        "unknown",
+        "not found",
+        "expired",
+        "missing",
+    ];
+    (names_id && refused.iter().any(|w| text.contains(w)))
+        || ["session not found", "unknown session", "session expired"]
+            .iter()
+            .any(|w| text.contains(w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_forms_servers_answer_a_forgotten_session_in_are_recognised() {
+        for body in [
+            &br#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":1}"#[..],
+            br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"},"id":null}"#,
+            br#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Invalid or expired session ID"}}"#,
+            b"Bad Request: invalid session id",
+        ] {
+            assert!(says_session_unknown(body), "{}", String::from_utf8_lossy(body));
+        }
+        for body in [
+            &br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Invalid Request"},"id":1}"#[..],
+            br#"{"jsonrpc":"2.0","error":{"code":-32602,"message":"invalid params: session_name"},"id":1}"#,
+            b"",
+        ] {
+            assert!(!says_session_unknown(body), "{}", String::from_utf8_lossy(body));
+        }
+    }
 }

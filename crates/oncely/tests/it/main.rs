@@ -25,6 +25,7 @@ mod inventory;
 mod jobs;
 mod joiners_memory;
 mod mcp;
+mod mcp_everything;
 mod mcp_numbers;
 mod mcp_param_headers;
 mod mcp_remote;

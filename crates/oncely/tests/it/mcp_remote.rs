@@ -588,7 +588,7 @@ fn every_revision_reaches_the_remote_server_and_is_guarded() {
 
 /// `oncely mcp` driven directly: the test is the host, writing JSON-RPC lines to its
 /// standard input and reading every message of its standard output.
-struct Raw {
+pub(crate) struct Raw {
     child: Child,
     lines: Receiver<String>,
     /// Messages read and not asked for yet.
@@ -597,7 +597,7 @@ struct Raw {
 }
 
 impl Raw {
-    fn start(wrapped: &[OsString]) -> Raw {
+    pub(crate) fn start(wrapped: &[OsString]) -> Raw {
         let mut child = oncely()
             .args(&wrapped[1..])
             .stdin(Stdio::piped())
@@ -632,11 +632,11 @@ impl Raw {
         }
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
 
-    fn send(&mut self, message: &Value) {
+    pub(crate) fn send(&mut self, message: &Value) {
         let stdin = self.child.stdin.as_mut().expect("stdin still open");
         stdin
             .write_all(format!("{message}\n").as_bytes())
@@ -645,7 +645,7 @@ impl Raw {
     }
 
     /// The response to `id` (read from standard output when it was not yet).
-    fn response(&mut self, id: i64) -> Value {
+    pub(crate) fn response(&mut self, id: i64) -> Value {
         let is_it = |m: &Value| m["id"] == id && m.get("method").is_none();
         if let Some(at) = self.unread.iter().position(is_it) {
             return self.unread.remove(at);
@@ -668,7 +668,7 @@ impl Raw {
     }
 
     /// The handshake in `revision`: the server's answer to `initialize`.
-    fn initialize_as(&mut self, revision: &str) -> Value {
+    pub(crate) fn initialize_as(&mut self, revision: &str) -> Value {
         self.send(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
             "params": {"protocolVersion": revision, "capabilities": {},
                 "clientInfo": {"name": "raw", "version": "0"}}}));
@@ -679,7 +679,7 @@ impl Raw {
     }
 
     /// Closes standard input and waits for the exit: its code and every message written.
-    fn finish(&mut self) -> (Option<i32>, Vec<Value>) {
+    pub(crate) fn finish(&mut self) -> (Option<i32>, Vec<Value>) {
         drop(self.child.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {

@@ -305,6 +305,38 @@ async fn a_read_only_tool_runs_every_time() {
     }
 }
 
+/// A tool the operator names with `--tool` is guarded even though the server annotates it
+/// `readOnlyHint: true` (annotations are untrusted hints): it runs once, the repeat is a
+/// replay, and the log says which named tool the server calls read-only. A pattern that
+/// matches it does not guard it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_tool_named_with_tool_is_guarded_and_the_log_says_so() {
+    for sdk in sdks() {
+        let case = Case::new();
+        let options = ["--tool", "lookup", "--tool", "render"];
+        let run = host(&sdk, &["readonly"], &case.wrapper(&options, &sdk, &[])).await;
+        assert_fresh(run.step(0), "looked up x #1", &run);
+        assert_replay(run.step(1), "looked up x #1", &["replayed"], &run);
+        assert_eq!(case.starts("lookup"), 1, "{}: {run}", sdk.name);
+        assert_eq!(case.ledger().len(), 1, "{}", sdk.name);
+        assert!(
+            run.stderr.contains("readOnlyHint") && run.stderr.contains("lookup"),
+            "{}: the log names the overruled hint: {run}",
+            sdk.name
+        );
+
+        let case = Case::new();
+        let run = host(
+            &sdk,
+            &["readonly"],
+            &case.wrapper(&["--tool", "look*"], &sdk, &[]),
+        )
+        .await;
+        assert_eq!(case.starts("lookup"), 2, "{}: a pattern: {run}", sdk.name);
+        assert_eq!(case.ledger(), Vec::<Value>::new(), "{}", sdk.name);
+    }
+}
+
 /// Read-only calls the host makes at once, first thing after `initialize` (before it ever
 /// lists the tools): each one runs, none is answered with another's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

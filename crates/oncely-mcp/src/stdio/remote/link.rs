@@ -9,7 +9,7 @@
 //! tool that samples during its call is answered. A `202` is "nothing to answer". The
 //! server's messages outside any request come on the `GET` stream the link opens once the
 //! session is initialized. A `404` to a request in a session (the server restarted and
-//! forgot it) starts a new session with the client's own `initialize`, and the request is
+//! forgot it; a `400` that says so is one too, `crate::endpoint::send`) starts a new session with the client's own `initialize`, and the request is
 //! sent again, once. At the end, a session the server gave is ended with `DELETE`.
 //!
 //! What it keeps of the server between requests, and the request a message becomes, is
@@ -30,7 +30,6 @@ use http_body_util::BodyExt;
 use oncely_tower::{BoxBody, UpstreamError};
 use serde_json::Value;
 use tokio::sync::oneshot;
-use tower::ServiceExt;
 
 use super::session::{Remote, Session};
 use crate::core::MessageServer;
@@ -438,12 +437,13 @@ impl RemoteLink {
         });
     }
 
-    /// `req` sent through the client. A boxed future (see `endpoint::state::send`).
+    /// `req` sent through the client, as the endpoint sends it (a forgotten session is
+    /// a `404` in whatever form the server said it).
     fn call(
         &self,
         req: Request<BoxBody>,
     ) -> futures::future::BoxFuture<'static, Result<Response<BoxBody>, BoxError>> {
-        Box::pin(self.client.clone().oneshot(req))
+        crate::endpoint::send(self.client.clone(), req)
     }
 }
 

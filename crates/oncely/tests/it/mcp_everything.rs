@@ -1,0 +1,273 @@
+//! The official MCP reference server (`@modelcontextprotocol/server-everything`, pinned in
+//! oncely-mcp's `tests/node/package.json`) behind `oncely mcp --url` and an `[[mcp]]`
+//! endpoint of `oncely serve`, as users put it there:
+//! - it marks `trigger-long-running-operation` `readOnlyHint`: a tool the operator names
+//!   is guarded all the same (the annotation is an untrusted hint), and the log says so;
+//! - restarted, it answers a request of the session it forgot with **400** "Bad Request:
+//!   No valid session ID provided" (not the 404 the transport specifies): the `[[mcp]]`
+//!   client gets the 404 it re-initialises on, and `oncely mcp --url` starts a new session
+//!   by itself.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{post, Gateway};
+use crate::mcp_remote::Raw;
+use crate::mcp_tasks::{mcp_tests, node};
+
+const LONG: &str = "trigger-long-running-operation";
+const ALICE: (&str, &str) = ("authorization", "Bearer sk_alice");
+
+/// server-everything over Streamable HTTP on `port`; killed on drop.
+struct Everything {
+    child: Child,
+    port: u16,
+}
+
+impl Everything {
+    fn start() -> Everything {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Everything::start_on(port)
+    }
+
+    fn start_on(port: u16) -> Everything {
+        let entry = mcp_tests()
+            .join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+        let mut child = Command::new("node")
+            .arg(entry)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start server-everything");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        loop {
+            let line = lines.next().expect("server-everything exited").unwrap();
+            if line.contains("listening on port") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Everything { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Stops it and starts it again on the same port: it forgets every session.
+    fn restart(self) -> Everything {
+        let port = self.port;
+        drop(self);
+        Everything::start_on(port)
+    }
+}
+
+impl Drop for Everything {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The JSON-RPC message of an answer: its JSON body, or the first `data:` event of an
+/// event stream that holds a response.
+fn message_of(text: &str) -> Value {
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return v;
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m.get("id").is_some() && m.get("method").is_none())
+        .unwrap_or_else(|| panic!("no response in {text}"))
+}
+
+/// One client session through an `[[mcp]]` endpoint, as the SDKs speak it.
+struct Session<'a> {
+    url: &'a str,
+    id: Option<String>,
+}
+
+impl Session<'_> {
+    async fn send(&self, message: &Value) -> crate::common::Answer {
+        let mut headers = vec![
+            ALICE,
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-06-18"),
+        ];
+        if let Some(id) = &self.id {
+            headers.push(("mcp-session-id", id.as_str()));
+        }
+        post(self.url, &message.to_string(), &headers).await
+    }
+
+    async fn initialize(&mut self) {
+        self.id = None;
+        let init = self
+            .send(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"}}}))
+            .await;
+        assert_eq!(init.status, 200, "{}", init.text());
+        self.id = Some(init.header("mcp-session-id").to_string());
+        let done = self
+            .send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert_eq!(done.status, 202, "{}", done.text());
+    }
+}
+
+fn long_call(id: i64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": LONG, "arguments": {"duration": 1, "steps": 1}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_endpoint_guards_a_named_read_only_tool_and_a_forgotten_session_is_a_404() {
+    if !node() {
+        return;
+    }
+    let server = Everything::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"{up}\"\n\
+             tools = [\"{LONG}\"]\n",
+            db = dir.path().join("ledger.db").display(),
+            up = server.url()
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let url = gw.url("/mcp");
+    let mut session = Session {
+        url: &url,
+        id: None,
+    };
+    session.initialize().await;
+    let listed = session
+        .send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    let tools = message_of(&listed.text());
+    let long = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == LONG)
+        .expect("the server lists it");
+    assert_eq!(long["annotations"]["readOnlyHint"], true, "{long}");
+
+    // Named: guarded though the server calls it read-only.
+    let first = session.send(&long_call(2)).await;
+    assert_eq!(first.header("oncely-status"), "fresh", "{}", first.text());
+    let again = session.send(&long_call(3)).await;
+    assert_eq!(
+        again.header("oncely-status"),
+        "replayed",
+        "{}",
+        again.text()
+    );
+    assert_eq!(
+        message_of(&again.text())["result"]["_meta"]["dev.oncely/replay"]["status"],
+        "replayed"
+    );
+    let log = gw.lines.lock().unwrap().join("\n");
+    assert!(
+        log.contains("readOnlyHint") && log.contains(LONG),
+        "the log names the overruled hint: {log}"
+    );
+
+    // The server restarts and forgets the session: the client gets 404, as the transport
+    // says, re-initialises, and goes on.
+    let _server = server.restart();
+    let stale = session
+        .send(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}))
+        .await;
+    assert_eq!(stale.status, 404, "{}", stale.text());
+    session.initialize().await;
+    let listed = session
+        .send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
+        .await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert!(message_of(&listed.text())["result"]["tools"].is_array());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oncely_mcp_url_guards_a_named_read_only_tool_and_renews_a_forgotten_session() {
+    if !node() {
+        return;
+    }
+    let server = Everything::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("mcp.db").display());
+    let wrapped: Vec<std::ffi::OsString> = [
+        "oncely",
+        "mcp",
+        "--store",
+        &store,
+        "--tool",
+        LONG,
+        "--url",
+        &server.url(),
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    let mut raw = Raw::start(&wrapped);
+    raw.initialize_as("2025-06-18");
+    raw.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+    assert!(raw.response(1)["result"]["tools"].is_array());
+    raw.send(&long_call(2));
+    let first = raw.response(2);
+    assert!(first["result"]["content"].is_array(), "{first}");
+    assert!(
+        first["result"]["_meta"]["dev.oncely/replay"].is_null(),
+        "{first}"
+    );
+    raw.send(&long_call(3));
+    let again = raw.response(3);
+    assert_eq!(
+        again["result"]["_meta"]["dev.oncely/replay"]["status"],
+        "replayed",
+        "{again}\n{}",
+        raw.stderr()
+    );
+    assert!(
+        raw.stderr().contains("readOnlyHint"),
+        "the log names the overruled hint: {}",
+        raw.stderr()
+    );
+
+    let _server = server.restart();
+    raw.send(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}));
+    let listed = raw.response(4);
+    assert!(
+        listed["result"]["tools"].is_array(),
+        "a new session, the request sent again: {listed}\n{}",
+        raw.stderr()
+    );
+    // A call of another tool works in the new session too.
+    raw.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "get-sum", "arguments": {"a": 2, "b": 3}}}));
+    let sum = raw.response(5);
+    assert!(
+        sum["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains('5')),
+        "{sum}"
+    );
+    assert_eq!(raw.finish().0, Some(0), "{}", raw.stderr());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
