@@ -305,6 +305,17 @@ fn classifier(
             {
                 Classified::Release(history.reason(INPUT_REQUIRED))
             }
+            // A protocol error the server's SDK wrapped as a tool result: the tool did
+            // not run (it needs a task, its arguments did not validate), so the result is
+            // not the call's and is not stored.
+            Some(Outcome::Result(result)) if protocol_error_text(&result).is_some() => {
+                let text = protocol_error_text(&result).unwrap_or_default().to_string();
+                let error = serde_json::json!({"code": code::INTERNAL_ERROR, "message": text});
+                failed(
+                    format!("a protocol error as a tool result (not stored): {text}"),
+                    error,
+                )
+            }
             Some(Outcome::Result(result)) => {
                 let mut headers = vec![("content-type".into(), "application/json".into())];
                 if !history.0.is_empty() {
@@ -328,6 +339,25 @@ fn classifier(
     })
 }
 
+/// The text of a tool result that is a JSON-RPC protocol error the server's SDK wrapped
+/// as an `isError` result instead of answering it as an error: one text, `MCP error
+/// -326NN: ...` (-32600 to -32603: invalid request, method not found, invalid params,
+/// internal error), as the official TypeScript SDK's `McpServer` writes an `McpError`
+/// thrown before the tool ran (a tool that requires a task called without one: -32601;
+/// arguments that fail the input schema: -32602).
+fn protocol_error_text(result: &Value) -> Option<&str> {
+    if result.get("isError") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let content = result.get("content")?.as_array()?;
+    let [only] = content.as_slice() else {
+        return None;
+    };
+    let text = only.get("text")?.as_str()?;
+    let code = text.strip_prefix("MCP error -3260")?;
+    matches!(code.as_bytes(), [b'0'..=b'3', b':', ..]).then_some(text)
+}
+
 /// The guarded call's request body as forwarded ([`jsonrpc::forwarded_call`]: the
 /// downstream key in `_meta`, no `task`); the body as it came when it is not a JSON-RPC
 /// request with object params. The arguments reach the server as the caller wrote them.
@@ -349,4 +379,31 @@ fn forwarded_call(
         .and_then(|text| jsonrpc::forwarded_call_with(text, key, &more))
         .map(Bytes::from)
         .unwrap_or_else(|| body.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::protocol_error_text;
+    use serde_json::json;
+
+    #[test]
+    fn a_protocol_error_wrapped_as_a_tool_result_is_recognised() {
+        let wrapped =
+            |text: &str| json!({"content": [{"type": "text", "text": text}], "isError": true});
+        let needs_task = "MCP error -32601: Tool simulate-research-query requires task augmentation (taskSupport: 'required')";
+        assert_eq!(protocol_error_text(&wrapped(needs_task)), Some(needs_task));
+        assert!(
+            protocol_error_text(&wrapped("MCP error -32602: Input validation error")).is_some()
+        );
+        // The tool's own failure, or an error of the tool's own code, is a result.
+        assert!(protocol_error_text(&wrapped("the card was declined")).is_none());
+        assert!(protocol_error_text(&wrapped("MCP error -32001: Request timed out")).is_none());
+        let mut ok = wrapped(needs_task);
+        ok["isError"] = json!(false);
+        assert!(protocol_error_text(&ok).is_none());
+        let mut two = wrapped(needs_task);
+        two["content"] =
+            json!([{"type": "text", "text": needs_task}, {"type": "text", "text": "x"}]);
+        assert!(protocol_error_text(&two).is_none());
+    }
 }

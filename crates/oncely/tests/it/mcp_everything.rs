@@ -271,3 +271,67 @@ async fn oncely_mcp_url_guards_a_named_read_only_tool_and_renews_a_forgotten_ses
     assert_eq!(raw.finish().0, Some(0), "{}", raw.stderr());
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// The reference server's `simulate-research-query` requires a task; called plainly, the
+/// server's SDK answers a protocol error (-32601) wrapped as an `isError` result. That
+/// is no result of the tool, which never ran: it is not stored, and the next call is sent
+/// again, not answered with the refusal for the whole window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_refusal_wrapped_as_a_tool_result_is_not_stored() {
+    if !node() {
+        return;
+    }
+    let server = Everything::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"{store}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"{up}\"\n",
+            up = server.url()
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let url = gw.url("/mcp");
+    let mut session = Session {
+        url: &url,
+        id: None,
+    };
+    session.initialize().await;
+    let research = |id: i64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "simulate-research-query", "arguments": {"topic": "tides"}}})
+    };
+    for id in [1, 2] {
+        let a = session.send(&research(id)).await;
+        assert_eq!(
+            a.header("oncely-status"),
+            "fresh",
+            "call {id}: {}",
+            a.text()
+        );
+        let message = message_of(&a.text());
+        let text = message["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            text.contains("-32601"),
+            "the server's own refusal: {message}"
+        );
+        assert!(message["result"]["_meta"]["dev.oncely/replay"].is_null());
+    }
+    let list = crate::common::run(&["ledger", "list", "--json", "--store", &store]);
+    let records: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let states: Vec<&str> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["state"].as_str())
+        .collect();
+    assert!(
+        states.iter().all(|s| *s != "completed"),
+        "nothing stored: {records}"
+    );
+}
