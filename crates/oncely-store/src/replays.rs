@@ -251,6 +251,7 @@ impl ReplayCache {
     /// large to keep, the copy of its body a replay still holds (or makes its body that
     /// copy). A store calls it where it reads records one at a time (SQLite's writer), so
     /// that a batch of claims of one record holds one copy, not one each.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn share(&self, record: &mut Record, now: Timestamp) {
         let large = record
             .response
