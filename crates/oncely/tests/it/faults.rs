@@ -484,7 +484,7 @@ async fn callers_that_vanish_after_sending_leave_no_record_without_an_owner() {
 }
 
 /// Peak resident memory of a process (`VmHWM`), in MiB.
-fn peak_rss_mib(pid: u32) -> u64 {
+pub(crate) fn peak_rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status
         .lines()

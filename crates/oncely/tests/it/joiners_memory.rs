@@ -7,11 +7,12 @@
 //! read used to keep its own copy while its caller read it (and a batch of claims one
 //! copy per claim): 200 copies of 8 MiB. On a ledger of each kind, in every run.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use crate::common::Gateway;
+use crate::faults::peak_rss_mib;
+use crate::sdk_clients::sdk_python;
 
 const JOINERS: usize = 200;
 const SIZE: usize = 8 << 20;
@@ -33,31 +34,6 @@ with concurrent.futures.ThreadPoolExecutor(n + 1) as pool:
     rest = list(pool.map(one, range(n)))
 print(json.dumps([first.result()] + rest))
 "#;
-
-/// The Python of `target/sdk-venv`, which has `httpx` (crates/oncely/tests/setup.sh).
-fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let py = target.join("sdk-venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run crates/oncely/tests/setup.sh",
-        py.display()
-    );
-    py
-}
-
-fn peak_rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb / 1024
-}
 
 /// An upstream that answers 8 MiB after 2 s, counting its executions.
 async fn slow_big_upstream() -> (
@@ -101,7 +77,7 @@ async fn two_hundred_httpx_duplicates_hold_one_copy(store: &str) {
     let before = peak_rss_mib(gw.pid());
     let url = gw.url("/v1/render");
     let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
+        Command::new(sdk_python())
             .args(["-c", CLIENTS, &url, &JOINERS.to_string()])
             .output()
             .expect("python runs")

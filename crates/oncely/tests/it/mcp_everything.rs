@@ -127,6 +127,22 @@ impl Session<'_> {
     }
 }
 
+/// `oncely serve` with one `[[mcp]]` endpoint at `/mcp` before `server` (its table ending
+/// with `extra`), on a fresh SQLite ledger: the gateway, its directory and its store.
+fn gateway(server: &Everything, extra: &str) -> (Gateway, tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let cfg = dir.path().join("oncely.toml");
+    let up = server.url();
+    std::fs::write(
+        &cfg,
+        format!("store = \"{store}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"{up}\"\n{extra}\n"),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    (gw, dir, store)
+}
+
 fn long_call(id: i64) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
         "params": {"name": LONG, "arguments": {"duration": 1, "steps": 1}}})
@@ -138,19 +154,7 @@ async fn an_mcp_endpoint_guards_a_named_read_only_tool_and_a_forgotten_session_i
         return;
     }
     let server = Everything::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("oncely.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store = \"sqlite://{db}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"{up}\"\n\
-             tools = [\"{LONG}\"]\n",
-            db = dir.path().join("ledger.db").display(),
-            up = server.url()
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let (gw, _dir, _store) = gateway(&server, &format!("tools = [\"{LONG}\"]"));
     let url = gw.url("/mcp");
     let mut session = Session {
         url: &url,
@@ -282,18 +286,7 @@ async fn a_protocol_refusal_wrapped_as_a_tool_result_is_not_stored() {
         return;
     }
     let server = Everything::start();
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
-    let cfg = dir.path().join("oncely.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store = \"{store}\"\n[[mcp]]\npath = \"/mcp\"\nupstream = \"{up}\"\n",
-            up = server.url()
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let (gw, _dir, store) = gateway(&server, "");
     let url = gw.url("/mcp");
     let mut session = Session {
         url: &url,

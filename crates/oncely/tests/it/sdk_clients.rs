@@ -46,7 +46,7 @@ const PLAIN_TEXT: &str = "the plain text of a gzip answer, long enough to compre
 
 /// The Python of `target/sdk-venv` (or `ONCELY_SDK_PYTHON`). Missing: the test fails
 /// and says how to make it.
-fn sdk_python() -> PathBuf {
+pub(crate) fn sdk_python() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
