@@ -217,12 +217,12 @@ impl ReplayCache {
                 .as_ref()
                 .is_none_or(|b| b.len() <= self.limits.max_body)
         });
-        let until = Timestamp(read_at.0.saturating_add(millis(self.limits.margin)));
-        if !record.is_replayable(until) {
+        if !small {
+            self.share(record, read_at);
             return;
         }
-        if !small {
-            self.share_body(record);
+        let until = Timestamp(read_at.0.saturating_add(millis(self.limits.margin)));
+        if !record.is_replayable(until) {
             return;
         }
         let slot = slot(&record.scope, &record.key);
@@ -251,7 +251,6 @@ impl ReplayCache {
     /// large to keep, the copy of its body a replay still holds (or makes its body that
     /// copy). A store calls it where it reads records one at a time (SQLite's writer), so
     /// that a batch of claims of one record holds one copy, not one each.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn share(&self, record: &mut Record, now: Timestamp) {
         let large = record
             .response

@@ -9,8 +9,9 @@
 //! tool that samples during its call is answered. A `202` is "nothing to answer". The
 //! server's messages outside any request come on the `GET` stream the link opens once the
 //! session is initialized. A `404` to a request in a session (the server restarted and
-//! forgot it; a `400` that says so is one too, `crate::endpoint::send`) starts a new session with the client's own `initialize`, and the request is
-//! sent again, once. At the end, a session the server gave is ended with `DELETE`.
+//! forgot it; a `400` that says so is one too, `crate::endpoint::send`) starts a new
+//! session with the client's own `initialize`, and the request is sent again, once. At
+//! the end, a session the server gave is ended with `DELETE`.
 //!
 //! What it keeps of the server between requests, and the request a message becomes, is
 //! its [`Session`].
