@@ -20,11 +20,14 @@
 //! - at most [`Limits::max_records`] records with bodies of at most
 //!   [`Limits::max_body`] are kept; a full cache starts over.
 //!
-//! A larger record is read from the store each time, but its body is shared: while one
-//! replay of it still holds its body, a read of the same record (and attempt) gets that
-//! copy instead of keeping its own ([`ReplayCache::offer`]), so any number of callers
-//! replaying an 8 MB answer at once hold one copy of it, plus the reads in progress. The
-//! copy goes once the last of them is done with it: nothing keeps it for later.
+//! A larger record's body is shared, not kept: while one replay of it still holds its
+//! body, the cache serves the record with that copy, and a read of the same record (and
+//! attempt) gets that copy instead of keeping its own ([`ReplayCache::offer`]). So any
+//! number of callers replaying an 8 MB answer at once hold one copy of it and cost one
+//! read of the store, not one each (on SQLite, one writer's turn each: 200 of them
+//! queued past the store's bound under load). The copy goes once the last of them is
+//! done with it, and the record is read from the store again after that: nothing keeps
+//! a large body for later.
 //!
 //! A record enters when a read of the store meets it, not when it completes: most
 //! completions are never replayed, and caching each one cost CPU on every fresh request
@@ -93,7 +96,10 @@ pub(crate) enum Now {
 }
 
 struct Entry {
+    /// The record; without its body when the body is `large`.
     record: Record,
+    /// The body of a record too large to keep, while a replay holds it.
+    large: Option<Weak<Bytes>>,
     /// The store's time when the record was read.
     read_at: Timestamp,
     /// The store clock's offset then, in ms.
@@ -195,11 +201,26 @@ impl ReplayCache {
         };
         let too_old = self.limits.max_age.is_some_and(|max| age > max);
         let until = Timestamp(now.saturating_add(millis(self.limits.margin)));
+        let held = match &entry.large {
+            None => None,
+            // Nobody holds the body any more: read the record again.
+            Some(body) => match body.upgrade() {
+                None => {
+                    entries.remove(slot);
+                    return None;
+                }
+                held => held,
+            },
+        };
         if too_old || !entry.record.is_replayable(until) {
             entries.remove(slot);
             return None;
         }
-        Some(entry.record.clone())
+        let mut record = entry.record.clone();
+        if let (Some(held), Some(response)) = (held, record.response.as_mut()) {
+            response.body = Some(Bytes::from_owner(SharedBody(held)));
+        }
+        Some(record)
     }
 
     /// The epoch to pass to [`ReplayCache::offer`] for a read that starts now.
@@ -208,22 +229,19 @@ impl ReplayCache {
     }
 
     /// Keeps `record`, read at the store's time `read_at` (with the store clock's
-    /// `offset` then, in ms), if it is small and replayable (a margin before its expiry)
-    /// then, and nothing was invalidated since `epoch`. A replayable record too large to
-    /// keep gets the copy of its body that a replay of it still holds, if any.
+    /// `offset` then, in ms), if it is replayable (a margin before its expiry) then, and
+    /// nothing was invalidated since `epoch`. A record whose body is too large to keep
+    /// gets the copy of its body that a replay of it still holds (or makes its body that
+    /// copy), and is kept without it: served while that copy is held.
     pub(crate) fn offer(&self, epoch: u64, record: &mut Record, read_at: Timestamp, offset: i64) {
-        let small = record.response.as_ref().is_some_and(|r| {
-            r.body
-                .as_ref()
-                .is_none_or(|b| b.len() <= self.limits.max_body)
-        });
-        if !small {
-            self.share(record, read_at);
-            return;
-        }
         let until = Timestamp(read_at.0.saturating_add(millis(self.limits.margin)));
         if !record.is_replayable(until) {
             return;
+        }
+        let large = self.is_large(record).then(|| self.share_body(record));
+        let mut kept = record.clone();
+        if let (Some(_), Some(response)) = (&large, kept.response.as_mut()) {
+            response.body = None;
         }
         let slot = slot(&record.scope, &record.key);
         let mut entries = self.lock();
@@ -239,7 +257,8 @@ impl ReplayCache {
         entries.by_slot.insert(
             slot,
             Entry {
-                record: record.clone(),
+                record: kept,
+                large,
                 read_at,
                 offset,
                 at: Instant::now(),
@@ -251,39 +270,57 @@ impl ReplayCache {
     /// large to keep, the copy of its body a replay still holds (or makes its body that
     /// copy). A store calls it where it reads records one at a time (SQLite's writer), so
     /// that a batch of claims of one record holds one copy, not one each.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn share(&self, record: &mut Record, now: Timestamp) {
-        let large = record
-            .response
-            .as_ref()
-            .and_then(|r| r.body.as_ref())
-            .is_some_and(|b| b.len() > self.limits.max_body);
         let until = Timestamp(now.0.saturating_add(millis(self.limits.margin)));
-        if large && record.is_replayable(until) {
+        if self.is_large(record) && record.is_replayable(until) {
             self.share_body(record);
         }
     }
 
+    /// The largest body kept.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn max_body(&self) -> usize {
+        self.limits.max_body
+    }
+
+    /// The body of `attempt` of record `id`, `len` bytes, if a replay still holds it.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn held(&self, id: &RecordId, attempt: u32, len: usize) -> Option<Bytes> {
+        let large = self.large.lock().expect("replay bodies lock");
+        let held = held_in(&large, id, attempt, len)?;
+        Some(Bytes::from_owner(SharedBody(held)))
+    }
+
+    /// Whether `record`'s body is too large to keep.
+    fn is_large(&self, record: &Record) -> bool {
+        record
+            .response
+            .as_ref()
+            .and_then(|r| r.body.as_ref())
+            .is_some_and(|b| b.len() > self.limits.max_body)
+    }
+
     /// Gives `record` (replayable, its body too large to keep) the copy of its body a
-    /// replay still holds, or makes its body that copy.
-    fn share_body(&self, record: &mut Record) {
+    /// replay still holds, or makes its body that copy; the copy, weakly.
+    fn share_body(&self, record: &mut Record) -> Weak<Bytes> {
         let Some(body) = record.response.as_mut().and_then(|r| r.body.as_mut()) else {
-            return;
+            return Weak::new();
         };
         let mut large = self.large.lock().expect("replay bodies lock");
-        if let Some((attempt, held)) = large.get(&record.id) {
-            let held = held.upgrade();
-            if let Some(held) = held.filter(|h| *attempt == record.attempt && h.len() == body.len())
-            {
-                *body = Bytes::from_owner(SharedBody(held));
-                return;
-            }
+        if let Some(held) = held_in(&large, &record.id, record.attempt, body.len()) {
+            let weak = Arc::downgrade(&held);
+            *body = Bytes::from_owner(SharedBody(held));
+            return weak;
         }
         if large.len() >= self.limits.max_records {
             large.retain(|_, (_, held)| held.strong_count() > 0);
         }
         let shared = Arc::new(std::mem::take(body));
-        large.insert(record.id.clone(), (record.attempt, Arc::downgrade(&shared)));
+        let weak = Arc::downgrade(&shared);
+        large.insert(record.id.clone(), (record.attempt, weak.clone()));
         *body = Bytes::from_owner(SharedBody(shared));
+        weak
     }
 
     /// Forgets one record (its counters changed).
@@ -321,6 +358,17 @@ impl ReplayCache {
         );
         entries.by_slot.len()
     }
+}
+
+/// The body of `attempt` of record `id` in `large`, `len` bytes, if a replay holds it.
+fn held_in(
+    large: &HashMap<RecordId, (u32, Weak<Bytes>)>,
+    id: &RecordId,
+    attempt: u32,
+    len: usize,
+) -> Option<Arc<Bytes>> {
+    let (at, held) = large.get(id)?;
+    held.upgrade().filter(|h| *at == attempt && h.len() == len)
 }
 
 /// A body shared by the replays that hold it (see [`ReplayCache::share_body`]).
@@ -402,10 +450,14 @@ mod tests {
             body_ptr(&b),
             "the second read shares the first's body"
         );
-        assert!(
-            cache.get(&r.scope, &r.key, Now::Is(Timestamp(1))).is_none(),
-            "not kept"
+        let served = cache.get(&r.scope, &r.key, Now::Is(Timestamp(1)));
+        assert_eq!(
+            served.as_ref().map(body_ptr),
+            Some(body_ptr(&a)),
+            "served with the body a replay holds"
         );
+        assert_eq!(served.as_ref().map(|s| s.id.clone()), Some(r.id.clone()));
+        drop(served);
         cache.share(&mut shared_later, Timestamp(1));
         assert_eq!(
             body_ptr(&shared_later),
@@ -510,16 +562,25 @@ mod tests {
     }
 
     #[test]
-    fn keeps_neither_large_nor_unfinished_records() {
+    fn keeps_no_unfinished_record_and_a_large_one_only_while_its_body_is_held() {
         let cache = cache();
-        let big = completed("big", MAX_BODY + 1, 0);
-        offer(&cache, &big, 0);
         let mut processing = completed("p", 1, 0);
         processing.state = State::Processing;
         offer(&cache, &processing, 0);
         assert_eq!(cache.len(), 0);
         offer(&cache, &completed("max", MAX_BODY, 0), 0);
         assert_eq!(cache.len(), 1);
+        let mut big = completed("big", MAX_BODY + 1, 0);
+        cache.offer(cache.epoch(), &mut big, Timestamp(0), 0);
+        let now = Now::Is(Timestamp(1));
+        assert_eq!(cache.get(&big.scope, "big", now), Some(big.clone()));
+        drop(big);
+        assert_eq!(
+            cache.get(&completed("big", 1, 0).scope, "big", now),
+            None,
+            "nobody holds the body: read again"
+        );
+        assert_eq!(cache.len(), 1, "and its entry is dropped");
     }
 
     #[test]

@@ -69,13 +69,13 @@ fn claim_in(
         watch::record_remaining(&record, mono);
         return Ok((Claim::Owned(record), None));
     }
-    let Some(mut existing) = rows::by_key(conn, &spec.scope, &spec.key)? else {
+    let Some(mut existing) = rows::by_key_sharing(conn, &spec.scope, &spec.key, cache)? else {
         return Err(StoreError::Unavailable(
             "the insert of a claim met a row that is gone".into(),
         ));
     };
-    // A large answer read here is shared with the replays that hold it before the next
-    // claim of the batch reads it again: a batch of its replays holds one copy.
+    // A large answer is read only when no replay holds it, and what is read is shared
+    // with the replays before the next claim: its replays hold one copy and cost one read.
     cache.share(&mut existing, now);
     let plan = plan_claims(std::slice::from_ref(spec), None, now, |_, _| {
         Ok(Some(existing.clone()))

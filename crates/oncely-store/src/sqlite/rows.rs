@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use std::sync::LazyLock;
 
 use super::error::sql_error;
+use crate::replays::ReplayCache;
 use crate::{ListFilter, Result, StoreError};
 
 /// The columns of a record, in the order [`from_row`] reads them.
@@ -103,6 +104,57 @@ pub(super) fn by_key(conn: &Connection, scope: &Scope, key: &str) -> Result<Opti
         ))),
         found => Ok(found),
     }
+}
+
+/// [`by_key`], without reading a body larger than the replay cache keeps when a replay
+/// of the record still holds it ([`ReplayCache::held`]): a claim of a record with an
+/// 8 MB answer costs the writer that read once, however many replays of it are in
+/// flight, not once each.
+pub(super) fn by_key_sharing(
+    conn: &Connection,
+    scope: &Scope,
+    key: &str,
+    cache: &ReplayCache,
+) -> Result<Option<Record>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        let columns = COLUMNS.replace(
+            "headers, body,",
+            "headers, CASE WHEN length(body) > ?2 THEN NULL ELSE body END,",
+        );
+        format!("SELECT {columns}, length(body) FROM records WHERE claim = ?1")
+    });
+    let max = cache.max_body() as i64;
+    let found = conn
+        .prepare_cached(&SQL)
+        .and_then(|mut st| {
+            st.query_row(rusqlite::params![&scope.claim_hash(key)[..], max], |row| {
+                Ok((from_row(row)?, row.get::<_, Option<i64>>(25)?))
+            })
+            .optional()
+        })
+        .map_err(sql_error)?;
+    let Some((mut record, len)) = found else {
+        return Ok(None);
+    };
+    if record.scope != *scope || record.key != key {
+        return Err(StoreError::Unavailable(format!(
+            "record {} holds the claim hash of another key; refusing to use it",
+            record.id
+        )));
+    }
+    if let (Some(len), Some(response)) = (len.filter(|n| *n > max), record.response.as_mut()) {
+        response.body = match cache.held(&record.id, record.attempt, len as usize) {
+            Some(held) => Some(held),
+            None => conn
+                .prepare_cached("SELECT body FROM records WHERE id = ?1")
+                .and_then(|mut st| {
+                    st.query_row([record.id.as_str()], |r| r.get::<_, Option<Vec<u8>>>(0))
+                })
+                .map_err(sql_error)?
+                .map(bytes::Bytes::from),
+        };
+    }
+    Ok(Some(record))
 }
 
 /// The record's values, in [`COLUMNS`] order.

@@ -935,3 +935,54 @@ fn many_openers_of_one_new_file_all_open_it() {
         }
     }
 }
+
+/// Claims of a record whose answer is too large for the replay cache hold one copy of it
+/// while a replay holds it: served from memory, and read through the writer (after its
+/// counters changed) without reading the body again. Once nobody holds it, a claim reads
+/// it again, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_a_large_answer_share_the_copy_a_replay_holds() {
+    let h = SqliteHarness::new();
+    let store = h.open().await;
+    let big = "y".repeat(1 << 20);
+    let r = owned(
+        store
+            .claim(&spec("alice", "big", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion(&big, 1))
+        .await
+        .unwrap();
+    let replay = || async {
+        match store
+            .claim(&spec("alice", "big", "{}", Class::Write, "z"))
+            .await
+            .unwrap()
+        {
+            Claim::Existing(r) => r.response.unwrap().body.unwrap(),
+            Claim::Owned(_) => panic!("a completed record is replayed"),
+        }
+    };
+    let held = replay().await;
+    assert_eq!(held, big.as_bytes());
+    let from_memory = replay().await;
+    assert_eq!(from_memory.as_ptr(), held.as_ptr(), "served from memory");
+    // Counters change: the next claim goes to the writer, which shares the held copy.
+    let summed = oncely_store::Repeat {
+        at: store.now().await.unwrap(),
+        kind: oncely_store::RepeatKind::Replayed,
+        count: 1,
+        units: 1,
+    };
+    store
+        .record_repeats(&r.id, &r.principal, &r.route, &[summed])
+        .await
+        .unwrap();
+    let through_writer = replay().await;
+    assert_eq!(through_writer.as_ptr(), held.as_ptr(), "the writer shares it");
+    drop((held, from_memory, through_writer));
+    let again = replay().await;
+    assert_eq!(again, big.as_bytes(), "read again, whole, once nobody holds it");
+}
