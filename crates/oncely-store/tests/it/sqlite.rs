@@ -981,8 +981,16 @@ async fn claims_of_a_large_answer_share_the_copy_a_replay_holds() {
         .await
         .unwrap();
     let through_writer = replay().await;
-    assert_eq!(through_writer.as_ptr(), held.as_ptr(), "the writer shares it");
+    assert_eq!(
+        through_writer.as_ptr(),
+        held.as_ptr(),
+        "the writer shares it"
+    );
     drop((held, from_memory, through_writer));
     let again = replay().await;
-    assert_eq!(again, big.as_bytes(), "read again, whole, once nobody holds it");
+    assert_eq!(
+        again,
+        big.as_bytes(),
+        "read again, whole, once nobody holds it"
+    );
 }

@@ -18,7 +18,8 @@ const JOINERS: usize = 200;
 const SIZE: usize = 8 << 20;
 
 /// The clients: one first request, then `JOINERS` at once on a thread pool, each its own
-/// `httpx.Client`; prints each answer's `Oncely-Status` and length as JSON.
+/// `httpx.Client`; prints each answer's status, `Oncely-Status`, length and (for an
+/// error) body as JSON.
 const CLIENTS: &str = r#"
 import concurrent.futures, json, sys, time, httpx
 url, n = sys.argv[1], int(sys.argv[2])
@@ -27,7 +28,8 @@ def one(_):
         r = c.post(url, content=b'{"render": 1}',
                    headers={"authorization": "Bearer sk_alice", "idempotency-key": "render-1"})
         assert r.request.headers["accept-encoding"] == "gzip, deflate"
-        return [r.status_code, r.headers.get("oncely-status"), len(r.content)]
+        return [r.status_code, r.headers.get("oncely-status"), len(r.content),
+                "" if r.status_code == 200 else r.text]
 with concurrent.futures.ThreadPoolExecutor(n + 1) as pool:
     first = pool.submit(one, None)
     time.sleep(0.5)
@@ -89,11 +91,11 @@ async fn two_hundred_httpx_duplicates_hold_one_copy(store: &str) {
         "the clients failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let answers: Vec<(u16, String, usize)> = serde_json::from_slice(&out.stdout).unwrap();
+    let answers: Vec<(u16, String, usize, String)> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answers.len(), JOINERS + 1);
-    assert_eq!(answers[0], (200, "fresh".to_string(), SIZE));
-    for (status, oncely, len) in &answers[1..] {
-        assert_eq!((*status, *len), (200, SIZE));
+    assert_eq!(answers[0], (200, "fresh".to_string(), SIZE, String::new()));
+    for (status, oncely, len, problem) in &answers[1..] {
+        assert_eq!((*status, *len), (200, SIZE), "{oncely}: {problem}");
         assert!(oncely == "joined" || oncely == "replayed", "{oncely}");
     }
     assert_eq!(
