@@ -1,7 +1,8 @@
 //! What oncely knows of the server's tools, learned from its own `tools/list` answers as
 //! they pass through (and refreshed with every later listing, so a tool whose annotation
-//! or schema changes is treated by its latest listing): which are read-only, and which
-//! parameters each mirrors into headers (`x-mcp-header`, [`crate::header_params`]).
+//! or schema changes is treated by its latest listing): which are read-only, which
+//! require a task-augmented call (`execution.taskSupport: "required"`, 2025-11-25), and
+//! which parameters each mirrors into headers (`x-mcp-header`, [`crate::header_params`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -19,6 +20,9 @@ pub struct ToolCatalog {
     /// The tools named in the selection and annotated read-only that were logged.
     overruled: std::sync::Mutex<std::collections::HashSet<String>>,
     header_params: RwLock<HashMap<String, Arc<[HeaderParam]>>>,
+    /// The tools the server runs only as tasks: listed `taskSupport: "required"`, or
+    /// refused when called without a task.
+    need_tasks: RwLock<std::collections::HashSet<String>>,
 }
 
 impl ToolCatalog {
@@ -37,8 +41,15 @@ impl ToolCatalog {
             .header_params
             .write()
             .unwrap_or_else(|e| e.into_inner());
+        let mut need_tasks = self.need_tasks.write().unwrap_or_else(|e| e.into_inner());
         for tool in tools {
             if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                let support = tool.pointer("/execution/taskSupport");
+                if support.and_then(Value::as_str) == Some("required") {
+                    need_tasks.insert(name.to_string());
+                } else {
+                    need_tasks.remove(name);
+                }
                 let ro = tool
                     .pointer("/annotations/readOnlyHint")
                     .and_then(Value::as_bool)
@@ -91,6 +102,23 @@ impl ToolCatalog {
     pub fn header_params(&self, name: &str) -> Option<Arc<[HeaderParam]>> {
         let params = self.header_params.read().unwrap_or_else(|e| e.into_inner());
         params.get(name).cloned()
+    }
+
+    /// Whether the server runs `name` only as a task.
+    pub fn needs_task(&self, name: &str) -> bool {
+        let need = self.need_tasks.read().unwrap_or_else(|e| e.into_inner());
+        need.contains(name)
+    }
+
+    /// Learns that the server runs `name` only as a task (it refused a call without one).
+    pub fn learn_needs_task(&self, name: &str) {
+        let mut need = self.need_tasks.write().unwrap_or_else(|e| e.into_inner());
+        if need.insert(name.to_string()) {
+            tracing::info!(
+                tool = name,
+                "the server runs this tool only as a task: oncely calls it as one from now on"
+            );
+        }
     }
 
     /// Whether `name` is known to be read-only.

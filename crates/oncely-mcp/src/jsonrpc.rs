@@ -299,6 +299,16 @@ pub fn forwarded_call_with(message: &str, key: &str, more: &[(&str, &str)]) -> O
     Some(with_member(&outer, "params", &params))
 }
 
+/// `message` (a JSON object with object `params`, as written) with `params[name]` set to
+/// `value` (JSON text), every other member as written; `None` when it has no object
+/// `params`. The owner of a guarded call asks the server for a task with it (`task`).
+pub fn with_param(message: &str, name: &str, value: &str) -> Option<String> {
+    let outer = members(message)?;
+    let params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
+    let params = with_member(&params, name, value);
+    Some(with_member(&outer, "params", &params))
+}
+
 /// `message` (a JSON object, as written) with its `id` set to `id` (JSON text), every
 /// other member as written; `None` when `message` is not a JSON object. A transport that
 /// renumbers requests (stdio) edits the id alone, so that arguments and results keep

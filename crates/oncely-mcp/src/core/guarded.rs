@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::call::Call;
 use super::server::{messages_in, read_whole};
 use super::server::{BodyStream, Framing, Outgoing, ServerAnswer};
+use super::server_task;
 use super::sessions::Tracked;
 use super::{Context, Core, Mark, Reply, Server};
 use crate::jsonrpc::code;
@@ -62,13 +63,7 @@ impl<S: Server> Core<S> {
             .expect("call span lock")
             .as_ref()
             .map(Span::as_parent);
-        let run = self.owner_call(
-            bytes,
-            context.origin.clone(),
-            call.id.clone(),
-            parent,
-            owner_tracked,
-        );
+        let run = self.owner_call(bytes, context.origin.clone(), &call, parent, owner_tracked);
         if call.tasks {
             return self.guard_as_task(call, run, started).await;
         }
@@ -185,16 +180,33 @@ impl<S: Server> Core<S> {
     /// The owner's upstream call of a guarded `tools/call`, as the engine runs it once it
     /// owns the claimed record: the call sent with the downstream key, its answer
     /// classified for the record (with the attempt and what earlier attempts left in it).
+    /// A tool the server runs only as a task is called with `task`; a call the server
+    /// answers with a task is followed to its end (`server_task`), and its answer is the
+    /// task's result.
     fn owner_call(
         self: &Arc<Self>,
         bytes: Bytes,
         origin: S::Origin,
-        id: Value,
+        call: &Call,
         parent: Option<oncely_tower::trace::SpanParent>,
         owner_tracked: Tracked,
     ) -> impl FnOnce(DownstreamKey, &Record) -> UpstreamFuture<ServerHead<S::Head>> + Send + 'static
     {
         let me = self.clone();
+        let (id, tool) = (call.id.clone(), call.tool.clone());
+        // 2025-11-25 runs a tool that requires a task only as one; 2026-07-28's server
+        // may answer a call that declared the extension (as its client's did) with one.
+        let asks_task = !call.modern && self.catalog.needs_task(&tool);
+        let may_be_task = asks_task || call.tasks;
+        let meta = if call.tasks {
+            std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(t).ok())
+                .map(|m| server_task::protocol_meta(&m))
+                .unwrap_or_default()
+        } else {
+            Value::Object(Default::default())
+        };
         move |downstream: DownstreamKey, claimed: &Record| {
             // The derived downstream key reaches the server, so that it can deduplicate too;
             // and the client span's trace context, in `_meta` as in the HTTP header.
@@ -206,26 +218,47 @@ impl<S: Server> Core<S> {
                 }
                 None => (None, None),
             };
-            let bytes = forwarded_call(&bytes, downstream.as_str(), trace.as_ref());
+            let mut bytes = forwarded_call(&bytes, downstream.as_str(), trace.as_ref());
+            if asks_task {
+                let text = std::str::from_utf8(&bytes).ok();
+                let asked = text.and_then(|t| {
+                    jsonrpc::with_param(t, jsonrpc::TASK_PARAM, server_task::TASK_PARAM_VALUE)
+                });
+                if let Some(asked) = asked {
+                    bytes = asked.into();
+                }
+            }
             let (attempt, history) = (claimed.attempt, History::of(claimed));
             let sent = me.server.send(Outgoing {
                 bytes,
                 origin: &origin,
                 owner: true,
                 span: parent,
+                own: false,
             });
             Box::pin(async move {
                 let answer = sent.await?;
                 let ServerAnswer {
-                    head,
+                    mut head,
                     framing,
-                    body,
+                    mut body,
                     refused,
-                    ledger,
+                    mut ledger,
                 } = answer;
+                if may_be_task && refused.is_none() {
+                    // Read whole to see whether it is a task (a break-off: what came).
+                    let whole = read_whole(break_as_end(body)).await.unwrap_or_default();
+                    let answer = me.clone().answer_of_task(&id, framing, whole, origin, meta);
+                    let answer = answer.await;
+                    S::body_replaced(&mut head);
+                    ledger.length = None;
+                    body = Box::pin(futures::stream::once(async move { Ok(answer) }));
+                }
                 // A message answered is 200 to the engine; a refusal its transport's code.
                 let status = refused.as_ref().map_or(200, |r| r.status);
-                let classify = classifier(id, framing, refused, attempt, history, owner_tracked);
+                let learn = move || me.catalog.learn_needs_task(&tool);
+                let classify =
+                    classifier(id, framing, refused, attempt, history, owner_tracked, learn);
                 Ok(UpstreamAnswer {
                     status,
                     head: ServerHead { head, framing },
@@ -276,7 +309,8 @@ fn break_as_end(body: BodyStream) -> BodyStream {
 /// refusal by the server's transport, a JSON-RPC error, an `input_required` result, or no
 /// response at all. `attempt` is the claimed attempt and `history` the failures of
 /// earlier ones, carried on in the record (see [`crate::tasks`]). `tracked` keeps the
-/// call's cancellations dropped until the owner task is done with it.
+/// call's cancellations dropped until the owner task is done with it. `needs_task` is
+/// told when the server refused the call because the tool runs only as a task.
 fn classifier(
     id: Value,
     framing: Framing,
@@ -284,6 +318,7 @@ fn classifier(
     attempt: u32,
     history: History,
     tracked: Tracked,
+    needs_task: impl FnOnce() + Send + 'static,
 ) -> Classifier {
     Box::new(move |body| {
         let _tracked = tracked;
@@ -310,6 +345,9 @@ fn classifier(
             // not the call's and is not stored.
             Some(Outcome::Result(result)) if protocol_error_text(&result).is_some() => {
                 let text = protocol_error_text(&result).unwrap_or_default().to_string();
+                if says_task_required(&text) {
+                    needs_task();
+                }
                 let error = serde_json::json!({"code": code::INTERNAL_ERROR, "message": text});
                 failed(
                     format!("a protocol error as a tool result (not stored): {text}"),
@@ -327,7 +365,17 @@ fn classifier(
                     body: Some(serde_json::to_vec(&result).unwrap_or_default().into()),
                 })
             }
-            Some(Outcome::Error(e)) => failed(format!("JSON-RPC error (not stored): {e}"), e),
+            Some(Outcome::Error(e)) => {
+                let text = format!(
+                    "MCP error {}: {}",
+                    e.get("code").unwrap_or(&Value::Null),
+                    e.get("message").and_then(Value::as_str).unwrap_or_default()
+                );
+                if says_task_required(&text) {
+                    needs_task();
+                }
+                failed(format!("JSON-RPC error (not stored): {e}"), e)
+            }
             // The call was sent and the answer ended without its response: it may have run
             // (a server that ended its session aborts it mid-way). Never released.
             None => {
@@ -356,6 +404,12 @@ fn protocol_error_text(result: &Value) -> Option<&str> {
     let text = only.get("text")?.as_str()?;
     let code = text.strip_prefix("MCP error -3260")?;
     matches!(code.as_bytes(), [b'0'..=b'3', b':', ..]).then_some(text)
+}
+
+/// Whether a protocol error says the tool runs only as a task (the TypeScript SDK:
+/// "MCP error -32601: Tool X requires task augmentation (taskSupport: 'required')").
+fn says_task_required(text: &str) -> bool {
+    text.starts_with("MCP error -32601:") && text.contains("task")
 }
 
 /// The guarded call's request body as forwarded ([`jsonrpc::forwarded_call`]: the

@@ -62,6 +62,7 @@ mod message_span;
 mod reply;
 mod results;
 pub(crate) mod server;
+mod server_task;
 mod sessions;
 mod shared;
 mod task_requests;
@@ -244,6 +245,7 @@ impl<S: Server> Core<S> {
             origin: &context.origin,
             owner: false,
             span,
+            own: false,
         });
         match sent.await {
             Ok(answer) => {

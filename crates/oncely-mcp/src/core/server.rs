@@ -94,6 +94,10 @@ pub struct Outgoing<'a, O> {
     pub owner: bool,
     /// The span the call's upstream span is a child of (traces on, owner calls).
     pub span: Option<SpanParent>,
+    /// The message is oncely's own, not its client's (the owner following the server's
+    /// task: `tasks/get`, `tasks/result`), sent where the client's call went (HTTP: with
+    /// its headers, the routing ones made the message's).
+    pub own: bool,
 }
 
 /// The MCP server, as the core reaches it: one message in, its answer out.
@@ -110,6 +114,10 @@ pub trait Server: Send + Sync + 'static {
         &self,
         message: Outgoing<'_, Self::Origin>,
     ) -> BoxFuture<'static, Result<ServerAnswer<Self::Head>, UpstreamError>>;
+
+    /// Makes `head` fit another body than the one it came with (the owner answers a call
+    /// the server ran as a task with the task's result: HTTP drops `Content-Length`).
+    fn body_replaced(_head: &mut Self::Head) {}
 }
 
 /// A server that answers each message with at most its one response, as a JSON-RPC

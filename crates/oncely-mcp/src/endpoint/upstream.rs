@@ -79,11 +79,15 @@ impl Server for HttpServer {
         message: Outgoing<'_, Self::Origin>,
     ) -> BoxFuture<'static, Result<ServerAnswer<Self::Head>, UpstreamError>> {
         let parts = message.origin;
-        let mut req = self.request(parts, message.bytes);
+        let bytes = message.bytes;
+        let mut req = self.request(parts, bytes.clone());
         if message.owner {
             // The owner holds the endpoint's slot and times the call: the upstream does
             // neither.
             req.extensions_mut().insert(OwnerSend);
+        }
+        if message.own {
+            route_own_request(req.headers_mut(), &bytes);
         }
         let span = message.span.map(|p| {
             let span = p.upstream_call(req.headers_mut(), &parts.method);
@@ -129,6 +133,52 @@ impl Server for HttpServer {
                 head,
             })
         })
+    }
+
+    fn body_replaced(head: &mut Self::Head) {
+        head.headers.remove(http::header::CONTENT_LENGTH);
+    }
+}
+
+/// Gives a request the owner of a call makes of its own (its server's task's `tasks/get`,
+/// `tasks/result`), sent with the call's headers, the 2026-07-28 routing headers of its
+/// own message: `Mcp-Method` its method, `Mcp-Name` its `taskId`, and no `Mcp-Param-*`
+/// (they were the tool's). Headers without `Mcp-Method` (an earlier revision) are left.
+fn route_own_request(headers: &mut http::HeaderMap, body: &[u8]) {
+    let Some(said) = header_str(headers, "mcp-method").map(str::to_string) else {
+        return;
+    };
+    let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return;
+    };
+    let Some(method) = message.get("method").and_then(serde_json::Value::as_str) else {
+        return;
+    };
+    if method == said {
+        return;
+    }
+    let Ok(value) = http::HeaderValue::from_str(method) else {
+        return;
+    };
+    headers.insert("mcp-method", value);
+    let params: Vec<_> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("mcp-param-"))
+        .cloned()
+        .collect();
+    for name in params {
+        headers.remove(name);
+    }
+    let task = message
+        .pointer("/params/taskId")
+        .and_then(serde_json::Value::as_str);
+    match task.and_then(|t| http::HeaderValue::from_str(t).ok()) {
+        Some(task) => {
+            headers.insert("mcp-name", task);
+        }
+        None => {
+            headers.remove("mcp-name");
+        }
     }
 }
 

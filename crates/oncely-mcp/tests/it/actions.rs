@@ -42,8 +42,9 @@ impl Received {
     }
 }
 
-/// Reads one HTTP/1.1 request (headers and a Content-Length body).
-async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+/// Reads one HTTP/1.1 request (headers and a Content-Length body): its head (lowercased)
+/// and body.
+async fn read_request_head(stream: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -61,7 +62,7 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
-            return Some(buf[end + 4..end + 4 + length].to_vec());
+            return Some((head, buf[end + 4..end + 4 + length].to_vec()));
         }
         let n = stream.read(&mut chunk).await.ok()?;
         if n == 0 {
@@ -83,7 +84,8 @@ async fn write_response(stream: &mut tokio::net::TcpStream, content_type: &str, 
 
 /// Starts the upstream; a `tools/call` behaves as its `arguments.mode` says: `ok` (a
 /// result), `slow` (a result after `ms` milliseconds), `big` (a result of 5000 characters),
-/// `task` (a task of the server's own, `upstream-task-N`), `hang` (no answer for a
+/// `task` (a task of the server's own, `upstream-task-N`, completed at the second
+/// `tasks/get` of the run, which must carry its routing headers), `hang` (no answer for a
 /// minute), `reset` (the connection closes after the call
 /// was read), `sse_end` (an event stream with a progress notification, then its end
 /// without the response).
@@ -97,16 +99,43 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
             };
             let received = received.clone();
             tokio::spawn(async move {
-                let Some(body) = read_request(&mut stream).await else {
+                let Some((head, body)) = read_request_head(&mut stream).await else {
                     return;
                 };
                 let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let id = message["id"].clone();
-                received
-                    .1
-                    .lock()
-                    .unwrap()
-                    .push(message["method"].as_str().unwrap_or("").to_string());
+                let method = message["method"].as_str().unwrap_or("").to_string();
+                let polls = {
+                    let mut methods = received.1.lock().unwrap();
+                    methods.push(method.clone());
+                    methods.iter().filter(|m| *m == "tasks/get").count()
+                };
+                let task = message["params"]["taskId"].as_str().unwrap_or("");
+                if method == "tasks/get" && task.starts_with("upstream-task-") {
+                    // Its own task, checked as a 2026-07-28 server checks the routing
+                    // headers: working at the first poll, completed after.
+                    let header = |name: &str| {
+                        head.lines()
+                            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                            .map(str::trim)
+                            .unwrap_or("")
+                            .to_string()
+                    };
+                    let answer = if header("mcp-method") != method || header("mcp-name") != task {
+                        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32020,
+                            "message": format!("routing headers {head:?} do not match the body")}})
+                    } else if polls < 2 {
+                        json!({"jsonrpc": "2.0", "id": id, "result": {"resultType": "complete",
+                            "taskId": task, "status": "working", "pollIntervalMs": 50}})
+                    } else {
+                        let result = json!({"resultType": "complete",
+                            "content": [{"type": "text", "text": format!("done by {task}")}]});
+                        json!({"jsonrpc": "2.0", "id": id, "result": {"resultType": "complete",
+                            "taskId": task, "status": "completed", "result": result}})
+                    };
+                    write_response(&mut stream, "application/json", &answer.to_string()).await;
+                    return;
+                }
                 if message["method"] != "tools/call" {
                     // Anything else is answered with what the server was asked.
                     let result = json!({"resultType": "complete", "method": message["method"], "params": message["params"]});
@@ -135,7 +164,8 @@ pub(crate) async fn failing_upstream(received: Received) -> String {
                     Some("task") => {
                         let task = json!({"resultType": "task", "taskId": format!("upstream-task-{n}"),
                             "status": "working", "createdAt": "2026-12-01T00:00:00Z",
-                            "lastUpdatedAt": "2026-12-01T00:00:00Z", "ttlMs": 60000});
+                            "lastUpdatedAt": "2026-12-01T00:00:00Z", "ttlMs": 60000,
+                            "pollIntervalMs": 50});
                         let answer = json!({"jsonrpc": "2.0", "id": id, "result": task});
                         write_response(&mut stream, "application/json", &answer.to_string()).await;
                     }

@@ -165,45 +165,62 @@ async fn a_slow_call_becomes_one_task_for_every_client_that_declared_the_extensi
     validate_all(&items).await;
 }
 
+/// A server that answers a call with a task of its own (the client declared the
+/// extension, and its declaration reached the server): the owner follows that task on
+/// the server (`tasks/get` with its own routing headers, at the server's poll interval)
+/// and the call's result is the task's. What is stored and replayed, to every client, is
+/// that result: never the server's task, whose id is not the record's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_of_the_server_passes_through_and_its_call_is_guarded() {
+async fn a_task_of_the_server_is_followed_and_its_result_is_the_calls() {
     let received = Received::default();
     let gw = Gateway::start(config(&failing_upstream(received.clone()).await)).await;
     let args = json!({"mode": "task"});
     let first = call_tool(&gw, 1, "render", &args, true).await;
-    assert_eq!(first["result"]["resultType"], "task", "{first}");
-    assert_eq!(first["result"]["taskId"], "upstream-task-1");
-    // A duplicate gets the same task.
+    assert_eq!(first["result"]["resultType"], "complete", "{first}");
+    assert_eq!(
+        first["result"]["content"][0]["text"], "done by upstream-task-1",
+        "{first}"
+    );
+    assert!(first["result"].get("taskId").is_none(), "{first}");
     let same = call_tool(&gw, 2, "render", &args, true).await;
-    assert_eq!(same["result"]["taskId"], "upstream-task-1", "{same}");
-    assert_eq!(same["result"]["resultType"], "task");
+    assert_eq!(
+        same["result"]["content"], first["result"]["content"],
+        "{same}"
+    );
     assert_eq!(
         same["result"]["_meta"]["dev.oncely/replay"]["status"],
         "replayed"
     );
-    // A client without the extension never gets a task.
+    // A client without the extension gets the same result.
     let plain = call_tool(&gw, 3, "render", &args, false).await;
-    assert_eq!(plain["result"]["isError"], true, "{plain}");
-    assert!(plain["result"].get("taskId").is_none());
-    assert!(plain["result"]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .contains("upstream-task-1"));
+    assert_eq!(
+        plain["result"]["content"], first["result"]["content"],
+        "{plain}"
+    );
+    assert!(plain["result"].get("isError").is_none(), "{plain}");
     assert_eq!(
         received.calls("render", &args).len(),
         1,
         "the call ran once"
     );
-    // The server's task is the server's: its tasks/get passes through.
+    let polls = received
+        .methods()
+        .iter()
+        .filter(|m| *m == "tasks/get")
+        .count();
+    assert_eq!(
+        polls,
+        2,
+        "polled until it completed: {:?}",
+        received.methods()
+    );
+    // The server's task is the server's: a client's tasks/get of it passes through.
     let got = task_method(&gw, ALICE, 4, "tasks/get", "upstream-task-1").await;
-    assert_eq!(got["result"]["method"], "tasks/get", "{got}");
+    assert_eq!(got["result"]["taskId"], "upstream-task-1", "{got}");
     validate_all(&[
-        item("server task replayed", "task", &same),
-        item(
-            "server task to a client without tasks",
-            "tool_result",
-            &plain,
-        ),
+        item("server task followed", "tool_result", &first),
+        item("server task's result replayed", "tool_result", &same),
+        item("to a client without tasks", "tool_result", &plain),
     ])
     .await;
 }

@@ -276,10 +276,158 @@ async fn oncely_mcp_url_guards_a_named_read_only_tool_and_renews_a_forgotten_ses
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// The reference server's `simulate-research-query` requires a task; called plainly, the
-/// server's SDK answers a protocol error (-32601) wrapped as an `isError` result. That
-/// is no result of the tool, which never ran: it is not stored, and the next call is sent
-/// again, not answered with the refusal for the whole window.
+const RESEARCH: &str = "simulate-research-query";
+
+fn research(id: i64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": RESEARCH, "arguments": {"topic": "tides"}}})
+}
+
+/// Asserts that `message` is the research report the server's task produced, with none of
+/// the server's task in it.
+fn assert_report(message: &Value) {
+    let text = message["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("Research Report: tides"), "{message}");
+    assert!(message["result"]["task"].is_null(), "{message}");
+    assert!(
+        message["result"]["_meta"]["io.modelcontextprotocol/related-task"].is_null(),
+        "the server's task is not the client's: {message}"
+    );
+}
+
+/// The states of the records in `store`.
+fn states(store: &str) -> Vec<String> {
+    let list = crate::common::run(&["ledger", "list", "--json", "--store", store]);
+    let records: Value = serde_json::from_slice(&list.stdout).unwrap();
+    records
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["state"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The reference server's `simulate-research-query` runs only as a task
+/// (`taskSupport: "required"`). oncely lists it as `forbidden` (it does not advertise
+/// task-augmented calls of guarded tools), so the client calls it plainly, and oncely's
+/// owner calls it as a task, follows the server's task on the client's session to its end
+/// (about 4 s) and answers with its result: one record, a duplicate during the run joins
+/// it, a later one replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_requires_a_task_is_run_as_one_and_its_result_replayed() {
+    if !node() {
+        return;
+    }
+    let server = Everything::start();
+    let (gw, _dir, store) = gateway(&server, "");
+    let url = gw.url("/mcp");
+    let mut session = Session {
+        url: &url,
+        id: None,
+    };
+    session.initialize().await;
+    let listed = session
+        .send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    let tools = message_of(&listed.text());
+    let tool = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == RESEARCH)
+        .expect("the server lists it");
+    assert_eq!(tool["execution"]["taskSupport"], "forbidden", "{tool}");
+
+    let session = &session;
+    let call = research(2);
+    let (first, joined) = tokio::join!(session.send(&call), async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        session.send(&research(3)).await
+    });
+    assert_eq!(first.header("oncely-status"), "fresh", "{}", first.text());
+    let first = message_of(&first.text());
+    assert_eq!(first["id"], 2);
+    assert_report(&first);
+    assert_eq!(
+        joined.header("oncely-status"),
+        "joined",
+        "{}",
+        joined.text()
+    );
+    let joined = message_of(&joined.text());
+    assert_eq!(joined["id"], 3);
+    assert_eq!(joined["result"]["content"], first["result"]["content"]);
+    let again = session.send(&research(4)).await;
+    assert_eq!(
+        again.header("oncely-status"),
+        "replayed",
+        "{}",
+        again.text()
+    );
+    let again = message_of(&again.text());
+    assert_eq!(again["result"]["content"], first["result"]["content"]);
+    assert_eq!(
+        again["result"]["_meta"]["dev.oncely/replay"]["status"],
+        "replayed"
+    );
+    assert_eq!(states(&store), ["completed"], "one execution, recorded");
+    let log = gw.lines.lock().unwrap().join("\n");
+    assert!(log.contains("the server runs the call as a task"), "{log}");
+}
+
+/// The same through `oncely mcp --url`: its remote link follows the server's task on its
+/// session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oncely_mcp_url_runs_a_tool_that_requires_a_task_as_one() {
+    if !node() {
+        return;
+    }
+    let server = Everything::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("mcp.db").display());
+    let wrapped: Vec<std::ffi::OsString> =
+        ["oncely", "mcp", "--store", &store, "--url", &server.url()]
+            .iter()
+            .map(Into::into)
+            .collect();
+    let mut raw = Raw::start(&wrapped);
+    raw.initialize_as("2025-11-25");
+    raw.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+    let listed = raw.response(1);
+    let tool = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == RESEARCH)
+        .cloned()
+        .expect("the server lists it");
+    assert_eq!(tool["execution"]["taskSupport"], "forbidden", "{tool}");
+    raw.send(&research(2));
+    let first = raw.response(2);
+    assert_report(&first);
+    assert!(
+        first["result"]["_meta"]["dev.oncely/replay"].is_null(),
+        "{first}"
+    );
+    raw.send(&research(3));
+    let again = raw.response(3);
+    assert_eq!(
+        again["result"]["_meta"]["dev.oncely/replay"]["status"],
+        "replayed",
+        "{again}\n{}",
+        raw.stderr()
+    );
+    assert_eq!(again["result"]["content"], first["result"]["content"]);
+    assert_eq!(raw.finish().0, Some(0), "{}", raw.stderr());
+    assert_eq!(states(&store), ["completed"]);
+}
+
+/// Called before oncely saw it listed, the tool is refused by the server's SDK with a
+/// protocol error (-32601) wrapped as an `isError` result. That is no result of the tool,
+/// which never ran: it is not stored, and oncely learns from it that the tool runs only
+/// as a task, so the next call (the client's retry) is run as one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protocol_refusal_wrapped_as_a_tool_result_is_not_stored() {
     if !node() {
@@ -293,38 +441,32 @@ async fn a_protocol_refusal_wrapped_as_a_tool_result_is_not_stored() {
         id: None,
     };
     session.initialize().await;
-    let research = |id: i64| {
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": "simulate-research-query", "arguments": {"topic": "tides"}}})
-    };
-    for id in [1, 2] {
-        let a = session.send(&research(id)).await;
-        assert_eq!(
-            a.header("oncely-status"),
-            "fresh",
-            "call {id}: {}",
-            a.text()
-        );
-        let message = message_of(&a.text());
-        let text = message["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap_or_default();
-        assert!(
-            text.contains("-32601"),
-            "the server's own refusal: {message}"
-        );
-        assert!(message["result"]["_meta"]["dev.oncely/replay"].is_null());
-    }
-    let list = crate::common::run(&["ledger", "list", "--json", "--store", &store]);
-    let records: Value = serde_json::from_slice(&list.stdout).unwrap();
-    let states: Vec<&str> = records
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["state"].as_str())
-        .collect();
+    let a = session.send(&research(1)).await;
+    assert_eq!(a.header("oncely-status"), "fresh", "{}", a.text());
+    let refused = message_of(&a.text());
+    let text = refused["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
-        states.iter().all(|s| *s != "completed"),
-        "nothing stored: {records}"
+        text.contains("-32601"),
+        "the server's own refusal: {refused}"
     );
+    assert!(refused["result"]["_meta"]["dev.oncely/replay"].is_null());
+    assert!(
+        states(&store).iter().all(|s| s != "completed"),
+        "the refusal is not stored"
+    );
+    let retry = session.send(&research(2)).await;
+    assert_eq!(retry.header("oncely-status"), "fresh", "{}", retry.text());
+    assert_report(&message_of(&retry.text()));
+    let again = session.send(&research(3)).await;
+    assert_eq!(
+        again.header("oncely-status"),
+        "replayed",
+        "{}",
+        again.text()
+    );
+    assert!(states(&store).contains(&"completed".to_string()));
+    let log = gw.lines.lock().unwrap().join("\n");
+    assert!(log.contains("only as a task"), "{log}");
 }
