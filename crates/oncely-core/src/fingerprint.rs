@@ -190,26 +190,89 @@ impl FingerprintBuilder {
         body: &[u8],
         ignore: &[String],
     ) -> Fingerprint {
+        self.read_body(content_type, body, &Select::Ignore(ignore))
+    }
+
+    /// [`FingerprintBuilder::request_body`] over only the `fields` of the body
+    /// (`fingerprint_fields`, the complement of `ignore_fields`): JSON pointers, each
+    /// hashed with what it names (or as absent), in the order given; `/NAME` for a form
+    /// field or a part, whose other fields and parts do not count. A body that is none of
+    /// JSON, a form and multipart is hashed whole, as it cannot be read as fields.
+    ///
+    /// ```
+    /// use oncely_core::FingerprintBuilder;
+    /// let only = ["/amount".to_string(), "/to".to_string()];
+    /// let fp = |body: &[u8]| {
+    ///     FingerprintBuilder::new("acct", "POST", "/v1/payments")
+    ///         .request_body_fields(Some(b"application/json"), body, &only)
+    /// };
+    /// assert_eq!(fp(br#"{"amount": 100, "to": "bob", "note": "rent"}"#),
+    ///            fp(br#"{"to": "bob", "amount": 1e2, "note": "rent for May"}"#));
+    /// assert_ne!(fp(br#"{"amount": 100, "to": "bob"}"#), fp(br#"{"amount": 100}"#));
+    /// ```
+    pub fn request_body_fields(
+        self,
+        content_type: Option<&[u8]>,
+        body: &[u8],
+        fields: &[String],
+    ) -> Fingerprint {
+        self.read_body(content_type, body, &Select::Only(fields))
+    }
+
+    fn read_body(
+        self,
+        content_type: Option<&[u8]>,
+        body: &[u8],
+        select: &Select<'_>,
+    ) -> Fingerprint {
         let read = content_type.and_then(|content_type| {
             if let Some(boundary) = multipart::boundary(content_type) {
-                self.clone().multipart(body, &boundary, ignore)
+                self.clone().multipart(body, &boundary, select)
             } else if form::is_form(content_type) {
-                self.clone().form(body, ignore)
+                self.clone().form(body, select)
             } else {
                 None
             }
         });
-        read.unwrap_or_else(|| self.body(body, ignore))
+        read.unwrap_or_else(|| match select {
+            Select::Ignore(ignore) => self.body(body, ignore),
+            Select::Only(fields) => self.json_fields(body, fields),
+        })
+    }
+
+    /// The JSON body's `fields` (pointers), each with its canonical value or as absent;
+    /// a body that is not JSON, as its bytes.
+    fn json_fields(mut self, body: &[u8], fields: &[String]) -> Fingerprint {
+        let Some(mut doc) = crate::canon::Json::parse(body) else {
+            return self.body(body, &[]);
+        };
+        doc.normalize();
+        self.hasher.update(b"S");
+        for pointer in fields {
+            self.field(pointer.as_bytes());
+            let value = doc.pointer_mut(pointer).map(|v| {
+                let mut out = Vec::new();
+                v.write_canonical(&mut out);
+                out
+            });
+            self.optional(value.as_deref());
+        }
+        Fingerprint(self.hasher.finalize().into())
     }
 
     /// The parts, hashed as they are read; `None` when the body is malformed (what was
     /// hashed of it is dropped with this copy of the builder).
-    fn multipart(mut self, body: &[u8], boundary: &[u8], ignore: &[String]) -> Option<Fingerprint> {
-        let ignored = ignored_names(ignore);
-        self.hasher.update(b"M");
+    fn multipart(
+        mut self,
+        body: &[u8],
+        boundary: &[u8],
+        select: &Select<'_>,
+    ) -> Option<Fingerprint> {
+        let names = select.names();
+        self.hasher.update(select.mark(b'M'));
         for part in multipart::parts(body, boundary) {
             let part = part.ok()?;
-            if ignored.iter().any(|name| **name == *part.name) {
+            if !select.keeps(&names, |name| *name == *part.name) {
                 continue;
             }
             self.hasher.update(b"p");
@@ -224,12 +287,12 @@ impl FingerprintBuilder {
 
     /// The pairs in name order, each decoded as it is hashed; `None` when the body is
     /// malformed.
-    fn form(mut self, body: &[u8], ignore: &[String]) -> Option<Fingerprint> {
+    fn form(mut self, body: &[u8], select: &Select<'_>) -> Option<Fingerprint> {
         let pairs = form::pairs(body).ok()?;
-        let ignored = ignored_names(ignore);
-        self.hasher.update(b"F");
+        let names = select.names();
+        self.hasher.update(select.mark(b'F'));
         for pair in pairs {
-            if ignored.iter().any(|name| pair.name.is(name)) {
+            if !select.keeps(&names, |name| pair.name.is(name)) {
                 continue;
             }
             self.hasher.update(b"p");
@@ -257,6 +320,39 @@ impl FingerprintBuilder {
     fn field(&mut self, bytes: &[u8]) {
         self.hasher.update((bytes.len() as u64).to_be_bytes());
         self.hasher.update(bytes);
+    }
+}
+
+/// Which fields of a body count: all but `ignore_fields`, or only `fingerprint_fields`.
+enum Select<'a> {
+    Ignore(&'a [String]),
+    Only(&'a [String]),
+}
+
+impl Select<'_> {
+    /// The form field and part names its pointers give ([`ignored_names`]).
+    fn names(&self) -> Vec<Vec<u8>> {
+        match self {
+            Select::Ignore(p) | Select::Only(p) => ignored_names(p),
+        }
+    }
+
+    /// Whether a field or part one of whose `names` is (`is`) counts.
+    fn keeps(&self, names: &[Vec<u8>], is: impl Fn(&[u8]) -> bool) -> bool {
+        let named = names.iter().any(|n| is(n));
+        match self {
+            Select::Ignore(_) => !named,
+            Select::Only(_) => named,
+        }
+    }
+
+    /// The mark a reading of a body starts with: a selection of fields is its own
+    /// reading, never equal to a whole body's.
+    fn mark(&self, whole: u8) -> [u8; 1] {
+        match self {
+            Select::Ignore(_) => [whole],
+            Select::Only(_) => [whole.to_ascii_lowercase()],
+        }
     }
 }
 
@@ -353,6 +449,51 @@ mod tests {
             f(br#"{"text":"hi","meta":{"keep":1}}"#),
             f(br#"{"text":"hi","meta":{"keep":2}}"#),
         );
+    }
+
+    #[test]
+    fn only_the_fingerprint_fields_count_in_json_forms_and_parts() {
+        let only = vec!["/amount".to_string(), "/to".to_string()];
+        let b = || FingerprintBuilder::new("p", "POST", "/x");
+        let json = |body: &[u8]| b().request_body_fields(Some(b"application/json"), body, &only);
+        assert_eq!(
+            json(br#"{"amount": 1, "to": "a", "note": "x"}"#),
+            json(br#"{"note": "y", "to": "a", "amount": 1.0}"#)
+        );
+        assert_ne!(
+            json(br#"{"amount": 1, "to": "a"}"#),
+            json(br#"{"amount": 2, "to": "a"}"#)
+        );
+        assert_ne!(
+            json(br#"{"amount": 1}"#),
+            json(br#"{"amount": 1, "to": null}"#),
+            "absent is not null"
+        );
+        let form = |body: &[u8]| {
+            b().request_body_fields(Some(b"application/x-www-form-urlencoded"), body, &only)
+        };
+        assert_eq!(form(b"amount=1&to=a&note=x"), form(b"note=y&to=a&amount=1"));
+        assert_ne!(form(b"amount=1&to=a"), form(b"amount=2&to=a"));
+        let part = |note: &str, amount: &str| {
+            let body = format!(
+                "--b\r\nContent-Disposition: form-data; name=\"amount\"\r\n\r\n{amount}\r\n\
+                 --b\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\n{note}\r\n--b--\r\n"
+            );
+            b().request_body_fields(
+                Some(b"multipart/form-data; boundary=b"),
+                body.as_bytes(),
+                &only,
+            )
+        };
+        assert_eq!(part("x", "1"), part("y", "1"));
+        assert_ne!(part("x", "1"), part("x", "2"));
+        // A selection is its own reading: never the whole body's fingerprint.
+        let whole = b().request_body(
+            Some(b"application/x-www-form-urlencoded"),
+            b"amount=1&to=a",
+            &[],
+        );
+        assert_ne!(form(b"amount=1&to=a"), whole);
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct RoutePolicy {
     pub fingerprint_headers: Vec<HeaderName>,
     /// JSON pointers left out of the fingerprint.
     pub ignore_fields: Vec<String>,
+    /// When not empty, the only fields of the body the fingerprint covers (JSON pointers,
+    /// `/NAME` for a form field or a part): the complement of `ignore_fields`.
+    pub fingerprint_fields: Vec<String>,
     /// Only these callers are guarded.
     pub guard_when: Option<GuardWhen>,
     /// Billing units of one execution (a [`UnitsRule`], or any [`MakeUnits`]).
@@ -108,6 +111,7 @@ impl RoutePolicy {
             principal: Arc::new(PrincipalSource::Header(http::header::AUTHORIZATION)),
             fingerprint_headers: Vec::new(),
             ignore_fields: Vec::new(),
+            fingerprint_fields: Vec::new(),
             guard_when: None,
             units: Arc::new(UnitsRule::None),
             window: Duration::from_secs(3 * 3600),

@@ -137,11 +137,12 @@ where
     }
     // A form or an upload is read by its fields and parts, whatever its framing.
     let content_type = parts.headers.get(http::header::CONTENT_TYPE);
-    let fingerprint = fp.request_body(
-        content_type.map(HeaderValue::as_bytes),
-        &bytes,
-        &policy.ignore_fields,
-    );
+    let content_type = content_type.map(HeaderValue::as_bytes);
+    let fingerprint = if policy.fingerprint_fields.is_empty() {
+        fp.request_body(content_type, &bytes, &policy.ignore_fields)
+    } else {
+        fp.request_body_fields(content_type, &bytes, &policy.fingerprint_fields)
+    };
     let request_units = policy
         .units
         .request_units(&RequestHead::of_parts(&parts), &bytes);

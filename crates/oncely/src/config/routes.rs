@@ -127,6 +127,9 @@ pub struct Route {
     pub fingerprint_headers: Vec<HeaderName>,
     /// JSON pointers left out of the fingerprint.
     pub ignore_fields: Vec<String>,
+    /// The only fields of the body the fingerprint covers (JSON pointers, `/NAME` for a
+    /// form field or a part), when set: the complement of `ignore_fields`.
+    pub fingerprint_fields: Vec<String>,
     /// Only these callers are guarded.
     pub guard_when: Option<GuardWhen>,
     /// Billing units (default none).
@@ -166,6 +169,7 @@ const ROUTE_FIELDS: &[&str] = &[
     "principal",
     "fingerprint_headers",
     "ignore_fields",
+    "fingerprint_fields",
     "guard_when",
     "units",
     "upstream",
@@ -191,6 +195,7 @@ pub(super) struct RouteFields {
     pub(super) principal: Option<PrincipalSource>,
     pub(super) fingerprint_headers: Option<Vec<HeaderName>>,
     pub(super) ignore_fields: Option<Vec<String>>,
+    pub(super) fingerprint_fields: Option<Vec<String>>,
     pub(super) guard_when: Option<GuardWhen>,
     pub(super) units: Option<UnitsRule>,
     pub(super) upstream: Option<Upstream>,
@@ -267,6 +272,20 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Mistakes) -> RouteFields {
             }
         }
         f.ignore_fields = Some(ptrs);
+    }
+    if let Some(ptrs) = read::strings(t, loc, "fingerprint_fields", problems) {
+        for (i, p) in ptrs.iter().enumerate() {
+            if let Err(e) = pointer(p) {
+                problems.add(format!("{}[{i}]", at(loc, "fingerprint_fields")), e);
+            }
+        }
+        if ptrs.is_empty() {
+            problems.add(
+                at(loc, "fingerprint_fields"),
+                "empty: name the fields the intention is made of (e.g. [\"/amount\", \"/to\"]), or leave it out",
+            );
+        }
+        f.fingerprint_fields = Some(ptrs);
     }
     if let Some(g) = read::table(t, loc, "guard_when", problems) {
         let gloc = at(loc, "guard_when");
@@ -434,6 +453,21 @@ pub(super) fn section(
         let (Some(path), Some(method)) = (path, method) else {
             continue;
         };
+        let ignores = fields
+            .ignore_fields
+            .as_ref()
+            .or(defaults.ignore_fields.as_ref());
+        let selects = fields
+            .fingerprint_fields
+            .as_ref()
+            .or(defaults.fingerprint_fields.as_ref());
+        if ignores.is_some_and(|i| !i.is_empty()) && selects.is_some() {
+            p.add(
+                at(&loc, "fingerprint_fields"),
+                "set with ignore_fields (here or in [defaults]): they are each other's \
+                 complement, so the route must name one, the fields that count or those that do not",
+            );
+        }
         routes.push(Route::merge(
             method,
             path,
@@ -457,6 +491,7 @@ impl Route {
             principal: PrincipalSource::Header(http::header::AUTHORIZATION),
             fingerprint_headers: Vec::new(),
             ignore_fields: Vec::new(),
+            fingerprint_fields: Vec::new(),
             guard_when: None,
             units: UnitsRule::None,
             upstream: None,
@@ -496,6 +531,10 @@ impl Route {
             ignore_fields: f
                 .ignore_fields
                 .or(d.ignore_fields.clone())
+                .unwrap_or_default(),
+            fingerprint_fields: f
+                .fingerprint_fields
+                .or(d.fingerprint_fields.clone())
                 .unwrap_or_default(),
             guard_when: f.guard_when.or(d.guard_when.clone()),
             units: f.units.or(d.units.clone()).unwrap_or(b.units),

@@ -47,6 +47,7 @@ pub fn policy(route: &Route, config: &Config, concurrency: Option<Concurrency>) 
     p.principal = Arc::new(route.principal.clone());
     p.fingerprint_headers = route.fingerprint_headers.clone();
     p.ignore_fields = route.ignore_fields.clone();
+    p.fingerprint_fields = route.fingerprint_fields.clone();
     p.guard_when = route.guard_when.clone();
     p.units = Arc::new(route.units.clone());
     p.window = route.window;

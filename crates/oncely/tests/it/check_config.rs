@@ -115,3 +115,62 @@ fn serve_names_a_missing_tls_file_once() {
         "the cause once: {line}"
     );
 }
+
+#[test]
+fn fingerprint_fields_with_ignore_fields_and_a_bad_pointer_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fields.toml");
+    std::fs::write(
+        &file,
+        r#"
+upstream = "http://127.0.0.1:3000"
+
+[defaults]
+ignore_fields = ["/request_id"]
+
+[[routes]]
+method = "POST"
+path = "/v1/payments"
+fingerprint_fields = ["/amount"]
+
+[[routes]]
+method = "POST"
+path = "/v1/orders"
+ignore_fields = []
+fingerprint_fields = ["amount", "/to"]
+
+[[routes]]
+method = "POST"
+path = "/v1/refunds"
+ignore_fields = []
+fingerprint_fields = []
+"#,
+    )
+    .unwrap();
+    let o = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    for want in [
+        "routes[0].fingerprint_fields: set with ignore_fields (here or in [defaults])",
+        "routes[1].fingerprint_fields[0]: \"amount\" is not a JSON pointer",
+        "routes[2].fingerprint_fields: empty",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(want)),
+            "{want:?} not in {err}"
+        );
+    }
+    assert_eq!(lines.len(), 3, "{err}");
+
+    // A route's own `ignore_fields = []` over the defaults' leaves fingerprint_fields alone.
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:3000\"\n[defaults]\nignore_fields = [\"/r\"]\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/v1/orders\"\nignore_fields = []\n\
+         fingerprint_fields = [\"/amount\", \"/to\"]\n",
+    )
+    .unwrap();
+    let o = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

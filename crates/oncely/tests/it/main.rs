@@ -19,6 +19,7 @@ mod docs;
 mod durable;
 mod e2e;
 mod faults;
+mod fingerprint_fields;
 mod hostile;
 mod http_toolkit;
 mod inventory;
