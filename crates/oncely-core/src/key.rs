@@ -191,6 +191,28 @@ impl DownstreamKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key in the UUID layout (RFC 9562, version 8: its 128 bits are the key's, but
+    /// for the version and variant), for a server whose key argument takes a UUID.
+    pub fn as_uuid(&self) -> String {
+        let hex = self.0.strip_prefix("oncely-").unwrap_or(&self.0);
+        let mut bytes = [0u8; 16];
+        if let Ok(decoded) = hex::decode(hex) {
+            let n = decoded.len().min(16);
+            bytes[..n].copy_from_slice(&decoded[..n]);
+        }
+        bytes[6] = (bytes[6] & 0x0f) | 0x80;
+        bytes[8] = (bytes[8] & 0x3f) | 0x80;
+        let h = hex::encode(bytes);
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    }
 }
 
 impl fmt::Display for DownstreamKey {
@@ -274,6 +296,18 @@ mod tests {
         assert_eq!(a, Scope::new("alice", "POST /v1/render"));
         // Length-prefixing keeps ("ab", "c") and ("a", "bc") apart.
         assert_ne!(Scope::new("ab", "c"), Scope::new("a", "bc"));
+    }
+
+    #[test]
+    fn a_downstream_key_in_the_uuid_layout_is_version_8() {
+        let k = DownstreamKey::derive(&Scope::new("p", "POST /x"), "k");
+        let u = k.as_uuid();
+        assert_eq!(u.len(), 36);
+        assert_eq!(u.as_bytes()[14], b'8', "{u}");
+        assert!(matches!(u.as_bytes()[19], b'8' | b'9' | b'a' | b'b'), "{u}");
+        assert_eq!(u, k.as_uuid());
+        let other = DownstreamKey::derive(&Scope::new("q", "POST /x"), "k");
+        assert_ne!(u, other.as_uuid());
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct ToolCatalog {
     /// The tools the server runs only as tasks: listed `taskSupport: "required"`, or
     /// refused when called without a task.
     need_tasks: RwLock<std::collections::HashSet<String>>,
+    /// Each tool's `inputSchema`, as its latest listing gave it (its key arguments'
+    /// schemas say whether a UUID fits them).
+    schemas: RwLock<HashMap<String, Arc<Value>>>,
 }
 
 impl ToolCatalog {
@@ -42,8 +45,17 @@ impl ToolCatalog {
             .write()
             .unwrap_or_else(|e| e.into_inner());
         let mut need_tasks = self.need_tasks.write().unwrap_or_else(|e| e.into_inner());
+        let mut schemas = self.schemas.write().unwrap_or_else(|e| e.into_inner());
         for tool in tools {
             if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                match tool.get("inputSchema") {
+                    Some(schema) => {
+                        schemas.insert(name.to_string(), Arc::new(schema.clone()));
+                    }
+                    None => {
+                        schemas.remove(name);
+                    }
+                }
                 let support = tool.pointer("/execution/taskSupport");
                 if support.and_then(Value::as_str) == Some("required") {
                     need_tasks.insert(name.to_string());
@@ -102,6 +114,12 @@ impl ToolCatalog {
     pub fn header_params(&self, name: &str) -> Option<Arc<[HeaderParam]>> {
         let params = self.header_params.read().unwrap_or_else(|e| e.into_inner());
         params.get(name).cloned()
+    }
+
+    /// Tool `name`'s `inputSchema`, as its latest listing gave it.
+    pub fn input_schema(&self, name: &str) -> Option<Arc<Value>> {
+        let schemas = self.schemas.read().unwrap_or_else(|e| e.into_inner());
+        schemas.get(name).cloned()
     }
 
     /// Whether the server runs `name` only as a task.

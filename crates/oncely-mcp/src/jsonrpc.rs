@@ -309,6 +309,33 @@ pub fn with_param(message: &str, name: &str, value: &str) -> Option<String> {
     Some(with_member(&outer, "params", &params))
 }
 
+/// `message` (a `tools/call`, as written) with the argument `pointer` names (a JSON
+/// pointer into `params.arguments`, through objects) set to `value` (JSON text), every
+/// other part as written; `None` when the message has no such argument.
+pub fn with_argument(message: &str, pointer: &str, value: &str) -> Option<String> {
+    fn set(object: &str, tokens: &[String], value: &str) -> Option<String> {
+        let (first, rest) = tokens.split_first()?;
+        let members = members(object)?;
+        let (_, current) = members.iter().rev().find(|(k, _)| k == first)?;
+        let new = if rest.is_empty() {
+            value.to_string()
+        } else {
+            set(current, rest, value)?
+        };
+        Some(with_member(&members, first, &new))
+    }
+    let tokens: Vec<String> = pointer
+        .strip_prefix('/')?
+        .split('/')
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let path: Vec<String> = ["params".to_string(), "arguments".to_string()]
+        .into_iter()
+        .chain(tokens)
+        .collect();
+    set(message, &path, value)
+}
+
 /// `message` (a JSON object, as written) with its `id` set to `id` (JSON text), every
 /// other member as written; `None` when `message` is not a JSON object. A transport that
 /// renumbers requests (stdio) edits the id alone, so that arguments and results keep
@@ -398,10 +425,13 @@ impl<'a> ToolCall<'a> {
     /// The call's fingerprint for `principal` on the endpoint `path` (see
     /// [`call_fingerprint`]). A continuation's `inputResponses` and `requestState` are
     /// part of it, each canonicalised as the arguments are: two identical continuations
-    /// are one intention, and each round is an intention apart from the first.
-    pub fn fingerprint(&self, principal: &str, path: &str) -> Fingerprint {
+    /// are one intention, and each round is an intention apart from the first. The
+    /// arguments `ignore` points to (the key arguments the model fills in) do not count.
+    pub fn fingerprint(&self, principal: &str, path: &str, ignore: &[String]) -> Fingerprint {
         if !self.is_continuation() {
-            return call_fingerprint(principal, path, self.tool, self.arguments);
+            return FingerprintBuilder::new(principal, "tools/call", path)
+                .component(self.tool.as_bytes())
+                .body(self.arguments.unwrap_or("{}").as_bytes(), ignore);
         }
         let part = |text: Option<&str>| -> Vec<u8> {
             match text {
@@ -417,7 +447,7 @@ impl<'a> ToolCall<'a> {
             .component(b"oncely/mrtr/v1")
             .component(&part(self.input_responses))
             .component(&part(self.request_state))
-            .body(self.arguments.unwrap_or("{}").as_bytes(), &[])
+            .body(self.arguments.unwrap_or("{}").as_bytes(), ignore)
     }
 }
 
@@ -441,6 +471,21 @@ pub fn call_fingerprint(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_argument_is_set_where_it_is_and_the_rest_kept_as_written() {
+        let m = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pay","arguments":{"amount":100.10,"ref":{"nonce":"n","n":9007199254740993},"idempotency_key":"x"}}}"#;
+        let top = with_argument(m, "/idempotency_key", r#""k""#).unwrap();
+        assert!(top.contains(r#""idempotency_key":"k""#), "{top}");
+        assert!(
+            top.contains("100.10") && top.contains("9007199254740993"),
+            "{top}"
+        );
+        let nested = with_argument(m, "/ref/nonce", r#""k""#).unwrap();
+        assert!(nested.contains(r#""nonce":"k""#), "{nested}");
+        assert!(with_argument(m, "/missing", r#""k""#).is_none());
+        assert!(with_argument(m, "idempotency_key", r#""k""#).is_none());
+    }
 
     #[test]
     fn reads_requests_notifications_and_responses() {
@@ -542,7 +587,7 @@ mod tests {
         let plain = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1}}}"#;
         let key = |text: &str| {
             let v: Value = serde_json::from_str(text).unwrap();
-            ToolCall::read(&v, text).map(|c| c.fingerprint("p", "/mcp"))
+            ToolCall::read(&v, text).map(|c| c.fingerprint("p", "/mcp", &[]))
         };
         let base = key(plain).unwrap();
         for extra in [

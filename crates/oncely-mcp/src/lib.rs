@@ -54,17 +54,20 @@ pub mod core;
 pub mod endpoint;
 pub mod header_params;
 pub mod jsonrpc;
+pub mod key_arguments;
 pub mod principal;
 mod ring_jws;
 pub mod sse;
 pub mod stdio;
 pub mod tasks;
+pub mod tool_patterns;
 
 mod body;
 
 pub use body::McpBody;
 pub use config::{parse_units, CallSettings, JwtKey, McpConfig, McpPrincipal, ToolSelection};
 pub use endpoint::{McpEndpoint, McpUpstream};
+pub use key_arguments::KeyArguments;
 pub use oncely_tower::{PrincipalSource, UnitsRule};
 
 /// Why an MCP endpoint could not be built.

@@ -34,6 +34,18 @@ pub(super) struct Call {
     pub(super) tasks: bool,
     /// The call's server span (traces on), ended by `observe`.
     pub(super) span: Mutex<Option<Span>>,
+    /// The arguments (JSON pointers) that are idempotency keys the model filled in: not
+    /// part of the key, and given the record's derived key when the owner sends the
+    /// call (those whose schema admits a UUID; the others as sent).
+    pub(super) key_arguments: Vec<KeyArgument>,
+}
+
+/// One key argument of a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KeyArgument {
+    pub(super) pointer: String,
+    /// The server gets the record's key in the UUID layout in it; else the model's.
+    pub(super) replaced: bool,
 }
 
 /// Reads a guarded call, or `None` when it is forwarded as it is.
@@ -64,7 +76,10 @@ pub(super) fn read_call<O>(
     let units = core.config.units.units_of(arguments.as_bytes());
     // The texts as written, not as `message` holds them: a parsed number is a double
     // once it is past 64 bits or has many digits.
-    let fingerprint = read.fingerprint(&principal, &core.config.path);
+    let arguments_value = message.pointer("/params/arguments").unwrap_or(&Value::Null);
+    let key_arguments = key_arguments(core, tool, arguments_value);
+    let ignored: Vec<String> = key_arguments.iter().map(|k| k.pointer.clone()).collect();
+    let fingerprint = read.fingerprint(&principal, &core.config.path, &ignored);
     // The message's span (with the MCP conventions) is the call's.
     let span = span.take().map(|span| {
         let mut span = span.into_span();
@@ -82,7 +97,28 @@ pub(super) fn read_call<O>(
         modern,
         tasks: modern && tasks::declares_tasks(request.params),
         guarded,
+        key_arguments,
     })
+}
+
+/// The key arguments of a call of `tool` with `arguments`, each replaced unless the tool's
+/// listed schema for it rules a UUID out (a tool not listed yet: replaced).
+fn key_arguments(core: &Shared, tool: &str, arguments: &Value) -> Vec<KeyArgument> {
+    let pointers = core.config.key_arguments.of(tool, arguments);
+    if pointers.is_empty() {
+        return Vec::new();
+    }
+    let schema = core.catalog.input_schema(tool);
+    pointers
+        .into_iter()
+        .map(|pointer| {
+            let replaced = schema
+                .as_deref()
+                .and_then(|s| crate::key_arguments::property(s, &pointer))
+                .is_none_or(crate::key_arguments::admits_uuid);
+            KeyArgument { pointer, replaced }
+        })
+        .collect()
 }
 
 /// The refusal of a `tools/call` that oncely cannot read as one call to guard, so that no

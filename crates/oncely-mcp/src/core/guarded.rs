@@ -194,6 +194,12 @@ impl<S: Server> Core<S> {
     {
         let me = self.clone();
         let (id, tool) = (call.id.clone(), call.tool.clone());
+        let replaced: Vec<String> = call
+            .key_arguments
+            .iter()
+            .filter(|k| k.replaced)
+            .map(|k| k.pointer.clone())
+            .collect();
         // 2025-11-25 runs a tool that requires a task only as one; 2026-07-28's server
         // may answer a call that declared the extension (as its client's did) with one.
         let asks_task = !call.modern && self.catalog.needs_task(&tool);
@@ -219,6 +225,17 @@ impl<S: Server> Core<S> {
                 None => (None, None),
             };
             let mut bytes = forwarded_call(&bytes, downstream.as_str(), trace.as_ref());
+            // The model's key arguments give way to the record's key, the same on every
+            // attempt of the call (in the UUID layout).
+            if !replaced.is_empty() {
+                let key = Value::String(downstream.as_uuid()).to_string();
+                for pointer in &replaced {
+                    let text = std::str::from_utf8(&bytes).ok();
+                    if let Some(set) = text.and_then(|t| jsonrpc::with_argument(t, pointer, &key)) {
+                        bytes = set.into();
+                    }
+                }
+            }
             if asks_task {
                 let text = std::str::from_utf8(&bytes).ok();
                 let asked = text.and_then(|t| {

@@ -44,6 +44,11 @@ pub struct McpArgs {
     /// becomes `outcome_unknown` instead of being run again.
     #[arg(long = "action", value_name = "PATTERN")]
     pub actions: Vec<String>,
+    /// An argument that is an idempotency key the model fills in, `TOOL:/POINTER`
+    /// (repeatable; `*` wildcards in TOOL): left out of the call's key, and given the
+    /// record's key. The usual names (idempotency_key, client_token, ...) are always.
+    #[arg(long = "key-argument", value_name = "TOOL:/POINTER")]
+    pub key_arguments: Vec<String>,
     /// Who the calls are from (default `local`).
     #[arg(long, value_name = "NAME")]
     pub principal: Option<String>,
@@ -350,6 +355,12 @@ fn endpoint(
         args.actions.clone()
     };
     let defaults = McpConfig::stdio(name);
+    let key_arguments = if args.key_arguments.is_empty() {
+        stdio.key_arguments.clone()
+    } else {
+        oncely_mcp::KeyArguments::parse(&args.key_arguments)
+            .map_err(|(_, why)| Failure::usage(format!("--key-argument: {why}")))?
+    };
     let calls = CallSettings {
         window: args.window.unwrap_or(stdio.window),
         wait: args.wait.unwrap_or(stdio.wait),
@@ -359,6 +370,7 @@ fn endpoint(
         concurrency: stdio.concurrency,
         max_body: config.map_or(defaults.max_body as u64, |c| c.max_body),
         max_response: config.map_or(defaults.max_response as u64, |c| c.max_response),
+        key_arguments,
     };
     defaults
         .with_tools(&tools)

@@ -60,6 +60,8 @@ pub struct McpEntry {
     /// The first retry's delay ceiling, doubled per retry, full jitter (an extension;
     /// default 100ms).
     pub retry_backoff: Duration,
+    /// Which arguments are idempotency keys the model fills in (`key_arguments`).
+    pub key_arguments: oncely_mcp::KeyArguments,
 }
 
 const MCP_KEYS: &[&str] = &[
@@ -81,10 +83,26 @@ const MCP_KEYS: &[&str] = &[
     "concurrency",
     "retries",
     "retry_backoff",
+    "key_arguments",
 ];
 
 /// Reads `[[mcp]]`: the entries without problems (each problem is reported). `base` is
 /// the config file's directory, `defaults` the `[defaults]` read before.
+/// `key_arguments` (`TOOL:/POINTER` each; `[]` turns the default names off) of an
+/// `[[mcp]]` entry or `[mcp_stdio]`: the default when absent.
+pub(super) fn key_arguments(t: &Table, loc: &str, p: &mut Mistakes) -> oncely_mcp::KeyArguments {
+    let Some(entries) = read::strings(t, loc, "key_arguments", p) else {
+        return oncely_mcp::KeyArguments::default();
+    };
+    match oncely_mcp::KeyArguments::parse(&entries) {
+        Ok(k) => k,
+        Err((i, why)) => {
+            p.add(format!("{}[{i}]", at(loc, "key_arguments")), why);
+            oncely_mcp::KeyArguments::default()
+        }
+    }
+}
+
 pub(super) fn section(
     table: &Table,
     base: Option<&Path>,
@@ -208,6 +226,7 @@ fn entry(
         None => Some(UnitsRule::Fixed(1)),
     };
     let concurrency = routes::concurrency(t, loc, p);
+    let key_arguments = key_arguments(t, loc, p);
     let retries = routes::retries(t, loc, p).unwrap_or(0);
     let retry_backoff = routes::retry_backoff(t, loc, p).unwrap_or(DEFAULT_RETRY_BACKOFF);
     Some(McpEntry {
@@ -225,6 +244,7 @@ fn entry(
         jwt_issuer,
         jwt_require_exp,
         concurrency,
+        key_arguments,
         retries,
         retry_backoff,
     })
@@ -368,6 +388,34 @@ retry_backoff = "250ms"
     }
 
     #[test]
+    fn key_arguments_are_read_and_a_bad_one_refused() {
+        let ps = read(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+key_arguments = ["pay:/ref", "nonce"]
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(ps.len(), 1, "{ps:#?}");
+        assert!(
+            ps[0].starts_with("mcp[0].key_arguments[1]: \"nonce\" is not TOOL:/POINTER"),
+            "{ps:#?}"
+        );
+        let off = |text: &str| {
+            let cfg =
+                format!("[[mcp]]\npath = \"/mcp\"\nupstream = \"http://127.0.0.1:1/mcp\"\n{text}");
+            read(&cfg).unwrap()[0].key_arguments.clone()
+        };
+        assert_eq!(off(""), oncely_mcp::KeyArguments::default());
+        assert_eq!(
+            off("key_arguments = []"),
+            oncely_mcp::KeyArguments::parse(&[]).unwrap()
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_still_refused() {
         let ps = read(
             r#"
@@ -383,7 +431,7 @@ retry = 1
         assert!(ps[0].starts_with("mcp[0].concurency: unknown key (known here: "));
         assert!(ps[1].starts_with("mcp[0].retry: unknown key (known here: "));
         assert!(
-            ps[0].ends_with(", concurrency, retries, retry_backoff)"),
+            ps[0].ends_with(", concurrency, retries, retry_backoff, key_arguments)"),
             "{ps:#?}"
         );
     }

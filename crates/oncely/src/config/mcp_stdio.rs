@@ -35,6 +35,8 @@ pub struct McpStdio {
     pub units: UnitsRule,
     /// Most guarded calls in flight to the server from one wrapper.
     pub concurrency: Option<usize>,
+    /// Which arguments are idempotency keys the model fills in.
+    pub key_arguments: oncely_mcp::KeyArguments,
 }
 
 const KEYS: &[&str] = &[
@@ -48,6 +50,7 @@ const KEYS: &[&str] = &[
     "lease",
     "units",
     "concurrency",
+    "key_arguments",
 ];
 
 impl Default for McpStdio {
@@ -71,6 +74,7 @@ impl McpStdio {
             lease: defaults.lease.unwrap_or(Duration::from_secs(30)),
             units: UnitsRule::Fixed(1),
             concurrency: None,
+            key_arguments: oncely_mcp::KeyArguments::default(),
         }
     }
 }
@@ -96,6 +100,7 @@ pub(super) fn section(table: &Table, defaults: &RouteFields, p: &mut Mistakes) -
         out.tools = tools;
     }
     out.actions = read::strings(t, loc, "actions", p).unwrap_or_default();
+    out.key_arguments = super::mcp::key_arguments(t, loc, p);
     for (key, list) in [("tools", &out.tools), ("actions", &out.actions)] {
         for (i, tool) in list.iter().enumerate() {
             if tool.is_empty() {

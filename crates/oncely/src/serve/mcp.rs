@@ -146,6 +146,7 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
             concurrency: entry.concurrency,
             max_body: config.max_body,
             max_response: config.max_response,
+            key_arguments: entry.key_arguments.clone(),
         });
     let verifier = match &entry.principal {
         McpPrincipal::Source(source) => {

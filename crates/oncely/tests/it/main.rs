@@ -27,6 +27,7 @@ mod jobs;
 mod joiners_memory;
 mod mcp;
 mod mcp_everything;
+mod mcp_key_arguments;
 mod mcp_numbers;
 mod mcp_param_headers;
 mod mcp_remote;
