@@ -126,6 +126,9 @@ pub struct McpConfig {
     /// Which arguments are idempotency keys the model fills in: left out of a call's key,
     /// and given a key derived from the record. Default: the usual names.
     pub key_arguments: crate::KeyArguments,
+    /// What a tool's intention is made of: (tool pattern, argument pointers); a call of
+    /// a tool the first pattern matches is keyed by those arguments alone. Default none.
+    pub intent: Vec<(String, Vec<String>)>,
 }
 
 /// What an operator sets of a guarded tool call, the same for an `[[mcp]]` entry and for
@@ -151,6 +154,8 @@ pub struct CallSettings {
     pub max_response: u64,
     /// Which arguments are idempotency keys the model fills in.
     pub key_arguments: crate::KeyArguments,
+    /// What a tool's intention is made of (`intent`).
+    pub intent: Vec<(String, Vec<String>)>,
 }
 
 impl McpConfig {
@@ -194,6 +199,7 @@ impl McpConfig {
             actions: Vec::new(),
             concurrency: None,
             key_arguments: crate::KeyArguments::default(),
+            intent: Vec::new(),
         })
     }
 
@@ -208,7 +214,17 @@ impl McpConfig {
         self.max_body = usize::try_from(calls.max_body).unwrap_or(usize::MAX);
         self.max_response = usize::try_from(calls.max_response).unwrap_or(usize::MAX);
         self.key_arguments = calls.key_arguments;
+        self.intent = calls.intent;
         self
+    }
+
+    /// The arguments (JSON pointers) a call of `tool` is keyed by, when `intent` names
+    /// them.
+    pub fn intent_of(&self, tool: &str) -> Option<&[String]> {
+        self.intent
+            .iter()
+            .find(|(pattern, _)| any_matches(std::slice::from_ref(pattern), tool))
+            .map(|(_, pointers)| pointers.as_slice())
     }
 
     /// Sets the tools of class `action` from the config list (names with `*` wildcards).

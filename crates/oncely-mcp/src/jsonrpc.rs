@@ -428,6 +428,27 @@ impl<'a> ToolCall<'a> {
     /// are one intention, and each round is an intention apart from the first. The
     /// arguments `ignore` points to (the key arguments the model fills in) do not count.
     pub fn fingerprint(&self, principal: &str, path: &str, ignore: &[String]) -> Fingerprint {
+        self.fingerprint_of(principal, path, ignore, None)
+    }
+
+    /// [`ToolCall::fingerprint`], keyed by the arguments `intent` points to alone when it
+    /// is set (`intent`: a reworded free-text argument is the same call).
+    pub fn fingerprint_of(
+        &self,
+        principal: &str,
+        path: &str,
+        ignore: &[String],
+        intent: Option<&[String]>,
+    ) -> Fingerprint {
+        if let (Some(fields), false) = (intent, self.is_continuation()) {
+            return FingerprintBuilder::new(principal, "tools/call", path)
+                .component(self.tool.as_bytes())
+                .request_body_fields(
+                    Some(b"application/json"),
+                    self.arguments.unwrap_or("{}").as_bytes(),
+                    fields,
+                );
+        }
         if !self.is_continuation() {
             return FingerprintBuilder::new(principal, "tools/call", path)
                 .component(self.tool.as_bytes())

@@ -79,7 +79,8 @@ pub(super) fn read_call<O>(
     let arguments_value = message.pointer("/params/arguments").unwrap_or(&Value::Null);
     let key_arguments = key_arguments(core, tool, arguments_value);
     let ignored: Vec<String> = key_arguments.iter().map(|k| k.pointer.clone()).collect();
-    let fingerprint = read.fingerprint(&principal, &core.config.path, &ignored);
+    let intent = core.config.intent_of(tool);
+    let fingerprint = read.fingerprint_of(&principal, &core.config.path, &ignored, intent);
     // The message's span (with the MCP conventions) is the call's.
     let span = span.take().map(|span| {
         let mut span = span.into_span();

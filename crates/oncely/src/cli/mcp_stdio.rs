@@ -371,6 +371,7 @@ fn endpoint(
         max_body: config.map_or(defaults.max_body as u64, |c| c.max_body),
         max_response: config.map_or(defaults.max_response as u64, |c| c.max_response),
         key_arguments,
+        intent: stdio.intent.clone(),
     };
     defaults
         .with_tools(&tools)

@@ -62,6 +62,8 @@ pub struct McpEntry {
     pub retry_backoff: Duration,
     /// Which arguments are idempotency keys the model fills in (`key_arguments`).
     pub key_arguments: oncely_mcp::KeyArguments,
+    /// What each tool's intention is made of (`intent`: tool pattern → pointers).
+    pub intent: Vec<(String, Vec<String>)>,
 }
 
 const MCP_KEYS: &[&str] = &[
@@ -84,6 +86,7 @@ const MCP_KEYS: &[&str] = &[
     "retries",
     "retry_backoff",
     "key_arguments",
+    "intent",
 ];
 
 /// Reads `[[mcp]]`: the entries without problems (each problem is reported). `base` is
@@ -101,6 +104,38 @@ pub(super) fn key_arguments(t: &Table, loc: &str, p: &mut Mistakes) -> oncely_mc
             oncely_mcp::KeyArguments::default()
         }
     }
+}
+
+/// `intent = { "TOOL_PATTERN" = ["/POINTER", ...] }` of an `[[mcp]]` entry or
+/// `[mcp_stdio]`: the arguments each tool's calls are keyed by, alone.
+pub(super) fn intent(t: &Table, loc: &str, p: &mut Mistakes) -> Vec<(String, Vec<String>)> {
+    let Some(table) = read::table(t, loc, "intent", p) else {
+        return Vec::new();
+    };
+    let iloc = at(loc, "intent");
+    let mut out = Vec::new();
+    for tool in table.keys() {
+        let Some(pointers) = read::strings(table, &iloc, tool, p) else {
+            continue;
+        };
+        let mut ok = !pointers.is_empty();
+        if pointers.is_empty() {
+            p.add(
+                at(&iloc, tool),
+                "empty: name the arguments the intention is made of",
+            );
+        }
+        for (i, ptr) in pointers.iter().enumerate() {
+            if let Err(e) = super::values::pointer(ptr) {
+                p.add(format!("{}[{i}]", at(&iloc, tool)), e);
+                ok = false;
+            }
+        }
+        if ok {
+            out.push((tool.clone(), pointers));
+        }
+    }
+    out
 }
 
 pub(super) fn section(
@@ -227,6 +262,7 @@ fn entry(
     };
     let concurrency = routes::concurrency(t, loc, p);
     let key_arguments = key_arguments(t, loc, p);
+    let intent = intent(t, loc, p);
     let retries = routes::retries(t, loc, p).unwrap_or(0);
     let retry_backoff = routes::retry_backoff(t, loc, p).unwrap_or(DEFAULT_RETRY_BACKOFF);
     Some(McpEntry {
@@ -245,6 +281,7 @@ fn entry(
         jwt_require_exp,
         concurrency,
         key_arguments,
+        intent,
         retries,
         retry_backoff,
     })
@@ -416,6 +453,41 @@ key_arguments = ["pay:/ref", "nonce"]
     }
 
     #[test]
+    fn intent_is_read_and_a_bad_one_refused() {
+        let ps = read(
+            r#"
+[[mcp]]
+path = "/mcp"
+upstream = "http://127.0.0.1:1/mcp"
+intent = { "pay" = ["/amount", "to"], "refund" = [], "send_*" = ["/to"] }
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(ps.len(), 2, "{ps:#?}");
+        assert!(
+            ps.iter().any(|p| p.starts_with("mcp[0].intent.pay[1]: ")),
+            "{ps:#?}"
+        );
+        assert!(
+            ps.iter()
+                .any(|p| p.starts_with("mcp[0].intent.refund: empty")),
+            "{ps:#?}"
+        );
+        let ok = read(
+            "[[mcp]]\npath = \"/mcp\"\nupstream = \"http://127.0.0.1:1/mcp\"\n\
+             intent = { \"send_*\" = [\"/to\", \"/amount\"] }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            ok[0].intent,
+            [(
+                "send_*".to_string(),
+                vec!["/to".to_string(), "/amount".to_string()]
+            )]
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_still_refused() {
         let ps = read(
             r#"
@@ -431,7 +503,7 @@ retry = 1
         assert!(ps[0].starts_with("mcp[0].concurency: unknown key (known here: "));
         assert!(ps[1].starts_with("mcp[0].retry: unknown key (known here: "));
         assert!(
-            ps[0].ends_with(", concurrency, retries, retry_backoff, key_arguments)"),
+            ps[0].ends_with(", concurrency, retries, retry_backoff, key_arguments, intent)"),
             "{ps:#?}"
         );
     }

@@ -37,6 +37,8 @@ pub struct McpStdio {
     pub concurrency: Option<usize>,
     /// Which arguments are idempotency keys the model fills in.
     pub key_arguments: oncely_mcp::KeyArguments,
+    /// What each tool's intention is made of (`intent`).
+    pub intent: Vec<(String, Vec<String>)>,
 }
 
 const KEYS: &[&str] = &[
@@ -51,6 +53,7 @@ const KEYS: &[&str] = &[
     "units",
     "concurrency",
     "key_arguments",
+    "intent",
 ];
 
 impl Default for McpStdio {
@@ -75,6 +78,7 @@ impl McpStdio {
             units: UnitsRule::Fixed(1),
             concurrency: None,
             key_arguments: oncely_mcp::KeyArguments::default(),
+            intent: Vec::new(),
         }
     }
 }
@@ -101,6 +105,7 @@ pub(super) fn section(table: &Table, defaults: &RouteFields, p: &mut Mistakes) -
     }
     out.actions = read::strings(t, loc, "actions", p).unwrap_or_default();
     out.key_arguments = super::mcp::key_arguments(t, loc, p);
+    out.intent = super::mcp::intent(t, loc, p);
     for (key, list) in [("tools", &out.tools), ("actions", &out.actions)] {
         for (i, tool) in list.iter().enumerate() {
             if tool.is_empty() {

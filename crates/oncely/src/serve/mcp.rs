@@ -147,6 +147,7 @@ fn resolve(config: &Config, entry: &McpEntry) -> anyhow::Result<McpConfig> {
             max_body: config.max_body,
             max_response: config.max_response,
             key_arguments: entry.key_arguments.clone(),
+            intent: entry.intent.clone(),
         });
     let verifier = match &entry.principal {
         McpPrincipal::Source(source) => {

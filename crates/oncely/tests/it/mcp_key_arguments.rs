@@ -271,3 +271,47 @@ async fn an_mcp_endpoint_keys_a_call_without_the_made_up_key_and_each_principal_
     assert!(is_uuid_v8(ka) && is_uuid_v8(kb), "{ka} {kb}");
     assert_ne!(ka, kb, "two principals, two keys");
 }
+
+/// `intent` keys a tool's calls by the arguments it names alone: a model that rewords
+/// the note of the same payment sends the same call; another amount is another.
+#[test]
+fn over_stdio_intent_keys_a_call_by_the_named_arguments_alone() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        "[mcp_stdio]\nintent = { \"pay\" = [\"/amount\", \"/to\"] }\n",
+    )
+    .unwrap();
+    let mut raw = stdio_guard(&python, dir.path(), &["--config", cfg.to_str().unwrap()]);
+    raw.send(&pay(1, "k-1", "rent"));
+    assert_eq!(
+        raw.response(1)["result"]["content"][0]["text"],
+        "paid 100 to bob #1"
+    );
+    raw.send(&pay(2, "k-2", "rent for May, as we agreed"));
+    let reworded = raw.response(2);
+    assert_eq!(
+        reworded["result"]["content"][0]["text"], "paid 100 to bob #1",
+        "{reworded}"
+    );
+    assert_eq!(
+        reworded["result"]["_meta"]["dev.oncely/replay"]["status"],
+        "replayed"
+    );
+    let mut more = pay(3, "k-3", "rent");
+    more["params"]["arguments"]["amount"] = json!(200);
+    raw.send(&more);
+    assert_eq!(
+        raw.response(3)["result"]["content"][0]["text"],
+        "paid 200 to bob #2"
+    );
+    assert_eq!(
+        executions(&dir.path().join("executions.jsonl"), "pay").len(),
+        2
+    );
+    assert_eq!(raw.finish().0, Some(0), "{}", raw.stderr());
+}
