@@ -97,13 +97,19 @@ pub(super) fn by_key(conn: &Connection, scope: &Scope, key: &str) -> Result<Opti
                 .optional()
         })
         .map_err(sql_error)?;
-    match found {
-        Some(r) if r.scope != *scope || r.key != key => Err(StoreError::Unavailable(format!(
+    found.map(|r| holding(r, scope, key)).transpose()
+}
+
+/// `record`, found by the claim hash of `(scope, key)`, if it holds them: one whose scope
+/// or key differ is a collision of the hash, refused.
+fn holding(record: Record, scope: &Scope, key: &str) -> Result<Record> {
+    if record.scope != *scope || record.key != key {
+        return Err(StoreError::Unavailable(format!(
             "record {} holds the claim hash of another key; refusing to use it",
-            r.id
-        ))),
-        found => Ok(found),
+            record.id
+        )));
     }
+    Ok(record)
 }
 
 /// [`by_key`], without reading a body larger than the replay cache keeps when a replay
@@ -133,15 +139,10 @@ pub(super) fn by_key_sharing(
             .optional()
         })
         .map_err(sql_error)?;
-    let Some((mut record, len)) = found else {
+    let Some((record, len)) = found else {
         return Ok(None);
     };
-    if record.scope != *scope || record.key != key {
-        return Err(StoreError::Unavailable(format!(
-            "record {} holds the claim hash of another key; refusing to use it",
-            record.id
-        )));
-    }
+    let mut record = holding(record, scope, key)?;
     if let (Some(len), Some(response)) = (len.filter(|n| *n > max), record.response.as_mut()) {
         response.body = match cache.held(&record.id, record.attempt, len as usize) {
             Some(held) => Some(held),
