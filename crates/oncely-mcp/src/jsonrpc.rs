@@ -301,7 +301,8 @@ pub fn forwarded_call_with(message: &str, key: &str, more: &[(&str, &str)]) -> O
 
 /// `message` (a JSON object with object `params`, as written) with `params[name]` set to
 /// `value` (JSON text), every other member as written; `None` when it has no object
-/// `params`. The owner of a guarded call asks the server for a task with it (`task`).
+/// `params`. The owner of a guarded call asks the server for a task with it (`task`),
+/// and a transport that renumbers requests names its own id in a cancellation.
 pub fn with_param(message: &str, name: &str, value: &str) -> Option<String> {
     let outer = members(message)?;
     let params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
@@ -347,10 +348,7 @@ pub fn with_id(message: &str, id: &str) -> Option<String> {
 /// A `notifications/cancelled` (as written) naming `id` (JSON text) as its `requestId`
 /// instead; `None` when it has no object `params`.
 pub fn with_cancelled_id(message: &str, id: &str) -> Option<String> {
-    let outer = members(message)?;
-    let params = members(outer.iter().rev().find(|(k, _)| k == "params")?.1)?;
-    let params = with_member(&params, "requestId", id);
-    Some(with_member(&outer, "params", &params))
+    with_param(message, "requestId", id)
 }
 
 /// The text of each message of a JSON-RPC batch (a JSON array), as written; `None` when

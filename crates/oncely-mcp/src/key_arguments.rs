@@ -72,12 +72,12 @@ impl KeyArguments {
 
     /// Whether `name` is a key argument's by default.
     pub fn is_default_name(name: &str) -> bool {
-        let folded: String = name
-            .chars()
-            .filter(|c| *c != '_' && *c != '-')
-            .flat_map(char::to_lowercase)
-            .collect();
-        DEFAULT_NAMES.contains(&folded.as_str())
+        let folded = || {
+            name.bytes()
+                .filter(|b| *b != b'_' && *b != b'-')
+                .map(|b| b.to_ascii_lowercase())
+        };
+        DEFAULT_NAMES.iter().any(|d| folded().eq(d.bytes()))
     }
 
     /// The JSON pointers of `tool`'s key arguments that `arguments` holds, in order.
@@ -93,30 +93,6 @@ impl KeyArguments {
         for (pattern, pointer) in &self.named {
             let matches = any_matches(std::slice::from_ref(pattern), tool);
             if matches && arguments.pointer(pointer).is_some() && !found.contains(pointer) {
-                found.push(pointer.clone());
-            }
-        }
-        found
-    }
-
-    /// The JSON pointers (into the tool's arguments) a tool listed with `input_schema`
-    /// has for key arguments, for `oncely inventory`: the default names among its
-    /// top-level properties, and the named ones its properties hold.
-    pub fn in_schema(&self, tool: &str, input_schema: &Value) -> Vec<String> {
-        let mut found = Vec::new();
-        let properties = input_schema.get("properties").and_then(Value::as_object);
-        if self.defaults {
-            for name in properties
-                .into_iter()
-                .flat_map(|p| p.keys())
-                .filter(|n| KeyArguments::is_default_name(n))
-            {
-                found.push(format!("/{}", name.replace('~', "~0").replace('/', "~1")));
-            }
-        }
-        for (pattern, pointer) in &self.named {
-            let matches = any_matches(std::slice::from_ref(pattern), tool);
-            if matches && property(input_schema, pointer).is_some() && !found.contains(pointer) {
                 found.push(pointer.clone());
             }
         }
@@ -208,11 +184,9 @@ mod tests {
             ["/idempotency_key", "/ref/nonce"]
         );
         let schema = json!({"properties": {"idempotency_key": {"type": "string"},
-            "ref": {"properties": {"nonce": {"type": "string"}}}}});
-        assert_eq!(
-            more.in_schema("pay", &schema),
-            ["/idempotency_key", "/ref/nonce"]
-        );
+            "ref": {"properties": {"nonce": {"type": "string", "maxLength": 8}}}}});
+        assert_eq!(property(&schema, "/ref/nonce").unwrap()["maxLength"], 8);
+        assert!(property(&schema, "/ref/other").is_none());
     }
 
     #[test]

@@ -52,6 +52,23 @@ pub fn declares_tasks(params: Option<&Value>) -> bool {
         .is_some_and(Value::is_object)
 }
 
+/// The `_meta` members of a call that its follow-up requests carry: the protocol's own
+/// (`io.modelcontextprotocol/*`: the revision, the client capabilities that declare the
+/// tasks extension).
+pub fn protocol_meta(message: &Value) -> Value {
+    let kept = message
+        .pointer("/params/_meta")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.starts_with("io.modelcontextprotocol/"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Value::Object(kept)
+}
+
 /// The `error` of a request that did not declare the extension (-32021).
 pub fn missing_capability_error() -> Value {
     json!({
@@ -296,6 +313,17 @@ mod tests {
         assert!(!declares_tasks(None));
         let other = json!({"_meta": {CLIENT_CAPABILITIES_META: {"extensions": {"x/y": {}}}}});
         assert!(!declares_tasks(Some(&other)));
+    }
+
+    #[test]
+    fn a_call_s_protocol_meta_is_its_io_modelcontextprotocol_members() {
+        let meta = protocol_meta(&json!({"params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "dev.oncely/idempotency-key": "k", "progressToken": 1}}}));
+        assert_eq!(
+            meta,
+            json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"})
+        );
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub(super) struct Call {
     /// The request declared the tasks extension (2026-07-28): a call that outlives
     /// `wait` is answered with a task.
     pub(super) tasks: bool,
+    /// With `tasks`, the protocol's own `_meta` members of the call
+    /// (`io.modelcontextprotocol/*`), which the owner's requests about a task the server
+    /// made of the call carry too; empty otherwise.
+    pub(super) protocol_meta: Value,
     /// The call's server span (traces on), ended by `observe`.
     pub(super) span: Mutex<Option<Span>>,
     /// The arguments (JSON pointers) that are idempotency keys the model filled in: not
@@ -88,6 +92,7 @@ pub(super) fn read_call<O>(
         span.set(attr::KEY_SOURCE, "fingerprint");
         span
     });
+    let declared = modern && tasks::declares_tasks(request.params);
     let mut guarded = policy.guarded_call(principal, None, fingerprint, facts.workflow_id, units);
     // The record keeps the span that executes it: replays and joins link to it.
     guarded.trace = span.as_ref().map(Span::span_ref);
@@ -96,7 +101,12 @@ pub(super) fn read_call<O>(
         id: request.id.clone(),
         tool: tool.to_string(),
         modern,
-        tasks: modern && tasks::declares_tasks(request.params),
+        tasks: declared,
+        protocol_meta: if declared {
+            tasks::protocol_meta(message)
+        } else {
+            Value::Object(Default::default())
+        },
         guarded,
         key_arguments,
     })

@@ -204,15 +204,7 @@ impl<S: Server> Core<S> {
         // may answer a call that declared the extension (as its client's did) with one.
         let asks_task = !call.modern && self.catalog.needs_task(&tool);
         let may_be_task = asks_task || call.tasks;
-        let meta = if call.tasks {
-            std::str::from_utf8(&bytes)
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(t).ok())
-                .map(|m| server_task::protocol_meta(&m))
-                .unwrap_or_default()
-        } else {
-            Value::Object(Default::default())
-        };
+        let meta = call.protocol_meta.clone();
         move |downstream: DownstreamKey, claimed: &Record| {
             // The derived downstream key reaches the server, so that it can deduplicate too;
             // and the client span's trace context, in `_meta` as in the HTTP header.

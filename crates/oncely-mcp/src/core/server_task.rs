@@ -133,7 +133,9 @@ impl<S: Server> Core<S> {
             }
             p
         };
-        for n in 1u64.. {
+        let mut n = 0u64;
+        loop {
+            n += 1;
             tokio::time::sleep(task.poll).await;
             let status = match self.ask(origin, "tasks/get", params(meta), n).await {
                 Ok(Outcome::Result(status)) => status,
@@ -172,7 +174,6 @@ impl<S: Server> Core<S> {
                 }
             }
         }
-        unreachable!("the polls end with the task")
     }
 
     /// Sends the owner's request `method` with `params` on the call's session, and reads
@@ -209,23 +210,6 @@ impl<S: Server> Core<S> {
             .find_map(|m| jsonrpc::response_to(m, &id))
             .ok_or_else(|| format!("{method}: the answer holds no response"))
     }
-}
-
-/// The `_meta` members of a call that its follow-up requests carry: the protocol's own
-/// (`io.modelcontextprotocol/*`: the revision, the client capabilities that declare the
-/// tasks extension).
-pub(super) fn protocol_meta(message: &Value) -> Value {
-    let kept = message
-        .pointer("/params/_meta")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| k.starts_with("io.modelcontextprotocol/"))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
-    Value::Object(kept)
 }
 
 /// A task's result without the `_meta` member that names the server's task: the call
@@ -306,12 +290,5 @@ mod tests {
             Bytes::from(format!("event: message\ndata: {m}\n\n"))
         );
         assert_eq!(frame(Framing::Json, &m), Bytes::from(m.to_string()));
-        let meta = protocol_meta(&json!({"params": {"_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "dev.oncely/idempotency-key": "k", "progressToken": 1}}}));
-        assert_eq!(
-            meta,
-            json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"})
-        );
     }
 }

@@ -97,7 +97,33 @@ struct Session<'a> {
     id: Option<String>,
 }
 
-impl Session<'_> {
+/// The tool named `name` in a `tools/list` response.
+fn listed_tool(list: &Value, name: &str) -> Value {
+    list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("the server lists {name}: {list}"))
+}
+
+impl<'a> Session<'a> {
+    /// A session initialised at `url`.
+    async fn open(url: &'a str) -> Session<'a> {
+        let mut session = Session { url, id: None };
+        session.initialize().await;
+        session
+    }
+
+    /// The server's tools, listed in this session (request id 1).
+    async fn list(&self) -> Value {
+        let listed = self
+            .send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+            .await;
+        message_of(&listed.text())
+    }
+
     async fn send(&self, message: &Value) -> crate::common::Answer {
         let mut headers = vec![
             ALICE,
@@ -156,21 +182,8 @@ async fn an_mcp_endpoint_guards_a_named_read_only_tool_and_a_forgotten_session_i
     let server = Everything::start();
     let (gw, _dir, _store) = gateway(&server, &format!("tools = [\"{LONG}\"]"));
     let url = gw.url("/mcp");
-    let mut session = Session {
-        url: &url,
-        id: None,
-    };
-    session.initialize().await;
-    let listed = session
-        .send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
-        .await;
-    let tools = message_of(&listed.text());
-    let long = tools["result"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == LONG)
-        .expect("the server lists it");
+    let mut session = Session::open(&url).await;
+    let long = listed_tool(&session.list().await, LONG);
     assert_eq!(long["annotations"]["readOnlyHint"], true, "{long}");
 
     // Named: guarded though the server calls it read-only.
@@ -323,24 +336,10 @@ async fn a_tool_that_requires_a_task_is_run_as_one_and_its_result_replayed() {
     let server = Everything::start();
     let (gw, _dir, store) = gateway(&server, "");
     let url = gw.url("/mcp");
-    let mut session = Session {
-        url: &url,
-        id: None,
-    };
-    session.initialize().await;
-    let listed = session
-        .send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
-        .await;
-    let tools = message_of(&listed.text());
-    let tool = tools["result"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == RESEARCH)
-        .expect("the server lists it");
+    let session = Session::open(&url).await;
+    let tool = listed_tool(&session.list().await, RESEARCH);
     assert_eq!(tool["execution"]["taskSupport"], "forbidden", "{tool}");
 
-    let session = &session;
     let call = research(2);
     let (first, joined) = tokio::join!(session.send(&call), async {
         tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -396,13 +395,7 @@ async fn oncely_mcp_url_runs_a_tool_that_requires_a_task_as_one() {
     raw.initialize_as("2025-11-25");
     raw.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
     let listed = raw.response(1);
-    let tool = listed["result"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == RESEARCH)
-        .cloned()
-        .expect("the server lists it");
+    let tool = listed_tool(&listed, RESEARCH);
     assert_eq!(tool["execution"]["taskSupport"], "forbidden", "{tool}");
     raw.send(&research(2));
     let first = raw.response(2);
@@ -436,11 +429,7 @@ async fn a_protocol_refusal_wrapped_as_a_tool_result_is_not_stored() {
     let server = Everything::start();
     let (gw, _dir, store) = gateway(&server, "");
     let url = gw.url("/mcp");
-    let mut session = Session {
-        url: &url,
-        id: None,
-    };
-    session.initialize().await;
+    let session = Session::open(&url).await;
     let a = session.send(&research(1)).await;
     assert_eq!(a.header("oncely-status"), "fresh", "{}", a.text());
     let refused = message_of(&a.text());
