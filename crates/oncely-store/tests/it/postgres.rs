@@ -592,3 +592,60 @@ async fn a_claim_that_meets_a_purge_owns_the_record_it_inserted() {
         }
     }
 }
+
+/// A record whose answer is too large for the replay cache is served from memory only
+/// while a replay holds its body (one copy for every replay in flight, no round trip);
+/// once nobody holds it, a claim reads the row again. Shown by changing the row from
+/// outside: the held copy answers, then the row's new body does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_is_served_from_memory_only_while_a_replay_holds_it() {
+    let url = fresh_pg_schema(&shared_pg_url()).await;
+    let clock = ManualClock::new();
+    let store = PgStore::connect(&url, options(&clock)).await.unwrap();
+    let big = "y".repeat(1 << 20);
+    let r = owned(
+        store
+            .claim(&spec("alice", "big", "{}", Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&r.fence().unwrap(), completion(&big, 1))
+        .await
+        .unwrap();
+    let replay = || async {
+        match store
+            .claim(&spec("alice", "big", "{}", Class::Write, "b"))
+            .await
+            .unwrap()
+        {
+            Claim::Existing(r) => r.response.unwrap().body.unwrap(),
+            Claim::Owned(_) => panic!("a completed record is not claimed again"),
+        }
+    };
+    let held = replay().await;
+    assert_eq!(held, big.as_bytes());
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    // Another length: a read of the row could not pass for the held copy.
+    let changed = "z".repeat((1 << 20) + 1);
+    client
+        .execute(
+            "UPDATE records SET response_body = $1",
+            &[&changed.as_bytes()],
+        )
+        .await
+        .unwrap();
+    let from_memory = replay().await;
+    assert_eq!(
+        from_memory.as_ptr(),
+        held.as_ptr(),
+        "the held copy, no read"
+    );
+    drop((held, from_memory));
+    assert_eq!(
+        replay().await,
+        changed.as_bytes(),
+        "nobody holds it: read again"
+    );
+}
