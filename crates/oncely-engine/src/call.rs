@@ -154,6 +154,11 @@ pub struct GuardedCall {
     /// The span of the request that executes it, kept with its completion (as
     /// `TRACEID-SPANID`, hex) so that replays and joins link to it (traces on).
     pub trace: Option<SpanRef>,
+    /// Set for a call under a client key on a route that recognises keys made up for
+    /// each attempt (`churn_window`): the claim may join another key's record whose
+    /// caller never got its answer, and this call's own answer says whether it reached
+    /// its caller (see [`crate::delivery`]).
+    pub churn: Option<crate::CallChurn>,
 }
 
 /// A span's trace id and span id: written as `TRACEID-SPANID` (hex) only when a
@@ -271,6 +276,22 @@ pub enum Execution<F> {
 }
 
 impl<F> Execution<F> {
+    /// The ledger record it was answered from, for every case but a fresh answer (whose
+    /// record its `F` holds) and an unavailable ledger.
+    pub fn record(&self) -> Option<&Record> {
+        match self {
+            Execution::Fresh(_) | Execution::StoreUnavailable(_) => None,
+            Execution::Replayed(r)
+            | Execution::Joined(r)
+            | Execution::OutcomeUnknown(r)
+            | Execution::TooLarge(r)
+            | Execution::KeyReused(r) => Some(r),
+            Execution::InFlight { record, .. }
+            | Execution::UpstreamFailed { record, .. }
+            | Execution::Accepted { record, .. } => Some(record),
+        }
+    }
+
     /// The same execution with its fresh answer mapped by `f` (every other case carries
     /// only ledger data).
     pub fn map_fresh<G>(self, f: impl FnOnce(F) -> G) -> Execution<G> {

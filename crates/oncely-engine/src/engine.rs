@@ -12,12 +12,13 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use oncely_core::{ClaimSpec, DownstreamKey, Fence, Record};
 use oncely_core::{Claimant, Refusal, Step as Decided};
-use oncely_store::{RepeatKind, Store, StoreError};
+use oncely_store::{churn, RepeatKind, Store, StoreError};
 use tokio::sync::oneshot;
 
 use crate::budget::Budget;
 use crate::call::{Execution, FreshAnswer, GuardedCall, Head, UpstreamFailure, UpstreamFuture};
 use crate::claim::{ClaimLoop, Claimed, Claimer, Claiming, Verdict};
+use crate::delivery::Delivery;
 use crate::ledger;
 use crate::owner;
 use crate::tally::RepeatTally;
@@ -179,7 +180,14 @@ impl Engine {
             run: Some(Box::new(run)),
         };
         match self.claim(&mut claimer, claiming).await {
-            Verdict::Owned((record, head)) => owner_answer(record, head).await,
+            Verdict::Owned((record, head)) => {
+                // Dropped undone (this future dropped: the caller went away), it says so.
+                let delivery = call
+                    .churn
+                    .as_ref()
+                    .map(|c| Delivery::owner(self.store.clone(), &record, c.churn));
+                owner_answer(record, head, delivery).await
+            }
             verdict => self.answer(verdict, call.wait),
         }
     }
@@ -364,7 +372,19 @@ impl<H: Send + 'static> Claimer for CallClaimer<'_, H> {
     fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Owning<H>>, StoreError>> {
         let store = self.engine.store.clone();
         let spec = self.spec.clone();
-        let op = async move { store.claim(&spec).await.map(Claimed::from) };
+        let Some(c) = self.call.churn.clone() else {
+            let op = async move { store.claim(&spec).await.map(Claimed::from) };
+            return Box::pin(self.detached(op.boxed()));
+        };
+        let route = self.call.route.clone();
+        let op = async move {
+            let (claim, joined) = churn::claim(&*store, &spec, c.churn).await?;
+            if joined {
+                c.joined.store(true, Ordering::Relaxed);
+                metrics::counter!("oncely_key_churn_total", "route" => route).increment(1);
+            }
+            Ok(Claimed::from(claim))
+        };
         Box::pin(self.detached(op.boxed()))
     }
 
@@ -389,9 +409,31 @@ impl<H: Send + 'static> Claimer for CallClaimer<'_, H> {
 async fn owner_answer<H>(
     record: Record,
     head: oneshot::Receiver<Head<H>>,
+    delivery: Option<Delivery>,
 ) -> Execution<FreshAnswer<H>> {
     match head.await {
-        Ok(head) => head.into_execution(record),
+        Ok(Head::Answer {
+            status,
+            head,
+            mut body,
+        }) => {
+            if let Some(d) = delivery {
+                body.deliver(d);
+            }
+            Execution::Fresh(FreshAnswer {
+                record,
+                status,
+                head,
+                body,
+            })
+        }
+        Ok(head) => {
+            let execution = head.into_execution(record);
+            if let (Some(d), Execution::UpstreamFailed { record, .. }) = (delivery, &execution) {
+                d.settled(record);
+            }
+            execution
+        }
         // The owner task panicked: the record stays processing until its lease lapses.
         Err(_) => Execution::UpstreamFailed {
             record,
@@ -461,6 +503,7 @@ mod tests {
             answer_before_record: false,
             slots: None,
             trace: None,
+            churn: None,
         }
     }
 

@@ -28,10 +28,13 @@
 //! - `tally` (private): repeats counted in memory and written in sums.
 //! - `budget` (private): what answers in flight may hold.
 //! - [`stream`]: the body types, [`BodyStream`] in and [`CallerBody`] out.
+//! - [`delivery`]: whether an answer reached its caller ([`Delivery`]), the evidence a key
+//!   made up for a retry needs ([`CallChurn`]).
 
 mod budget;
 pub mod call;
 pub mod claim;
+pub mod delivery;
 pub mod engine;
 mod ledger;
 mod owner;
@@ -45,6 +48,7 @@ pub use call::{
     UpstreamError, UpstreamFailure, UpstreamFuture,
 };
 pub use claim::{Claimed, Claimer, Claiming, Verdict};
+pub use delivery::{CallChurn, Delivery};
 pub use engine::{retry_after, Engine, DEFAULT_MAX_INFLIGHT_BYTES};
 pub use ledger::STORE_ANSWER;
 pub use stream::{BodyStream, CallerBody};

@@ -184,7 +184,7 @@ pub(crate) async fn run<H: Send + 'static>(task: OwnerTask<H>) {
         classify,
         length,
     } = answer;
-    let (tx, caller_body) = CallerBody::new();
+    let (tx, caller_body) = CallerBody::new(length);
     let mut tx = Some(tx);
     if head
         .send(Head::Answer {

@@ -10,6 +10,7 @@ use futures::Stream;
 use tokio::sync::mpsc;
 
 use crate::budget::Reservation;
+use crate::delivery::Delivery;
 use crate::BoxError;
 
 /// An answer's body: its chunks, or the error that broke it off.
@@ -31,12 +32,35 @@ pub(crate) type Feed = mpsc::UnboundedSender<Result<FedChunk, BoxError>>;
 /// error if the upstream broke off, and the end once the owner has recorded the answer.
 pub struct CallerBody {
     rx: mpsc::UnboundedReceiver<Result<FedChunk, BoxError>>,
+    /// The body's length, when its caller was told it: the caller has the whole answer
+    /// with its last byte (and may stop reading before the end).
+    length: Option<u64>,
+    sent: u64,
+    /// Told when the answer was read to its end (see [`crate::delivery`]).
+    delivery: Option<Box<Delivery>>,
 }
 
 impl CallerBody {
-    pub(crate) fn new() -> (Feed, CallerBody) {
+    pub(crate) fn new(length: Option<u64>) -> (Feed, CallerBody) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (tx, CallerBody { rx })
+        let body = CallerBody {
+            rx,
+            length,
+            sent: 0,
+            delivery: None,
+        };
+        (tx, body)
+    }
+
+    /// Tells `delivery` when the body has been read to its end.
+    pub(crate) fn deliver(&mut self, delivery: Delivery) {
+        self.delivery = Some(Box::new(delivery));
+    }
+
+    fn delivered(&mut self) {
+        if let Some(d) = self.delivery.take() {
+            d.done();
+        }
     }
 }
 
@@ -52,9 +76,22 @@ impl Stream for CallerBody {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match self.rx.poll_recv(cx) {
             // The chunk's charge is given back here: it is the caller's now.
-            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(chunk.bytes))),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Ok(chunk))) => {
+                self.sent += chunk.bytes.len() as u64;
+                if self.length == Some(self.sent) {
+                    self.delivered();
+                }
+                Poll::Ready(Some(Ok(chunk.bytes)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // Broken off: not delivered (a delivery dropped undone says so).
+                self.delivery = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                self.delivered();
+                Poll::Ready(None)
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -67,7 +104,7 @@ mod tests {
 
     #[tokio::test]
     async fn caller_body_ends_when_the_sender_is_dropped() {
-        let (tx, body) = CallerBody::new();
+        let (tx, body) = CallerBody::new(None);
         tokio::spawn(async move {
             for b in [&b"a"[..], b"b"] {
                 let chunk = FedChunk {

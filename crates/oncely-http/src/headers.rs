@@ -12,7 +12,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use crate::problem::{IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::problem::{IDEMPOTENT_REPLAYED, ONCELY_KEY_CHURN, ONCELY_RECORD, ONCELY_STATUS};
 
 /// Headers that describe one connection, not the message.
 const HOP_BY_HOP: [&str; 9] = [
@@ -83,6 +83,7 @@ pub fn is_replayable(name: &str) -> bool {
         )
         || name == ONCELY_STATUS
         || name == ONCELY_RECORD
+        || name == ONCELY_KEY_CHURN
         || name == IDEMPOTENT_REPLAYED)
 }
 

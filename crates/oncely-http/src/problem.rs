@@ -21,6 +21,9 @@ pub const ONCELY_STATUS: &str = "oncely-status";
 pub const ONCELY_RECORD: &str = "oncely-record";
 /// The `Idempotent-Replayed` header.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// The `Oncely-Key-Churn` header: the original record a request under a made-up key was
+/// answered from.
+pub const ONCELY_KEY_CHURN: &str = "oncely-key-churn";
 /// Upstream to gateway: its answer is good until this RFC 3339 time at most.
 pub const REPLAY_UNTIL: &str = "oncely-replay-until";
 /// Upstream to gateway: its answer is good for this many seconds at most.

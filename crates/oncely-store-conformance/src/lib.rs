@@ -31,6 +31,7 @@ use oncely_core::{ClaimSpec, Class, Completion, FingerprintBuilder, Identity, St
 use oncely_store::{Claim, NewTask};
 
 pub mod admin;
+pub mod churn;
 pub mod ledger;
 pub mod task_queue;
 pub mod testing;
@@ -164,6 +165,18 @@ macro_rules! conformance_tests {
         $crate::waiting_tests!($harness);
         $crate::admin_tests!($harness);
         $crate::task_queue_tests!($harness);
+        $crate::churn_tests!($harness);
+    };
+}
+
+/// Generates the [`churn`] section's tests (the store implements `Ledger`).
+#[macro_export]
+macro_rules! churn_tests {
+    ($harness:expr) => {
+        $crate::section_tests!(churn $harness;
+            a_made_up_key_joins_an_undelivered_record,
+            an_undelivered_record_past_the_window_is_not_joined,
+        );
     };
 }
 

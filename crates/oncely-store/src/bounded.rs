@@ -39,8 +39,9 @@ use oncely_core::{
 
 use crate::queue::{Finished, NewTask, Task, TaskCounts, TaskFence, TaskId, TaskOutcome};
 use crate::{
-    Admin, Claim, Ledger, ListFilter, PurgeStep, ReconcileSchedule, Repeat, RepeatEvents, Result,
-    Store, StoreError, TaskQueue, TaskState, Usage, UsageHour, Waiting,
+    Admin, ChurnEntry, ChurnFilter, Claim, Ledger, ListFilter, PurgeStep, ReconcileSchedule,
+    Repeat, RepeatEvents, Result, Store, StoreError, TaskQueue, TaskState, Usage, UsageHour,
+    Waiting,
 };
 
 /// The longest one store operation may take before it counts as failed: a store that
@@ -216,6 +217,26 @@ impl Ledger for Bounded {
 
     async fn ping(&self) -> Result<()> {
         self.bound(self.inner.ping()).await
+    }
+
+    fn churn_filter(&self) -> Option<&ChurnFilter> {
+        self.inner.churn_filter()
+    }
+
+    async fn churn_get(&self, hash: &[u8; 16]) -> Result<Option<ChurnEntry>> {
+        self.bound(self.inner.churn_get(hash)).await
+    }
+
+    async fn churn_put(&self, entry: &ChurnEntry) -> Result<bool> {
+        self.bound(self.inner.churn_put(entry)).await
+    }
+
+    async fn churn_forget(&self, id: &RecordId) -> Result<()> {
+        self.bound(self.inner.churn_forget(id)).await
+    }
+
+    async fn churn_of(&self, id: &RecordId) -> Result<Vec<ChurnEntry>> {
+        self.bound(self.inner.churn_of(id)).await
     }
 }
 

@@ -38,6 +38,7 @@ use oncely_core::{
 
 mod backend;
 mod bounded;
+pub mod churn;
 pub mod clock;
 pub mod lease;
 pub mod memory;
@@ -57,6 +58,7 @@ mod watch;
 
 pub use backend::open;
 pub use bounded::{unanswered, Bounded, ANSWER_WITHIN};
+pub use churn::{Churn, ChurnEntry, ChurnFilter, ChurnKind};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use queue::{
     Finished, NewTask, Task, TaskCounts, TaskError, TaskFence, TaskId, TaskOutcome, TaskState,
@@ -345,6 +347,38 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// The store's clock (the database's, for PostgreSQL).
     async fn now(&self) -> Result<Timestamp>;
+
+    /// What this instance knows of the churn table (module [`churn`]); `None` for a store
+    /// that keeps none, whose claims of made-up keys are plain claims.
+    fn churn_filter(&self) -> Option<&ChurnFilter> {
+        None
+    }
+
+    /// The churn entry of `hash`, if any (module [`churn`]).
+    async fn churn_get(&self, hash: &[u8; 16]) -> Result<Option<ChurnEntry>> {
+        let _ = hash;
+        Ok(None)
+    }
+
+    /// Writes `entry` unless one holds its hash already (answers whether it did), and
+    /// tells every instance's filter of it.
+    async fn churn_put(&self, entry: &ChurnEntry) -> Result<bool> {
+        let _ = entry;
+        Ok(false)
+    }
+
+    /// Deletes the undelivered entry of `id`: an answer of it reached a caller.
+    async fn churn_forget(&self, id: &RecordId) -> Result<()> {
+        let _ = id;
+        Ok(())
+    }
+
+    /// Every churn entry of `id` (the keys that joined it, whether it is undelivered),
+    /// oldest first.
+    async fn churn_of(&self, id: &RecordId) -> Result<Vec<ChurnEntry>> {
+        let _ = id;
+        Ok(Vec::new())
+    }
 
     /// Answers when the database does (health checks).
     async fn ping(&self) -> Result<()>;

@@ -17,8 +17,9 @@ use crate::queue::{TaskOutcome, TaskState};
 use crate::usage::{per_principal, period_start, Hours};
 use crate::waiters::{wait_until_settled, Waiters};
 use crate::{
-    Admin, Claim, Clock, Ledger, ListFilter, PurgeStep, ReconcileSchedule, Repeat, RepeatEvent,
-    RepeatEvents, Result, StoreError, TaskQueue, Usage, UsageHour, Waiting,
+    Admin, ChurnEntry, ChurnFilter, ChurnKind, Claim, Clock, Ledger, ListFilter, PurgeStep,
+    ReconcileSchedule, Repeat, RepeatEvent, RepeatEvents, Result, StoreError, TaskQueue, Usage,
+    UsageHour, Waiting,
 };
 
 #[derive(Debug, Default)]
@@ -34,6 +35,8 @@ struct Data {
     repeats: Vec<(String, RepeatEvent)>,
     /// The usage history: what records and repeat events counted when they left.
     usage: Hours,
+    /// The churn table (module `churn`).
+    churn: HashMap<[u8; 16], ChurnEntry>,
 }
 
 impl Data {
@@ -55,6 +58,7 @@ pub struct MemoryStore {
     data: Arc<Mutex<Data>>,
     waiters: Arc<Waiters>,
     clock: Arc<dyn Clock>,
+    churn: Arc<ChurnFilter>,
 }
 
 impl MemoryStore {
@@ -64,6 +68,7 @@ impl MemoryStore {
             data: Arc::default(),
             waiters: Arc::default(),
             clock,
+            churn: Arc::default(),
         }
     }
 
@@ -225,6 +230,47 @@ impl Ledger for MemoryStore {
 
     async fn ping(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn churn_filter(&self) -> Option<&ChurnFilter> {
+        Some(&self.churn)
+    }
+
+    async fn churn_get(&self, hash: &[u8; 16]) -> Result<Option<ChurnEntry>> {
+        let data = self.data.lock().expect("memory store lock");
+        Ok(data.churn.get(hash).cloned())
+    }
+
+    async fn churn_put(&self, entry: &ChurnEntry) -> Result<bool> {
+        let mut data = self.data.lock().expect("memory store lock");
+        if data.churn.contains_key(&entry.hash) {
+            return Ok(false);
+        }
+        data.churn.insert(entry.hash, entry.clone());
+        let (record, kind, until) = (entry.record.clone(), entry.kind, entry.until);
+        self.churn
+            .add(entry.hash, record, kind, until, self.clock.now());
+        Ok(true)
+    }
+
+    async fn churn_forget(&self, id: &RecordId) -> Result<()> {
+        let mut data = self.data.lock().expect("memory store lock");
+        data.churn
+            .retain(|_, e| !(e.record == *id && e.kind == ChurnKind::Undelivered));
+        self.churn.delivered(id);
+        Ok(())
+    }
+
+    async fn churn_of(&self, id: &RecordId) -> Result<Vec<ChurnEntry>> {
+        let data = self.data.lock().expect("memory store lock");
+        let mut out: Vec<ChurnEntry> = data
+            .churn
+            .values()
+            .filter(|e| e.record == *id)
+            .cloned()
+            .collect();
+        out.sort_by_key(|e| e.at);
+        Ok(out)
     }
 }
 
@@ -414,8 +460,10 @@ impl Admin for MemoryStore {
             records,
             repeats,
             usage,
+            churn,
             ..
         } = &mut *data;
+        churn.retain(|_, e| e.until > now && records.contains_key(&e.record));
         repeats.retain(|(principal, e)| {
             let stays = records.contains_key(&e.record);
             if !stays {

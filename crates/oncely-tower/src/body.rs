@@ -158,6 +158,56 @@ where
     }
 }
 
+/// `body`, telling `delivery` once it has been read to its end (its last frame taken, or
+/// its end seen): a repeat's answer that reached its caller (`oncely_engine::delivery`).
+pub(crate) fn delivered(body: BoxBody, delivery: oncely_engine::Delivery) -> BoxBody {
+    Delivered {
+        body,
+        delivery: Some(delivery),
+    }
+    .boxed()
+}
+
+struct Delivered {
+    body: BoxBody,
+    delivery: Option<oncely_engine::Delivery>,
+}
+
+impl Body for Delivered {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.done(),
+            Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.done(),
+            Poll::Ready(Some(Err(_))) => self.delivery = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Delivered {
+    fn done(&mut self) {
+        if let Some(d) = self.delivery.take() {
+            d.done();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

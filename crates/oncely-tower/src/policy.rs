@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use oncely_core::{ClaimSpec, Class, Fingerprint, Identity};
-use oncely_engine::GuardedCall;
+use oncely_engine::{CallChurn, GuardedCall};
+use oncely_store::Churn;
 
 pub use crate::sources::{KeyMode, PrincipalSource, UnitsRule};
 use crate::sources::{MakeKey, MakePrincipal, MakeUnits};
@@ -72,6 +73,11 @@ pub struct RoutePolicy {
     /// crash in between is a crash during the call: the record stays processing and is
     /// taken over by its class.
     pub answer_before_record: bool,
+    /// How long after its creation a record whose caller never got its answer is joined
+    /// by a request under a new `Idempotency-Key` with its fingerprint: a retry loop that
+    /// makes up a key per attempt (`churn_window`, default 10 minutes; zero turns it
+    /// off). Only for keys from the header on `write` and `action` routes.
+    pub churn_window: Duration,
     /// What the embedding service attaches to the route for its inner service (the
     /// gateway: the route's upstream and retries). The layer never reads it; it puts the
     /// policy it matched (`Arc<RoutePolicy>`) in every request's extensions, so the inner
@@ -123,6 +129,7 @@ impl RoutePolicy {
             concurrency: None,
             errors: oncely_http::Dialect::Problem,
             answer_before_record: false,
+            churn_window: Duration::from_secs(600),
             attached: http::Extensions::new(),
         }
     }
@@ -145,6 +152,9 @@ impl RoutePolicy {
         workflow_id: Option<String>,
         units: u64,
     ) -> GuardedCall {
+        let churns = key.is_some()
+            && !self.churn_window.is_zero()
+            && matches!(self.class, Class::Write | Class::Action);
         let identity = Identity::new(
             principal,
             self.name.clone(),
@@ -153,7 +163,14 @@ impl RoutePolicy {
             fingerprint,
             workflow_id,
         );
-        self.call(identity, units)
+        let mut call = self.call(identity, units);
+        if churns {
+            call.churn = Some(CallChurn::new(Churn {
+                window: self.churn_window,
+                keep: self.window,
+            }));
+        }
+        call
     }
 
     /// The guarded call of `identity` on this route (a queued job's run has its
@@ -171,6 +188,7 @@ impl RoutePolicy {
             answer_before_record: self.answer_before_record,
             slots: self.concurrency.as_ref().map(|c| c.slots.clone()),
             trace: None,
+            churn: None,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use base64::Engine;
 use oncely_core::{Record, StoredResponse, Timestamp};
-use oncely_store::{Usage, UsageHour, UsageRow};
+use oncely_store::{ChurnEntry, ChurnKind, Usage, UsageHour, UsageRow};
 use serde_json::{json, Value};
 
 fn time(t: Option<Timestamp>) -> Value {
@@ -39,8 +39,22 @@ pub fn summary(r: &Record) -> Value {
     })
 }
 
-/// Every field of a record (`ledger show --json`, `GET /records/ID`).
-pub fn full(r: &Record) -> Value {
+/// The keys made up for a retry that joined the record (`oncely_store::churn`), oldest
+/// first, and whether its caller is known never to have got its answer.
+pub fn churn(entries: &[ChurnEntry]) -> (Vec<&str>, bool) {
+    let joined = entries
+        .iter()
+        .filter(|e| e.kind == ChurnKind::Joined)
+        .filter_map(|e| e.key.as_deref())
+        .collect();
+    let undelivered = entries.iter().any(|e| e.kind == ChurnKind::Undelivered);
+    (joined, undelivered)
+}
+
+/// Every field of a record (`ledger show --json`, `GET /records/ID`), with the keys that
+/// joined it ([`churn`]).
+pub fn full(r: &Record, entries: &[ChurnEntry]) -> Value {
+    let (joined, undelivered) = churn(entries);
     json!({
         "id": r.id.as_str(),
         "state": r.state.as_str(),
@@ -64,6 +78,8 @@ pub fn full(r: &Record) -> Value {
         "workflow_id": r.workflow_id,
         "provider_request_id": r.provider_request_id,
         "last_error": r.last_error,
+        "joined_keys": joined,
+        "undelivered": undelivered,
     })
 }
 

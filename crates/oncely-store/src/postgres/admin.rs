@@ -53,6 +53,9 @@ impl Admin for PgStore {
         } else {
             PURGE_BATCH
         };
+        if records < PURGE_BATCH && events < PURGE_BATCH {
+            self.churn_purge().await?;
+        }
         Ok(PurgeStep {
             records: records as u64,
             last: records < PURGE_BATCH && events < PURGE_BATCH,

@@ -30,7 +30,7 @@ use super::sql::SQL;
 use super::store::PgStore;
 use crate::replays::Now;
 use crate::watch;
-use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
+use crate::{new_record_id, ChurnEntry, ChurnFilter, Claim, Ledger, Repeat, Result, StoreError};
 
 impl PgStore {
     /// Explains why a fenced `UPDATE` matched no row: the record is gone, or the pure
@@ -449,6 +449,26 @@ impl Ledger for PgStore {
             .await?
             .ok_or_else(|| StoreError::Unavailable("the database returned no time".into()))?;
         Ok(Timestamp(row.try_get(0).map_err(corrupt)?))
+    }
+
+    fn churn_filter(&self) -> Option<&ChurnFilter> {
+        Some(&self.inner.churn)
+    }
+
+    async fn churn_get(&self, hash: &[u8; 16]) -> Result<Option<ChurnEntry>> {
+        self.churn_entry(hash).await
+    }
+
+    async fn churn_put(&self, entry: &ChurnEntry) -> Result<bool> {
+        self.churn_insert(entry).await
+    }
+
+    async fn churn_forget(&self, id: &RecordId) -> Result<()> {
+        self.churn_delete_undelivered(id).await
+    }
+
+    async fn churn_of(&self, id: &RecordId) -> Result<Vec<ChurnEntry>> {
+        self.churn_entries(id).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -23,9 +23,10 @@ use tokio_postgres::{AsyncMessage, Client};
 use super::connection::{checkout, Connector};
 use super::error::unavailable;
 use crate::waiters::Waiters;
-use crate::{Result, StoreError};
+use crate::{ChurnFilter, Result, StoreError};
 
-/// The notification channel; the payload is a record id.
+/// The notification channel; the payload is a record id, or a churn entry announced
+/// (`super::churn::ANNOUNCE`).
 pub(super) const CHANNEL: &str = "oncely_records";
 
 /// The pause before the listener connects again after its connection was lost (doubled
@@ -75,9 +76,13 @@ pub(super) async fn check_delivery(pool: &Pool, waiters: &Waiters) -> Result<()>
 }
 
 /// Starts the listener; returns once it listens (or the first connection failed).
-pub(super) async fn start(connector: Connector, waiters: Arc<Waiters>) -> Result<JoinHandle<()>> {
+pub(super) async fn start(
+    connector: Connector,
+    waiters: Arc<Waiters>,
+    churn: Arc<ChurnFilter>,
+) -> Result<JoinHandle<()>> {
     let (ready_tx, ready_rx) = oneshot::channel();
-    let task = tokio::spawn(run(connector, waiters, ready_tx));
+    let task = tokio::spawn(run(connector, waiters, churn, ready_tx));
     match ready_rx.await {
         Ok(Ok(())) => Ok(task),
         Ok(Err(e)) => Err(e),
@@ -87,11 +92,28 @@ pub(super) async fn start(connector: Connector, waiters: Arc<Waiters>) -> Result
     }
 }
 
-async fn run(connector: Connector, waiters: Arc<Waiters>, ready: oneshot::Sender<Result<()>>) {
+async fn run(
+    connector: Connector,
+    waiters: Arc<Waiters>,
+    churn: Arc<ChurnFilter>,
+    ready: oneshot::Sender<Result<()>>,
+) {
     let mut ready = Some(ready);
     let mut pauses = 0u32;
     loop {
-        match connect(&connector).await {
+        // Listening first, then reading the churn table: an entry written in between is
+        // both heard and read. (The first time, the store reads it once its schema is
+        // current, `PgStore::connect`.)
+        let connected = match connect(&connector).await {
+            Ok((client, messages)) if ready.is_none() => {
+                match super::churn::reload(&client, &churn).await {
+                    Ok(()) => Ok((client, messages)),
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
+        match connected {
             Ok((client, mut messages)) => {
                 pauses = 0;
                 match ready.take() {
@@ -103,7 +125,8 @@ async fn run(connector: Connector, waiters: Arc<Waiters>, ready: oneshot::Sender
                         waiters.wake_all();
                     }
                 }
-                listen(&client, &mut messages, &waiters).await;
+                listen(&client, &mut messages, &waiters, &churn).await;
+                churn.blind();
                 tracing::warn!("PostgreSQL listener connection lost; reconnecting");
             }
             Err(e) => {
@@ -160,12 +183,14 @@ async fn listen(
     client: &Client,
     messages: &mut mpsc::UnboundedReceiver<String>,
     waiters: &Waiters,
+    churn: &ChurnFilter,
 ) {
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
     loop {
         tokio::select! {
             payload = messages.recv() => match payload {
+                Some(p) if p.starts_with(super::churn::ANNOUNCE) => super::churn::heard(&p, churn),
                 Some(id) => waiters.wake(&RecordId(id)),
                 None => return,
             },

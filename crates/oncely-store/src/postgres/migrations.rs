@@ -208,6 +208,21 @@ CREATE INDEX IF NOT EXISTS records_open ON records (state, id) WHERE state <> 'c
         name: "the span that executed a record (trace links)",
         sql: "ALTER TABLE records ADD COLUMN IF NOT EXISTS trace text;",
     },
+    Migration {
+        version: 10,
+        name: "keys made up for each attempt (undelivered records, keys that joined one)",
+        sql: r#"
+CREATE TABLE IF NOT EXISTS churn (
+    hash   bytea  PRIMARY KEY,
+    record text   NOT NULL,
+    kind   text   NOT NULL,
+    key    text,
+    at     bigint NOT NULL,
+    until  bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS churn_record ON churn (record);
+"#,
+    },
 ];
 
 /// Migration 7: the usage history, repeat events that count several repeats, and the

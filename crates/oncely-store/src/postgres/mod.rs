@@ -49,6 +49,7 @@ use crate::{Result, Store, StoreOptions};
 
 mod admin;
 mod batch;
+mod churn;
 mod connection;
 mod enqueue;
 mod error;

@@ -49,6 +49,8 @@ pub(super) struct Inner {
     /// A record enters when a claim reads it completed, not when this instance completes
     /// it.
     pub(super) replays: ReplayCache,
+    /// What this instance knows of the churn table (`super::churn`), kept by the listener.
+    pub(super) churn: Arc<crate::ChurnFilter>,
 }
 
 /// The replay cache's limits on PostgreSQL: an entry counts as expired 1 s before its
@@ -89,11 +91,14 @@ impl PgStore {
         }
         let waiters = Arc::new(Waiters::default());
         let several_hosts_without_read_write = connector.several_hosts_without_read_write();
-        let listener = listener::start(connector, waiters.clone()).await?;
+        let churn = Arc::new(crate::ChurnFilter::default());
+        churn.blind();
+        let listener = listener::start(connector, waiters.clone(), churn.clone()).await?;
         let ready = async {
             listener::check_delivery(&pool, &waiters).await?;
             let mut client = checkout(&pool).await?;
-            migrations::migrate(&mut client).await
+            migrations::migrate(&mut client).await?;
+            super::churn::reload(&client, &churn).await
         };
         if let Err(e) = ready.await {
             listener.abort();
@@ -121,6 +126,7 @@ impl PgStore {
                 waiters,
                 clock: options.clock,
                 listener,
+                churn,
             }),
         })
     }

@@ -23,7 +23,11 @@ impl Admin for SqliteStore {
     async fn purge_step(&self) -> Result<PurgeStep> {
         let (records, events) = self
             .writer
-            .run(|conn, now| Ok((usage::purge_step(conn, now)?, None)))
+            .run(|conn, now| {
+                let step = usage::purge_step(conn, now)?;
+                super::churn::purge(conn, now)?;
+                Ok((step, None))
+            })
             .await?;
         let last = records < usage::PURGE_STEP as u64 && events < usage::PURGE_STEP as u64;
         Ok(PurgeStep { records, last })

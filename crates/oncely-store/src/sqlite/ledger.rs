@@ -11,13 +11,14 @@ use oncely_core::{
 };
 use rusqlite::Connection;
 
+use super::churn::ChurnTable;
 use super::error::sql_error;
 use super::writer::Applied;
 use super::{repeats, rows, usage, SqliteStore};
 use crate::plan::plan_claims;
 use crate::replays::{Now, ReplayCache};
 use crate::watch;
-use crate::{new_record_id, Claim, Ledger, Repeat, Result, StoreError};
+use crate::{new_record_id, ChurnEntry, ChurnFilter, Claim, Ledger, Repeat, Result, StoreError};
 
 impl SqliteStore {
     /// Offers a record read since `epoch` to the replay cache.
@@ -264,6 +265,26 @@ impl Ledger for SqliteStore {
 
     async fn now(&self) -> Result<Timestamp> {
         Ok(self.clock.now())
+    }
+
+    fn churn_filter(&self) -> Option<&ChurnFilter> {
+        Some(&self.churn)
+    }
+
+    async fn churn_get(&self, hash: &[u8; 16]) -> Result<Option<ChurnEntry>> {
+        self.get_entry(hash).await
+    }
+
+    async fn churn_put(&self, entry: &ChurnEntry) -> Result<bool> {
+        self.put_entry(entry).await
+    }
+
+    async fn churn_forget(&self, id: &RecordId) -> Result<()> {
+        self.forget_undelivered(id).await
+    }
+
+    async fn churn_of(&self, id: &RecordId) -> Result<Vec<ChurnEntry>> {
+        self.entries_of(id).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -38,6 +38,7 @@ use crate::{Clock, Ledger, Result, Store, StoreError, StoreOptions, Waiting};
 
 mod admin;
 mod checkpoint;
+mod churn;
 mod durable;
 mod error;
 mod ledger;
@@ -118,6 +119,10 @@ pub struct SqliteStore {
     /// A record enters when a claim or a lookup reads it, not when it completes.
     cache: Arc<ReplayCache>,
     clock: Arc<dyn Clock>,
+    /// What this instance knows of the churn table (`crate::churn`): read whole on open,
+    /// and kept by this instance's writes. (Another process on the same file tells it
+    /// nothing: made-up keys are recognised across instances on PostgreSQL.)
+    churn: Arc<crate::ChurnFilter>,
     migrated: Vec<u32>,
     durability: Arc<durable::Durability>,
     _checkpointer: checkpoint::Checkpointer,
@@ -258,6 +263,8 @@ fn open_blocking(
             syncer,
         },
     )?;
+    let churn = Arc::new(crate::ChurnFilter::default());
+    churn.reload(churn::live(&watch, clock.now())?);
     let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
     Ok(SqliteStore {
         readers: Arc::new(Readers::new(
@@ -271,6 +278,7 @@ fn open_blocking(
         watcher,
         cache,
         clock,
+        churn,
         migrated,
         durability,
         _checkpointer: checkpointer,

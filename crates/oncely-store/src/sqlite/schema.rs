@@ -91,7 +91,26 @@ CREATE TABLE secrets (
         name: "the span that executed a record (trace links)",
         sql: "ALTER TABLE records ADD COLUMN trace TEXT;",
     },
+    Migration {
+        version: 8,
+        name: "keys made up for each attempt (undelivered records, keys that joined one)",
+        sql: CHURN_SQL,
+    },
 ];
+
+/// Migration 8: the churn table (module `crate::churn`). A claim never reads it unless
+/// the store's filter of it holds the claim's hashes: it is not on the fresh path.
+const CHURN_SQL: &str = r#"
+CREATE TABLE churn (
+    hash   BLOB    NOT NULL PRIMARY KEY,
+    record TEXT    NOT NULL,
+    kind   TEXT    NOT NULL,
+    key    TEXT,
+    at     INTEGER NOT NULL,
+    until  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX churn_record ON churn (record);
+"#;
 
 /// Migration 2: the task queue.
 const QUEUE_SQL: &str = r#"

@@ -11,6 +11,7 @@ use http_body::Body;
 use oncely_core::{
     Class, Disposition, DownstreamKey, FingerprintBuilder, Record, State, UpstreamResult,
 };
+use oncely_engine::Delivery;
 use tower::Service;
 
 use crate::body::full;
@@ -20,7 +21,9 @@ use crate::guard::{Execution, FreshResponse, Guard, UpstreamCall, UpstreamFailur
 use crate::jobs::JobRequest;
 use crate::log::{log_request, provider_request_id, RequestLog};
 use crate::policy::RoutePolicy;
-use crate::problem::{Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_RECORD, ONCELY_STATUS};
+use crate::problem::{
+    Problem, ProblemCode, IDEMPOTENT_REPLAYED, ONCELY_KEY_CHURN, ONCELY_RECORD, ONCELY_STATUS,
+};
 use crate::sources::RequestHead;
 use crate::trace::{attr, Span};
 use crate::upstream::{call_upstream, traced};
@@ -186,11 +189,41 @@ where
         traced(call_upstream(inner, req, units), span)
     };
 
+    let churn = call.churn.clone();
+    let churn_key = call.key.clone();
     let execution = match job {
         Some(job) => guard.submit_job(&policy, call, job).await,
         None => guard.execute(call, run).await,
     };
-    respond(execution, policy.class, &accept, &mut log)
+    // A request under a made-up key answered from another key's record: its header names
+    // the original, and its first request is counted (by the engine) and marked.
+    let original = churn.as_ref().and_then(|_| {
+        execution
+            .record()
+            .filter(|r| r.key != churn_key)
+            .map(|r| r.id.clone())
+    });
+    if let (Some(span), Some(c)) = (&mut log.span, &churn) {
+        if c.joined_now() {
+            span.set(attr::KEY_CHURN, true);
+        }
+    }
+    // A repeat's answer of a record whose caller never got its own: once it is read to
+    // its end, an answer of the record did reach a caller.
+    let delivery = match &execution {
+        Execution::Replayed(r) | Execution::Joined(r) => Delivery::repeat(guard.store(), r),
+        _ => None,
+    };
+    let mut res = respond(execution, policy.class, &accept, &mut log);
+    if let Some(id) = original {
+        if let Ok(v) = HeaderValue::from_str(id.as_str()) {
+            res.headers_mut().insert(ONCELY_KEY_CHURN, v);
+        }
+    }
+    match delivery {
+        Some(d) => res.map(|body| crate::body::delivered(body, d)),
+        None => res,
+    }
 }
 
 /// Links the request's span (if any) to the span that executed `record`'s original.

@@ -11,6 +11,9 @@ pub const DECISION: &str = "oncely.status";
 pub const CLASS: &str = "oncely.class";
 /// Where the key came from (`header` or `fingerprint`).
 pub const KEY_SOURCE: &str = "oncely.key_source";
+/// Set (`true`) on the first request of a key made up for a retry that joined another
+/// key's record.
+pub const KEY_CHURN: &str = "oncely.key_churn";
 /// The record's attempt.
 pub const ATTEMPT: &str = "oncely.attempt";
 /// The principal's keyed hash.
@@ -73,6 +76,8 @@ pub enum AttributeValue {
     Fixed(&'static str),
     /// A whole number.
     Int(i64),
+    /// True or false.
+    Bool(bool),
 }
 
 impl AttributeValue {
@@ -81,7 +86,7 @@ impl AttributeValue {
         match self {
             AttributeValue::Str(s) => Some(s),
             AttributeValue::Fixed(s) => Some(s),
-            AttributeValue::Int(_) => None,
+            AttributeValue::Int(_) | AttributeValue::Bool(_) => None,
         }
     }
 }
@@ -91,6 +96,7 @@ impl PartialEq for AttributeValue {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (AttributeValue::Int(a), AttributeValue::Int(b)) => a == b,
+            (AttributeValue::Bool(a), AttributeValue::Bool(b)) => a == b,
             (a, b) => a.text().is_some() && a.text() == b.text(),
         }
     }
@@ -105,6 +111,12 @@ impl From<&str> for AttributeValue {
 impl From<String> for AttributeValue {
     fn from(v: String) -> Self {
         AttributeValue::Str(v)
+    }
+}
+
+impl From<bool> for AttributeValue {
+    fn from(v: bool) -> Self {
+        AttributeValue::Bool(v)
     }
 }
 

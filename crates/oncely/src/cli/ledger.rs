@@ -175,10 +175,13 @@ pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
         LedgerCommand::Show { id, json, store } => {
             let ledger = open(&store).await?;
             let record = get(&*ledger.store, &id).await?;
+            let churn = ledger.store.churn_of(&record.id).await.map_err(|e| {
+                Failure::runtime(format!("cannot read the keys that joined {id}: {e}"))
+            })?;
             if json {
-                println!("{}", records::full(&record));
+                println!("{}", records::full(&record, &churn));
             } else {
-                print_record(&record);
+                print_record(&record, &churn);
             }
             Ok(())
         }
@@ -269,7 +272,7 @@ fn print_table(list: &[Record]) {
     }
 }
 
-fn print_record(r: &Record) {
+fn print_record(r: &Record, churn: &[oncely_store::ChurnEntry]) {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     println!("id:                  {}", r.id);
     println!("state:               {}", r.state);
@@ -292,6 +295,13 @@ fn print_record(r: &Record) {
     println!("workflow_id:         {}", opt(&r.workflow_id));
     println!("provider_request_id: {}", opt(&r.provider_request_id));
     println!("last_error:          {}", opt(&r.last_error));
+    let (joined, undelivered) = records::churn(churn);
+    if !joined.is_empty() {
+        println!("joined_keys:         {}", joined.join(", "));
+    }
+    if undelivered {
+        println!("undelivered:         its caller went away before its answer");
+    }
     match &r.response {
         None => println!("response:            -"),
         Some(resp) => {

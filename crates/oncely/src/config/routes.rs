@@ -160,7 +160,13 @@ pub struct Route {
     pub window: Duration,
     /// How long a duplicate waits for the original (default 20s).
     pub wait: Duration,
+    /// How long after its creation a record whose caller never got its answer is joined
+    /// by a request under a new client key with its fingerprint (default 10m; zero: never).
+    pub churn_window: Duration,
 }
+
+/// A route's `churn_window` unless it sets one.
+pub(crate) const DEFAULT_CHURN_WINDOW: Duration = Duration::from_secs(600);
 
 /// The keys a route and `[defaults]` share (both know `method` too, a route `path`).
 const ROUTE_FIELDS: &[&str] = &[
@@ -182,6 +188,7 @@ const ROUTE_FIELDS: &[&str] = &[
     "retry_backoff",
     "window",
     "wait",
+    "churn_window",
     "answer",
     "errors",
 ];
@@ -210,6 +217,7 @@ pub(super) struct RouteFields {
     pub(super) retry_backoff: Option<Duration>,
     pub(super) window: Option<Duration>,
     pub(super) wait: Option<Duration>,
+    pub(super) churn_window: Option<Duration>,
 }
 
 /// A route's `principal`: `header:NAME` or `none`.
@@ -326,6 +334,8 @@ fn route_fields(t: &Table, loc: &str, problems: &mut Mistakes) -> RouteFields {
         }
     }
     f.reconcile_after = read::duration(t, loc, "reconcile_after", problems);
+    // "0s" turns it off.
+    f.churn_window = read::duration(t, loc, "churn_window", problems);
     if let Some(r) = read::string(t, loc, "reconcile", problems) {
         f.reconcile = check(problems, loc, "reconcile", Reconcile::parse(r));
     }
@@ -506,6 +516,7 @@ impl Route {
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             window: Duration::from_secs(3 * 3600),
             wait: Duration::from_secs(20),
+            churn_window: DEFAULT_CHURN_WINDOW,
         }
     }
 
@@ -558,6 +569,7 @@ impl Route {
                 .or(d.retry_backoff)
                 .unwrap_or(b.retry_backoff),
             window: f.window.or(d.window).unwrap_or(b.window),
+            churn_window: f.churn_window.or(d.churn_window).unwrap_or(b.churn_window),
             wait: f.wait.or(d.wait).unwrap_or(b.wait),
         }
     }

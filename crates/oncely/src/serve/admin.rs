@@ -237,7 +237,10 @@ async fn show(
 ) -> Result<Json<serde_json::Value>, AdminError> {
     let id = RecordId(id);
     match state.store.get(&id).await? {
-        Some(r) => Ok(Json(records::full(&r))),
+        Some(r) => {
+            let churn = state.store.churn_of(&r.id).await?;
+            Ok(Json(records::full(&r, &churn)))
+        }
         None => Err(StoreError::NotFound(id).into()),
     }
 }
@@ -349,7 +352,8 @@ async fn resolve(
         Via::AdminApi,
     )
     .await?;
-    Ok(Json(records::full(&after)))
+    let churn = state.store.churn_of(&after.id).await?;
+    Ok(Json(records::full(&after, &churn)))
 }
 
 /// `GET /openapi.json`: the admin API as an OpenAPI 3.1 document, kept in the repository

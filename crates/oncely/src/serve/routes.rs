@@ -52,6 +52,7 @@ pub fn policy(route: &Route, config: &Config, concurrency: Option<Concurrency>) 
     p.units = Arc::new(route.units.clone());
     p.window = route.window;
     p.wait = route.wait;
+    p.churn_window = route.churn_window;
     p.lease = route.lease;
     p.timeout = route.timeout;
     p.max_body = config.max_body;

@@ -25,6 +25,7 @@ mod http_toolkit;
 mod inventory;
 mod jobs;
 mod joiners_memory;
+mod key_churn;
 mod mcp;
 mod mcp_everything;
 mod mcp_key_arguments;

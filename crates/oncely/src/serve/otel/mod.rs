@@ -298,6 +298,7 @@ fn sdk_span(s: SpanData, scope: &InstrumentationScope) -> opentelemetry_sdk::tra
                 AttributeValue::Str(text) => KeyValue::new(k, text),
                 AttributeValue::Fixed(text) => KeyValue::new(k, text),
                 AttributeValue::Int(i) => KeyValue::new(k, i),
+                AttributeValue::Bool(b) => KeyValue::new(k, b),
             })
             .collect(),
         dropped_attributes_count: 0,

@@ -38,6 +38,13 @@ pub(crate) async fn record(
     let store = &console.store;
     let r = get_record(&console, &id).await?;
     let now = store.now().await.map_err(store_error)?;
+    let churn = store.churn_of(&r.id).await.map_err(store_error)?;
+    let (keys, _) = crate::records::churn(&churn);
+    let joined_keys = if keys.is_empty() {
+        "-".to_owned()
+    } else {
+        keys.join(", ")
+    };
     let route = console.config.route_named(&r.route);
     let schedule = if r.state == RecordState::OutcomeUnknown {
         store.reconcile_schedule(&r.id).await.ok().flatten()
@@ -205,6 +212,7 @@ the log lines do.</p>",
     for (name, value) in [
         ("id", r.id.as_str().to_owned()),
         ("key", r.key.clone()),
+        ("joined_keys", joined_keys),
         ("principal", r.principal.clone()),
         ("scope", r.scope.as_str().to_owned()),
         ("fingerprint", r.fingerprint.to_hex()),
