@@ -41,11 +41,14 @@ pub enum Field {
     Units,
     /// How long the original took, in milliseconds.
     DurationMs,
+    /// The Idempotency-Key the client sent, if the log keeps it: a string or a number.
+    /// Unless mapped, it is also read from the other spellings in [`Field::aliases`].
+    IdempotencyKey,
 }
 
 impl Field {
     /// Every field, in the order they are documented.
-    pub const ALL: [Field; 8] = [
+    pub const ALL: [Field; 9] = [
         Field::Ts,
         Field::Principal,
         Field::Method,
@@ -54,7 +57,11 @@ impl Field {
         Field::BodySha256,
         Field::Units,
         Field::DurationMs,
+        Field::IdempotencyKey,
     ];
+
+    /// How many fields there are.
+    pub(crate) const COUNT: usize = Field::ALL.len();
 
     /// The name used in `--field NAME=SOURCE` and, by default, in the log.
     pub fn name(self) -> &'static str {
@@ -67,6 +74,17 @@ impl Field {
             Field::BodySha256 => "body_sha256",
             Field::Units => "units",
             Field::DurationMs => "duration_ms",
+            Field::IdempotencyKey => "idempotency_key",
+        }
+    }
+
+    /// The other member names a field is read from when `--field` does not map it: the
+    /// spellings logs give the Idempotency-Key header (`Idempotency-Key`,
+    /// `idempotency-key`, `idempotencyKey`); none for the other fields.
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Field::IdempotencyKey => &["Idempotency-Key", "idempotency-key", "idempotencyKey"],
+            _ => &[],
         }
     }
 
@@ -121,16 +139,20 @@ impl Source {
     }
 }
 
-/// Where each [`Field`] is read from. By default every field is the member of its own name.
+/// Where each [`Field`] is read from. By default every field is the member of its own name
+/// (and of its [aliases](Field::aliases)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldMap {
-    sources: [Source; 8],
+    sources: [Source; Field::COUNT],
+    /// Fields given a source with `--field` (their aliases are then not read).
+    mapped: [bool; Field::COUNT],
 }
 
 impl Default for FieldMap {
     fn default() -> FieldMap {
         FieldMap {
             sources: Field::ALL.map(|f| Source::plain(f.name())),
+            mapped: [false; Field::COUNT],
         }
     }
 }
@@ -157,14 +179,26 @@ impl FieldMap {
         Ok(map)
     }
 
-    /// Reads `field` from `source` instead.
+    /// Reads `field` from `source` instead (and no longer from its aliases).
     pub fn set(&mut self, field: Field, source: Source) {
         self.sources[field.index()] = source;
+        self.mapped[field.index()] = true;
     }
 
     /// Where `field` is read from.
     pub fn source(&self, field: Field) -> &Source {
         &self.sources[field.index()]
+    }
+
+    /// Every place `field` is read from: its source, then, unless it was mapped, the
+    /// members named by its [aliases](Field::aliases).
+    pub fn sources(&self, field: Field) -> impl Iterator<Item = Source> + '_ {
+        let aliases = if self.mapped[field.index()] {
+            &[][..]
+        } else {
+            field.aliases()
+        };
+        std::iter::once(self.source(field).clone()).chain(aliases.iter().map(|a| Source::plain(a)))
     }
 }
 
@@ -374,6 +408,37 @@ mod tests {
         );
         assert_eq!(a.fields.source(Field::Body), &Source::plain("a/b"));
         assert_eq!(a.fields.source(Field::Method), &Source::plain("method"));
+    }
+
+    #[test]
+    fn the_idempotency_key_has_other_spellings_until_it_is_mapped() {
+        let members = |map: &FieldMap| -> Vec<String> {
+            map.sources(Field::IdempotencyKey)
+                .map(|s| s.member)
+                .collect()
+        };
+        let default = FieldMap::default();
+        assert_eq!(
+            members(&default),
+            [
+                "idempotency_key",
+                "Idempotency-Key",
+                "idempotency-key",
+                "idempotencyKey"
+            ]
+        );
+        assert_eq!(
+            default.sources(Field::Principal).collect::<Vec<_>>(),
+            [Source::plain("principal")]
+        );
+        let mapped = FieldMap::parse(&["idempotency_key=/headers/idem"]).unwrap();
+        assert_eq!(
+            mapped.sources(Field::IdempotencyKey).collect::<Vec<_>>(),
+            [Source {
+                member: "headers".into(),
+                inner: Some("/idem".into())
+            }]
+        );
     }
 
     #[test]

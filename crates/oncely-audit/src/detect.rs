@@ -13,10 +13,17 @@
 //! they were made, so one may outstay its window by at most the longest `duration_ms`
 //! before it; the verdict never depends on this, only memory does); per-principal sums
 //! and a short list of the most repeated originals are all that outlive them.
+//!
+//! A repeat is also **churned** when its line carries an Idempotency-Key that no earlier
+//! request of its original (the original and its repeats so far) carried, while one of
+//! them carried another: a retry loop that made up a key for the attempt. A repeat under
+//! a key seen before is a retry done right, and a line without a key is never churned;
+//! both are repeats all the same, as before (the key is not part of the identity).
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::num::NonZeroU64;
 
 use crate::canon::RequestKey;
 use crate::order::{Located, Unreadable};
@@ -46,6 +53,9 @@ impl Hasher for KeyHasher {
 }
 
 type KeyMap<V> = HashMap<RequestKey, V, BuildHasherDefault<KeyHasher>>;
+
+/// Hashed Idempotency-Keys (SipHash bits already).
+type IdempotencyKeys = HashSet<NonZeroU64, BuildHasherDefault<KeyHasher>>;
 
 /// FNV-1a for principal names: short keys, looked up once per line; no adversary can
 /// slow a local audit down by choosing principals.
@@ -80,8 +90,40 @@ struct Original {
     during: u32,
     repeat_units: u64,
     max_delay_ms: u64,
-    /// Method and path, kept only once the original has a repeat (most never do).
-    detail: Option<Box<(Box<str>, Box<str>)>>,
+    /// The first Idempotency-Key its requests carried.
+    idempotency_key: Option<NonZeroU64>,
+    /// Kept only once the original has a repeat (most never do).
+    detail: Option<Box<Repeated>>,
+}
+
+/// What a repeated original keeps besides its sums.
+struct Repeated {
+    method: Box<str>,
+    path: Box<str>,
+    /// The other Idempotency-Keys its repeats carried.
+    keys: IdempotencyKeys,
+    /// Its churned repeats.
+    churned: u32,
+}
+
+impl Original {
+    /// Whether a repeat under `key` churned (see the module's documentation), noting the
+    /// key. Called once the original's `detail` exists.
+    fn churns(&mut self, key: Option<NonZeroU64>) -> bool {
+        let Some(key) = key else { return false };
+        let Some(detail) = self.detail.as_deref_mut() else {
+            return false;
+        };
+        let Some(first) = self.idempotency_key else {
+            self.idempotency_key = Some(key);
+            return false;
+        };
+        let new = key != first && detail.keys.insert(key);
+        if new {
+            detail.churned += 1;
+        }
+        new
+    }
 }
 
 /// Everything counted so far.
@@ -102,6 +144,8 @@ pub(crate) struct Detector {
     pub(crate) after: DelayStats,
     pub(crate) out_of_order: u64,
     pub(crate) units_missing: u64,
+    /// Requests whose line carries an Idempotency-Key.
+    pub(crate) keyed: u64,
     pub(crate) unreadable: u64,
     pub(crate) unreadable_examples: Vec<Unreadable>,
     pub(crate) peak_originals: usize,
@@ -123,6 +167,7 @@ impl Detector {
             after: DelayStats::default(),
             out_of_order: 0,
             units_missing: 0,
+            keyed: 0,
             unreadable: 0,
             unreadable_examples: Vec::new(),
             peak_originals: 0,
@@ -149,6 +194,9 @@ impl Detector {
                 1
             }
         };
+        if req.idempotency_key.is_some() {
+            self.keyed += 1;
+        }
         let totals = &mut self.principals[principal as usize];
         totals.requests += 1;
         // Sums saturate: absurd `units` in a log must not crash the audit.
@@ -175,6 +223,7 @@ impl Detector {
             during: 0,
             repeat_units: 0,
             max_delay_ms: 0,
+            idempotency_key: req.idempotency_key,
             detail: None,
         };
         // One probe of the table per request: it is large and cold, so probes cost.
@@ -203,11 +252,14 @@ impl Detector {
                         self.after.add(delay);
                     }
                     if o.detail.is_none() {
-                        o.detail = Some(Box::new((
-                            req.names.method().into(),
-                            req.names.path().into(),
-                        )));
+                        o.detail = Some(Box::new(Repeated {
+                            method: req.names.method().into(),
+                            path: req.names.path().into(),
+                            keys: IdempotencyKeys::default(),
+                            churned: 0,
+                        }));
                     }
+                    let churned = o.churns(req.idempotency_key);
                     let totals = &mut self.principals[principal as usize];
                     totals.duplicate_requests += 1;
                     totals.duplicate_units = totals.duplicate_units.saturating_add(units);
@@ -215,6 +267,9 @@ impl Detector {
                         totals.during += 1;
                     } else {
                         totals.after += 1;
+                    }
+                    if churned {
+                        totals.churned += 1;
                     }
                     // Bounded: the first `listed_n` per principal; the sums stay exact.
                     if totals.repeats.len() < self.listed_n {
@@ -289,9 +344,9 @@ impl Detector {
             }
             self.top.swap_remove(weakest);
         }
-        let (method, path) = o
+        let (method, path, churned) = o
             .detail
-            .map(|d| (d.0.into(), d.1.into()))
+            .map(|d| (d.method.into(), d.path.into(), d.churned))
             .unwrap_or_default();
         self.top.push(TopRepeat {
             principal: self.principals[o.principal as usize].principal.clone(),
@@ -308,6 +363,7 @@ impl Detector {
             repeat_units: o.repeat_units,
             during: u64::from(o.during),
             after: u64::from(o.repeats - o.during),
+            churned: u64::from(churned),
             max_delay_ms: o.max_delay_ms,
         });
     }
@@ -339,10 +395,51 @@ mod tests {
                 units: Some(10),
                 names: crate::line::Names::new("p", "POST", "/x"),
                 key: RequestKey(u128::from(body)),
+                idempotency_key: None,
             },
             file: 0,
             line: ts as u64,
         }
+    }
+
+    /// A request of body 1 at `ts` under Idempotency-Key `key` (0: none).
+    fn keyed(ts: i64, key: u64) -> Located {
+        let mut l = at(ts, 1, 0);
+        l.req.idempotency_key = NonZeroU64::new(key);
+        l
+    }
+
+    /// Churned repeats, and keyed requests, of requests of body 1 under these keys, a
+    /// second apart, with a window of `window_ms`.
+    fn churned(window_ms: i64, keys: &[u64]) -> (u64, u64) {
+        let mut d = Detector::new(window_ms, 10, 0);
+        for (i, &key) in keys.iter().enumerate() {
+            d.observe(keyed(i as i64 * 1_000, key));
+        }
+        d.finish();
+        let churned = d.top.first().map_or(0, |t| t.churned);
+        assert_eq!(d.principals[0].churned, churned);
+        (churned, d.keyed)
+    }
+
+    #[test]
+    fn a_repeat_under_a_key_made_up_anew_is_churned() {
+        let day = 86_400_000;
+        // Three keys for one request: the second and third attempts churned.
+        assert_eq!(churned(day, &[1, 2, 3]), (2, 3));
+        // A retry under the same key is a repeat, not churned.
+        assert_eq!(churned(day, &[1, 1]), (0, 2));
+        // A key is churned the first time it comes, not when it is used again.
+        assert_eq!(churned(day, &[1, 2, 2, 1, 3]), (2, 5));
+        // No keys, no churn; a keyless original gives no key to differ from.
+        assert_eq!(churned(day, &[0, 0, 0]), (0, 0));
+        assert_eq!(churned(day, &[0, 1, 0, 2]), (1, 2));
+        // Outside the window a new key starts a new original: nothing churned.
+        assert_eq!(churned(1_000, &[1, 2]), (0, 2));
+        let mut d = Detector::new(day, 10, 0);
+        d.observe(keyed(0, 1));
+        d.observe(keyed(1, 2));
+        assert_eq!(d.principals[0].duplicate_requests, 1, "still a repeat");
     }
 
     #[test]

@@ -44,21 +44,25 @@
 //! strings. `body`: any JSON value, or a string with the body's text; `body_sha256`: 64
 //! hex digits (an optional `sha256:` prefix). `units`: a whole number (a line without
 //! one counts one unit, and `units_missing` says how many). `duration_ms`: a number (0
-//! when absent). `--field NAME=SOURCE` reads a field from another member, or from inside
-//! one with a JSON pointer (`--field principal=/auth/account`). A line that lacks `ts`,
+//! when absent). `idempotency_key` (also read as `Idempotency-Key`, `idempotency-key` or
+//! `idempotencyKey`): the key the client sent, a string or number; anything else is no
+//! key. `--field NAME=SOURCE` reads a field from another member, or from inside
+//! one with a JSON pointer (`--field principal=/auth/account`; a mapped
+//! `idempotency_key` is read from there alone). A line that lacks `ts`,
 //! `principal`, `method` or `path`, or has one of the wrong type, is unreadable, with the
 //! reason; so is a line over [`MAX_LINE`] bytes.
 //!
 //! # Output
 //!
 //! `--json`: the contract's members (`requests`, `units`, `duplicate_requests`,
-//! `duplicate_units`, `during`, `after`, `unreadable_lines`, `by_principal` with
-//! `principal`, `requests`, `units`, `duplicate_requests`, `duplicate_units`, `credit`)
-//! and these added ones: `share`, `request_share`, `credit` (the total), `price_per_unit`
-//! (when given), `window`, `window_ms`, `delays` (`during` measured from the original's
-//! start, `after` from its completion: count, min, max, mean, buckets), `top_repeats`,
-//! `unreadable_examples`, `out_of_order_lines`, `units_missing`, `inputs`,
-//! `peak_originals`; per principal also `during` and `after`. `credit` is always a
+//! `duplicate_units`, `during`, `after`, `churned`, `unreadable_lines`, `by_principal`
+//! with `principal`, `requests`, `units`, `duplicate_requests`, `duplicate_units`,
+//! `credit`) and these added ones: `share`, `request_share`, `credit` (the total),
+//! `price_per_unit` (when given), `window`, `window_ms`, `delays` (`during` measured from
+//! the original's start, `after` from its completion: count, min, max, mean, buckets),
+//! `top_repeats` (each with its `churned` too), `unreadable_examples`,
+//! `out_of_order_lines`, `units_missing`, `keyed_requests`, `inputs`, `peak_originals`;
+//! per principal also `during`, `after` and `churned`. `credit` is always a
 //! number: the duplicate units, or with `--price-per-unit` the money, rounded to six
 //! decimals. `--credits-csv`: `principal,duplicate_requests,duplicate_units,credit`, one
 //! line per principal with at least one repeat.
@@ -82,6 +86,12 @@
 //!   disorder within an input of up to [`AuditArgs::reorder`] (default 5m) is undone in a
 //!   bounded buffer; later stragglers are judged as read and counted
 //!   (`out_of_order_lines`).
+//! - **Keys**: the Idempotency-Key is not part of the identity: a repeat under any key,
+//!   or none, is a repeat. One whose line carries a key that no earlier request of its
+//!   original (the original or a repeat of it) carried, while one of them carried another,
+//!   is also `churned`: a retry loop that makes up a key per attempt, which key-based
+//!   idempotency cannot catch. A repeat under a key seen before (a retry done right) and a
+//!   line without a key are not churned; `keyed_requests` says how many lines carry one.
 //! - **Units**: `units` as charged; a line without it counts one unit. `credit` is the
 //!   duplicate units, or money when `--price-per-unit` is given.
 //!
@@ -243,6 +253,7 @@ fn build_report(detector: Detector, names: Vec<String>, args: &AuditArgs) -> Rep
         duplicate_units,
         during: sum(|p| p.during),
         after: sum(|p| p.after),
+        churned: sum(|p| p.churned),
         unreadable_lines: detector.unreadable,
         share: ratio(duplicate_units, units),
         request_share: ratio(duplicate_requests, requests),
@@ -262,6 +273,7 @@ fn build_report(detector: Detector, names: Vec<String>, args: &AuditArgs) -> Rep
             .collect(),
         out_of_order_lines: detector.out_of_order,
         units_missing: detector.units_missing,
+        keyed_requests: detector.keyed,
         peak_originals: detector.peak_originals as u64,
         inputs: names,
         by_principal,

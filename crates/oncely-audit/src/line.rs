@@ -8,9 +8,14 @@
 //! the log keeps as a JSON value is compared as that value; a body kept as a string is
 //! compared as the text the client sent (canonicalised too when that text is JSON, as the
 //! gateway would). A log that keeps only `body_sha256` is compared by that hash.
+//!
+//! The Idempotency-Key a line may carry is not part of the identity: it is kept, hashed,
+//! only to tell a retry under the same key from one under a key made up anew.
 
 use std::borrow::Cow;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::num::NonZeroU64;
 
 use oncely_core::units::Timestamp;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -32,6 +37,8 @@ pub(crate) struct Request {
     pub(crate) names: Names,
     /// Principal, method, path and body, as the gateway would fingerprint them.
     pub(crate) key: RequestKey,
+    /// A hash of the Idempotency-Key the line carries (`None` without one).
+    pub(crate) idempotency_key: Option<NonZeroU64>,
 }
 
 /// A field read from a top-level member, and the JSON pointer inside it (if any).
@@ -80,11 +87,12 @@ impl LineReader {
     pub(crate) fn new(fields: &FieldMap, ignore: &[String]) -> LineReader {
         let mut members: Vec<(String, Vec<Target>)> = Vec::new();
         for field in Field::ALL {
-            let source = fields.source(field);
-            let target = (field, source.inner.clone());
-            match members.iter_mut().find(|(m, _)| *m == source.member) {
-                Some((_, targets)) => targets.push(target),
-                None => members.push((source.member.clone(), vec![target])),
+            for source in fields.sources(field) {
+                let target = (field, source.inner);
+                match members.iter_mut().find(|(m, _)| *m == source.member) {
+                    Some((_, targets)) => targets.push(target),
+                    None => members.push((source.member, vec![target])),
+                }
             }
         }
         LineReader {
@@ -169,6 +177,7 @@ impl LineReader {
             units,
             names: Names::new(&principal, &method, &path),
             key,
+            idempotency_key: get(Field::IdempotencyKey).and_then(read_idempotency_key),
         })
     }
 }
@@ -201,12 +210,14 @@ fn invalid_reason(field: Field) -> &'static str {
         Field::BodySha256 => "\"body_sha256\" is not 64 hex digits",
         Field::Units => "\"units\" is not a whole number of at least 0",
         Field::DurationMs => "\"duration_ms\" is not a number of at least 0",
+        // Never given: a key that is not a string or number is read as no key.
+        Field::IdempotencyKey => "\"idempotency_key\" is not a string or number",
     }
 }
 
 /// The raw JSON text of each field found in a line; the body parsed.
 struct Captured<'de> {
-    values: [Option<Cow<'de, str>>; 8],
+    values: [Option<Cow<'de, str>>; Field::COUNT],
     body: Option<Json<'de>>,
 }
 
@@ -348,6 +359,26 @@ fn read_count(raw: &str) -> Option<u64> {
     }
     let f: f64 = text.parse().ok()?;
     (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f < 1.8e19).then_some(f as u64)
+}
+
+/// An Idempotency-Key: a non-empty string, or a number (as written), hashed. Anything
+/// else (`null`, `""`, an object) is no key: the field is optional and never makes a line
+/// unreadable. Only keys of one request are ever compared, so 64 bits are plenty.
+fn read_idempotency_key(raw: &str) -> Option<NonZeroU64> {
+    let text = if raw.starts_with('"') {
+        read_string(raw)?
+    } else if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        Cow::Borrowed(raw)
+    } else {
+        return None;
+    };
+    if text.is_empty() {
+        return None;
+    }
+    // SipHash with fixed keys: the same key hashes alike on every parser thread.
+    let mut h = std::hash::DefaultHasher::new();
+    text.hash(&mut h);
+    Some(NonZeroU64::new(h.finish()).unwrap_or(NonZeroU64::MIN))
 }
 
 fn read_sha256(raw: &str) -> Option<[u8; 32]> {
@@ -548,6 +579,20 @@ mod tests {
             r.key,
             request_key("acct_9", "POST", "/x", Body::Json(br#"{"t":1}"#))
         );
+    }
+
+    #[test]
+    fn the_idempotency_key_is_kept_hashed_and_not_in_the_identity() {
+        let read = |extra: &str| {
+            let line = format!(r#"{{"ts":1,"principal":"p","method":"POST","path":"/"{extra}}}"#);
+            reader().read(line.as_bytes(), &mut Vec::new()).unwrap()
+        };
+        let (plain, k1) = (read(""), read(r#","idempotency_key":"k-1""#));
+        assert_eq!((plain.idempotency_key, k1.key), (None, plain.key));
+        assert!(k1.idempotency_key.is_some());
+        assert_ne!(read(r#","idempotency_key":"k-2""#), k1);
+        assert_eq!(read(r#","idempotencyKey":"k\u002d1""#), k1);
+        assert_eq!(read(r#","idempotency_key":null"#), plain);
     }
 
     proptest::proptest! {

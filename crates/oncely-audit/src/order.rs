@@ -291,6 +291,7 @@ mod tests {
                     units: None,
                     names: crate::line::Names::new("p", "GET", "/"),
                     key: crate::canon::RequestKey(0),
+                    idempotency_key: None,
                 },
                 file: 0,
                 line: seq,

@@ -26,6 +26,10 @@ pub struct Report {
     pub during: u64,
     /// Repeats that started after their original finished (a guard replays them).
     pub after: u64,
+    /// Repeats whose line carries an Idempotency-Key that no earlier request of their
+    /// original carried, while one carried another: a retry loop that makes up a key per
+    /// attempt (0 when no line carries a key; see `keyed_requests`).
+    pub churned: u64,
     /// Lines that could not be read (see `unreadable_examples`).
     pub unreadable_lines: u64,
     /// Per principal, most to credit first.
@@ -54,6 +58,8 @@ pub struct Report {
     pub out_of_order_lines: u64,
     /// Requests without `units` (each counted as one unit).
     pub units_missing: u64,
+    /// Requests whose line carries an Idempotency-Key (only those can be `churned`).
+    pub keyed_requests: u64,
     /// The inputs, in the order given.
     pub inputs: Vec<String>,
     /// Most originals remembered at once (memory is proportional to this).
@@ -79,6 +85,8 @@ pub struct PrincipalTotals {
     pub during: u64,
     /// Its repeats that started after their original finished.
     pub after: u64,
+    /// Its repeats under an Idempotency-Key made up anew (see [`Report::churned`]).
+    pub churned: u64,
     /// Its first repeats in time order, at most [`AuditArgs::listed_repeats`]
     /// (for statements; not part of the JSON report).
     ///
@@ -255,6 +263,8 @@ pub struct TopRepeat {
     pub during: u64,
     /// Repeats after it finished.
     pub after: u64,
+    /// Repeats under an Idempotency-Key made up anew (see [`Report::churned`]).
+    pub churned: u64,
     /// The longest delay of a repeat (see [`Delays`]).
     pub max_delay_ms: u64,
 }
@@ -358,6 +368,9 @@ impl Report {
             )?;
             self.write_delays(out, &self.delays.after, "after the original finished")?;
         }
+        if self.keyed_requests > 0 {
+            self.write_churned(out)?;
+        }
         match self.price_per_unit {
             Some(p) => writeln!(out, "to credit: {} (at {p} per unit)", self.credit)?,
             None => writeln!(out, "to credit: {} units", self.credit)?,
@@ -450,6 +463,21 @@ impl Report {
             )?;
         }
         Ok(())
+    }
+
+    /// The churned repeats, and what they mean.
+    fn write_churned(&self, out: &mut dyn Write) -> io::Result<()> {
+        let (requests, them) = match self.churned {
+            1 => ("request", "it"),
+            _ => ("requests", "them"),
+        };
+        writeln!(
+            out,
+            "{} {requests} repeated an earlier one under a new key: a retry loop that makes up \
+             a key per attempt; oncely's churn_window joins {them} to the original when its \
+             caller never got its answer",
+            thousands(self.churned)
+        )
     }
 
     fn write_delays(&self, out: &mut dyn Write, d: &DelayStats, what: &str) -> io::Result<()> {

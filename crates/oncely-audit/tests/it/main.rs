@@ -1,6 +1,7 @@
 //! Integration tests of `oncely audit`: real files (plain and gzip), readers standing in
 //! for standard input, and the seed's day as a generated log.
 
+mod churn;
 mod identity;
 mod inputs;
 mod seed;

@@ -17,6 +17,20 @@ const LOG: &str = r#"{"ts":"2026-11-06T10:00:00Z","principal":"acct_1","method":
 this line is not JSON
 "#;
 
+/// A retry loop that makes up an Idempotency-Key per attempt: acct_loop sends one render
+/// under three keys (the second and third attempts are churned; the key under three of
+/// the spellings read), then another render once. acct_good retries a charge under the
+/// same key (a repeat, not churned); acct_none sends a body twice without a key.
+const KEYED_LOG: &str = r#"{"ts":"2026-11-06T10:00:00Z","principal":"acct_loop","method":"POST","path":"/v1/render","body":{"text":"retry me"},"units":10,"duration_ms":1000,"idempotency_key":"k-1"}
+{"ts":"2026-11-06T10:00:00Z","principal":"acct_good","method":"POST","path":"/v1/charge","body":{"amount":5},"units":10,"duration_ms":1000,"Idempotency-Key":"same"}
+{"ts":"2026-11-06T10:00:00Z","principal":"acct_none","method":"POST","path":"/v1/render","body":{"text":"retry me"},"units":10,"duration_ms":1000}
+{"ts":"2026-11-06T10:01:00Z","principal":"acct_loop","method":"POST","path":"/v1/render","body":{ "text" : "retry me" },"units":10,"duration_ms":1000,"idempotencyKey":"k-2"}
+{"ts":"2026-11-06T10:01:30Z","principal":"acct_good","method":"POST","path":"/v1/charge","body":{"amount":5},"units":10,"duration_ms":1000,"Idempotency-Key":"same"}
+{"ts":"2026-11-06T10:02:00Z","principal":"acct_loop","method":"POST","path":"/v1/render","body":{"text":"retry me"},"units":10,"duration_ms":1000,"Idempotency-Key":"k-3"}
+{"ts":"2026-11-06T10:02:30Z","principal":"acct_none","method":"POST","path":"/v1/render","body":{"text":"retry me"},"units":10,"duration_ms":1000}
+{"ts":"2026-11-06T10:03:00Z","principal":"acct_loop","method":"POST","path":"/v1/render","body":{"text":"another"},"units":10,"duration_ms":1000,"idempotency_key":"k-9"}
+"#;
+
 fn json_of(o: &std::process::Output) -> Value {
     assert_eq!(
         o.status.code(),
@@ -50,6 +64,9 @@ fn json_report_has_the_contract_shape_and_figures() {
     assert_eq!(r["during"], 0);
     assert_eq!(r["after"], 1);
     assert_eq!(r["unreadable_lines"], 1);
+    // No line carries an Idempotency-Key: nothing can be churned.
+    assert_eq!(r["churned"], 0);
+    assert_eq!(r["keyed_requests"], 0);
     let by = r["by_principal"].as_array().unwrap();
     let acct1 = by.iter().find(|p| p["principal"] == "acct_1").unwrap();
     assert_eq!(acct1["requests"], 3);
@@ -65,6 +82,54 @@ fn json_report_has_the_contract_shape_and_figures() {
         !credits.contains("acct_2"),
         "nothing to credit acct_2: {credits}"
     );
+}
+
+#[test]
+fn repeats_under_keys_made_up_per_attempt_are_churned() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    std::fs::write(&log, KEYED_LOG).unwrap();
+    let log = log.to_str().unwrap();
+
+    let r = json_of(&run(&["audit", log, "--json"]));
+    assert_eq!(r["requests"], 8);
+    // Every repeat counts whatever its key: the same-key retry and the keyless one too.
+    assert_eq!(r["duplicate_requests"], 4);
+    assert_eq!(r["duplicate_units"], 40);
+    assert_eq!(r["churned"], 2);
+    assert_eq!(r["keyed_requests"], 6);
+    let by = r["by_principal"].as_array().unwrap();
+    let of = |name: &str| {
+        let p = by.iter().find(|p| p["principal"] == name).unwrap();
+        (p["duplicate_requests"].clone(), p["churned"].clone())
+    };
+    assert_eq!(of("acct_loop"), (2.into(), 2.into()));
+    assert_eq!(of("acct_good"), (1.into(), 0.into()));
+    assert_eq!(of("acct_none"), (1.into(), 0.into()));
+    let top = r["top_repeats"].as_array().unwrap();
+    let looped = top.iter().find(|t| t["principal"] == "acct_loop").unwrap();
+    assert_eq!(
+        (&looped["repeats"], &looped["churned"]),
+        (&2.into(), &2.into())
+    );
+
+    let o = run(&["audit", log]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = stdout(&o);
+    assert!(
+        text.lines().any(|l| l
+            == "2 requests repeated an earlier one under a new key: a retry loop that makes up \
+                a key per attempt; oncely's churn_window joins them to the original when its \
+                caller never got its answer"),
+        "{text}"
+    );
+    // The log of the other tests keeps no keys: the report says nothing of churn.
+    std::fs::write(dir.path().join("plain.jsonl"), LOG).unwrap();
+    let plain = stdout(&run(&[
+        "audit",
+        dir.path().join("plain.jsonl").to_str().unwrap(),
+    ]));
+    assert!(!plain.contains("under a new key"), "{plain}");
 }
 
 #[test]
