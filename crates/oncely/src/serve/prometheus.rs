@@ -73,6 +73,10 @@ pub fn describe<'a>(routes: impl Iterator<Item = &'a str>) {
         "Webhook delivery attempts, by result"
     );
     metrics::describe_counter!(
+        "oncely_key_churn_total",
+        "Keys made up for a retry that joined another key's record, by route"
+    );
+    metrics::describe_counter!(
         "oncely_upstream_retries_total",
         "Temporary upstream failures tried again, by route and reason"
     );
