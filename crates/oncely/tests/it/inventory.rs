@@ -3,8 +3,10 @@
 //! a real MCP server on 127.0.0.1 written with the official Python SDK
 //! (`data/shop_server.py`, answering with an event stream and with JSON), local stdio MCP
 //! servers started from `--mcp-command` (oncely-mcp's `tests/py/stdio_server.py`, of the
-//! same SDK, and a scripted one that tests each rule of the exchange), a config, and a
-//! real SQLite ledger. The starting config `--write-config` writes must pass
+//! same SDK, a scripted one that tests each rule of the exchange, and
+//! `data/listed_tools_server.py`, which lists the tools a test writes: key arguments and
+//! descriptions that ask for a new key with every request), a config, and a real SQLite
+//! ledger. The starting config `--write-config` writes must pass
 //! `oncely check-config`.
 
 use std::io::{BufRead, BufReader};
@@ -485,6 +487,7 @@ fn mcp_tools_are_classed_by_their_annotations_and_names_over_sse_and_json() {
                     "configured",
                     "gaps",
                     "key",
+                    "key_arguments",
                     "method",
                     "reconcile",
                     "replay",
@@ -615,6 +618,7 @@ fn a_stdio_server_of_the_python_sdk_is_listed_with_the_oncely_mcp_fix() {
                 "configured",
                 "gaps",
                 "key",
+                "key_arguments",
                 "method",
                 "reconcile",
                 "replay",
@@ -1032,4 +1036,372 @@ fn a_stdio_server_wrapped_by_oncely_mcp_is_reported_as_guarded() {
     let fix = gap(render, "unguarded")["fix"].as_str().unwrap();
     assert!(fix.starts_with("add `--tool render`"), "{fix}");
     assert!(!fix.contains("oncely mcp --"), "never wrapped twice: {fix}");
+}
+
+// Key arguments and keys asked for anew with every request (`data/listed_tools_server.py`
+// lists the tools each test writes; `data/payments-openapi.yaml`).
+
+/// The command line of `data/listed_tools_server.py` listing `tools` (written to `dir`).
+fn listed_tools(python: &Path, dir: &Path, tools: Value) -> String {
+    let file = dir.join("tools.json");
+    std::fs::write(&file, tools.to_string()).unwrap();
+    format!(
+        "{} {} {}",
+        sh(python.to_str().unwrap()),
+        sh(&data("listed_tools_server.py")),
+        sh(file.to_str().unwrap())
+    )
+}
+
+/// `command` as an `oncely mcp` line guards it (its ledger in `dir`), with `options`.
+fn wrapped(dir: &Path, options: &str, command: &str) -> String {
+    format!(
+        "{} mcp --store {} {options} -- {command}",
+        sh(env!("CARGO_BIN_EXE_oncely")),
+        sh(&format!("sqlite://{}", dir.join("mcp.db").display())),
+    )
+}
+
+/// The table `oncely inventory ARGS` prints.
+fn table(args: &[&str]) -> String {
+    let mut all = vec!["inventory"];
+    all.extend_from_slice(args);
+    let o = run(&all);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    stdout(&o)
+}
+
+const KEYS_HEADING: &str =
+    "\nkey arguments (left out of the call's key; what the server gets in them):\n";
+
+#[test]
+fn an_idempotency_key_argument_is_named_and_replaced_with_a_derived_uuid() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let command = listed_tools(
+        &python,
+        dir.path(),
+        serde_json::json!([
+            {"name": "create_payment", "description": "Creates a payment.",
+             "inputSchema": {"type": "object", "properties": {
+                "amount": {"type": "integer"},
+                "idempotency_key": {"type": "string"}}}},
+            {"name": "add_note",
+             "inputSchema": {"type": "object", "properties": {"note": {"type": "string"}}}},
+        ]),
+    );
+    let inv = inventory(&["--mcp-command", &command]);
+    let pay = op(&inv, "create_payment");
+    assert_eq!(
+        pay["key_arguments"],
+        serde_json::json!([{
+            "argument": "/idempotency_key",
+            "replaced": true,
+            "what": "replaced with a derived UUID, once oncely guards the tool",
+        }]),
+        "{pay:#}"
+    );
+    assert_eq!(gap_kinds(pay), ["unguarded"]);
+    assert_eq!(op(&inv, "add_note")["key_arguments"], serde_json::json!([]));
+
+    // Guarded by an `oncely mcp` line: the server gets the derived key.
+    let guarded = wrapped(dir.path(), "--action create_payment", &command);
+    let inv = inventory(&["--mcp-command", &guarded]);
+    let pay = op(&inv, "create_payment");
+    assert_eq!(pay["configured"], true, "{pay:#}");
+    assert_eq!(
+        pay["key_arguments"][0]["what"],
+        "replaced with a derived UUID"
+    );
+    assert_eq!(gap_kinds(pay), Vec::<&str>::new());
+    let text = table(&["--mcp-command", &guarded]);
+    assert!(
+        text.contains(&format!(
+            "{KEYS_HEADING}  tool create_payment /idempotency_key: replaced with a derived UUID\n"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("add_note /"), "{text}");
+}
+
+#[test]
+fn a_key_argument_whose_schema_has_max_length_16_is_forwarded_as_sent() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let command = listed_tools(
+        &python,
+        dir.path(),
+        serde_json::json!([{"name": "start_instance", "description": "Starts an instance.",
+            "inputSchema": {"type": "object", "properties": {
+                "image": {"type": "string"},
+                "ClientToken": {"type": "string", "maxLength": 16}}}}]),
+    );
+    let forwarded = "forwarded as sent (the schema's maxLength 16 rules the UUID out)";
+    let inv = inventory(&["--mcp-command", &command]);
+    assert_eq!(
+        op(&inv, "start_instance")["key_arguments"],
+        serde_json::json!([{
+            "argument": "/ClientToken",
+            "replaced": false,
+            "what": format!("{forwarded}, once oncely guards the tool"),
+        }])
+    );
+    let text = table(&["--mcp-command", &wrapped(dir.path(), "", &command)]);
+    assert!(
+        text.contains(&format!(
+            "{KEYS_HEADING}  tool start_instance /ClientToken: {forwarded}\n"
+        )),
+        "{text}"
+    );
+}
+
+/// Square's payment tool, as its MCP server describes its key.
+const SQUARE_KEY: &str = "A unique string that identifies this CreatePayment request. Keys \
+    can be any valid string but must be unique for every CreatePayment request. Note: The \
+    number of allowed characters might be less than the stated maximum, if multi-byte \
+    characters are used.";
+
+#[test]
+fn a_description_asking_for_a_unique_key_on_every_request_is_a_gap() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let command = listed_tools(
+        &python,
+        dir.path(),
+        serde_json::json!([{"name": "make_payment", "description": "Takes a payment.",
+            "inputSchema": {"type": "object", "properties": {
+                "amount": {"type": "integer"},
+                "idempotency_key": {"type": "string", "description": SQUARE_KEY}}}}]),
+    );
+    let why = "the description of /idempotency_key tells the model to send a new or unique \
+        key with every request (\"Keys can be any valid string but must be unique for every \
+        CreatePayment request\"): a model told this makes up a new key on every retry, so the \
+        server's own idempotency sees a new key each time and runs the call again. oncely \
+        keeps the call one intention";
+    let inv = inventory(&["--mcp-command", &command]);
+    let pay = op(&inv, "make_payment");
+    assert_eq!(
+        gap_kinds(pay),
+        ["unguarded", "new_key_per_request"],
+        "{pay:#}"
+    );
+    let g = gap(pay, "new_key_per_request");
+    assert_eq!(
+        g["detail"],
+        format!(
+            "{why} once it guards the tool: /idempotency_key is left out of the call's key, \
+             and the server gets in it a key derived from the record, the same on every attempt"
+        )
+    );
+    assert_eq!(
+        g["fix"],
+        "# guard the tool (the lines of its `unguarded` gap): nothing more is needed"
+    );
+
+    // Guarded, it says so, and the table lists it with the other gaps.
+    let guarded = wrapped(dir.path(), "--action make_payment", &command);
+    let inv = inventory(&["--mcp-command", &guarded]);
+    let pay = op(&inv, "make_payment");
+    assert_eq!(gap_kinds(pay), ["new_key_per_request"], "{pay:#}");
+    let g = gap(pay, "new_key_per_request");
+    assert!(
+        g["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{why}: /idempotency_key is left out")),
+        "{g:#}"
+    );
+    assert_eq!(
+        g["fix"],
+        "# nothing to add: keep the tool guarded and /idempotency_key a key argument \
+         (no `key_arguments = []`)"
+    );
+    let text = table(&["--mcp-command", &guarded]);
+    assert!(
+        text.contains("1 gap(s)")
+            && text.contains(&format!(
+                "\n- tool make_payment (new_key_per_request): {why}:"
+            )),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_openapi_idempotency_key_header_unique_for_each_request_is_a_gap() {
+    let doc = data("payments-openapi.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("oncely.toml");
+    let inv = inventory(&[
+        "--openapi",
+        &doc,
+        "--write-config",
+        written.to_str().unwrap(),
+    ]);
+    let pay = op(&inv, "POST /payments");
+    assert_eq!(
+        gap_kinds(pay),
+        ["unguarded", "no_reconcile", "new_key_per_request"],
+        "{pay:#}"
+    );
+    let why = "the description of its Idempotency-Key header tells the caller to send a new \
+        or unique key with every request (\"A key unique for each request, e.g. a UUID v4\"): \
+        a caller told this makes up a new key on every retry, so the server's own idempotency \
+        sees a new key each time and runs the call again; ";
+    let g = gap(pay, "new_key_per_request");
+    assert_eq!(
+        g["detail"],
+        format!(
+            "{why}a route keyed by that header (the default, header-or-fingerprint, uses it \
+             when it is sent) takes each attempt for a new call"
+        )
+    );
+    let keyed = "the call is keyed by its request, and the upstream gets in Idempotency-Key a \
+        key derived from the record, the same on every attempt";
+    assert_eq!(
+        g["fix"],
+        format!("key = \"fingerprint\"  # in the [[routes]] of POST /payments: {keyed}")
+    );
+
+    // The starting config keys it by its request; with it, nothing is left to add.
+    assert_checks(&written);
+    let config = std::fs::read_to_string(&written).unwrap();
+    assert!(
+        config.contains("path = \"/payments\"\nclass = \"action\"\nkey = \"fingerprint\"\n"),
+        "{config}"
+    );
+    let inv = inventory(&["--openapi", &doc, "--config", written.to_str().unwrap()]);
+    let pay = op(&inv, "POST /payments");
+    assert_eq!(pay["key"], "fingerprint");
+    let g = gap(pay, "new_key_per_request");
+    assert!(
+        g["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("; oncely keeps the call one intention: the route keys it by its request, not by the header, and sends the upstream a key derived from the record in Idempotency-Key, the same on every attempt"),
+        "{g:#}"
+    );
+    assert!(
+        g["fix"]
+            .as_str()
+            .unwrap()
+            .starts_with("# nothing to add: keep key = \"fingerprint\"  # (in the route "),
+        "{g:#}"
+    );
+}
+
+#[test]
+fn a_description_that_says_to_reuse_the_key_on_retries_is_no_gap() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let command = listed_tools(
+        &python,
+        dir.path(),
+        serde_json::json!([{"name": "refund_payment",
+            "description": "Refunds a payment. Send a new idempotency_key for each new refund, \
+                and the same key again when you retry a request.",
+            "inputSchema": {"type": "object", "properties": {
+                "idempotency_key": {"type": "string",
+                    "description": "Reuse it on retries: a different key for every attempt \
+                        makes another refund."}}}}]),
+    );
+    let guarded = wrapped(dir.path(), "--action refund_payment", &command);
+    let inv = inventory(&[
+        "--mcp-command",
+        &guarded,
+        "--openapi",
+        &data("payments-openapi.yaml"),
+    ]);
+    let refund = op(&inv, "refund_payment");
+    assert_eq!(gap_kinds(refund), Vec::<&str>::new(), "{refund:#}");
+    assert_eq!(refund["key_arguments"][0]["argument"], "/idempotency_key");
+    // The OpenAPI operation whose description says to send the same key on a retry.
+    assert_eq!(
+        gap_kinds(op(&inv, "POST /refunds")),
+        ["unguarded", "no_reconcile"]
+    );
+}
+
+#[test]
+fn configured_key_arguments_are_honoured_and_an_unnamed_key_gets_the_line_that_names_it() {
+    let Some(python) = crate::mcp::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let command = listed_tools(
+        &python,
+        dir.path(),
+        serde_json::json!([{"name": "charge",
+            "description": "Charges a card. Generate a new UUID for each request and pass it as nonce.",
+            "inputSchema": {"type": "object", "properties": {
+                "card": {"type": "string"},
+                "nonce": {"type": "string"},
+                "request_id": {"type": "string"}}}}]),
+    );
+    // By default request_id is a key argument, nonce is not: the gap says how to name it.
+    let plain = wrapped(dir.path(), "--action charge", &command);
+    let inv = inventory(&["--mcp-command", &plain]);
+    let charge = op(&inv, "charge");
+    let pointers = |o: &Value| -> Vec<String> {
+        o["key_arguments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["argument"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(pointers(charge), ["/request_id"]);
+    let g = gap(charge, "new_key_per_request");
+    assert!(
+        g["detail"].as_str().unwrap().starts_with(
+            "the tool's description tells the model to send a new or unique key with every \
+             request (\"Generate a new UUID for each request and pass it as nonce\")"
+        ),
+        "{g:#}"
+    );
+    let fix = "--key-argument charge:/nonce  # on the `oncely mcp` line, before its `--` \
+        (or in key_arguments of [mcp_stdio])";
+    assert!(
+        g["detail"].as_str().unwrap().ends_with(
+            ". oncely keeps such a call one intention by leaving its key arguments out of the \
+             call's key and sending a key derived from the record in them, but /nonce is not one"
+        ),
+        "{g:#}"
+    );
+    assert_eq!(g["fix"], fix);
+
+    // A --key-argument on the line names nonce; [mcp_stdio] key_arguments = [] turns the
+    // default off.
+    let named = wrapped(
+        dir.path(),
+        "--action charge --key-argument charge:/nonce",
+        &command,
+    );
+    let inv = inventory(&["--mcp-command", &named]);
+    let charge = op(&inv, "charge");
+    assert_eq!(pointers(charge), ["/request_id", "/nonce"]);
+    assert_eq!(
+        gap(charge, "new_key_per_request")["fix"],
+        "# nothing to add: keep the tool guarded and /nonce a key argument (no \
+         `key_arguments = []`)"
+    );
+    let config = dir.path().join("oncely.toml");
+    std::fs::write(&config, "[mcp_stdio]\nkey_arguments = []\n").unwrap();
+    assert_checks(&config);
+    let inv = inventory(&[
+        "--mcp-command",
+        &plain,
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let charge = op(&inv, "charge");
+    assert_eq!(pointers(charge), Vec::<String>::new());
+    assert_eq!(gap(charge, "new_key_per_request")["fix"], fix);
 }

@@ -1,6 +1,7 @@
 //! Classes and gaps: the class proposed for what no config classes (from methods,
 //! annotations and names), what the config says of the rest, the gaps (unguarded, no
-//! reconcile, slow but not a job) and the config lines that close each.
+//! reconcile, slow but not a job, a new key asked for with every request) and the config
+//! lines that close each.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,8 +11,10 @@ use oncely_core::Class;
 use oncely_store::redact_url as redact;
 use oncely_tower::KeyMode;
 
+use super::keys::{self, Place};
 use super::model::{Entry, Found, Gap, Target, Transport};
 use super::shell;
+use super::words::words;
 use crate::config::{Config, McpEntry, Route};
 
 /// A completed call that took this long or longer is one an assistant has likely given
@@ -61,31 +64,6 @@ fn says_action(text: &str) -> bool {
             })
         })
     })
-}
-
-/// Lower-case words: split at anything not a letter or digit, and at camelCase humps.
-fn words(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut word = String::new();
-    let mut prev_lower = false;
-    for c in text.chars() {
-        if !c.is_alphanumeric() {
-            if !word.is_empty() {
-                out.push(std::mem::take(&mut word));
-            }
-            prev_lower = false;
-            continue;
-        }
-        if c.is_uppercase() && prev_lower && !word.is_empty() {
-            out.push(std::mem::take(&mut word));
-        }
-        prev_lower = c.is_lowercase() || c.is_ascii_digit();
-        word.extend(c.to_lowercase());
-    }
-    if !word.is_empty() {
-        out.push(word);
-    }
-    out
 }
 
 /// The tool selection of an `[[mcp]]` entry's `tools`, as the endpoint reads it.
@@ -269,6 +247,7 @@ pub(super) fn assess(
                         });
                     }
                 }
+                gaps.extend(keys::operation_gap(&f, Some(route)));
                 Entry {
                     class,
                     configured: true,
@@ -289,6 +268,7 @@ pub(super) fn assess(
                         }),
                     ),
                     gaps,
+                    key_arguments: Vec::new(),
                     found: f,
                 }
             } else {
@@ -315,6 +295,7 @@ pub(super) fn assess(
                         ),
                     });
                 }
+                gaps.extend(keys::operation_gap(&f, None));
                 Entry {
                     class: proposed,
                     configured: false,
@@ -324,6 +305,7 @@ pub(super) fn assess(
                     replay: replay_of(proposed, false),
                     reconcile: reconcile_text(proposed, false, None),
                     gaps,
+                    key_arguments: Vec::new(),
                     found: f,
                 }
             }
@@ -409,6 +391,25 @@ pub(super) fn assess(
                     fix,
                 });
             }
+            // The key arguments: the wrapper line's, the [[mcp]]'s, else [mcp_stdio]'s.
+            let setting = match (transport, guard.as_ref().and_then(|g| g.keys.clone())) {
+                (_, Some(k)) => k,
+                (Transport::Stdio, None) => keys::stdio_default(config),
+                (Transport::Http, None) => Default::default(),
+            };
+            let key_arguments = keys::of_tool(name, f.input_schema.as_ref(), &setting, guarded);
+            let place = match transport {
+                Transport::Http => Place::Mcp(configured_mcp(config, &f.source)),
+                Transport::Stdio => Place::Stdio,
+            };
+            gaps.extend(keys::tool_gap(
+                name,
+                &f,
+                &key_arguments,
+                guarded,
+                class,
+                place,
+            ));
             let window = guard.filter(|_| guarded).map(|g| g.window);
             Entry {
                 class,
@@ -419,17 +420,20 @@ pub(super) fn assess(
                 replay: replay_of(class, guarded),
                 reconcile: reconcile_text(class, guarded, None),
                 gaps,
+                key_arguments,
                 found: f,
             }
         }
     }
 }
 
-/// What guards an MCP server's tools: its tools and actions, and the replay window.
+/// What guards an MCP server's tools: its tools and actions, the replay window, and its
+/// key arguments when it says (an `oncely mcp` line says only with `--key-argument`).
 struct ToolGuard {
     tools: Vec<String>,
     actions: Vec<String>,
     window: Duration,
+    keys: Option<oncely_mcp::KeyArguments>,
 }
 
 impl ToolGuard {
@@ -439,12 +443,14 @@ impl ToolGuard {
             tools: m.tools.clone(),
             actions: m.actions.clone(),
             window: m.window,
+            keys: Some(m.key_arguments.clone()),
         }
     }
 
     /// The `oncely mcp` line `command` is, read by that command's own parser, when it is
     /// one (`oncely mcp [OPTIONS] -- SERVER...`): its `--tool`s (else every tool not
-    /// marked read-only), `--action`s and `--window` (its `--config` is not read).
+    /// marked read-only), `--action`s, `--window` and `--key-argument`s (its `--config`
+    /// is not read).
     fn of_wrapper(command: &str) -> Option<ToolGuard> {
         #[derive(clap::Parser)]
         struct Wrapper {
@@ -472,6 +478,9 @@ impl ToolGuard {
             },
             actions: args.actions,
             window: args.window.unwrap_or(Duration::from_secs(3 * 3600)),
+            keys: (!args.key_arguments.is_empty())
+                .then(|| oncely_mcp::KeyArguments::parse(&args.key_arguments).ok())
+                .flatten(),
         })
     }
 }
@@ -616,6 +625,8 @@ mod tests {
             words: name.into(),
             read_only_hint: read_only,
             destructive_hint: false,
+            said: Vec::new(),
+            input_schema: None,
         }
     }
 

@@ -1,4 +1,5 @@
-//! The MCP client: the tools of an MCP server and their annotations (`initialize`,
+//! The MCP client: the tools of an MCP server, their annotations, descriptions and input
+//! schemas (`initialize`,
 //! `notifications/initialized`, every page of `tools/list`), over Streamable HTTP (JSON
 //! or event-stream answers) or over the standard input and output of a command it starts
 //! (stdio: newline-delimited JSON-RPC). Both transports share [`read_tools`].
@@ -15,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use super::model::{Found, Target, Transport};
+use super::model::{Found, Said, Target, Transport};
 
 /// How long one MCP request may take.
 const MCP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -124,6 +125,17 @@ async fn read_tools(
                 ),
                 read_only_hint: hint("readOnlyHint"),
                 destructive_hint: hint("destructiveHint"),
+                said: t
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .map(|d| Said {
+                        at: "the tool's description".into(),
+                        text: d.to_owned(),
+                        of_key: false,
+                    })
+                    .into_iter()
+                    .collect(),
+                input_schema: t.get("inputSchema").cloned(),
             });
         }
         cursor = result

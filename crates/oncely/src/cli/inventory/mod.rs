@@ -4,17 +4,20 @@
 //! Streamable HTTP, or over the standard input and output of a local server's command,
 //! with the tools' annotations), and the current config and ledger when given. For every operation and tool it says what it is (its class, as configured or
 //! else proposed), who makes its key, where its record lives, how long a result is
-//! replayed, what a repeat gets and how an uncertain outcome is reconciled, and it lists
+//! replayed, what a repeat gets and how an uncertain outcome is reconciled, which of a
+//! tool's arguments are idempotency keys and what the server gets in each, and it lists
 //! the gaps, each with the config lines that close it. `--write-config` writes a starting
 //! config with those classes.
 
 mod durations;
 mod heuristics;
+mod keys;
 mod mcp;
 mod model;
 mod openapi;
 mod report;
 mod shell;
+mod words;
 
 use std::path::PathBuf;
 

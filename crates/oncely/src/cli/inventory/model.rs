@@ -1,10 +1,11 @@
 //! What the inventory is made of: an operation or tool as a reader found it
-//! ([`Found`], [`Target`]), and the line of the map it becomes ([`Entry`], with its
-//! [`Gap`]s).
+//! ([`Found`], [`Target`], with what it [`Said`]), and the line of the map it becomes
+//! ([`Entry`], with its [`Gap`]s and [`KeyArgument`]s).
 
 use std::time::Duration;
 
 use oncely_core::Class;
+use serde_json::Value;
 
 /// What the inventory is about: an HTTP operation or an MCP tool.
 #[derive(Debug, Clone)]
@@ -50,6 +51,34 @@ pub(super) struct Found {
     pub(super) words: String,
     pub(super) read_only_hint: bool,
     pub(super) destructive_hint: bool,
+    /// What it tells its caller: a tool's description; an operation's summary and
+    /// description, and its `Idempotency-Key` header's.
+    pub(super) said: Vec<Said>,
+    /// A tool's `inputSchema`.
+    pub(super) input_schema: Option<Value>,
+}
+
+/// A text that tells the caller how to call an operation or tool.
+#[derive(Debug, Clone)]
+pub(super) struct Said {
+    /// Where it is: "the tool's description", "the description of its Idempotency-Key
+    /// header".
+    pub(super) at: String,
+    pub(super) text: String,
+    /// It describes the key itself (its subject is the key).
+    pub(super) of_key: bool,
+}
+
+/// A tool argument that is an idempotency key the model fills in.
+#[derive(Debug, Clone)]
+pub(super) struct KeyArgument {
+    /// Its JSON pointer into the call's `arguments`.
+    pub(super) pointer: String,
+    /// The server gets a key derived from the record in it (else the model's value).
+    pub(super) replaced: bool,
+    /// What oncely does with it: "replaced with a derived UUID", "forwarded as sent
+    /// (...)".
+    pub(super) what: String,
 }
 
 /// A gap and the config lines that close it.
@@ -72,4 +101,6 @@ pub(super) struct Entry {
     pub(super) replay: String,
     pub(super) reconcile: Option<String>,
     pub(super) gaps: Vec<Gap>,
+    /// A tool's key arguments.
+    pub(super) key_arguments: Vec<KeyArgument>,
 }

@@ -1,11 +1,12 @@
 //! The OpenAPI reader: the operations of an OpenAPI 3.0 or 3.1 document, JSON or YAML,
-//! each with the upstream its `servers` name when that is usable.
+//! each with the upstream its `servers` name when that is usable, and what it tells its
+//! caller (summary, description, its `Idempotency-Key` header's description).
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::model::{Found, Target};
+use super::model::{Found, Said, Target};
 
 /// The operations of one OpenAPI 3.x document.
 pub(super) fn read_openapi(path: &Path) -> Result<Vec<Found>, String> {
@@ -63,8 +64,68 @@ pub(super) fn read_openapi(path: &Path) -> Result<Vec<Found>, String> {
                 words: format!("{} {} {p}", text("operationId"), text("summary")),
                 read_only_hint: false,
                 destructive_hint: false,
+                said: said(&doc, item, op),
+                input_schema: None,
             });
         }
     }
     Ok(out)
+}
+
+/// What an operation tells its caller: its summary and description, and the
+/// descriptions of its `Idempotency-Key` header parameter (its own or its path's, a
+/// `$ref` into the document followed).
+fn said(doc: &Value, item: &serde_json::Map<String, Value>, op: &Value) -> Vec<Said> {
+    let mut out = Vec::new();
+    for (k, at) in [
+        ("summary", "the operation's summary"),
+        ("description", "the operation's description"),
+    ] {
+        if let Some(text) = op.get(k).and_then(Value::as_str) {
+            out.push(Said {
+                at: at.into(),
+                text: text.to_owned(),
+                of_key: false,
+            });
+        }
+    }
+    let params = [op.get("parameters"), item.get("parameters")];
+    let header = params
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_array)
+        .flatten()
+        .filter_map(|p| resolve(doc, p))
+        .find(|p| {
+            p.get("in").and_then(Value::as_str) == Some("header")
+                && p.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.eq_ignore_ascii_case("idempotency-key"))
+        });
+    if let Some(p) = header {
+        let schema = p.get("schema").and_then(|s| resolve(doc, s));
+        for text in [
+            p.get("description"),
+            schema.and_then(|s| s.get("description")),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        {
+            out.push(Said {
+                at: "the description of its Idempotency-Key header".into(),
+                text: text.to_owned(),
+                of_key: true,
+            });
+        }
+    }
+    out
+}
+
+/// `value`, or what its `$ref` names in `doc` (a local reference, `#/...`).
+fn resolve<'a>(doc: &'a Value, value: &'a Value) -> Option<&'a Value> {
+    match value.get("$ref").and_then(Value::as_str) {
+        Some(r) => doc.pointer(r.strip_prefix('#')?),
+        None => Some(value),
+    }
 }

@@ -29,6 +29,12 @@ pub(super) fn to_json(entries: &[Entry]) -> Value {
                     o.insert("method".into(), json!("tools/call"));
                     o.insert("tool".into(), json!(name));
                     o.insert("transport".into(), json!(transport.as_str()));
+                    let keys: Vec<Value> = e
+                        .key_arguments
+                        .iter()
+                        .map(|k| json!({"argument": k.pointer, "replaced": k.replaced, "what": k.what}))
+                        .collect();
+                    o.insert("key_arguments".into(), Value::Array(keys));
                 }
             }
             o.insert("class".into(), json!(e.class.as_str()));
@@ -117,6 +123,21 @@ pub(super) fn print_table(entries: &[Entry]) {
         for &i in idx {
             line(rows[i].iter().map(String::as_str).collect());
         }
+        let keys: Vec<String> = idx
+            .iter()
+            .flat_map(|&i| {
+                let e = &entries[i];
+                e.key_arguments
+                    .iter()
+                    .map(move |k| format!("  {} {}: {}", name(e), k.pointer, k.what))
+            })
+            .collect();
+        if !keys.is_empty() {
+            println!("\nkey arguments (left out of the call's key; what the server gets in them):");
+            for k in keys {
+                println!("{k}");
+            }
+        }
     }
     let gaps: usize = entries.iter().map(|e| e.gaps.len()).sum();
     println!();
@@ -179,6 +200,10 @@ pub(super) fn starting_config(entries: &[Entry], config: Option<&Config>) -> Str
             e.found.source.replace(['\n', '\r'], " "),
             route_lines(method, path, e.class)
         ));
+        // A caller told to send a new key with every request: keyed by its request.
+        if e.gaps.iter().any(|g| g.kind == "new_key_per_request") {
+            out.push_str("key = \"fingerprint\"\n");
+        }
         if let Some(s) = server {
             out.push_str(&format!("upstream = {}\n", toml_string(s)));
         }
