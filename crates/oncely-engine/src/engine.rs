@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 use crate::budget::Budget;
 use crate::call::{Execution, FreshAnswer, GuardedCall, Head, UpstreamFailure, UpstreamFuture};
 use crate::claim::{ClaimLoop, Claimed, Claimer, Claiming, Verdict};
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Watch};
 use crate::ledger;
 use crate::owner;
 use crate::tally::RepeatTally;
@@ -173,22 +173,29 @@ impl Engine {
             deadline: tokio::time::Instant::now() + call.wait,
             now: None,
         };
+        // Armed from before the claim: dropped undone (this future dropped, its caller gone,
+        // even while the claim is on its way), the record this call owns is undelivered.
+        let watch = call
+            .churn
+            .as_ref()
+            .map(|c| Watch::new(self.store.clone(), &call, c.churn));
+        let delivery = watch.clone().map(Delivery::owner);
         let mut claimer = CallClaimer {
             engine: self,
             spec: self.claim_spec(&call),
             call: &call,
             run: Some(Box::new(run)),
+            watch,
         };
         match self.claim(&mut claimer, claiming).await {
-            Verdict::Owned((record, head)) => {
-                // Dropped undone (this future dropped: the caller went away), it says so.
-                let delivery = call
-                    .churn
-                    .as_ref()
-                    .map(|c| Delivery::owner(self.store.clone(), &record, c.churn));
-                owner_answer(record, head, delivery).await
+            Verdict::Owned((record, head)) => owner_answer(record, head, delivery).await,
+            verdict => {
+                // Not this call's record: what its caller does is nothing to the ledger.
+                if let Some(d) = delivery {
+                    d.unowned();
+                }
+                self.answer(verdict, call.wait)
             }
-            verdict => self.answer(verdict, call.wait),
         }
     }
 
@@ -279,6 +286,7 @@ impl Engine {
         call: &GuardedCall,
         run: F,
         op: BoxFuture<'static, Result<Claimed<Record>, StoreError>>,
+        watch: Option<Arc<Watch>>,
     ) -> Detached<H, F>
     where
         H: Send + 'static,
@@ -292,18 +300,36 @@ impl Engine {
         let call = call.clone();
         let task = tokio::spawn(async move {
             // The store bounds the claim, and releases one that lands after it, unsent.
+            let unowned = || {
+                if let Some(watch) = &watch {
+                    watch.unowned();
+                }
+            };
             let record = match op.await {
                 Ok(Claimed::Owned(record)) => record,
-                Ok(Claimed::Found(record)) => return Detached::Other(Claimed::Found(record), run),
-                Ok(Claimed::Unknown(record)) => {
-                    return Detached::Other(Claimed::Unknown(record), run)
+                Ok(Claimed::Found(record)) => {
+                    unowned();
+                    return Detached::Other(Claimed::Found(record), run);
                 }
-                Ok(Claimed::Gone) => return Detached::Other(Claimed::Gone, run),
-                Err(e) => return Detached::Failed(e, run),
+                Ok(Claimed::Unknown(record)) => {
+                    unowned();
+                    return Detached::Other(Claimed::Unknown(record), run);
+                }
+                Ok(Claimed::Gone) => {
+                    unowned();
+                    return Detached::Other(Claimed::Gone, run);
+                }
+                Err(e) => {
+                    unowned();
+                    return Detached::Failed(e, run);
+                }
             };
             let Some(fence) = record.fence() else {
                 return Detached::Broken(format!("owned record {} has no owner", record.id));
             };
+            if let Some(watch) = &watch {
+                watch.owned(&record);
+            }
             let held = live.hold(&fence.owner);
             let upstream = run(DownstreamKey::derive(&call.scope, &call.key), &record);
             let (head_tx, head_rx) = oneshot::channel();
@@ -335,6 +361,8 @@ struct CallClaimer<'a, H> {
     spec: ClaimSpec,
     /// The upstream call, given back by every claim that did not own.
     run: Option<RunUpstream<H>>,
+    /// What became of the call's caller (a route that recognises made-up keys).
+    watch: Option<Arc<Watch>>,
 }
 
 /// The upstream call a call's owner runs (boxed: the claim loop is generic over the
@@ -348,7 +376,8 @@ impl<H: Send + 'static> CallClaimer<'_, H> {
         op: BoxFuture<'static, Result<Claimed<Record>, StoreError>>,
     ) -> Result<Claimed<Owning<H>>, StoreError> {
         let run = self.run.take().expect("run is given back unless owned");
-        match self.engine.claim_detached(self.call, run, op).await {
+        let watch = self.watch.clone();
+        match self.engine.claim_detached(self.call, run, op, watch).await {
             Detached::Owner(record, head) => Ok(Claimed::Owned((record, head))),
             Detached::Other(claimed, run) => {
                 self.run = Some(run);

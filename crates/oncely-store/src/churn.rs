@@ -132,8 +132,9 @@ struct Known {
     pending: bool,
 }
 
-/// How long a claim waits for an entry this instance is writing.
-const PENDING_WAIT: Duration = Duration::from_secs(2);
+/// How long a claim waits for an entry this instance is writing (or for the claim of a
+/// caller that went away to land): the store's own bound, `ANSWER_WITHIN`.
+const PENDING_WAIT: Duration = Duration::from_secs(10);
 
 impl ChurnFilter {
     /// Whether a claim of `spec` may find an entry: its key joined a record, or a record of

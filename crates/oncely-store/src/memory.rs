@@ -247,9 +247,9 @@ impl Ledger for MemoryStore {
             return Ok(false);
         }
         data.churn.insert(entry.hash, entry.clone());
-        let (record, kind, until) = (entry.record.clone(), entry.kind, entry.until);
+        let e = entry.clone();
         self.churn
-            .add(entry.hash, record, kind, until, self.clock.now());
+            .add(e.hash, e.record, e.kind, e.until, self.clock.now());
         Ok(true)
     }
 
@@ -263,12 +263,8 @@ impl Ledger for MemoryStore {
 
     async fn churn_of(&self, id: &RecordId) -> Result<Vec<ChurnEntry>> {
         let data = self.data.lock().expect("memory store lock");
-        let mut out: Vec<ChurnEntry> = data
-            .churn
-            .values()
-            .filter(|e| e.record == *id)
-            .cloned()
-            .collect();
+        let mut out: Vec<ChurnEntry> = data.churn.values().cloned().collect();
+        out.retain(|e| e.record == *id);
         out.sort_by_key(|e| e.at);
         Ok(out)
     }

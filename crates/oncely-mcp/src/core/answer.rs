@@ -47,10 +47,19 @@ impl<S: Server> Core<S> {
                     mark: Some(Mark::of(Some("fresh"), &fresh.record)),
                     cancel: None,
                 };
+                if let Some(values) = call.made_key {
+                    inner.made_keys.first(&fresh.record.id, values);
+                }
                 observe_fresh(inner, call, &fresh.record, fresh.status, started, reply)
             }
-            Execution::Replayed(record) => replay(inner, &record, "replayed", call, started),
-            Execution::Joined(record) => replay(inner, &record, "joined", call, started),
+            Execution::Replayed(record) => {
+                made_up(inner, call, &record);
+                replay(inner, &record, "replayed", call, started)
+            }
+            Execution::Joined(record) => {
+                made_up(inner, call, &record);
+                replay(inner, &record, "joined", call, started)
+            }
             Execution::InFlight {
                 record,
                 retry_after,
@@ -263,6 +272,22 @@ fn in_flight<S: Server>(
         mark.retry_after = Some(after);
     }
     reply
+}
+
+/// Counts a repeat whose key arguments carry values the model made up for it (once each:
+/// `made_keys`), and marks its span.
+fn made_up<S: Server>(inner: &Core<S>, call: &Call, record: &Record) {
+    let Some(values) = call.made_key else {
+        return;
+    };
+    if !inner.made_keys.made_up(&record.id, values) {
+        return;
+    }
+    metrics::counter!("oncely_key_churn_total", "route" => call.guarded.route.clone(), "tool" => call.tool.clone())
+        .increment(1);
+    if let Some(span) = call.span.lock().expect("call span lock").as_mut() {
+        span.set(attr::KEY_CHURN, true);
+    }
 }
 
 /// Records what became of `call`: ends its span, and writes its request line and metrics.

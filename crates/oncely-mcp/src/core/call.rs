@@ -42,6 +42,9 @@ pub(super) struct Call {
     /// part of the key, and given the record's derived key when the owner sends the
     /// call (those whose schema admits a UUID; the others as sent).
     pub(super) key_arguments: Vec<KeyArgument>,
+    /// The hash of the values the model gave its key arguments (`None`: no key
+    /// argument present), to tell a key made up for a retry (`made_keys`).
+    pub(super) made_key: Option<u64>,
 }
 
 /// One key argument of a call.
@@ -83,6 +86,7 @@ pub(super) fn read_call<O>(
     let arguments_value = message.pointer("/params/arguments").unwrap_or(&Value::Null);
     let key_arguments = key_arguments(core, tool, arguments_value);
     let ignored: Vec<String> = key_arguments.iter().map(|k| k.pointer.clone()).collect();
+    let made_key = super::made_keys::values_of(arguments_value, ignored.iter().map(String::as_str));
     let intent = core.config.intent_of(tool);
     let fingerprint = read.fingerprint_of(&principal, &core.config.path, &ignored, intent);
     // The message's span (with the MCP conventions) is the call's.
@@ -109,6 +113,7 @@ pub(super) fn read_call<O>(
         },
         guarded,
         key_arguments,
+        made_key,
     })
 }
 

@@ -58,6 +58,7 @@ mod call;
 mod context;
 pub mod edit;
 mod guarded;
+mod made_keys;
 mod message_span;
 mod reply;
 mod results;
@@ -132,6 +133,7 @@ impl<S: Server> Core<S> {
                 config,
                 guard,
                 catalog: ToolCatalog::new(),
+                made_keys: Default::default(),
             }),
             server,
             sessions: Arc::new(Sessions::new()),

@@ -14,4 +14,6 @@ pub struct Shared {
     pub(crate) config: McpConfig,
     pub(crate) guard: Arc<Guard>,
     pub(crate) catalog: ToolCatalog,
+    /// The key arguments' values of the records seen last (`made_keys`).
+    pub(crate) made_keys: super::made_keys::MadeKeys,
 }

@@ -5,71 +5,11 @@
 //! while it was away is lost; until then the filter is blind (every claim of a made-up key
 //! asks the table).
 
-use oncely_core::{RecordId, Timestamp};
-use tokio_postgres::{Client, Row};
+use oncely_core::RecordId;
 
-use super::error::{corrupt, unavailable};
-use super::listener::CHANNEL;
+use super::listener::{entry, ANNOUNCE, CHANNEL, COLUMNS};
 use super::store::PgStore;
-use crate::{ChurnEntry, ChurnFilter, ChurnKind, Result, StoreError};
-
-/// The prefix of a notification that announces a churn entry (a record id never has it).
-pub(super) const ANNOUNCE: &str = "churn:";
-
-const COLUMNS: &str = "hash, record, kind, key, at, until";
-
-fn entry(row: &Row) -> Result<ChurnEntry> {
-    let hash: Vec<u8> = row.try_get(0).map_err(corrupt)?;
-    let kind: String = row.try_get(2).map_err(corrupt)?;
-    Ok(ChurnEntry {
-        hash: hash
-            .try_into()
-            .map_err(|_| StoreError::Corrupt("a churn entry's hash is not 16 bytes".into()))?,
-        record: RecordId(row.try_get(1).map_err(corrupt)?),
-        kind: ChurnKind::parse(&kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown churn entry kind {kind:?}")))?,
-        key: row.try_get(3).map_err(corrupt)?,
-        at: Timestamp(row.try_get(4).map_err(corrupt)?),
-        until: Timestamp(row.try_get(5).map_err(corrupt)?),
-    })
-}
-
-/// Reads every entry still in its time into `filter` (the listener, on each connect).
-pub(super) async fn reload(client: &Client, filter: &ChurnFilter) -> Result<()> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM churn \
-         WHERE until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-    );
-    let rows = client.query(&sql, &[]).await.map_err(unavailable)?;
-    let entries = rows.iter().map(entry).collect::<Result<Vec<_>>>()?;
-    filter.reload(entries);
-    Ok(())
-}
-
-/// Learns the entry a notification announced (`churn:HASH:KIND:UNTIL:RECORD`).
-pub(super) fn heard(payload: &str, filter: &ChurnFilter) {
-    let Some(rest) = payload.strip_prefix(ANNOUNCE) else {
-        return;
-    };
-    let mut parts = rest.splitn(4, ':');
-    let (Some(hash), Some(kind), Some(until), Some(record)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return;
-    };
-    let (Some(hash), Some(kind), Ok(until)) =
-        (hex_hash(hash), ChurnKind::parse(kind), until.parse::<i64>())
-    else {
-        return;
-    };
-    let now = crate::Clock::now(&crate::SystemClock);
-    filter.add(hash, RecordId(record.into()), kind, Timestamp(until), now);
-}
-
-fn hex_hash(text: &str) -> Option<[u8; 16]> {
-    let bytes = hex::decode(text).ok()?;
-    bytes.try_into().ok()
-}
+use crate::{ChurnEntry, Result};
 
 impl PgStore {
     pub(super) async fn churn_entry(&self, hash: &[u8; 16]) -> Result<Option<ChurnEntry>> {

@@ -15,18 +15,18 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures::StreamExt;
-use oncely_core::RecordId;
+use oncely_core::{RecordId, Timestamp};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client};
+use tokio_postgres::{AsyncMessage, Client, Row};
 
 use super::connection::{checkout, Connector};
-use super::error::unavailable;
+use super::error::{corrupt, unavailable};
 use crate::waiters::Waiters;
-use crate::{ChurnFilter, Result, StoreError};
+use crate::{ChurnEntry, ChurnFilter, ChurnKind, Result, StoreError};
 
 /// The notification channel; the payload is a record id, or a churn entry announced
-/// (`super::churn::ANNOUNCE`).
+/// (`ANNOUNCE`).
 pub(super) const CHANNEL: &str = "oncely_records";
 
 /// The pause before the listener connects again after its connection was lost (doubled
@@ -105,12 +105,10 @@ async fn run(
         // both heard and read. (The first time, the store reads it once its schema is
         // current, `PgStore::connect`.)
         let connected = match connect(&connector).await {
-            Ok((client, messages)) if ready.is_none() => {
-                match super::churn::reload(&client, &churn).await {
-                    Ok(()) => Ok((client, messages)),
-                    Err(e) => Err(e),
-                }
-            }
+            Ok((client, messages)) if ready.is_none() => match reload(&client, &churn).await {
+                Ok(()) => Ok((client, messages)),
+                Err(e) => Err(e),
+            },
             other => other,
         };
         match connected {
@@ -190,7 +188,7 @@ async fn listen(
     loop {
         tokio::select! {
             payload = messages.recv() => match payload {
-                Some(p) if p.starts_with(super::churn::ANNOUNCE) => super::churn::heard(&p, churn),
+                Some(p) if p.starts_with(ANNOUNCE) => heard(&p, churn),
                 Some(id) => waiters.wake(&RecordId(id)),
                 None => return,
             },
@@ -202,6 +200,66 @@ async fn listen(
             }
         }
     }
+}
+
+// The churn table as the listener keeps every instance's filter of it (`super::churn`).
+
+/// The prefix of a notification that announces a churn entry (a record id never has it).
+pub(super) const ANNOUNCE: &str = "churn:";
+
+pub(super) const COLUMNS: &str = "hash, record, kind, key, at, until";
+
+pub(super) fn entry(row: &Row) -> Result<ChurnEntry> {
+    let hash: Vec<u8> = row.try_get(0).map_err(corrupt)?;
+    let kind: String = row.try_get(2).map_err(corrupt)?;
+    Ok(ChurnEntry {
+        hash: hash
+            .try_into()
+            .map_err(|_| StoreError::Corrupt("a churn entry's hash is not 16 bytes".into()))?,
+        record: RecordId(row.try_get(1).map_err(corrupt)?),
+        kind: ChurnKind::parse(&kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown churn entry kind {kind:?}")))?,
+        key: row.try_get(3).map_err(corrupt)?,
+        at: Timestamp(row.try_get(4).map_err(corrupt)?),
+        until: Timestamp(row.try_get(5).map_err(corrupt)?),
+    })
+}
+
+/// Reads every entry still in its time into `filter` (the listener, on each connect).
+pub(super) async fn reload(client: &Client, filter: &ChurnFilter) -> Result<()> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM churn \
+         WHERE until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    );
+    let rows = client.query(&sql, &[]).await.map_err(unavailable)?;
+    let entries = rows.iter().map(entry).collect::<Result<Vec<_>>>()?;
+    filter.reload(entries);
+    Ok(())
+}
+
+/// Learns the entry a notification announced (`churn:HASH:KIND:UNTIL:RECORD`).
+pub(super) fn heard(payload: &str, filter: &ChurnFilter) {
+    let Some(rest) = payload.strip_prefix(ANNOUNCE) else {
+        return;
+    };
+    let mut parts = rest.splitn(4, ':');
+    let (Some(hash), Some(kind), Some(until), Some(record)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return;
+    };
+    let (Some(hash), Some(kind), Ok(until)) =
+        (hex_hash(hash), ChurnKind::parse(kind), until.parse::<i64>())
+    else {
+        return;
+    };
+    let now = crate::Clock::now(&crate::SystemClock);
+    filter.add(hash, RecordId(record.into()), kind, Timestamp(until), now);
+}
+
+fn hex_hash(text: &str) -> Option<[u8; 16]> {
+    let bytes = hex::decode(text).ok()?;
+    bytes.try_into().ok()
 }
 
 #[cfg(test)]

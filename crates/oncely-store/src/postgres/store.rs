@@ -98,7 +98,7 @@ impl PgStore {
             listener::check_delivery(&pool, &waiters).await?;
             let mut client = checkout(&pool).await?;
             migrations::migrate(&mut client).await?;
-            super::churn::reload(&client, &churn).await
+            listener::reload(&client, &churn).await
         };
         if let Err(e) = ready.await {
             listener.abort();

@@ -54,9 +54,11 @@ fn select(conn: &Connection, filter: &str, param: &dyn rusqlite::ToSql) -> Resul
     rows.into_iter().map(parse).collect()
 }
 
-/// The entries still in their time at `now`, for the filter of a store that opens.
-pub(super) fn live(conn: &Connection, now: Timestamp) -> Result<Vec<ChurnEntry>> {
-    select(conn, "until > ?1", &now.0)
+impl SqliteStore {
+    /// The entries still in their time at `now`, for the filter of a store that opens.
+    pub(super) fn live_churn(conn: &Connection, now: Timestamp) -> Result<Vec<ChurnEntry>> {
+        select(conn, "until > ?1", &now.0)
+    }
 }
 
 /// Deletes the entries past their time or of records that left; answers how many.

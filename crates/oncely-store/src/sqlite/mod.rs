@@ -264,7 +264,7 @@ fn open_blocking(
         },
     )?;
     let churn = Arc::new(crate::ChurnFilter::default());
-    churn.reload(churn::live(&watch, clock.now())?);
+    churn.reload(SqliteStore::live_churn(&watch, clock.now())?);
     let watcher = Watcher::start(watch, Arc::clone(&waiters), settings.watch_interval)?;
     Ok(SqliteStore {
         readers: Arc::new(Readers::new(

@@ -21,6 +21,7 @@ pub mod args;
 pub mod console;
 pub mod job_key;
 pub mod mcp;
+mod orphans;
 pub mod otel;
 pub mod prometheus;
 pub mod proxy;
@@ -178,6 +179,13 @@ pub async fn run_reloading(
         store.clone(),
     )?;
 
+    // On SQLite the process before this one owned every record still processing: their
+    // callers never got an answer (see `orphans`).
+    if config.store.starts_with("sqlite:") {
+        if let Err(e) = orphans::mark_undelivered(&guard, &config, false).await {
+            tracing::warn!(error = %e, "marking the records of the last run undelivered failed");
+        }
+    }
     let local = listener.local_addr()?;
     let admin_local = admin_listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -477,6 +485,10 @@ async fn chores(
             _ = sweep.tick() => {
                 if let Err(e) = sweep_orphaned_actions(&guard).await {
                     tracing::warn!(error = %e, "looking for orphaned actions failed");
+                }
+                let config = configs.borrow().clone();
+                if let Err(e) = orphans::mark_undelivered(&guard, &config, true).await {
+                    tracing::warn!(error = %e, "marking orphaned records undelivered failed");
                 }
             }
             _ = purge.tick() => {

@@ -215,7 +215,7 @@ async fn a_caller_that_stops_reading_a_large_answer_does_not_lose_the_lease() {
 
 /// Holds SQLite's write lock on `db` (`BEGIN IMMEDIATE` in the sqlite3 shell) for
 /// `hold`, from a thread; returns once the lock is taken.
-fn lock_sqlite(db: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
+pub(crate) fn lock_sqlite(db: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
     use std::io::{BufRead, BufReader, Write};
     let mut child = std::process::Command::new("sqlite3")
         .arg(db)

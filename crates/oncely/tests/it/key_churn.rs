@@ -258,3 +258,57 @@ async fn two_instances_on_one_postgresql_join_a_retry_under_a_new_key() {
     assert_eq!(second.header("oncely-status"), "fresh", "{}", second.text());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_a_new_key_after_the_gateway_was_killed_mid_call_runs_nothing_twice() {
+    let (up, calls) = orders(Duration::from_secs(30)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let cfg = config(dir.path(), up, &store, "lease = \"1s\"\nwait = \"8s\"\n");
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let addr = gw.addr;
+    let caller =
+        tokio::spawn(async move { give_up(addr, "attempt-1", Duration::from_secs(30)).await });
+    reached(&calls, 1).await;
+    // SIGKILL mid-call: the caller's connection goes with the process.
+    std::process::Command::new("kill")
+        .args(["-9", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    caller.abort();
+    drop(gw);
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    let retry = order(&gw, "attempt-2", BODY).await;
+    // The action may have happened: it is not run again under the new key either.
+    assert_eq!(retry.status, 409, "{}", retry.text());
+    assert_eq!(retry.json()["code"], "outcome_unknown", "{}", retry.text());
+    assert!(!retry.header("oncely-key-churn").is_empty());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "executed once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_gave_up_while_the_ledger_was_locked_is_joined_by_its_retry() {
+    let (up, calls) = orders(Duration::from_millis(300)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let store = format!("sqlite://{}", db.display());
+    let cfg = config(dir.path(), up, &store, "");
+    let gw = Gateway::start(&["--config", &cfg], &[]);
+    // Another process holds the write lock: the claim waits behind it, and its caller
+    // gives up before it lands.
+    let lock = crate::faults::lock_sqlite(&db, Duration::from_secs(3));
+    give_up(gw.addr, "attempt-1", Duration::from_secs(1)).await;
+    let retry = order(&gw, "attempt-2", BODY).await;
+    lock.join().unwrap();
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert!(
+        matches!(retry.header("oncely-status"), "joined" | "replayed"),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(
+        retry.header("oncely-key-churn"),
+        retry.header("oncely-record")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one execution");
+}

@@ -257,6 +257,22 @@ async fn an_mcp_endpoint_keys_a_call_without_the_made_up_key_and_each_principal_
             "{r}"
         );
     }
+    // A retry under a key the model made up before counts no more.
+    let again = send(&url, alice, &sa, &pay(13, "a-2", "rent")).await;
+    assert_eq!(
+        again["result"]["content"][0]["text"], "paid 100 to bob #1",
+        "{again}"
+    );
+    // Each key made up for a retry, counted once: a-2 and a-3.
+    let metrics = crate::common::get(&gw.admin_url("/metrics"), &[])
+        .await
+        .text();
+    let churned: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("oncely_key_churn_total") && l.contains("tool=\"pay\""))
+        .collect();
+    assert_eq!(churned.len(), 1, "{metrics}");
+    assert!(churned[0].ends_with(" 2"), "{}", churned[0]);
     let b = send(&url, bob, &sb, &pay(20, "a-1", "rent")).await;
     assert_eq!(
         b["result"]["content"][0]["text"], "paid 100 to bob #2",
