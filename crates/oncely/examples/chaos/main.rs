@@ -9,7 +9,8 @@
 //!
 //! Options: `--minutes N` / `--seconds N` (time under faults, default 2 minutes), `--seed N`,
 //! `--stores sqlite,postgres`, `--faults kill,proxy-delay,...` (default every kind),
-//! `--agents N`, `--settle-seconds N`, `--max-lock-ms N`, `--dir DIR` (ledgers and gateway
+//! `--agents N`, `--churn-agents N` (callers that make up a new `Idempotency-Key` for every
+//! attempt, default 3), `--settle-seconds N`, `--max-lock-ms N`, `--dir DIR` (ledgers and gateway
 //! logs; default a new directory under the system's temporary directory),
 //! `--oncely PATH` (default: `oncely` beside this program's directory).
 //! Exits 1 when the checker found a violation, 2 on a bad argument.
@@ -34,6 +35,7 @@ fn main() {
     let mut stores = vec![StoreKind::Sqlite, StoreKind::Postgres];
     let mut faults = Fault::ALL.to_vec();
     let mut agents = 12;
+    let mut churn_agents = 3;
     let mut settle = 150_u64;
     let mut max_lock = 8000_u64;
     let mut dir: Option<PathBuf> = None;
@@ -52,6 +54,7 @@ fn main() {
             "--seconds" => seconds = number(value()),
             "--seed" => seed = number(value()) as u64,
             "--agents" => agents = number(value()) as usize,
+            "--churn-agents" => churn_agents = number(value()) as usize,
             "--settle-seconds" => settle = number(value()) as u64,
             "--max-lock-ms" => max_lock = number(value()) as u64,
             "--dir" => dir = Some(value().into()),
@@ -119,6 +122,7 @@ fn main() {
     options.stores = stores;
     options.faults = faults;
     options.agents = agents;
+    options.churn_agents = churn_agents;
     options.settle = Duration::from_secs(settle);
     options.max_lock = Duration::from_millis(max_lock);
     let report = harness::run(&options);

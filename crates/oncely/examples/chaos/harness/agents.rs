@@ -1,7 +1,8 @@
 //! The callers: agents that pick intentions and send them again and again like an
-//! assistant whose calls time out (some give up early, then retry), a stalled caller that
-//! reads an answer's head and stops, and the settling sweep that asks every intention once
-//! more until it has a final answer.
+//! assistant whose calls time out (some give up early, then retry), key-churn agents that
+//! make up a new `Idempotency-Key` for every attempt (see [`churn_agent`]), a stalled
+//! caller that reads an answer's head and stops, and the settling sweep that asks every
+//! intention once more until it has a final answer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,7 +58,11 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-fn request(intent: &Intent, addr: std::net::SocketAddr) -> http::Request<Full<Bytes>> {
+fn request(
+    intent: &Intent,
+    key: Option<&str>,
+    addr: std::net::SocketAddr,
+) -> http::Request<Full<Bytes>> {
     let body = intent.body();
     let mut b = http::Request::post(format!("http://{addr}{}", intent.path()))
         .header("content-type", "application/json");
@@ -75,7 +80,7 @@ fn request(intent: &Intent, addr: std::net::SocketAddr) -> http::Request<Full<By
         }
     } else {
         b = b.header("authorization", intent.authorization());
-        if let Some(k) = intent.idempotency_key() {
+        if let Some(k) = key {
             b = b.header("idempotency-key", k);
         }
     }
@@ -88,7 +93,8 @@ struct ExecBody {
     exec: u64,
 }
 
-/// Sends `intent` once to instance `i`, giving up after `patience`, and journals it.
+/// Sends `intent` once to instance `i` under its own key, giving up after `patience`, and
+/// journals it.
 pub(crate) async fn send(
     c: &Callers,
     intent: &Intent,
@@ -96,11 +102,24 @@ pub(crate) async fn send(
     patience: Duration,
     sweep: bool,
 ) -> Outcome {
+    send_as(c, intent, None, i, patience, sweep).await
+}
+
+/// [`send`], under `made_up` (a key-churn attempt's key) when given.
+pub(crate) async fn send_as(
+    c: &Callers,
+    intent: &Intent,
+    made_up: Option<String>,
+    i: usize,
+    patience: Duration,
+    sweep: bool,
+) -> Outcome {
     let at = c.journal.now();
+    let key = made_up.clone().or_else(|| intent.idempotency_key());
     let outcome = match c.instances.addr(i) {
         None => Outcome::NoAnswer("instance down".into()),
         Some(addr) => {
-            let req = request(intent, addr);
+            let req = request(intent, key.as_deref(), addr);
             let call = async {
                 let res = c.client.request(req).await.map_err(|e| {
                     use std::error::Error as _;
@@ -132,6 +151,7 @@ pub(crate) async fn send(
         patience: patience.as_secs_f64(),
         outcome: outcome.clone(),
         sweep,
+        key: made_up,
     });
     outcome
 }
@@ -157,13 +177,53 @@ fn classify(parts: &http::response::Parts, body: &[u8]) -> Outcome {
             answered = Some(b.intent);
         }
     }
+    let retry = match header("x-should-retry").as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    };
     Outcome::Answer {
         status,
         oncely: header("oncely-status"),
         code,
         exec,
         answered,
+        retry,
+        churned: header("oncely-key-churn"),
     }
+}
+
+/// Whether a key-churn caller tries again (under a new key) after `o`: only when it got
+/// no answer of the intention — no answer at all (it gave up, the connection was reset or
+/// refused, the instance was down), or a refusal of the gateway's own that says to retry
+/// (`X-Should-Retry: true`: 409 `in_flight`, 503 `store_unavailable`, a 502/504 of an
+/// upstream failure whose record was released). Any other answer — a result, a refusal
+/// that says not to retry (`outcome_unknown`, a 504 whose outcome is unknown) — reached its
+/// caller: a request under a new key after it is, by contract, a new intention, so the
+/// caller stops.
+pub(crate) fn churn_retries(o: &Outcome) -> bool {
+    match o {
+        Outcome::NoAnswer(_) => true,
+        Outcome::Answer { status, retry, .. } => {
+            !(200..300).contains(status) && *retry == Some(true)
+        }
+    }
+}
+
+/// A version 4 UUID made of `rng`: a key-churn attempt's `Idempotency-Key`.
+pub(crate) fn new_key(rng: &mut StdRng) -> String {
+    let mut b: [u8; 16] = rng.random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// Whether an outcome ends the caller's interest in the intention.
@@ -222,6 +282,58 @@ pub(crate) async fn agent(c: Callers, index: u64, began: std::time::Instant) {
             };
             let o = send(&c, &intent, i, patience, false).await;
             if is_final(intent.class, &o) || c.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.random_range(50..600))).await;
+        }
+    }
+}
+
+/// A key-churn agent: like an SDK whose retry loop makes up a new `Idempotency-Key` (a
+/// UUID) for every attempt. Each of its intentions is a write or an action that only it
+/// sends (one business intention = one body), on routes of their own (`/cw/`, `/ca/`). It
+/// gives up on an attempt by timing out and dropping the connection (so the gateway sees
+/// its caller leave), then retries under a new key — but only while it has no answer
+/// ([`churn_retries`]); the first answer ends the intention for it. It sends each one up to
+/// six times; what is still unanswered when the faults stop, the sweep goes on with, the
+/// same way.
+///
+/// What it may expect ("once"): the gateway joins a new key to the record of an earlier
+/// one whose caller never got its answer (`Oncely-Key-Churn`), so every intention runs at
+/// most once — a write again only after a kill or an upstream failure, as for every
+/// agent — with one exception the gateway cannot help: when the instance that served an
+/// attempt is SIGKILLed while the attempt ran (or just after its caller left), the evidence
+/// that its caller left dies with it; the next key is a new request to the gateway, runs
+/// again, and the record of the killed attempt stays `processing` (nobody sends its key
+/// again). The checker counts those as "churn lost to a kill", not as violations, and shows
+/// them.
+pub(crate) async fn churn_agent(c: Callers, index: u64) {
+    let mut rng = StdRng::seed_from_u64(c.journal.seed.wrapping_add(index * 104_729 + 17));
+    let mut n = 0;
+    while !c.stop.load(Ordering::SeqCst) {
+        let class = if rng.random_bool(0.5) {
+            Class::Write
+        } else {
+            Class::Action
+        };
+        let intent = Intent::churn(c.journal.seed, class, index, n);
+        n += 1;
+        c.journal.intent(&intent);
+        for _ in 0..6 {
+            let mut i = rng.random_range(0..c.instances.len());
+            if c.instances.addr(i).is_none() {
+                i = (i + 1) % c.instances.len();
+            }
+            // Often less than a run of the upstream takes (10 ms to 2 s, more through
+            // proxy faults), so that it leaves while its attempt runs.
+            let patience = if rng.random_bool(0.5) {
+                Duration::from_millis(rng.random_range(100..1200))
+            } else {
+                Duration::from_millis(rng.random_range(1500..6000))
+            };
+            let key = new_key(&mut rng);
+            let o = send_as(&c, &intent, Some(key), i, patience, false).await;
+            if !churn_retries(&o) || c.stop.load(Ordering::SeqCst) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(rng.random_range(50..600))).await;
@@ -307,6 +419,9 @@ pub(crate) async fn sweep(c: &Callers, deadline: tokio::time::Instant) -> Vec<St
         .map(|intent| {
             let c = c.clone();
             async move {
+                if intent.churn {
+                    return sweep_churn(&c, &intent, deadline).await;
+                }
                 let mut n = 0usize;
                 loop {
                     let i = n % c.instances.len();
@@ -326,4 +441,39 @@ pub(crate) async fn sweep(c: &Callers, deadline: tokio::time::Instant) -> Vec<St
         .collect()
         .await;
     results.into_iter().flatten().collect()
+}
+
+/// The sweep of a key-churn intention: nothing when its caller already got an answer (a
+/// new key now would be a new intention); else its retry loop goes on, a new key each time,
+/// until an answer.
+async fn sweep_churn(
+    c: &Callers,
+    intent: &Intent,
+    deadline: tokio::time::Instant,
+) -> Option<String> {
+    if c.journal
+        .outcomes(&intent.id)
+        .iter()
+        .any(|o| !churn_retries(o))
+    {
+        return None;
+    }
+    let seed = intent.id.bytes().fold(c.journal.seed ^ 0xC4u64, |h, b| {
+        h.wrapping_mul(31).wrapping_add(b as u64)
+    });
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut n = 0usize;
+    loop {
+        let i = n % c.instances.len();
+        n += 1;
+        let key = new_key(&mut rng);
+        let o = send_as(c, intent, Some(key), i, Duration::from_secs(10), true).await;
+        if !churn_retries(&o) {
+            return None;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Some(intent.id.clone());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }

@@ -14,6 +14,18 @@
 //!   only after a kill or a fault on that delivery;
 //!
 //! and once the run settles, `oncely ledger list` shows no record `processing`.
+//!
+//! A key-churn intention (`agents::churn_agent`: a new `Idempotency-Key` on every attempt,
+//! a retry only while its caller has no answer) is one body, whatever its keys, and is
+//! held to the same: at most one execution (a write again only after a kill or an upstream
+//! failure), its answers its own. Its executions may carry several downstream keys only
+//! where a second run is excused anyway. One case is the gateway's to lose and is counted
+//! apart, not hidden: an attempt cut by a SIGKILL of the instance serving it (running, or
+//! its caller gone less than 1 s before) takes with it the evidence that its caller left,
+//! so the next key runs it again as a new request ("churn lost to a kill"), and the killed
+//! attempt's record stays `processing` (its key is never sent again): records of the
+//! key-churn routes left processing are allowed up to the number of attempts a kill cut,
+//! no more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -51,6 +63,26 @@ pub(crate) struct PhaseReport {
     pub(crate) processing_left: usize,
     pub(crate) lost: usize,
     pub(crate) violations: Vec<Violation>,
+    pub(crate) churn: ChurnFigures,
+}
+
+/// What the key-churn intentions did.
+#[derive(Debug, Default)]
+pub(crate) struct ChurnFigures {
+    pub(crate) intents: usize,
+    /// Attempts under a made-up key (the sweep's included).
+    pub(crate) attempts: usize,
+    /// Answers with `Oncely-Key-Churn`: a new key joined an earlier key's record.
+    pub(crate) joined: usize,
+    /// Attempts cut by a SIGKILL of the instance serving them.
+    pub(crate) cut_by_kill: usize,
+    /// Second runs under a new record after such a cut, allowed, one line each.
+    pub(crate) lost_to_kill: Vec<String>,
+    /// Second runs of a write under a new record after an upstream failure its caller was
+    /// answered (502/504, retry): allowed as for every write.
+    pub(crate) after_upstream_failure: usize,
+    /// Records of the key-churn routes left `processing` (allowed up to `cut_by_kill`).
+    pub(crate) processing_left: usize,
 }
 
 impl PhaseReport {
@@ -95,6 +127,21 @@ impl fmt::Display for PhaseReport {
                 .map(|(n, count)| format!("{count} x {n}"))
                 .collect();
             writeln!(f, "  executions per {class} intention: {}", h.join(", "))?;
+        }
+        let c = &self.churn;
+        writeln!(
+            f,
+            "  key churn: {} intentions, {} attempts each under a new key, {} answers joined an earlier key's record (Oncely-Key-Churn); {} attempts cut by a kill, churn lost to a kill (ran again, allowed): {}; run again after an answered upstream failure (allowed): {}; their records left processing (allowed up to the cuts): {}",
+            c.intents,
+            c.attempts,
+            c.joined,
+            c.cut_by_kill,
+            c.lost_to_kill.len(),
+            c.after_upstream_failure,
+            c.processing_left
+        )?;
+        for l in &c.lost_to_kill {
+            writeln!(f, "    churn lost to a kill: {l}")?;
         }
         writeln!(
             f,
@@ -144,6 +191,7 @@ fn describe(o: &Outcome) -> String {
             oncely,
             code,
             exec,
+            churned,
             ..
         } => {
             let mut s = status.to_string();
@@ -157,6 +205,9 @@ fn describe(o: &Outcome) -> String {
             }
             if let Some(e) = exec {
                 s.push_str(&format!(" exec #{e}"));
+            }
+            if !churned.is_empty() {
+                s.push_str(&format!(" key-churn {churned}"));
             }
             s
         }
@@ -228,6 +279,8 @@ fn documented(intent: &Intent, o: &Outcome, execs: &[&Exec]) -> Result<(), Strin
 /// reaches the upstream, so it hits no execution.
 struct Excuses<'a> {
     kills: Vec<f64>,
+    /// The kills, with the instance each killed.
+    killed_instance: Vec<(f64, Option<usize>)>,
     keyed: BTreeMap<&'a str, Vec<(f64, Fault)>>,
 }
 
@@ -247,6 +300,27 @@ impl Excuses<'_> {
     /// reach the upstream a little after it died.
     fn killed(&self, t0: f64, t1: f64) -> bool {
         self.kills.iter().any(|t| (t0 - 0.5..=t1).contains(t))
+    }
+
+    /// The kills that cut one of `attempts`: the instance it was sent to SIGKILLed while it
+    /// ran, or less than 1 s after it ended without an answer (the gateway writes that its
+    /// caller left a moment after it left). The times of those kills.
+    fn cuts(&self, attempts: &[&Attempt]) -> Vec<f64> {
+        let mut at: Vec<f64> = attempts
+            .iter()
+            .filter(|a| matches!(a.outcome, Outcome::NoAnswer(_)))
+            .flat_map(|a| {
+                self.killed_instance
+                    .iter()
+                    .filter(move |(t, i)| {
+                        (*i == Some(a.instance) || i.is_none()) && (a.at..=a.end + 1.0).contains(t)
+                    })
+                    .map(|(t, _)| *t)
+            })
+            .collect();
+        at.sort_by(f64::total_cmp);
+        at.dedup();
+        at
     }
 
     /// Whether running `key` again at `t1` after `t0` (the run before that at `before`)
@@ -301,6 +375,15 @@ pub(crate) fn check(
             .filter(|f| f.kind == Fault::Kill)
             .map(|f| f.at)
             .collect(),
+        killed_instance: e
+            .faults
+            .iter()
+            .filter(|f| f.kind == Fault::Kill && f.detail.starts_with("SIGKILL instance "))
+            .map(|f| {
+                let i = f.detail["SIGKILL instance ".len()..].trim().parse().ok();
+                (f.at, i)
+            })
+            .collect(),
         keyed: {
             let mut m: BTreeMap<&str, Vec<(f64, Fault)>> = BTreeMap::new();
             for f in &e.faults {
@@ -333,8 +416,13 @@ pub(crate) fn check(
                 .entry(deliveries.len())
                 .or_default() += 1;
         } else {
+            let class = match (intent.churn, intent.class) {
+                (true, Class::Action) => "action (key churn)",
+                (true, _) => "write (key churn)",
+                (false, c) => c.name(),
+            };
             *r.executions
-                .entry(intent.class.name())
+                .entry(class)
                 .or_default()
                 .entry(execs.len())
                 .or_default() += 1;
@@ -354,13 +442,25 @@ pub(crate) fn check(
             .collect();
         let mut broken: Vec<String> = Vec::new();
         let keys: BTreeSet<&str> = execs.iter().map(|x| x.key.as_str()).collect();
-        if keys.len() > 1 {
+        if keys.len() > 1 && !intent.churn {
             broken.push(format!(
                 "executions carried {} different downstream keys",
                 keys.len()
             ));
         }
+        if intent.churn {
+            churn_rules(
+                intent,
+                &execs,
+                &attempts,
+                &failures,
+                &excuses,
+                &mut r.churn,
+                &mut broken,
+            );
+        }
         match intent.class {
+            _ if intent.churn => {}
             Class::Action if execs.len() > 1 => {
                 broken.push(format!("action executed {} times", execs.len()));
             }
@@ -497,6 +597,27 @@ pub(crate) fn check(
             });
         }
     }
+    // The records of key-churn attempts that a kill cut are left processing: allowed, up
+    // to that many.
+    let (churn_left, processing): (Vec<String>, Vec<String>) = processing
+        .into_iter()
+        .partition(|p| p.contains("/cw/") || p.contains("/ca/"));
+    r.churn.processing_left = churn_left.len();
+    r.processing_left = processing.len() + churn_left.len();
+    if churn_left.len() > r.churn.cut_by_kill {
+        for p in &churn_left {
+            r.violations.push(Violation {
+                intent: "ledger".into(),
+                rule: format!(
+                    "key-churn record left processing after the run settled, and more of them ({}) than attempts a kill cut ({}): {p}",
+                    churn_left.len(),
+                    r.churn.cut_by_kill
+                ),
+                history: Vec::new(),
+                around: Vec::new(),
+            });
+        }
+    }
     for p in processing {
         r.violations.push(Violation {
             intent: "ledger".into(),
@@ -506,6 +627,85 @@ pub(crate) fn check(
         });
     }
     r
+}
+
+/// The rules of a key-churn intention (see the module docs), and its figures.
+fn churn_rules(
+    intent: &Intent,
+    execs: &[&Exec],
+    attempts: &[&Attempt],
+    failures: &[(f64, f64)],
+    excuses: &Excuses<'_>,
+    figures: &mut ChurnFigures,
+    broken: &mut Vec<String>,
+) {
+    figures.intents += 1;
+    figures.attempts += attempts.len();
+    figures.joined += attempts
+        .iter()
+        .filter(|a| matches!(&a.outcome, Outcome::Answer { churned, .. } if !churned.is_empty()))
+        .count();
+    let cuts = excuses.cuts(attempts);
+    figures.cut_by_kill += cuts.len();
+    // The agent's own promise: every attempt under a key nobody used before, and none
+    // after an answer reached it.
+    let made_up: BTreeSet<&str> = attempts.iter().filter_map(|a| a.key.as_deref()).collect();
+    if made_up.len() != attempts.len() {
+        broken.push("the key-churn agent sent a key twice (harness bug)".into());
+    }
+    let mut sorted: Vec<&&Attempt> = attempts.iter().collect();
+    sorted.sort_by(|a, b| a.at.total_cmp(&b.at));
+    if let Some(n) = sorted
+        .iter()
+        .position(|a| !super::agents::churn_retries(&a.outcome))
+    {
+        if n + 1 < sorted.len() {
+            broken.push(format!(
+                "the key-churn agent sent it again after an answer ({}) (harness bug)",
+                describe(&sorted[n].outcome)
+            ));
+        }
+    }
+    for (n, w) in execs.windows(2).enumerate() {
+        let before = if n > 0 { execs[n - 1].at } else { -1.0 };
+        let (first, again) = (w[0], w[1]);
+        if first.key == again.key {
+            // The same record run again (a made-up key that joined it, or its own key).
+            if intent.class == Class::Action {
+                broken.push(format!(
+                    "action executed again (exec #{} after #{}, one record)",
+                    again.id, first.id
+                ));
+            } else if !excuses.excused(&first.key, failures, before, first.at, again.at) {
+                broken.push(format!(
+                    "executed again (exec #{} after #{}, one record) with no crash and no upstream failure in between",
+                    again.id, first.id
+                ));
+            }
+            continue;
+        }
+        // A new record: a new key the gateway did not join to the first run's record.
+        if let Some(t) = cuts
+            .iter()
+            .find(|t| (first.at - 1.0..=again.at).contains(*t))
+        {
+            figures.lost_to_kill.push(format!(
+                "{}: exec #{} (t={:.2}s), an attempt cut by a kill at t={t:.2}s, then exec #{} (t={:.2}s) under a new key",
+                intent.id, first.id, first.at, again.id, again.at
+            ));
+        } else if intent.class != Class::Action
+            && failures
+                .iter()
+                .any(|(_, e)| (first.at..=again.at + 0.05).contains(e))
+        {
+            figures.after_upstream_failure += 1;
+        } else {
+            broken.push(format!(
+                "executed again under a new key (exec #{} after #{}: another record, downstream key {} after {}) although its caller had no answer and no kill cut an attempt: the new key did not join the original",
+                again.id, first.id, again.key, first.key
+            ));
+        }
+    }
 }
 
 fn faults_around(
@@ -565,9 +765,13 @@ fn history(
         lines.push((
             a.at,
             format!(
-                "{}request to instance {} -> {} (after {:.2} s, patience {:.1} s)",
+                "{}request to instance {}{} -> {} (after {:.2} s, patience {:.1} s)",
                 if a.sweep { "sweep " } else { "" },
                 a.instance,
+                a.key
+                    .as_deref()
+                    .map(|k| format!(" key {k}"))
+                    .unwrap_or_default(),
                 describe(&a.outcome),
                 a.end - a.at,
                 a.patience
@@ -654,8 +858,11 @@ mod tests {
                 code: code.into(),
                 exec,
                 answered: exec.map(|_| intent.id.clone()),
+                retry: None,
+                churned: String::new(),
             },
             sweep: false,
+            key: None,
         });
     }
 

@@ -176,6 +176,17 @@ method = "POST"
 path = "/a/{{id}}"
 class = "action"
 
+# The key-churn agent's intentions: the same classes, routes of their own.
+[[routes]]
+method = "POST"
+path = "/cw/{{id}}"
+class = "write"
+
+[[routes]]
+method = "POST"
+path = "/ca/{{id}}"
+class = "action"
+
 [[routes]]
 method = "POST"
 path = "/j/{{id}}"

@@ -49,6 +49,9 @@ pub(crate) struct Intent {
     /// Which of the four accounts sends it.
     pub(crate) principal: u8,
     pub(crate) seed: u64,
+    /// Sent by a key-churn caller (`agents::churn_agent`): a new `Idempotency-Key` made up
+    /// for every attempt, so the intention is its body (and path), not a key.
+    pub(crate) churn: bool,
 }
 
 impl Intent {
@@ -65,6 +68,21 @@ impl Intent {
             keyed: index % 2 == 0,
             principal: (index % 4) as u8,
             seed,
+            churn: false,
+        }
+    }
+
+    /// The `n`th intention of key-churn agent `agent`: a write or an action only that
+    /// agent ever sends, under a key of its own making on every attempt (`cw3_0`, `ca3_1`).
+    pub(crate) fn churn(seed: u64, class: Class, agent: u64, n: usize) -> Intent {
+        let letter = if class == Class::Action { 'a' } else { 'w' };
+        Intent {
+            id: format!("c{letter}{agent}_{n}"),
+            class,
+            keyed: true,
+            principal: (agent % 4) as u8,
+            seed,
+            churn: true,
         }
     }
 
@@ -77,12 +95,17 @@ impl Intent {
             keyed: n % 2 == 0,
             principal: (n % 4) as u8,
             seed,
+            churn: false,
         }
     }
 
     /// The gateway path it is sent to.
     pub(crate) fn path(&self) -> String {
         match self.class {
+            // Key-churn intentions have routes of their own (same classes), so that a
+            // record of theirs left `processing` is known to be theirs.
+            Class::Write if self.churn => format!("/cw/{}", self.id),
+            Class::Action if self.churn => format!("/ca/{}", self.id),
             // Stalled callers' large answers have a route with a long timeout of their own,
             // so that only the stall, not the transfer time, is under test.
             Class::Write if self.id.starts_with("ws") => format!("/s/{}", self.id),
@@ -101,8 +124,10 @@ impl Intent {
         }
     }
 
+    /// Its one key; none for a key-churn intention (its caller makes one up per attempt).
     pub(crate) fn idempotency_key(&self) -> Option<String> {
-        (self.keyed && self.class != Class::Event).then(|| format!("k-{}-{}", self.seed, self.id))
+        (self.keyed && !self.churn && self.class != Class::Event)
+            .then(|| format!("k-{}-{}", self.seed, self.id))
     }
 
     pub(crate) fn authorization(&self) -> String {
@@ -167,6 +192,10 @@ pub(crate) enum Outcome {
         exec: Option<u64>,
         /// The intention named by a 2xx body.
         answered: Option<String>,
+        /// `X-Should-Retry` of a problem answer.
+        retry: Option<bool>,
+        /// `Oncely-Key-Churn` (the record a made-up key joined), or empty.
+        churned: String,
     },
     /// Refused connection, reset, or the caller gave up waiting.
     NoAnswer(String),
@@ -184,6 +213,8 @@ pub(crate) struct Attempt {
     pub(crate) outcome: Outcome,
     /// Sent by the settling sweep after the faults stopped.
     pub(crate) sweep: bool,
+    /// The `Idempotency-Key` made up for this attempt (key-churn intentions only).
+    pub(crate) key: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -288,6 +319,17 @@ impl Journal {
             ids.sort();
             ids.dedup();
             ids
+        })
+    }
+
+    /// What the requests for `intent` got so far.
+    pub(crate) fn outcomes(&self, intent: &str) -> Vec<Outcome> {
+        self.with(|e| {
+            e.attempts
+                .iter()
+                .filter(|a| a.intent == intent)
+                .map(|a| a.outcome.clone())
+                .collect()
         })
     }
 

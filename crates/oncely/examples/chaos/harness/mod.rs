@@ -135,6 +135,9 @@ pub(crate) struct Options {
     pub(crate) faults: Vec<Fault>,
     /// Concurrent agents.
     pub(crate) agents: usize,
+    /// Concurrent key-churn agents (a new `Idempotency-Key` per attempt:
+    /// `agents::churn_agent`), besides `agents`.
+    pub(crate) churn_agents: usize,
     /// How long the run may take to settle after the faults stop.
     pub(crate) settle: Duration,
     /// The longest SQLite write lock (the store's busy timeout is 5 s).
@@ -152,6 +155,7 @@ impl Options {
             stores: vec![StoreKind::Sqlite, StoreKind::Postgres],
             faults: Fault::ALL.to_vec(),
             agents: 12,
+            churn_agents: 3,
             settle: Duration::from_secs(45),
             max_lock: Duration::from_secs(8),
             dir,
@@ -192,11 +196,12 @@ impl fmt::Display for Report {
         let names: Vec<&str> = o.faults.iter().map(|f| f.name()).collect();
         writeln!(
             f,
-            "chaos run: seed {}, {} s under faults over {} store(s), {} agents, faults: {}",
+            "chaos run: seed {}, {} s under faults over {} store(s), {} agents (+{} key-churn), faults: {}",
             o.seed,
             o.duration.as_secs(),
             o.stores.len(),
             o.agents,
+            o.churn_agents,
             names.join(", ")
         )?;
         for s in &self.skipped {
@@ -349,6 +354,9 @@ async fn phase(
             i as u64,
             began,
         )));
+    }
+    for i in 0..options.churn_agents {
+        agents_running.push(tokio::spawn(agents::churn_agent(callers.clone(), i as u64)));
     }
     let target = Arc::new(Target {
         callers: callers.clone(),
