@@ -128,6 +128,11 @@ impl Watch {
     fn done(&self) {
         *self.seen.lock().expect("watch lock") = Seen::Done;
     }
+
+    /// Whether the caller went away.
+    pub(crate) fn is_gone(&self) -> bool {
+        matches!(*self.seen.lock().expect("watch lock"), Seen::Gone)
+    }
 }
 
 /// One answer on its way to one caller. See the module docs.

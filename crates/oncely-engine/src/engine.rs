@@ -406,8 +406,10 @@ impl<H: Send + 'static> Claimer for CallClaimer<'_, H> {
             return Box::pin(self.detached(op.boxed()));
         };
         let route = self.call.route.clone();
+        let watch = self.watch.clone();
         let op = async move {
-            let (claim, joined) = churn::claim(&*store, &spec, c.churn).await?;
+            let gone = || watch.as_ref().is_some_and(|w| w.is_gone());
+            let (claim, joined) = churn::claim(&*store, &spec, c.churn, &gone).await?;
             if joined {
                 c.joined.store(true, Ordering::Relaxed);
                 metrics::counter!("oncely_key_churn_total", "route" => route).increment(1);

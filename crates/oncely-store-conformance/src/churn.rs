@@ -34,6 +34,7 @@ where
         &*store,
         &spec("alice", "k0", body, Class::Action, "b"),
         CHURN,
+        &|| false,
     )
     .await
     .unwrap();
@@ -63,6 +64,7 @@ where
         &*other,
         &spec("alice", "k2", body, Class::Action, "c"),
         CHURN,
+        &|| false,
     )
     .await
     .unwrap();
@@ -75,6 +77,7 @@ where
         &*store,
         &spec("alice", "k2", body, Class::Action, "d"),
         CHURN,
+        &|| false,
     )
     .await
     .unwrap();
@@ -84,9 +87,14 @@ where
         "{again:?}"
     );
     // Another principal's identical request is its own.
-    let (theirs, _) = churn::claim(&*store, &spec("bob", "k9", body, Class::Action, "e"), CHURN)
-        .await
-        .unwrap();
+    let (theirs, _) = churn::claim(
+        &*store,
+        &spec("bob", "k9", body, Class::Action, "e"),
+        CHURN,
+        &|| false,
+    )
+    .await
+    .unwrap();
     assert!(matches!(theirs, Claim::Owned(_)), "{theirs:?}");
 
     let entries = store.churn_of(&original.id).await.unwrap();
@@ -104,6 +112,7 @@ where
         &*other,
         &spec("alice", "k3", body, Class::Action, "f"),
         CHURN,
+        &|| false,
     )
     .await
     .unwrap();
@@ -112,6 +121,7 @@ where
         &*other,
         &spec("alice", "k2", body, Class::Action, "g"),
         CHURN,
+        &|| false,
     )
     .await
     .unwrap();
@@ -144,6 +154,7 @@ where
         &*store,
         &spec("alice", "k2", body, Class::Write, "b"),
         CHURN,
+        &|| false,
     )
     .await
     .unwrap();

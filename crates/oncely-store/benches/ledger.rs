@@ -275,9 +275,10 @@ fn ledger(c: &mut Criterion) {
                         rt.block_on(spread(callers, iters, move |_| {
                             let (store, spec) = (store.clone(), fresh(&template));
                             async move {
-                                let (claim, _) = oncely_store::churn::claim(&*store, &spec, CHURN)
-                                    .await
-                                    .expect("claim");
+                                let (claim, _) =
+                                    oncely_store::churn::claim(&*store, &spec, CHURN, &|| false)
+                                        .await
+                                        .expect("claim");
                                 let Claim::Owned(r) = claim else {
                                     panic!("a fresh key is owned")
                                 };

@@ -287,10 +287,15 @@ fn joinable(record: &Record, now: Timestamp) -> bool {
 /// record first, then the record it joined before, then an undelivered record of its
 /// fingerprint made under another key within the window, which it joins now. Answers the
 /// claim, and whether the key joined a record now (it is counted once, then).
+///
+/// `gone` says whether the claim's caller went away: one that waited for another call's
+/// claim to land (a store that stalls) and whose caller left meanwhile claims nothing
+/// (`StoreError::Unavailable`): nothing was sent, and nobody waits for it.
 pub async fn claim<L: Ledger + ?Sized>(
     store: &L,
     spec: &ClaimSpec,
     churn: Churn,
+    gone: &(dyn Fn() -> bool + Send + Sync),
 ) -> Result<(Claim, bool)> {
     let Some(filter) = store.churn_filter() else {
         return Ok((store.claim(spec).await?, false));
@@ -299,6 +304,11 @@ pub async fn claim<L: Ledger + ?Sized>(
         return Ok((store.claim(spec).await?, false));
     }
     filter.settled(spec).await;
+    if gone() {
+        return Err(crate::StoreError::Unavailable(
+            "the caller went away before its claim was sent; nothing was claimed".into(),
+        ));
+    }
     let now = store.now().await?;
     // The key's own record comes first: it was claimed before anything joined under it.
     if store.lookup(&spec.scope, &spec.key).await?.is_some() {

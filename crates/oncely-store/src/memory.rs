@@ -459,7 +459,7 @@ impl Admin for MemoryStore {
             churn,
             ..
         } = &mut *data;
-        churn.retain(|_, e| e.until > now && records.contains_key(&e.record));
+        churn.retain(|_, e| e.until > now);
         repeats.retain(|(principal, e)| {
             let stays = records.contains_key(&e.record);
             if !stays {

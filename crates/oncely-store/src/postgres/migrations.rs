@@ -221,6 +221,7 @@ CREATE TABLE IF NOT EXISTS churn (
     until  bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS churn_record ON churn (record);
+CREATE INDEX IF NOT EXISTS churn_until ON churn (until);
 "#,
     },
 ];

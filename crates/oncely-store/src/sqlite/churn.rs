@@ -61,14 +61,12 @@ impl SqliteStore {
     }
 }
 
-/// Deletes the entries past their time or of records that left; answers how many.
+/// Deletes the entries past their time, by its index; answers how many. (An entry of a
+/// record that left before it costs a claim a lookup, not its answer.)
 pub(super) fn purge(conn: &Connection, now: Timestamp) -> Result<usize> {
-    conn.prepare_cached(
-        "DELETE FROM churn WHERE until <= ?1 OR NOT EXISTS \
-         (SELECT 1 FROM records WHERE records.id = churn.record)",
-    )
-    .and_then(|mut s| s.execute([now.0]))
-    .map_err(sql_error)
+    conn.prepare_cached("DELETE FROM churn WHERE until <= ?1")
+        .and_then(|mut s| s.execute([now.0]))
+        .map_err(sql_error)
 }
 
 #[async_trait]

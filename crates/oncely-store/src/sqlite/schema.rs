@@ -110,6 +110,7 @@ CREATE TABLE churn (
     until  INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX churn_record ON churn (record);
+CREATE INDEX churn_until ON churn (until);
 "#;
 
 /// Migration 2: the task queue.

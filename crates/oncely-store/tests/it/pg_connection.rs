@@ -201,7 +201,7 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         .is_some());
     assert_eq!(
         count("SELECT max(version)::bigint FROM schema_migrations").await,
-        9
+        10
     );
     assert_eq!(count("SELECT count(*) FROM timelines").await, 2);
     drop(store);
@@ -230,7 +230,7 @@ async fn a_ledger_of_the_previous_schema_is_upgraded_and_keeps_its_records() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let timelines: i64 = client
         .query_one("SELECT count(*) FROM timelines", &[])
         .await
