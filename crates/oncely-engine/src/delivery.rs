@@ -125,8 +125,12 @@ impl Watch {
         }
     }
 
-    fn done(&self) {
-        *self.seen.lock().expect("watch lock") = Seen::Done;
+    /// The answer reached the caller (or there is nothing to say): the record it owned.
+    fn done(&self) -> Option<RecordId> {
+        match std::mem::replace(&mut *self.seen.lock().expect("watch lock"), Seen::Done) {
+            Seen::Owned(record) => Some(record.id),
+            _ => None,
+        }
     }
 
     /// Whether the caller went away.
@@ -183,10 +187,19 @@ impl Delivery {
     /// The answer was written to its end.
     pub fn done(mut self) {
         let (store, id) = match std::mem::replace(&mut self.kind, Kind::Spent) {
-            Kind::Owner(watch) => {
-                watch.done();
-                return;
-            }
+            // An owner's answer of a record known undelivered (one whose failed attempt
+            // nobody heard of, that this call ran again): one probe.
+            Kind::Owner(watch) => match watch.done() {
+                Some(id)
+                    if watch
+                        .store
+                        .churn_filter()
+                        .is_some_and(|f| f.undelivered_as(&watch.hash, &id)) =>
+                {
+                    (watch.store.clone(), id)
+                }
+                _ => return,
+            },
             Kind::Repeat(store, id) => (store, id),
             Kind::Spent => return,
         };

@@ -331,7 +331,9 @@ impl Engine {
                 watch.owned(&record);
             }
             let held = live.hold(&fence.owner);
-            let upstream = run(DownstreamKey::derive(&call.scope, &call.key), &record);
+            // The record's key, not the call's: a made-up key that runs its original (a
+            // take-over, a released record claimed again) sends the original's.
+            let upstream = run(DownstreamKey::derive(&record.scope, &record.key), &record);
             let (head_tx, head_rx) = oneshot::channel();
             tokio::spawn(owner::run(owner::OwnerTask {
                 store,

@@ -161,3 +161,62 @@ where
     assert!(!first);
     assert!(matches!(late, Claim::Owned(_)), "{late:?}");
 }
+
+/// A released undelivered record (its attempt failed, and nobody heard of it) is claimed
+/// again by a made-up key under the original's key: its next attempt, the same record.
+pub async fn a_made_up_key_claims_a_released_undelivered_record_again<H: Harness + ?Sized>(h: &H)
+where
+    H::Store: Ledger,
+{
+    let store = h.store().await;
+    let body = r#"{"sku": 3}"#;
+    let original = owned(
+        store
+            .claim(&spec("alice", "k1", body, Class::Write, "a"))
+            .await
+            .unwrap(),
+    );
+    let now = store.now().await.unwrap();
+    store
+        .churn_put(&churn::undelivered(&original, CHURN, now))
+        .await
+        .unwrap();
+    store
+        .release(
+            &original.fence().unwrap(),
+            Some("upstream timed out".into()),
+            WINDOW,
+        )
+        .await
+        .unwrap();
+    let (again, first) = churn::claim(
+        &*store,
+        &spec("alice", "k2", body, Class::Write, "b"),
+        CHURN,
+        &|| false,
+    )
+    .await
+    .unwrap();
+    assert!(first, "joined now");
+    let Claim::Owned(r) = again else {
+        panic!("claimed again: {again:?}");
+    };
+    assert_eq!(r.id, original.id);
+    assert_eq!(r.key, "k1", "under the original's key");
+    assert_eq!(r.attempt, original.attempt + 1);
+    assert_eq!(r.owner.as_deref(), Some("b"));
+    // Its key names the record from then on.
+    let (named, first) = churn::claim(
+        &*store,
+        &spec("alice", "k2", body, Class::Write, "c"),
+        CHURN,
+        &|| false,
+    )
+    .await
+    .unwrap();
+    assert!(!first);
+    assert!(
+        matches!(&named, Claim::Existing(r) if r.id == original.id),
+        "{named:?}"
+    );
+}

@@ -176,6 +176,7 @@ macro_rules! churn_tests {
         $crate::section_tests!(churn $harness;
             a_made_up_key_joins_an_undelivered_record,
             an_undelivered_record_past_the_window_is_not_joined,
+            a_made_up_key_claims_a_released_undelivered_record_again,
         );
     };
 }

@@ -210,6 +210,17 @@ impl ChurnFilter {
         self.settled.notify_waiters();
     }
 
+    /// Whether `id` is known undelivered here under its undelivered `hash` (one probe):
+    /// what an owner's answer that reached its caller asks.
+    pub fn undelivered_as(&self, hash: &[u8; 16], id: &RecordId) -> bool {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let map = self.map.lock().expect("churn filter lock");
+        map.get(hash)
+            .is_some_and(|k| k.record == *id && k.kind == ChurnKind::Undelivered)
+    }
+
     /// Whether `id` is known undelivered here: an answer of it that reaches a caller
     /// must say so ([`Ledger::churn_forget`]).
     pub fn undelivered(&self, id: &RecordId) -> bool {
@@ -276,10 +287,21 @@ impl ChurnFilter {
     }
 }
 
-/// Whether a record found by a made-up key is one it joins: not ended harmlessly (a
-/// released record is a new execution under the new key), and not past its window.
-fn joinable(record: &Record, now: Timestamp) -> bool {
-    record.state != State::Released && !record.is_expired(now)
+/// What a made-up key that names `record` (the original it joins now, or joined before)
+/// claims: the record, as a repeat of the original's key would find it. A released record
+/// (its attempt failed and nobody heard of it) is claimed again under the original's key,
+/// so it runs again as that key's retry would: the same record, the same downstream key.
+async fn of_original<L: Ledger + ?Sized>(
+    store: &L,
+    spec: &ClaimSpec,
+    record: Record,
+) -> Result<Claim> {
+    if record.state != State::Released {
+        return Ok(Claim::Existing(record));
+    }
+    let mut again = spec.clone();
+    again.identity.key = record.key.clone();
+    store.claim(&again).await
 }
 
 /// Claims `spec` (a client key on a route that recognises made-up keys) on `store`: as
@@ -318,18 +340,19 @@ pub async fn claim<L: Ledger + ?Sized>(
     if let Some(entry) = store.churn_get(&joined).await? {
         if let Some(record) = store.get(&entry.record).await? {
             if !record.is_expired(now) {
-                return Ok((Claim::Existing(record), false));
+                return Ok((of_original(store, spec, record).await?, false));
             }
         }
     }
     let hash = undelivered_hash(&spec.scope, &spec.fingerprint);
     let Some(entry) = store.churn_get(&hash).await? else {
+        tracing::debug!(key = %spec.key, "no undelivered record of this fingerprint");
         return Ok((store.claim(spec).await?, false));
     };
     let original = match store.get(&entry.record).await? {
         Some(r)
             if entry.until > now
-                && joinable(&r, now)
+                && !r.is_expired(now)
                 && r.key != spec.key
                 && r.scope == spec.scope
                 && r.fingerprint == spec.fingerprint
@@ -337,7 +360,11 @@ pub async fn claim<L: Ledger + ?Sized>(
         {
             r
         }
-        _ => return Ok((store.claim(spec).await?, false)),
+        other => {
+            tracing::debug!(key = %spec.key, record = %entry.record,
+                state = ?other.map(|r| r.state), "an undelivered record that is not joined");
+            return Ok((store.claim(spec).await?, false));
+        }
     };
     let entry = ChurnEntry {
         hash: joined,
@@ -353,12 +380,12 @@ pub async fn claim<L: Ledger + ?Sized>(
         if let Some(e) = store.churn_get(&joined).await? {
             if e.record != original.id {
                 if let Some(r) = store.get(&e.record).await? {
-                    return Ok((Claim::Existing(r), false));
+                    return Ok((of_original(store, spec, r).await?, false));
                 }
             }
         }
     }
-    Ok((Claim::Existing(original), first))
+    Ok((of_original(store, spec, original).await?, first))
 }
 
 #[cfg(test)]

@@ -198,10 +198,13 @@ where
     // A request under a made-up key answered from another key's record: its header names
     // the original, and its first request is counted (by the engine) and marked.
     let original = churn.as_ref().and_then(|_| {
-        execution
-            .record()
-            .filter(|r| r.key != churn_key)
-            .map(|r| r.id.clone())
+        match &execution {
+            // A released original run again for its made-up key.
+            Execution::Fresh(fresh) => Some(&fresh.record),
+            other => other.record(),
+        }
+        .filter(|r| r.key != churn_key)
+        .map(|r| r.id.clone())
     });
     if let (Some(span), Some(c)) = (&mut log.span, &churn) {
         if c.joined_now() {

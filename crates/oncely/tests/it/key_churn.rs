@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
 
-use crate::common::{get, post, upstream, Answer, Gateway};
+use crate::common::{get, post, run, stdout, upstream, Answer, Gateway};
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk_churn");
 const BODY: &str = r#"{"sku": "render-90s", "qty": 1}"#;
@@ -134,6 +134,99 @@ async fn a_caller_that_gave_up_and_retried_with_a_new_key_joins_the_running_orig
         metrics.contains(r#"oncely_key_churn_total{route="POST /v1/orders"} 1"#),
         "{metrics}"
     );
+}
+
+/// The downstream `Idempotency-Key`s an upstream saw, in order.
+type Seen = Arc<std::sync::Mutex<Vec<String>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_a_new_key_runs_again_the_original_whose_failure_nobody_heard() {
+    // The first execution outlasts the route's timeout (the record is released: a write
+    // that failed); the next ones answer at once.
+    let seen: Seen = Arc::default();
+    let keys = seen.clone();
+    let router = axum::Router::new().route(
+        "/v1/orders",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+            let keys = keys.clone();
+            async move {
+                let n = {
+                    let mut k = keys.lock().unwrap();
+                    k.push(
+                        headers
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned(),
+                    );
+                    k.len()
+                };
+                if n == 1 {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                format!("order #{n}: {body}")
+            }
+        }),
+    );
+    let up = upstream(router).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let cfg = dir.path().join("oncely.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"{store}\"\nupstream = \"http://{up}\"\n[[routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/orders\"\nclass = \"write\"\ntimeout = \"1s\"\n"
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(&["--config", cfg.to_str().unwrap()], &[]);
+
+    // The caller gives up after 300 ms; the upstream does not answer within the route's
+    // 1 s, so the record is released, and nobody heard of it.
+    give_up(gw.addr, "attempt-1", Duration::from_millis(300)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = stdout(&run(&["ledger", "list", "--json", "--store", &store]));
+        if list.contains("released") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never released: {list}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The retry under a new key runs the original's record again, as the original's own
+    // key would: the same record, the same downstream key.
+    let retry = order(&gw, "attempt-2", BODY).await;
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert_eq!(retry.header("oncely-status"), "fresh", "{}", retry.text());
+    assert_eq!(retry.text(), format!("order #2: {BODY}"));
+    let original = retry.header("oncely-record").to_owned();
+    assert_eq!(retry.header("oncely-key-churn"), original);
+    {
+        let keys = seen.lock().unwrap();
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        assert!(!keys[0].is_empty());
+        assert_eq!(keys[0], keys[1], "one downstream key for both runs");
+    }
+
+    // Its key names the original from then on; the answer reached a caller, so a new key
+    // with the same body is a new order.
+    let again = order(&gw, "attempt-2", BODY).await;
+    assert_eq!(
+        again.header("oncely-status"),
+        "replayed",
+        "{}",
+        again.text()
+    );
+    assert_eq!(again.header("oncely-record"), original);
+    let second = order(&gw, "attempt-3", BODY).await;
+    assert_eq!(second.header("oncely-status"), "fresh", "{}", second.text());
+    assert_ne!(second.header("oncely-record"), original);
+    assert!(second.headers.get("oncely-key-churn").is_none());
+    let keys = seen.lock().unwrap();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert_ne!(keys[2], keys[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,13 +19,19 @@
 //! a retry only while its caller has no answer) is one body, whatever its keys, and is
 //! held to the same: at most one execution (a write again only after a kill or an upstream
 //! failure), its answers its own. Its executions may carry several downstream keys only
-//! where a second run is excused anyway. One case is the gateway's to lose and is counted
-//! apart, not hidden: an attempt cut by a SIGKILL of the instance serving it (running, or
-//! its caller gone less than 1 s before) takes with it the evidence that its caller left,
-//! so the next key runs it again as a new request ("churn lost to a kill"), and the killed
-//! attempt's record stays `processing` (its key is never sent again): records of the
-//! key-churn routes left processing are allowed up to the number of attempts a kill cut,
-//! no more.
+//! where a second run is excused anyway; a run of a record seen before is held to that
+//! record's last run, a run of a new record to the run before it. Two cases are the
+//! gateway's to lose and are counted apart, not hidden:
+//!
+//! - an attempt cut by a SIGKILL of the instance serving it (running, or its caller gone
+//!   less than 1 s before) takes with it the evidence that its caller left, so the next
+//!   key runs it again as a new request ("churn lost to a kill"), and the killed attempt's
+//!   record stays `processing` (its key is never sent again): records of the key-churn
+//!   routes left processing are allowed up to the number of attempts a kill cut, no more;
+//! - a new key sent to another instance less than [`NOTIFIED_WITHIN`] after the caller
+//!   left the first one may come before the first instance's word (its write, and the
+//!   database's notification) reached it: the documented window of two instances on one
+//!   PostgreSQL, where a fresh claim asks the ledger nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -81,6 +87,10 @@ pub(crate) struct ChurnFigures {
     /// Second runs of a write under a new record after an upstream failure its caller was
     /// answered (502/504, retry): allowed as for every write.
     pub(crate) after_upstream_failure: usize,
+    /// Second runs under a new record whose key went to another instance less than
+    /// [`NOTIFIED_WITHIN`] after the caller left the first: the documented window before
+    /// the first instance's word reaches the second. Allowed, one line each.
+    pub(crate) before_notified: Vec<String>,
     /// Records of the key-churn routes left `processing` (allowed up to `cut_by_kill`).
     pub(crate) processing_left: usize,
 }
@@ -131,17 +141,22 @@ impl fmt::Display for PhaseReport {
         let c = &self.churn;
         writeln!(
             f,
-            "  key churn: {} intentions, {} attempts each under a new key, {} answers joined an earlier key's record (Oncely-Key-Churn); {} attempts cut by a kill, churn lost to a kill (ran again, allowed): {}; run again after an answered upstream failure (allowed): {}; their records left processing (allowed up to the cuts): {}",
+            "  key churn: {} intentions, {} attempts each under a new key, {} answers joined an earlier key's record (Oncely-Key-Churn); {} attempts cut by a kill, churn lost to a kill (ran again, allowed): {}; run again after an answered upstream failure (allowed): {}; a new key on another instance before the word of the caller that left reached it (allowed, under {} ms): {}; their records left processing (allowed up to the cuts): {}",
             c.intents,
             c.attempts,
             c.joined,
             c.cut_by_kill,
             c.lost_to_kill.len(),
             c.after_upstream_failure,
+            NOTIFIED_WITHIN * 1000.0,
+            c.before_notified.len(),
             c.processing_left
         )?;
         for l in &c.lost_to_kill {
             writeln!(f, "    churn lost to a kill: {l}")?;
+        }
+        for l in &c.before_notified {
+            writeln!(f, "    before the word reached the other instance: {l}")?;
         }
         writeln!(
             f,
@@ -629,6 +644,26 @@ pub(crate) fn check(
     r
 }
 
+/// How soon after a caller left one instance a new key sent to another instance may miss
+/// that the caller left: the time the first instance takes to write it and the database's
+/// notification to reach the second (docs/retry-patterns.md), under the chaos run's load.
+const NOTIFIED_WITHIN: f64 = 0.5;
+
+/// Whether the attempt that ran again at `at` (the last one sent before it) went to another
+/// instance than the attempt before it, whose caller gave up less than
+/// [`NOTIFIED_WITHIN`] before: the instances, and the gap.
+fn across_instances(sorted: &[&&Attempt], at: f64) -> Option<(usize, usize, f64)> {
+    let n = sorted.iter().rposition(|a| a.at <= at + 0.001)?;
+    let (left, retry) = (sorted.get(n.checked_sub(1)?)?, sorted[n]);
+    let gave_up = matches!(left.outcome, Outcome::NoAnswer(_));
+    let gap = retry.at - left.end;
+    (gave_up && left.instance != retry.instance && gap < NOTIFIED_WITHIN).then_some((
+        left.instance,
+        retry.instance,
+        gap,
+    ))
+}
+
 /// The rules of a key-churn intention (see the module docs), and its figures.
 fn churn_rules(
     intent: &Intent,
@@ -666,9 +701,15 @@ fn churn_rules(
             ));
         }
     }
-    for (n, w) in execs.windows(2).enumerate() {
-        let before = if n > 0 { execs[n - 1].at } else { -1.0 };
-        let (first, again) = (w[0], w[1]);
+    for (n, again) in execs.iter().enumerate().skip(1) {
+        // A run of a record seen before is held to that record's last run; a run of a new
+        // record, to the run just before it.
+        let m = execs[..n]
+            .iter()
+            .rposition(|x| x.key == again.key)
+            .unwrap_or(n - 1);
+        let first = execs[m];
+        let before = if m > 0 { execs[m - 1].at } else { -1.0 };
         if first.key == again.key {
             // The same record run again (a made-up key that joined it, or its own key).
             if intent.class == Class::Action {
@@ -699,6 +740,11 @@ fn churn_rules(
                 .any(|(_, e)| (first.at..=again.at + 0.05).contains(e))
         {
             figures.after_upstream_failure += 1;
+        } else if let Some(gap) = across_instances(&sorted, again.at) {
+            figures.before_notified.push(format!(
+                "{}: exec #{} (t={:.2}s), its caller left instance {} and the new key went to instance {} {:.0} ms later, then exec #{} (t={:.2}s)",
+                intent.id, first.id, first.at, gap.0, gap.1, gap.2 * 1000.0, again.id, again.at
+            ));
         } else {
             broken.push(format!(
                 "executed again under a new key (exec #{} after #{}: another record, downstream key {} after {}) although its caller had no answer and no kill cut an attempt: the new key did not join the original",
