@@ -5,7 +5,10 @@
 //!
 //! - [`config`]: the TOML file, read into one validated [`config::Config`].
 //! - [`cli`]: the commands (`serve`, `ledger`, `usage`, `migrate`, `check-config`, ...).
-//! - [`serve`]: the gateway: reverse proxy, route table, TLS, admin API, shutdown.
+//! - [`serve`]: the gateway: route table, TLS, admin API, console, shutdown.
+//! - [`upstream`]: the reverse proxy to the upstreams, and its retries.
+//! - [`reconcile`]: asking an upstream whether an `outcome_unknown` action happened (the
+//!   server's loop and the operator's one attempt).
 //! - [`demo`]: `oncely demo`, the self-contained showcase (service, gateway, agent).
 //! - [`records`]: the JSON views of ledger records and usage that the CLI and the admin
 //!   API share.
@@ -20,6 +23,8 @@ pub mod demo;
 pub mod logs;
 pub mod operations;
 pub mod outcome;
+pub mod reconcile;
 pub mod records;
 pub mod serve;
 pub mod statement;
+pub mod upstream;

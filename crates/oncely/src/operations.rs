@@ -19,7 +19,7 @@ use oncely_core::{Record, RecordId, Resolution, State, StoredResponse};
 use oncely_store::{Store, StoreError, TaskError};
 
 use crate::config::{Config, Route};
-use crate::serve::reconcile::{reconcile_once, Reconciled};
+use crate::reconcile::{reconcile_once, Reconciled};
 
 /// Who asks for an operator step: said in a resolution's reason and in the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +215,7 @@ pub async fn reconcile(
     let route = reconcilable(config, &record)?;
     let ca = config.and_then(|c| c.upstream_ca.as_deref());
     let client =
-        crate::serve::proxy::upstream_client(ca).map_err(|e| OpError::Client(format!("{e:#}")))?;
+        crate::upstream::upstream_client(ca).map_err(|e| OpError::Client(format!("{e:#}")))?;
     // The attempt after the server's own, when it has asked already.
     let attempt = match store.reconcile_schedule(&record.id).await {
         Ok(Some(s)) => s.attempts + 1,

@@ -10,8 +10,8 @@ use oncely_store::{ListFilter, Store, StoreError};
 use super::store::{open, StoreArgs};
 use super::{Failure, Outcome};
 use crate::operations::{self, OpError, Verdict, Via};
+use crate::reconcile::Reconciled;
 use crate::records;
-use crate::serve::reconcile::Reconciled;
 
 /// A ledger state, as `--status` takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -12,9 +12,9 @@ use oncely_mcp::principal::JwtVerifier;
 use oncely_mcp::{CallSettings, JwtKey, McpConfig, McpEndpoint, McpPrincipal, McpUpstream};
 use oncely_tower::Guard;
 
-use super::proxy::{Proxy, Target, UpstreamClient};
-use super::retry::RetryPolicy;
 use crate::config::{Config, McpEntry, Upstream};
+use crate::upstream::retry::RetryPolicy;
+use crate::upstream::{Proxy, Target, UpstreamClient};
 
 /// The configured MCP endpoints, by path.
 #[derive(Clone, Debug, Default)]

@@ -2,11 +2,11 @@
 //!
 //! [`run`] takes bound listeners and a shutdown future (mini-redis's shape), so tests
 //! bind port 0 and stop it when they like. It opens (and migrates) the store, puts the
-//! oncely-tower guard around the [`proxy::Proxy`], serves HTTP/1.1 and HTTP/2 (HTTPS when
+//! oncely-tower guard around the [`crate::upstream::Proxy`], serves HTTP/1.1 and HTTP/2 (HTTPS when
 //! `tls` is set) on `listen` and the [`admin`] API on `admin_listen`, purges expired
 //! records (what they counted stays in the usage history) and the usage history's hours
 //! past `usage_retention` every minute, refreshes the `oncely_outcome_unknown` gauge, and reconciles
-//! `outcome_unknown` records of routes with `reconcile` ([`reconcile::run_loop`]). A
+//! `outcome_unknown` records of routes with `reconcile` ([`crate::reconcile::run_loop`]). A
 //! `JobWorker` runs the queued jobs of `job` routes through the same proxy; what they keep
 //! is sealed with the key [`job_key`] resolves. `oncely serve` reads its config file again
 //! on SIGHUP ([`reload`]): each request is answered from the config current when it
@@ -24,10 +24,7 @@ pub mod mcp;
 mod orphans;
 pub mod otel;
 pub mod prometheus;
-pub mod proxy;
-pub mod reconcile;
 pub mod reload;
-pub mod retry;
 pub mod routes;
 pub mod tls;
 pub mod webhooks;
@@ -53,8 +50,9 @@ use tower::ServiceExt;
 
 use crate::config::{Config, Overrides};
 use crate::outcome::{Failure, Outcome};
+use crate::reconcile;
+use crate::upstream::{upstream_client, Connection};
 use args::ServeArgs;
-use proxy::{upstream_client, Connection};
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(60);

@@ -40,10 +40,10 @@ use oncely_tower::{Guard, IdempotencyLayer, IdempotencyService, JobWorker, JobWo
 use tower::Layer;
 
 use super::mcp::McpEndpoints;
-use super::proxy::{Proxy, UpstreamClient};
 use super::routes::RouteTable;
 use super::webhooks::{WebhookPaths, Webhooks};
 use crate::config::{Config, ConfigError, Overrides};
+use crate::upstream::{Proxy, UpstreamClient};
 
 /// The guarded proxy of one route table.
 pub type GuardedProxy = IdempotencyService<Proxy, RouteTable>;

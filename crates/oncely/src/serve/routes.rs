@@ -14,9 +14,9 @@ use oncely_http::problem::ONCELY_STATUS;
 use oncely_tower::Concurrency;
 use oncely_tower::{BoxBody, Problem, ProblemCode, RoutePolicies, RoutePolicy};
 
-use super::proxy::Target;
-use super::retry::RetryPolicy;
 use crate::config::{Config, Route, Upstream};
+use crate::upstream::retry::RetryPolicy;
+use crate::upstream::Target;
 
 /// One configured route, resolved.
 #[derive(Debug)]

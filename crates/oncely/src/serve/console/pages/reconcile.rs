@@ -10,7 +10,7 @@ use super::super::html::{esc, url_enc};
 use super::super::state::{Console, Viewer};
 use super::shared::{confirm_page, op_error, Confirmed, PageResult};
 use crate::operations::{self, Via};
-use crate::serve::reconcile::Reconciled;
+use crate::reconcile::Reconciled;
 
 /// `GET /console/records/ID/reconcile`: the confirmation.
 pub(crate) async fn reconcile_form(

@@ -16,8 +16,8 @@ use http_body_util::BodyExt;
 use oncely_core::{DownstreamKey, Record, Resolution, State, StoredResponse};
 use oncely_store::{ListFilter, ReconcileSchedule, Store};
 
-use super::proxy::{strip_hop_by_hop, upstream_uri, UpstreamClient};
 use crate::config::{Config, Reconcile, Route, Upstream};
+use crate::upstream::{strip_hop_by_hop, upstream_uri, UpstreamClient};
 
 /// What the upstream said.
 #[derive(Debug)]

@@ -4,7 +4,7 @@
 //! layer matched once, is in the request's extensions and carries it), else to the
 //! proxy's default target, rewrites the URI, drops hop-by-hop headers both ways (the one
 //! policy, `oncely_http::headers`), adds `Forwarded` and `X-Forwarded-For`/`-Proto`/
-//! `-Host`, retries temporary failures as the target says ([`super::retry`]), and
+//! `-Host`, retries temporary failures as the target says ([`retry`]), and
 //! streams both bodies. An unguarded request takes one of the route's `concurrency`
 //! slots and is timed by the route's `timeout` here; a guarded owner's request
 //! ([`OwnerSend`]) holds its slot and is timed by its owner. The HTTP routes, the job
@@ -16,6 +16,8 @@
 //! PEM file named by the config's `upstream_ca` or the environment variable
 //! `ONCELY_EXTRA_CA_FILE` (an extension, for private CAs and tests).
 
+pub mod retry;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -25,8 +27,8 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use oncely_tower::{BoxBody, BoxError, OwnerSend, RoutePolicy, UpstreamError};
 
-use super::retry::RetryPolicy;
 use crate::config::Upstream;
+use retry::RetryPolicy;
 
 /// The environment variable naming extra CA certificates (PEM) for `https://` upstreams.
 pub use oncely_http::client::EXTRA_CA_ENV;
@@ -201,7 +203,7 @@ impl tower::Service<Request<BoxBody>> for Proxy {
             // owner task (oncely-tower), which times the whole guarded exchange.
             let send = async {
                 match retry {
-                    Some(policy) => super::retry::send(&client, &policy, parts, body).await,
+                    Some(policy) => retry::send(&client, &policy, parts, body).await,
                     None => client.send(Request::from_parts(parts, body)).await,
                 }
             };
