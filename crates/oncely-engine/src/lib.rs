@@ -30,6 +30,9 @@
 //! - [`stream`]: the body types, [`BodyStream`] in and [`CallerBody`] out.
 //! - [`delivery`]: whether an answer reached its caller ([`Delivery`]), the evidence a key
 //!   made up for a retry needs ([`CallChurn`]).
+//! - [`sweep`]: the periodic work on records whose owner went away (orphaned actions
+//!   become `outcome_unknown`, orphaned records undelivered), run by whatever embeds the
+//!   engine ([`Engine::sweeping`]).
 
 mod budget;
 pub mod call;
@@ -39,6 +42,7 @@ pub mod engine;
 mod ledger;
 mod owner;
 pub mod stream;
+pub mod sweep;
 mod tally;
 mod tasks;
 mod waits;

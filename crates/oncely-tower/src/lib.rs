@@ -39,6 +39,12 @@
 //! # }
 //! ```
 //!
+//! An application that embeds the layer runs the engine's sweep beside it (orphaned
+//! actions become `outcome_unknown` once their owner's lease lapsed, orphaned records
+//! undelivered for keys made up for each attempt), as the gateway does:
+//! `tokio::spawn(async move { guard.engine().sweeping(churn_of, stop).await })`, with
+//! `churn_of` the churn windows of a record's route (`oncely_engine::sweep::ChurnOf`).
+//!
 //! # Layout
 //!
 //! The engine itself (claim, owner task, repeat counting, in-flight budget) is the crate

@@ -34,15 +34,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::future::BoxFuture;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use oncely_core::{Claimant, Class, Record, RecordId, State};
-use oncely_engine::{Claimed, Claimer, Claiming, Verdict};
+use oncely_core::{Record, State};
 use oncely_store::{ListFilter, Store};
 use oncely_tower::Guard;
 use tokio::net::TcpListener;
@@ -60,8 +58,6 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// How often the `oncely_outcome_unknown` gauge is refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(15);
-/// How often actions whose owner went away are looked for ([`sweep_orphaned_actions`]).
-const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// `oncely serve ARGS`: reads the config, binds, runs until SIGINT/SIGTERM.
 pub(crate) async fn cli(args: ServeArgs) -> Outcome {
@@ -180,7 +176,8 @@ pub async fn run_reloading(
     // On SQLite the process before this one owned every record still processing: their
     // callers never got an answer (see `orphans`).
     if config.store.starts_with("sqlite:") {
-        if let Err(e) = orphans::mark_undelivered(&guard, &config, false).await {
+        let churn_of = |r: &Record| orphans::churn_of(r, &config);
+        if let Err(e) = guard.engine().mark_undelivered(&churn_of, false).await {
             tracing::warn!(error = %e, "marking the records of the last run undelivered failed");
         }
     }
@@ -377,93 +374,6 @@ pub async fn run_reloading(
     Ok(())
 }
 
-/// An `action` whose owner went away (a gateway killed mid-call, its caller gone with
-/// it) becomes `outcome_unknown` once the owner's lease has lapsed, whether or not a
-/// duplicate ever comes: the operator sees it (`ledger list --status outcome_unknown`,
-/// the gauge) and reconciliation asks about it. Each processing action goes through the
-/// engine's claim loop as [`Claimant::Sweep`]: `oncely_core::decide` says when the sweep
-/// calls an owner gone (later than a duplicate does: its lease past by a whole lease
-/// more, at least [`oncely_core::SWEEP_GRACE`], so an owner whose renewals a store outage
-/// held up renews first), and the loop leaves this instance's own running owners alone.
-/// The store takes it over atomically, on its own clock and fenced by the attempt, and of
-/// several instances sweeping only one takes it. A `write` left so is run again by its
-/// next duplicate (attempt + 1, same downstream key); a `job` by its queue.
-async fn sweep_orphaned_actions(guard: &Guard) -> Result<(), oncely_store::StoreError> {
-    let store = guard.store();
-    let filter = ListFilter {
-        state: Some(State::Processing),
-        ..ListFilter::default()
-    };
-    let processing = store.list(&filter).await?;
-    if processing.is_empty() {
-        return Ok(());
-    }
-    // One read of the ledger's clock for every record of this round.
-    let now = store.now().await?;
-    for listed in processing.into_iter().filter(|r| r.class == Class::Action) {
-        let claiming = Claiming {
-            claimant: Claimant::Sweep,
-            fingerprint: None,
-            deadline: tokio::time::Instant::now(),
-            now: Some(now),
-        };
-        let mut sweep = Sweep {
-            store,
-            id: listed.id.clone(),
-            listed: Some(listed),
-        };
-        match guard.engine().claim(&mut sweep, claiming).await {
-            Verdict::Unknown(r) => {
-                tracing::warn!(record = %r.id, route = %r.route, attempt = r.attempt,
-                    "an action's owner went away before recording it: outcome_unknown");
-            }
-            Verdict::Owned(taken) => {
-                tracing::error!(record = %taken.id, "the sweep took over an action as its owner");
-            }
-            // Still live (here, or by the store's watch of it), renewed, finished or
-            // taken by someone else meanwhile, or the ledger away: the next round looks
-            // again.
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// The sweep's claimer for one listed record: it claims nothing (the record as listed is
-/// what it found; read again when the loop asks again), and takes over as
-/// `oncely-sweep` for [`SWEEP_EVERY`].
-struct Sweep<'a> {
-    store: &'a Arc<dyn Store>,
-    id: RecordId,
-    listed: Option<Record>,
-}
-
-impl Claimer for Sweep<'_> {
-    type Owned = Record;
-
-    fn claim(&mut self) -> BoxFuture<'_, Result<Claimed<Record>, oncely_store::StoreError>> {
-        Box::pin(async move {
-            let found = match self.listed.take() {
-                Some(listed) => Some(listed),
-                None => self.store.get(&self.id).await?,
-            };
-            Ok(found.map_or(Claimed::Gone, Claimed::Found))
-        })
-    }
-
-    fn take_over<'b>(
-        &'b mut self,
-        found: &'b Record,
-    ) -> BoxFuture<'b, Result<Claimed<Record>, oncely_store::StoreError>> {
-        Box::pin(async move {
-            self.store
-                .take_over(&found.id, found.attempt, "oncely-sweep", SWEEP_EVERY)
-                .await
-                .map(Claimed::from)
-        })
-    }
-}
-
 /// The server's own periodic work: purging expired records and the usage history past
 /// `usage_retention` (of the config current then), refreshing the outcome_unknown gauge,
 /// looking for orphaned actions, and the metrics recorder's upkeep.
@@ -476,18 +386,13 @@ async fn chores(
 ) {
     let mut purge = tokio::time::interval(PURGE_EVERY);
     let mut gauge = tokio::time::interval(GAUGE_EVERY);
-    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    let mut sweep = tokio::time::interval(oncely_engine::sweep::SWEEP_EVERY);
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = sweep.tick() => {
-                if let Err(e) = sweep_orphaned_actions(&guard).await {
-                    tracing::warn!(error = %e, "looking for orphaned actions failed");
-                }
                 let config = configs.borrow().clone();
-                if let Err(e) = orphans::mark_undelivered(&guard, &config, true).await {
-                    tracing::warn!(error = %e, "marking orphaned records undelivered failed");
-                }
+                guard.engine().sweep(&|r| orphans::churn_of(r, &config)).await;
             }
             _ = purge.tick() => {
                 let retention = configs.borrow().usage_retention;
