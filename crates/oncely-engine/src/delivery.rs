@@ -80,7 +80,7 @@ impl Watch {
             *seen = Seen::Done;
             drop(seen);
             if let Some(filter) = self.store.churn_filter() {
-                filter.written(&self.hash, false);
+                filter.written(&self.hash, &RecordId(String::new()), false);
             }
         }
     }
@@ -283,7 +283,7 @@ fn undelivered(store: &Arc<dyn Store>, record: Record, c: Churn) {
             }
         };
         if let Some(filter) = store.churn_filter() {
-            filter.written(&hash, ok);
+            filter.written(&hash, &record.id, ok);
         }
     });
 }

@@ -179,9 +179,14 @@ impl ChurnFilter {
     }
 
     /// Expects an entry this instance is about to write ([`ChurnFilter::written`] once it
-    /// is, or is not).
+    /// is, or is not). A placeholder (an empty record id: a claim still on its way whose
+    /// caller left) never hides an entry already known of `hash`: a retry that gave up
+    /// while it waited to join a record must not make that record forgotten.
     pub fn expect(&self, hash: [u8; 16], record: RecordId, kind: ChurnKind, until: Timestamp) {
         let mut map = self.map.lock().expect("churn filter lock");
+        if record.0.is_empty() && map.contains_key(&hash) {
+            return;
+        }
         map.insert(
             hash,
             Known {
@@ -194,15 +199,18 @@ impl ChurnFilter {
         self.len.store(map.len(), Ordering::Relaxed);
     }
 
-    /// The expected entry of `hash` was written (`true`), or could not be.
-    pub fn written(&self, hash: &[u8; 16], ok: bool) {
+    /// The entry of `hash` this instance expected for `record` was written (`true`), or
+    /// could not be (or, for a placeholder, was not needed); an entry of another record
+    /// under that hash is left as it is.
+    pub fn written(&self, hash: &[u8; 16], record: &RecordId, ok: bool) {
         {
             let mut map = self.map.lock().expect("churn filter lock");
+            let ours = |k: &Known| k.pending && k.record == *record;
             if ok {
-                if let Some(k) = map.get_mut(hash) {
+                if let Some(k) = map.get_mut(hash).filter(|k| ours(k)) {
                     k.pending = false;
                 }
-            } else if map.get(hash).is_some_and(|k| k.pending) {
+            } else if map.get(hash).is_some_and(ours) {
                 map.remove(hash);
             }
             self.len.store(map.len(), Ordering::Relaxed);
@@ -416,6 +424,29 @@ mod tests {
         assert!(f.may_hold(&spec("a")));
         f.reload([]);
         assert!(!f.may_hold(&spec("a")));
+    }
+
+    #[test]
+    fn a_placeholder_never_hides_an_entry_already_known() {
+        let f = ChurnFilter::default();
+        let s = spec("a");
+        let hash = undelivered_hash(&s.scope, &s.fingerprint);
+        let id = RecordId("rec_1".into());
+        let none = RecordId(String::new());
+        f.expect(hash, id.clone(), ChurnKind::Undelivered, Timestamp(100));
+        f.written(&hash, &id, true);
+        // A retry that waited to join it, and whose caller left while its claim was on
+        // its way: its placeholder, then its claim that owned nothing.
+        f.expect(hash, none.clone(), ChurnKind::Undelivered, Timestamp(100));
+        f.written(&hash, &none, false);
+        assert!(f.undelivered(&id), "the record is still known undelivered");
+        assert!(f.may_hold(&spec("b")));
+        // A placeholder alone goes once its claim owned nothing.
+        let g = ChurnFilter::default();
+        g.expect(hash, none.clone(), ChurnKind::Undelivered, Timestamp(100));
+        assert!(g.may_hold(&spec("b")));
+        g.written(&hash, &none, false);
+        assert!(!g.may_hold(&spec("b")));
     }
 
     #[test]

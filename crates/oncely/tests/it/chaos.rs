@@ -41,11 +41,6 @@ fn a_short_chaos_run_with_a_fixed_seed_breaks_no_promise() {
         dir.path().to_owned(),
     );
     options.faults = SHORT_RUN_FAULTS.to_vec();
-    // Not yet the key-churn agents (a new Idempotency-Key on every retry): under kills
-    // together with store stalls and failovers, the evidence that a caller left can
-    // still be lost and a retry run again (issue 48, open). `scripts/chaos` runs them
-    // and reports those as violations.
-    options.churn_agents = 0;
     // A delivery or job cut off by a kill is taken up again about one lease later.
     options.settle = Duration::from_secs(40);
     let report = harness::run(&options);
