@@ -1,4 +1,8 @@
-//! Error text.
+//! Error text, and the one boxed error type of the workspace.
+
+/// Any error, boxed: what bodies, services and streams carry (every crate re-uses this
+/// one).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An error with its sources, `a: b: c`: what a failed call is logged and reported as (a
 /// hyper-util error alone says only "client error (Connect)", a PostgreSQL one only "db

@@ -17,7 +17,7 @@
 //! - [`identity`]: who asks for what: an intention's scope, key, fingerprint, class,
 //!   route, principal and workflow id, declared once.
 //! - [`record`]: the ledger record, its states, and every transition as a pure function.
-//! - [`errors`]: an error's text with its sources.
+//! - [`errors`]: an error's text with its sources, and [`BoxError`].
 //! - [`units`]: durations (`500ms`, `3h`, `7d`), sizes (`10MiB`) and timestamps.
 
 pub mod backoff;
@@ -34,7 +34,7 @@ pub mod record;
 pub mod units;
 
 pub use decide::{decide, Claimant, Refusal, Seen, Step, SWEEP_GRACE};
-pub use errors::error_chain;
+pub use errors::{error_chain, BoxError};
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintBuilder};
 pub use identity::Identity;
 pub use key::{principal_hash, ClientKey, DownstreamKey, KeyError, Scope};

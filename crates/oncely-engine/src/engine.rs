@@ -508,7 +508,7 @@ mod tests {
     use crate::REPEAT_FLUSH;
     use oncely_core::{Fingerprint, State};
 
-    fn full(body: &'static str) -> BodyStream {
+    fn one_chunk(body: &'static str) -> BodyStream {
         futures::stream::iter([Ok(bytes::Bytes::from_static(body.as_bytes()))]).boxed()
     }
 
@@ -555,7 +555,7 @@ mod tests {
                     sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     // The owner holds the route's one slot while its call runs.
                     assert_eq!(slots.available_permits(), 0);
-                    Ok(UpstreamAnswer::new(200, (), full("done")))
+                    Ok(UpstreamAnswer::new(200, (), one_chunk("done")))
                 }
                 .boxed()
             }
@@ -598,7 +598,7 @@ mod tests {
         let execution = guard
             .execute(call(key), move |_, _| {
                 async move {
-                    let mut answer = UpstreamAnswer::new(200, (), full(body));
+                    let mut answer = UpstreamAnswer::new(200, (), one_chunk(body));
                     answer.classify = Some(classify);
                     Ok(answer)
                 }
@@ -663,7 +663,7 @@ mod tests {
         let again = guard
             .execute(call("released"), move |_, _| {
                 flag.store(true, Ordering::SeqCst);
-                async { Ok(UpstreamAnswer::new(200, (), full("ok"))) }.boxed()
+                async { Ok(UpstreamAnswer::new(200, (), one_chunk("ok"))) }.boxed()
             })
             .await;
         assert!(matches!(again, Execution::Fresh(_)));
@@ -703,7 +703,7 @@ mod tests {
     async fn completed(guard: &Engine, key: &str) -> Record {
         let execution = guard
             .execute(call(key), |_, _| {
-                async { Ok(UpstreamAnswer::new(200, (), full("done"))) }.boxed()
+                async { Ok(UpstreamAnswer::new(200, (), one_chunk("done"))) }.boxed()
             })
             .await;
         let Execution::Fresh(fresh) = execution else {

@@ -59,5 +59,4 @@ pub use stream::{BodyStream, CallerBody};
 pub use tally::REPEAT_FLUSH;
 pub use tasks::TaskToken;
 
-/// Any error, boxed.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use oncely_core::BoxError;

@@ -37,8 +37,16 @@ pub mod request_log;
 pub use dialect::Dialect;
 pub use problem::{Problem, ProblemCode};
 
-/// Any error, boxed.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use oncely_core::BoxError;
 
-/// A boxed body (the same type as `oncely_tower::BoxBody`).
+/// The one boxed HTTP body of the workspace: every answer oncely writes or passes on
+/// (re-exported as `oncely_tower::BoxBody`).
 pub type BoxBody = http_body_util::combinators::BoxBody<bytes::Bytes, BoxError>;
+
+/// A whole body of these bytes.
+pub fn full(bytes: impl Into<bytes::Bytes>) -> BoxBody {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}

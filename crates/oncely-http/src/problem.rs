@@ -339,7 +339,7 @@ impl Problem {
 
     /// [`Problem::into_response`] in `dialect`.
     pub fn into_response_in(self, dialect: Dialect) -> Response<BoxBody> {
-        self.render_in(dialect).map(boxed)
+        self.render_in(dialect).map(crate::full)
     }
 
     /// The same answer with the document as bytes, for a caller with a body type of its
@@ -401,14 +401,7 @@ pub fn speak(res: Response<BoxBody>, dialect: Dialect) -> Response<BoxBody> {
     for (name, value) in &again.headers {
         parts.headers.insert(name.clone(), value.clone());
     }
-    Response::from_parts(parts, boxed(body))
-}
-
-fn boxed(doc: Bytes) -> BoxBody {
-    use http_body_util::BodyExt;
-    http_body_util::Full::new(doc)
-        .map_err(|never| match never {})
-        .boxed()
+    Response::from_parts(parts, crate::full(body))
 }
 
 #[cfg(test)]
@@ -531,7 +524,7 @@ mod dialects {
         );
 
         // An answer that is no problem of oncely's is left alone, whatever its type.
-        let mut upstream = Response::new(boxed(Bytes::from_static(b"{}")));
+        let mut upstream = Response::new(crate::full(Bytes::from_static(b"{}")));
         upstream.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

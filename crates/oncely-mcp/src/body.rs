@@ -1,25 +1,14 @@
-//! The response body type of the MCP service, and the bodies that edit, cut or end the
-//! upstream's answers on their way through.
+//! The bodies that edit, cut or end the upstream's answers on their way through (every
+//! response body is the workspace's one [`BoxBody`](oncely_http::BoxBody)).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::sse;
 use bytes::Bytes;
 use http_body::{Body, Frame};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
 
-use crate::{sse, BoxError};
-
-/// Every response body the endpoint answers with.
-pub type McpBody = BoxBody<Bytes, BoxError>;
-
-/// A whole body.
-pub(crate) fn full(bytes: impl Into<Bytes>) -> McpBody {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
-}
+pub(crate) use oncely_http::full;
 
 /// What an [`Edit`] does to each JSON-RPC message of an answer: changes it in place and
 /// says whether it did.
@@ -238,6 +227,7 @@ impl<B: Body<Data = Bytes>> Body for UntilCancelled<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
 
     /// Reads `chunks` through an [`Edit`] that marks the response to id 1.
     async fn edited(chunks: &[&str], is_sse: bool, limit: usize) -> String {

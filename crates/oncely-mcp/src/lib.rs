@@ -64,10 +64,10 @@ pub mod tool_patterns;
 
 mod body;
 
-pub use body::McpBody;
 pub use config::{parse_units, CallSettings, JwtKey, McpConfig, McpPrincipal, ToolSelection};
 pub use endpoint::{McpEndpoint, McpUpstream};
 pub use key_arguments::KeyArguments;
+pub use oncely_http::{BoxBody, BoxError};
 pub use oncely_tower::{PrincipalSource, UnitsRule};
 
 /// Why an MCP endpoint could not be built.
@@ -81,6 +81,3 @@ pub enum McpError {
     #[error(transparent)]
     Store(#[from] oncely_store::StoreError),
 }
-
-/// A boxed error, as bodies and services carry them.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -30,12 +30,7 @@ where
         .boxed()
 }
 
-/// A body of these bytes.
-pub fn full(bytes: impl Into<Bytes>) -> BoxBody {
-    http_body_util::Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
-}
+pub use oncely_http::full;
 
 /// A `Send` body made `Sync`: `Mutex::get_mut` gives exclusive access without locking,
 /// which is sound because polling already needs `&mut`.

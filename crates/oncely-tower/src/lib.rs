@@ -116,8 +116,6 @@ pub use sources::UnitsOf;
 pub use sources::{workflow_id, MakeKey, MakePrincipal, MakeUnits, RequestHead};
 pub use upstream::{upstream_error, OwnerSend};
 
-/// Any error, boxed.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// The body type of every answer (and of the requests the inner service receives).
-pub type BoxBody = http_body_util::combinators::BoxBody<bytes::Bytes, BoxError>;
+pub use oncely_http::BoxBody;
+pub use oncely_http::BoxError;

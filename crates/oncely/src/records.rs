@@ -53,7 +53,7 @@ pub fn churn(entries: &[ChurnEntry]) -> (Vec<&str>, bool) {
 
 /// Every field of a record (`ledger show --json`, `GET /records/ID`), with the keys that
 /// joined it ([`churn`]).
-pub fn full(r: &Record, entries: &[ChurnEntry]) -> Value {
+pub fn detail(r: &Record, entries: &[ChurnEntry]) -> Value {
     let (joined, undelivered) = churn(entries);
     json!({
         "id": r.id.as_str(),

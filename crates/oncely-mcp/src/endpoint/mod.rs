@@ -46,10 +46,10 @@ use oncely_http::client::ClientOptions;
 use oncely_tower::client::UpstreamClient;
 use oncely_tower::Guard;
 
-use crate::body::McpBody;
 use crate::catalog::ToolCatalog;
 use crate::config::McpConfig;
 use crate::core::Core;
+use crate::BoxBody;
 use crate::{BoxError, McpError};
 
 use transport::HttpCore;
@@ -63,7 +63,7 @@ pub use upstream::McpUpstream;
 pub use oncely_http::client::EXTRA_CA_ENV;
 
 /// One `[[mcp]]` endpoint: a tower `Service<http::Request<B>>` answering
-/// `Response<McpBody>`. Cheap to clone (shared state behind an `Arc`).
+/// `Response<BoxBody>`. Cheap to clone (shared state behind an `Arc`).
 #[derive(Clone)]
 pub struct McpEndpoint {
     core: Arc<HttpCore>,
@@ -113,7 +113,7 @@ impl McpEndpoint {
     }
 
     /// Answers one request.
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<McpBody>
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<BoxBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
@@ -127,9 +127,9 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    type Response = Response<McpBody>;
+    type Response = Response<BoxBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<McpBody>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))

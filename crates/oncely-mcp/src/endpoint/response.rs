@@ -13,12 +13,13 @@ use oncely_http::problem::{
 use serde_json::Value;
 
 use super::headers::header_str;
-use crate::body::{full, Edit, McpBody, UntilCancelled};
+use crate::body::{full, Edit, UntilCancelled};
 use crate::core::edit::EDIT_LIMIT;
 use crate::core::{Framing, Mark, Reply};
+use crate::BoxBody;
 
 /// The HTTP answer to `reply`.
-pub(super) fn render(reply: Reply<http::response::Parts>) -> Response<McpBody> {
+pub(super) fn render(reply: Reply<http::response::Parts>) -> Response<BoxBody> {
     match reply {
         Reply::Message(message, mark) => {
             let mut resp = json_response(StatusCode::OK, &message);
@@ -39,7 +40,7 @@ pub(super) fn render(reply: Reply<http::response::Parts>) -> Response<McpBody> {
         } => {
             let mut head = answer.head;
             let length = header_str(&head.headers, "content-length").and_then(|l| l.parse().ok());
-            let mut body: McpBody = oncely_tower::body::streamed(answer.body, length);
+            let mut body: BoxBody = oncely_tower::body::streamed(answer.body, length);
             if let Some(edit) = edit.filter(|_| head.status.is_success()) {
                 // An edited answer has another length.
                 head.headers.remove(CONTENT_LENGTH);
@@ -77,7 +78,7 @@ fn put_mark(headers: &mut HeaderMap, mark: &Mark) {
 }
 
 /// A JSON answer of `value`.
-pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<McpBody> {
+pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<BoxBody> {
     let mut resp = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
     *resp.status_mut() = status;
     resp.headers_mut()
@@ -87,7 +88,7 @@ pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<McpBo
 
 /// A problem+json answer (the one renderer, `oncely_http::problem`), its code in
 /// `Oncely-Status` as every error of the gateway's own.
-pub(super) fn problem(code: ProblemCode, detail: &str) -> Response<McpBody> {
+pub(super) fn problem(code: ProblemCode, detail: &str) -> Response<BoxBody> {
     let mut resp = Problem::new(code, detail).into_response();
     resp.headers_mut()
         .insert(ONCELY_STATUS, HeaderValue::from_static(code.as_str()));
@@ -95,7 +96,7 @@ pub(super) fn problem(code: ProblemCode, detail: &str) -> Response<McpBody> {
 }
 
 /// The answer to a request its client cancelled: an event stream without the response.
-fn cancelled_answer() -> Response<McpBody> {
+fn cancelled_answer() -> Response<BoxBody> {
     let mut resp = Response::new(full(Bytes::new()));
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -103,7 +104,7 @@ fn cancelled_answer() -> Response<McpBody> {
 }
 
 /// An answer without a body.
-pub(super) fn empty(status: StatusCode) -> Response<McpBody> {
+pub(super) fn empty(status: StatusCode) -> Response<BoxBody> {
     let mut resp = Response::new(full(Bytes::new()));
     *resp.status_mut() = status;
     resp

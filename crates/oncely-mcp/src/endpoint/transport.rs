@@ -19,11 +19,11 @@ use tokio::time::Instant;
 use super::headers::{header_mismatch, header_str, is_modern, param_mismatch, NAME, TASK_ID};
 use super::response::{empty, json_response, problem, render};
 use super::upstream::HttpServer;
-use crate::body::McpBody;
 use crate::config::McpConfig;
 use crate::core::{Caller, Context, Core};
 use crate::jsonrpc;
 use crate::jsonrpc::code;
+use crate::BoxBody;
 use crate::BoxError;
 use oncely_http::problem::ProblemCode;
 
@@ -54,7 +54,7 @@ impl Caller for HttpCaller {
 /// Answers one request. It is an HTTP server span (traces on: `{method} {path}`, the
 /// HTTP conventions, ended with the answer's head), and each message it carries an MCP
 /// server span under it, as the MCP conventions draw Streamable HTTP.
-pub(super) async fn handle<B>(core: Arc<HttpCore>, req: Request<B>) -> Response<McpBody>
+pub(super) async fn handle<B>(core: Arc<HttpCore>, req: Request<B>) -> Response<BoxBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -78,7 +78,7 @@ async fn answer<B>(
     core: Arc<HttpCore>,
     req: Request<B>,
     span: Option<SpanParent>,
-) -> Response<McpBody>
+) -> Response<BoxBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -150,7 +150,7 @@ async fn pass_through(
     parts: &http::request::Parts,
     bytes: Bytes,
     span: Option<&SpanParent>,
-) -> Response<McpBody> {
+) -> Response<BoxBody> {
     let server = core.server();
     let mut req = server.request(parts, bytes);
     let client = span.map(|p| {
@@ -189,7 +189,7 @@ fn end_session_later(
     parts: http::request::Parts,
     bytes: Bytes,
     session: String,
-) -> Response<McpBody> {
+) -> Response<BoxBody> {
     tracing::info!(route = %core.config().path, session = %session,
         "session end held back until its guarded tools/call calls are done");
     tokio::spawn(async move {

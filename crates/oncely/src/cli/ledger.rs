@@ -179,7 +179,7 @@ pub(crate) async fn run(cmd: LedgerCommand) -> Outcome {
                 Failure::runtime(format!("cannot read the keys that joined {id}: {e}"))
             })?;
             if json {
-                println!("{}", records::full(&record, &churn));
+                println!("{}", records::detail(&record, &churn));
             } else {
                 print_record(&record, &churn);
             }

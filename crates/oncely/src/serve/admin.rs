@@ -239,7 +239,7 @@ async fn show(
     match state.store.get(&id).await? {
         Some(r) => {
             let churn = state.store.churn_of(&r.id).await?;
-            Ok(Json(records::full(&r, &churn)))
+            Ok(Json(records::detail(&r, &churn)))
         }
         None => Err(StoreError::NotFound(id).into()),
     }
@@ -353,7 +353,7 @@ async fn resolve(
     )
     .await?;
     let churn = state.store.churn_of(&after.id).await?;
-    Ok(Json(records::full(&after, &churn)))
+    Ok(Json(records::detail(&after, &churn)))
 }
 
 /// `GET /openapi.json`: the admin API as an OpenAPI 3.1 document, kept in the repository
