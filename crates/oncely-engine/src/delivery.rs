@@ -7,10 +7,10 @@
 //! since an answer did reach a caller after all.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use oncely_core::{Identity, Record, RecordId, State};
+use oncely_core::{Fingerprint, Identity, Record, RecordId, Scope, State};
 use oncely_store::{churn, Churn, ChurnKind, Clock, Store, SystemClock};
 
 /// What a call under a client key brings on a route that recognises made-up keys.
@@ -45,8 +45,11 @@ impl CallChurn {
 pub(crate) struct Watch {
     store: Arc<dyn Store>,
     churn: Churn,
-    /// The call's undelivered hash (scope and fingerprint).
-    hash: [u8; 16],
+    /// The call's scope and fingerprint, hashed ([`Watch::hash`]) only when a caller left
+    /// or the filter knows of entries: three SHA-256 blocks a fresh call need not pay.
+    scope: Scope,
+    fingerprint: Fingerprint,
+    hash: OnceLock<[u8; 16]>,
     seen: Mutex<Seen>,
 }
 
@@ -67,9 +70,18 @@ impl Watch {
         Arc::new(Watch {
             store,
             churn,
-            hash: churn::undelivered_hash(&call.scope, &call.fingerprint),
+            scope: call.scope.clone(),
+            fingerprint: call.fingerprint,
+            hash: OnceLock::new(),
             seen: Mutex::new(Seen::Claiming),
         })
+    }
+
+    /// The call's undelivered hash (scope and fingerprint).
+    fn hash(&self) -> [u8; 16] {
+        *self
+            .hash
+            .get_or_init(|| churn::undelivered_hash(&self.scope, &self.fingerprint))
     }
 
     /// A claim of this call ended without owning: a caller that went away while it was on
@@ -80,7 +92,7 @@ impl Watch {
             *seen = Seen::Done;
             drop(seen);
             if let Some(filter) = self.store.churn_filter() {
-                filter.written(&self.hash, &RecordId(String::new()), false);
+                filter.written(&self.hash(), &RecordId(String::new()), false);
             }
         }
     }
@@ -114,7 +126,7 @@ impl Watch {
                 if let Some(filter) = self.store.churn_filter() {
                     let until = SystemClock.now().plus(self.churn.window);
                     filter.expect(
-                        self.hash,
+                        self.hash(),
                         RecordId(String::new()),
                         ChurnKind::Undelivered,
                         until,
@@ -194,7 +206,7 @@ impl Delivery {
                     if watch
                         .store
                         .churn_filter()
-                        .is_some_and(|f| f.undelivered_as(&watch.hash, &id)) =>
+                        .is_some_and(|f| !f.is_empty() && f.undelivered_as(&watch.hash(), &id)) =>
                 {
                     (watch.store.clone(), id)
                 }

@@ -218,6 +218,11 @@ impl ChurnFilter {
         self.settled.notify_waiters();
     }
 
+    /// Whether the filter knows of no entry (one relaxed load).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     /// Whether `id` is known undelivered here under its undelivered `hash` (one probe):
     /// what an owner's answer that reached its caller asks.
     pub fn undelivered_as(&self, hash: &[u8; 16], id: &RecordId) -> bool {
