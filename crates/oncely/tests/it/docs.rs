@@ -960,6 +960,44 @@ fn crate_has(src: &Path, name: &str) -> bool {
     false
 }
 
+/// The code map lists the crates from the bottom up, and a crate depends only on the ones
+/// above it: each crate's `[dependencies]` (what it is built with) name no workspace crate
+/// listed after it, nor one the map does not list.
+#[test]
+fn each_crate_depends_only_on_the_crates_the_map_lists_above_it() {
+    let root = root();
+    let md = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let order: Vec<&str> = md
+        .split("**`crates/")
+        .skip(1)
+        .map(|s| s.split('`').next().unwrap())
+        .collect();
+    let mut problems = Vec::new();
+    for (n, name) in order.iter().enumerate() {
+        let manifest = std::fs::read_to_string(root.join("crates").join(name).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("crates/{name}/Cargo.toml: {e}"));
+        let manifest: toml::Table = manifest.parse().unwrap();
+        let deps = manifest
+            .get("dependencies")
+            .and_then(|d| d.as_table())
+            .map(|t| t.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default();
+        for dep in deps.iter().filter(|d| d.starts_with("oncely")) {
+            match order.iter().position(|o| o == dep) {
+                Some(at) if at < n => {}
+                Some(_) => problems.push(format!(
+                    "crates/{name} depends on {dep}, which the code map lists after it"
+                )),
+                None => problems.push(format!(
+                    "crates/{name} depends on {dep}, which the code map does not list"
+                )),
+            }
+        }
+    }
+    assert!(order.len() >= 9, "the code map lists {order:?}");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// ARCHITECTURE.md stays a map: under 3,000 words, and every path it names and every
 /// module its code map names under a crate exists (a renamed or deleted module fails
 /// here until the map says so).
