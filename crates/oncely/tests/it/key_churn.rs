@@ -97,6 +97,10 @@ async fn a_caller_that_gave_up_and_retried_with_a_new_key_joins_the_running_orig
     let (up, calls) = orders(Duration::from_secs(3)).await;
     let (gw, _dir) = sqlite_gateway(up, "");
     give_up(gw.addr, "attempt-1", Duration::from_secs(1)).await;
+    // A retry loop's backoff (the OpenAI and Anthropic SDKs wait 0.5 s and more): a retry
+    // sent the instant the connection closed may come before the gateway has read that
+    // it closed, on a loaded machine, and is then a second order.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let retry = order(&gw, "attempt-2", BODY).await;
     assert_eq!(retry.status, 200, "{}", retry.text());
     assert_eq!(retry.header("oncely-status"), "joined", "{}", retry.text());
