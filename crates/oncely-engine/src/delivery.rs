@@ -92,7 +92,7 @@ impl Watch {
             *seen = Seen::Done;
             drop(seen);
             if let Some(filter) = self.store.churn_filter() {
-                filter.written(&self.hash(), &RecordId(String::new()), false);
+                filter.written(&self.hash(), &churn::placeholder(), false);
             }
         }
     }
@@ -127,7 +127,7 @@ impl Watch {
                     let until = SystemClock.now().plus(self.churn.window);
                     filter.expect(
                         self.hash(),
-                        RecordId(String::new()),
+                        churn::placeholder(),
                         ChurnKind::Undelivered,
                         until,
                     );

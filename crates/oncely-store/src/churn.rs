@@ -132,6 +132,12 @@ struct Known {
     pending: bool,
 }
 
+/// The record id of a placeholder entry: a claim still on its way, whose caller left
+/// before it said which record it owns ([`ChurnFilter::expect`]).
+pub fn placeholder() -> RecordId {
+    RecordId(String::new())
+}
+
 /// How long a claim waits for an entry this instance is writing (or for the claim of a
 /// caller that went away to land): the store's own bound, `ANSWER_WITHIN`.
 const PENDING_WAIT: Duration = Duration::from_secs(10);
@@ -143,7 +149,7 @@ impl ChurnFilter {
         if self.blind.load(Ordering::Relaxed) {
             return true;
         }
-        if self.len.load(Ordering::Relaxed) == 0 {
+        if self.is_empty() {
             return false;
         }
         let joined = spec.scope.claim_hash(&spec.key);
@@ -184,7 +190,7 @@ impl ChurnFilter {
     /// while it waited to join a record must not make that record forgotten.
     pub fn expect(&self, hash: [u8; 16], record: RecordId, kind: ChurnKind, until: Timestamp) {
         let mut map = self.map.lock().expect("churn filter lock");
-        if record.0.is_empty() && map.contains_key(&hash) {
+        if record == placeholder() && map.contains_key(&hash) {
             return;
         }
         map.insert(
@@ -226,7 +232,7 @@ impl ChurnFilter {
     /// Whether `id` is known undelivered here under its undelivered `hash` (one probe):
     /// what an owner's answer that reached its caller asks.
     pub fn undelivered_as(&self, hash: &[u8; 16], id: &RecordId) -> bool {
-        if self.len.load(Ordering::Relaxed) == 0 {
+        if self.is_empty() {
             return false;
         }
         let map = self.map.lock().expect("churn filter lock");
@@ -237,7 +243,7 @@ impl ChurnFilter {
     /// Whether `id` is known undelivered here: an answer of it that reaches a caller
     /// must say so ([`Ledger::churn_forget`]).
     pub fn undelivered(&self, id: &RecordId) -> bool {
-        if self.len.load(Ordering::Relaxed) == 0 {
+        if self.is_empty() {
             return false;
         }
         let map = self.map.lock().expect("churn filter lock");
@@ -437,7 +443,7 @@ mod tests {
         let s = spec("a");
         let hash = undelivered_hash(&s.scope, &s.fingerprint);
         let id = RecordId("rec_1".into());
-        let none = RecordId(String::new());
+        let none = placeholder();
         f.expect(hash, id.clone(), ChurnKind::Undelivered, Timestamp(100));
         f.written(&hash, &id, true);
         // A retry that waited to join it, and whose caller left while its claim was on
